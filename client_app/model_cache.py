@@ -1,0 +1,43 @@
+"""Process-level caches of what every message of a run needs again: data tensors and w_0.
+
+In simulation one worker serves many clients for the whole run, so these save the repeated
+decoding; in a deployment each message is a fresh process and they simply fill once.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from torch import nn
+
+from task.config import RunConfig
+from task.datasets import to_tensor
+from task.device import device
+from task.federated_data import client_examples, dataset_of
+from task.models import build_model, get_weights
+
+
+@functools.lru_cache(maxsize=4)
+def fresh_model(cfg: RunConfig) -> nn.Module:
+    """The run's model at w_0 (seeded), on the device; callers overwrite its weights."""
+    data = dataset_of(cfg)
+    return build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed).to(device())
+
+
+@functools.lru_cache(maxsize=4)
+def initial_weights(cfg: RunConfig) -> tuple[np.ndarray, ...]:
+    """w_0: the same seeded initialisation the server starts from."""
+    data = dataset_of(cfg)
+    return tuple(get_weights(build_model(cfg.model, data.num_classes, data.in_channels,
+                                         cfg.seed)))
+
+
+@functools.lru_cache(maxsize=256)
+def client_tensors(cfg: RunConfig, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One client's normalised images and labels, on the device."""
+    data = dataset_of(cfg)
+    x, y = client_examples(cfg, partition_id)
+    dev = device()
+    return to_tensor(x, data.mean, data.std).to(dev), torch.from_numpy(y.copy()).long().to(dev)

@@ -1,0 +1,33 @@
+"""Environment for every Flower process this project starts: offline, quiet, on our venv.
+
+Flower's runtime dependency installation, telemetry and update checks would try the internet;
+they are turned off here, and the venv's ``bin`` goes first on PATH because ``flwr run``
+starts ``flower-superlink`` (and the links start ``flower-superexec``) by name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+OFFLINE_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def flower_env(flwr_home: Path | None = None, **extra: str) -> dict[str, str]:
+    """A copy of os.environ with the offline settings, the venv on PATH and FLWR_HOME set."""
+    env = dict(os.environ)
+    env.update(OFFLINE_ENV)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    env["FLWR_HOME"] = str(flwr_home or Path(env.get("FLWR_HOME", REPO / ".flwr")))
+    env.update(extra)
+    return env

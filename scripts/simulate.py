@@ -1,0 +1,115 @@
+"""Run one experiment in Flower's simulation engine through ``flwr run``.
+
+    .venv/bin/python scripts/simulate.py                      # the default experiment
+    .venv/bin/python scripts/simulate.py beta=0 num-server-rounds=20 seed=1
+
+Arguments are run-config overrides ``key=value`` (strings need no quotes). The config is
+validated here first, so a bad value fails in a second with one line; then the federation is
+sized to ``num-clients`` and the run streams its per-round log. The exit status is 0 only if
+Flower reports the run ``finished:completed`` (``flwr run --stream`` alone exits 0 on failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.flower_env import REPO, flower_env  # noqa: E402
+from task.config import ConfigError, RunConfig  # noqa: E402
+
+RUN_ID = re.compile(r"Successfully started run (\d+)")
+
+
+def parse_value(text: str) -> Any:
+    """A TOML scalar if it parses as one (number, bool, quoted string), else the raw string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def toml_line(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return f"{key} = {str(value).lower()}"
+    if isinstance(value, str):
+        return f"{key} = {json.dumps(value)}"
+    return f"{key} = {value!r}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("overrides", nargs="*", metavar="key=value")
+    ap.add_argument("--num-cpus-per-client", type=float, default=1.0,
+                    help="Ray CPUs per simulated client (default 1: one client per core)")
+    ap.add_argument("--num-gpus-per-client", type=float, default=0.0,
+                    help="Ray GPUs per simulated client (e.g. 0.25 on a GPU host)")
+    args = ap.parse_args(argv)
+
+    overrides: dict[str, Any] = {}
+    for item in args.overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            print(f"simulate: argument {item!r} is not key=value", file=sys.stderr)
+            return 2
+        overrides[key] = parse_value(text)
+    try:
+        cfg = RunConfig.parse(overrides)
+    except ConfigError as err:
+        print(f"simulate: {err}", file=sys.stderr)
+        return 2
+    overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
+    if cfg.data_dir:
+        overrides["data-dir"] = str(Path(cfg.data_dir).resolve())
+
+    env = flower_env()
+    home = Path(env["FLWR_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    run_cfg_file = home / "last-run-config.toml"
+    run_cfg_file.write_text("\n".join(toml_line(k, v) for k, v in overrides.items()) + "\n")
+    fed = (f"num-supernodes={cfg.num_clients}"
+           f" client-resources-num-cpus={args.num_cpus_per_client:g}"
+           f" client-resources-num-gpus={args.num_gpus_per_client:g}")
+    cmd = ["flwr", "run", str(REPO), "local", "--run-config", str(run_cfg_file),
+           "--federation-config", fed, "--stream"]
+    print("simulate:", " ".join(cmd), flush=True)
+    run_id = stream_run(cmd, env)
+    status = run_status(env, run_id) if run_id else "unknown (the run did not start)"
+    print(f"simulate: run status {status}", flush=True)
+    return 0 if status == "finished:completed" else 1
+
+
+def stream_run(cmd: list[str], env: dict[str, str]) -> str | None:
+    """Run ``flwr run --stream``, echoing its output; return the run id it reports."""
+    run_id = None
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            match = RUN_ID.search(line)
+            if match and run_id is None:
+                run_id = match.group(1)
+    return run_id
+
+
+def run_status(env: dict[str, str], run_id: str, connection: str = "local") -> str:
+    """A run's status from ``flwr ls --run-id ID --format json`` (e.g. finished:completed)."""
+    out = subprocess.run(["flwr", "ls", connection, "--run-id", run_id, "--format", "json"],
+                         env=env, check=False, capture_output=True, text=True).stdout
+    try:
+        runs = json.loads(out[out.index("{"):])["runs"]
+        return str(runs[0]["status"])
+    except (ValueError, KeyError, IndexError):
+        return f"unknown ({out.strip()[:200]})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

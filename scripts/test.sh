@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, fast tests, then the slow end-to-end tests (flwr run, deployment).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/ruff check .
+.venv/bin/python -m pytest -m "not slow" "$@"
+.venv/bin/python -m pytest -m slow "$@"

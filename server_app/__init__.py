@@ -1,0 +1,1 @@
+"""The ServerApp: validate config, build model + strategy, run rounds, evaluate, record."""

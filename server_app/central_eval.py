@@ -1,0 +1,29 @@
+"""Central evaluation of the global model on the data set's held-out test split."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from task.config import RunConfig
+from task.datasets import to_tensor
+from task.device import device
+from task.evaluation import evaluate
+from task.federated_data import dataset_of
+from task.models import build_model, set_weights
+
+
+class CentralEvaluator:
+    """Holds the test tensors and one model instance; ``__call__`` scores a weight list."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        data = dataset_of(cfg)
+        dev = device()
+        self.x = to_tensor(data.test_x, data.mean, data.std).to(dev)
+        self.y = torch.from_numpy(data.test_y.copy()).long().to(dev)
+        self.model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed).to(dev)
+
+    def __call__(self, weights: list[np.ndarray]) -> tuple[float, float]:
+        """(test loss, test accuracy in [0, 1])."""
+        set_weights(self.model, weights)
+        return evaluate(self.model, self.x, self.y)

@@ -1,0 +1,134 @@
+"""Everything a run leaves behind: per-round rows, a summary, plots and the final model.
+
+Rows are appended (JSONL and CSV) and flushed as each round ends, so a crash loses at most
+the round in flight; the summary, plots and model are written atomically (temp + rename).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROUND_FIELDS = ("round", "test-acc", "test-loss", "train-loss", "divergence", "lr",
+                "num-replies", "num-rejected", "num-missing", "round-seconds", "elapsed-seconds")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old or the new file, never half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def smoothed_peak(accs: Sequence[float], window: int = 5, last: int = 50) -> float:
+    """The paper's metric: max over the last ``last`` rounds of the moving-average curve."""
+    a = np.asarray(accs, dtype=np.float64)
+    if len(a) == 0:
+        return float("nan")
+    w = min(window, len(a))
+    smooth = np.convolve(a, np.ones(w) / w, mode="valid")
+    return float(smooth[-last:].max())
+
+
+class Recorder:
+    """Writes one run's results into its own directory."""
+
+    def __init__(self, out_dir: Path, config: dict[str, Any]) -> None:
+        self.dir = out_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.rows: list[dict[str, Any]] = []
+        self.t0 = time.monotonic()
+        self._jsonl = (self.dir / "rounds.jsonl").open("a")
+        new_csv = not (self.dir / "rounds.csv").exists()
+        self._csv_file = (self.dir / "rounds.csv").open("a", newline="")
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=ROUND_FIELDS)
+        if new_csv:
+            self._csv.writeheader()
+        atomic_write_bytes(self.dir / "config.json",
+                           json.dumps(config, indent=2, sort_keys=True).encode())
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def add_round(self, row: dict[str, Any]) -> None:
+        """Append one round's row to both files and flush them to disk."""
+        full = {k: row.get(k) for k in ROUND_FIELDS}
+        self.rows.append(full)
+        self._jsonl.write(json.dumps(full) + "\n")
+        self._csv.writerow(full)
+        for f in (self._jsonl, self._csv_file):
+            f.flush()
+            os.fsync(f.fileno())
+
+    def accuracies(self) -> list[float]:
+        return [r["test-acc"] for r in self.rows if r["test-acc"] is not None]
+
+    def finish(self, final_weights: list[np.ndarray], extra: dict[str, Any]) -> dict[str, Any]:
+        """Write summary.json, the plots and the final model; return the summary."""
+        accs = self.accuracies()
+        summary = {
+            "config": self.config,
+            "rounds": len(self.rows),
+            "final-test-acc": accs[-1] if accs else None,
+            "best-test-acc": max(accs) if accs else None,
+            "smoothed-peak-acc": smoothed_peak(accs) if accs else None,
+            "wall-seconds": self.elapsed(),
+            "mean-round-seconds": float(np.mean([r["round-seconds"] for r in self.rows]))
+            if self.rows else None,
+            **extra,
+        }
+        atomic_write_bytes(self.dir / "summary.json",
+                           json.dumps(summary, indent=2, sort_keys=True).encode())
+        buf = _npz_bytes(final_weights)
+        atomic_write_bytes(self.dir / "final_model.npz", buf)
+        self.plot()
+        self._jsonl.close()
+        self._csv_file.close()
+        return summary
+
+    def plot(self) -> None:
+        """accuracy.png and divergence.png against rounds."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rounds = [r["round"] for r in self.rows]
+        title = f"{self.config.get('method')} beta={self.config.get('beta')}"
+        for key, fname, label in (("test-acc", "accuracy.png", "test accuracy"),
+                                  ("divergence", "divergence.png", "divergence term")):
+            pts = [(x, r[key]) for x, r in zip(rounds, self.rows, strict=True)
+                   if r[key] is not None]
+            fig, ax = plt.subplots(figsize=(6, 4))
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="." if len(pts) < 60 else None)
+            ax.set_xlabel("round")
+            ax.set_ylabel(label)
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+            if key == "divergence":
+                ax.set_yscale("log")
+            fig.tight_layout()
+            tmp = self.dir / f".{fname}.tmp.png"
+            fig.savefig(tmp, dpi=100)
+            plt.close(fig)
+            os.replace(tmp, self.dir / fname)
+
+
+def _npz_bytes(weights: list[np.ndarray]) -> bytes:
+    import io
+
+    bio = io.BytesIO()
+    np.savez(bio, *weights)
+    return bio.getvalue()

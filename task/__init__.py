@@ -1,0 +1,1 @@
+"""Task pieces shared by every strategy: models, datasets, partitions and noise."""

@@ -1,0 +1,176 @@
+"""The run config, validated once into a typed object.
+
+Defaults live only in ``pyproject.toml`` ``[tool.flwr.app.config]``; Flower hands them (merged
+with ``--run-config`` overrides) to both apps as ``context.run_config``. ``RunConfig.parse``
+turns that mapping into a frozen dataclass or raises ``ConfigError`` with one line naming the
+bad key, its value and what is allowed. Nothing else in the project reads raw config keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from strategies.names import METHOD_NAMES, RI_AGGREGATIONS, WEIGHTINGS
+from task.datasets import DATASET_NAMES, DEFAULT_DATA_DIRS
+from task.models import MODEL_NAMES
+from task.partition import PARTITION_NAMES
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+class ConfigError(ValueError):
+    """A run-config value that cannot be used; the message is one line naming the key."""
+
+
+@functools.lru_cache(maxsize=1)
+def load_defaults() -> dict[str, Any]:
+    """The run-config defaults as written in pyproject.toml (the single source)."""
+    with PYPROJECT.open("rb") as f:
+        return dict(tomllib.load(f)["tool"]["flwr"]["app"]["config"])
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of one experiment, typed. Field names are the keys with '-' -> '_'."""
+
+    method: str
+    beta: float
+    ri_aggregation: str
+    weighting: str
+    server_lr: float
+    num_server_rounds: int
+    num_clients: int
+    fraction_train: float
+    local_epochs: int
+    batch_size: int
+    lr: float
+    lr_decay: float
+    weight_decay: float
+    clip_norm: float
+    dataset: str
+    data_dir: str
+    partition: str
+    dirichlet_alpha: float
+    channel_noise: float
+    brightness_noise: float
+    train_limit: int
+    model: str
+    seed: int
+    eval_every: int
+    output_dir: str
+    round_timeout: float
+    node_wait_timeout: float
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def clients_per_round(self) -> int:
+        """m = max(1, round(fraction * N)): the number of clients sampled each round."""
+        return max(1, round(self.fraction_train * self.num_clients))
+
+    def lr_at(self, server_round: int) -> float:
+        """Local learning rate of round t (1-based): lr * lr_decay^(t-1)."""
+        return self.lr * self.lr_decay ** (server_round - 1)
+
+    @property
+    def resolved_data_dir(self) -> str:
+        """The data location: the configured one or the dataset's default."""
+        return self.data_dir or DEFAULT_DATA_DIRS[self.dataset]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config with its original (dashed) key names, for summaries."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    # ------------------------------------------------------------------ parsing
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> RunConfig:
+        """Validate ``raw`` (defaults filled in from pyproject) or raise ConfigError."""
+        defaults = load_defaults()
+        unknown = sorted(set(raw) - set(defaults))
+        if unknown:
+            raise ConfigError(
+                f"run config: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(defaults))}"
+            )
+        merged = {**defaults, **raw}
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            key = field.name.replace("_", "-")
+            values[field.name] = _coerce(key, merged[key], type(defaults[key]))
+        cfg = cls(**values)
+        _check_ranges(cfg)
+        return cfg
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    """Coerce one value to the type of its default (int accepted where float is expected)."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(
+            f"run config: {key}={value!r} has type {type(value).__name__}; expected {kind.__name__}"
+        )
+    return value
+
+
+def _bad(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"run config: {key}={value!r} is not allowed; allowed: {allowed}")
+
+
+def _check_ranges(c: RunConfig) -> None:
+    """Range checks, one per key, in the order a reader would look for them."""
+    choices = {
+        "method": (c.method, METHOD_NAMES),
+        "ri-aggregation": (c.ri_aggregation, RI_AGGREGATIONS),
+        "weighting": (c.weighting, WEIGHTINGS),
+        "dataset": (c.dataset, DATASET_NAMES),
+        "partition": (c.partition, PARTITION_NAMES),
+        "model": (c.model, MODEL_NAMES),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise _bad(key, value, " | ".join(allowed))
+    if not -1.0 < c.beta < 1.0:
+        raise _bad("beta", c.beta, "-1 < beta < 1 (the paper uses 0.01..0.15)")
+    if not 0.0 < c.fraction_train <= 1.0:
+        raise _bad("fraction-train", c.fraction_train, "0 < fraction-train <= 1")
+    positive_ints = {
+        "num-server-rounds": c.num_server_rounds,
+        "num-clients": c.num_clients,
+        "local-epochs": c.local_epochs,
+        "batch-size": c.batch_size,
+        "eval-every": c.eval_every,
+    }
+    for key, value in positive_ints.items():
+        if value < 1:
+            raise _bad(key, value, "an integer >= 1")
+    positive = {
+        "lr": c.lr,
+        "server-lr": c.server_lr,
+        "dirichlet-alpha": c.dirichlet_alpha,
+        "round-timeout": c.round_timeout,
+        "node-wait-timeout": c.node_wait_timeout,
+    }
+    for key, value in positive.items():
+        if not value > 0.0:
+            raise _bad(key, value, "a number > 0")
+    if not 0.0 < c.lr_decay <= 1.0:
+        raise _bad("lr-decay", c.lr_decay, "0 < lr-decay <= 1")
+    non_negative = {
+        "weight-decay": c.weight_decay,
+        "clip-norm": c.clip_norm,
+        "channel-noise": c.channel_noise,
+        "brightness-noise": c.brightness_noise,
+        "train-limit": c.train_limit,
+    }
+    for key, value in non_negative.items():
+        if value < 0:
+            raise _bad(key, value, "a number >= 0 (0 disables it)")
+    if c.seed < 0:
+        raise _bad("seed", c.seed, "an integer >= 0")
+    if not c.output_dir:
+        raise _bad("output-dir", c.output_dir, "a non-empty directory path")

@@ -1,0 +1,62 @@
+"""Which examples each client holds: the one place that turns a RunConfig into client data.
+
+Server (test set), clients (their partition) and the benchmarks (the plain-PyTorch floor)
+all call these, so every path sees exactly the same data for the same seed.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from task.datasets import DataSplits, load_dataset
+from task.noise import class_brightness_shift, client_channel_scale
+from task.partition import split
+
+if TYPE_CHECKING:
+    from task.config import RunConfig
+
+
+def dataset_of(cfg: RunConfig) -> DataSplits:
+    """The run's data set (cached in-process by the loader)."""
+    return load_dataset(cfg.dataset, cfg.resolved_data_dir)
+
+
+@functools.lru_cache(maxsize=8)
+def _train_subset(dataset: str, data_dir: str, limit: int, seed: int) -> np.ndarray:
+    """Indices of the training examples in play (all, or a seeded random subset)."""
+    n = len(load_dataset(dataset, data_dir).train_y)
+    if limit <= 0 or limit >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng([seed, 7]).choice(n, size=limit, replace=False))
+
+
+@functools.lru_cache(maxsize=8)
+def _partitions(
+    dataset: str, data_dir: str, limit: int, scheme: str, num_clients: int, alpha: float,
+    seed: int,
+) -> tuple[np.ndarray, ...]:
+    subset = _train_subset(dataset, data_dir, limit, seed)
+    labels = load_dataset(dataset, data_dir).train_y[subset]
+    return tuple(subset[p] for p in split(labels, scheme, num_clients, alpha, seed))
+
+
+def client_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
+    """Training-set indices of one client's partition."""
+    parts = _partitions(cfg.dataset, cfg.resolved_data_dir, cfg.train_limit, cfg.partition,
+                        cfg.num_clients, cfg.dirichlet_alpha, cfg.seed)
+    return parts[partition_id]
+
+
+def client_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """One client's (images uint8 NHWC, labels), with the paper's optional noise applied."""
+    data = dataset_of(cfg)
+    idx = client_indices(cfg, partition_id)
+    x, y = data.train_x[idx], data.train_y[idx]
+    if cfg.brightness_noise > 0:
+        x = class_brightness_shift(x, y, cfg.brightness_noise, cfg.seed)
+    if cfg.channel_noise > 0:
+        x = client_channel_scale(x, partition_id, cfg.channel_noise, cfg.seed)
+    return x, y

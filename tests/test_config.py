@@ -1,0 +1,66 @@
+"""Every bad run-config value fails before any work, with one line naming the key."""
+
+import pytest
+
+from task.config import ConfigError, RunConfig, load_defaults
+
+
+def test_defaults_parse_to_the_default_experiment() -> None:
+    cfg = RunConfig.parse({})
+    assert cfg.method == "fedavg" and cfg.beta == 0.1 and cfg.dataset == "fashion-mnist"
+    assert cfg.num_clients == 100 and cfg.clients_per_round == 10
+    assert cfg.to_dict() == {**load_defaults(), **cfg.to_dict()}
+    assert set(cfg.to_dict()) == set(load_defaults())
+
+
+def test_int_is_accepted_for_a_float_key() -> None:
+    assert RunConfig.parse({"beta": 0}).beta == 0.0
+
+
+def test_lr_schedule() -> None:
+    cfg = RunConfig.parse({"lr": 0.1, "lr-decay": 0.5})
+    assert cfg.lr_at(1) == 0.1 and cfg.lr_at(3) == pytest.approx(0.025)
+
+
+BAD = [
+    ("method", "fedfoo", "fedavg"),
+    ("beta", 1.0, "-1 < beta < 1"),
+    ("beta", -1.5, "-1 < beta < 1"),
+    ("ri-aggregation", "both", "model | update"),
+    ("weighting", "size", "examples | uniform"),
+    ("fraction-train", 0.0, "0 < fraction-train <= 1"),
+    ("fraction-train", 1.5, "0 < fraction-train <= 1"),
+    ("num-clients", 0, ">= 1"),
+    ("num-server-rounds", -3, ">= 1"),
+    ("local-epochs", 0, ">= 1"),
+    ("batch-size", 0, ">= 1"),
+    ("lr", 0.0, "> 0"),
+    ("server-lr", -1.0, "> 0"),
+    ("lr-decay", 1.5, "0 < lr-decay <= 1"),
+    ("weight-decay", -0.1, ">= 0"),
+    ("clip-norm", -1.0, ">= 0"),
+    ("dataset", "mnist", "fashion-mnist"),
+    ("partition", "pathological", "dirichlet"),
+    ("dirichlet-alpha", 0.0, "> 0"),
+    ("model", "resnet50", "cnn"),
+    ("seed", -1, ">= 0"),
+    ("eval-every", 0, ">= 1"),
+    ("output-dir", "", "non-empty"),
+    ("round-timeout", 0.0, "> 0"),
+    ("batch-size", "32", "expected int"),
+    ("beta", True, "expected float"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), BAD)
+def test_bad_value_names_key_value_and_allowed(key: str, value: object, allowed: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({key: value})
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert f"{key}=" in msg and repr(value) in msg and allowed in msg
+
+
+def test_unknown_key_is_named() -> None:
+    with pytest.raises(ConfigError, match="unknown key 'betta'"):
+        RunConfig.parse({"betta": 0.1})

@@ -1,0 +1,92 @@
+"""Model tests: shapes, no buffers, seed determinism, weight round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from task.models import MODEL_NAMES, build_model, get_weights, set_weights
+
+# (name, in_channels, image side, num_classes)
+CASES = [
+    ("cnn", 1, 28, 10),
+    ("cnn", 3, 28, 7),
+    ("resnet18-gn", 3, 32, 10),
+    ("resnet18-gn", 1, 28, 10),
+    ("vgg11", 3, 32, 100),
+]
+
+
+@pytest.mark.parametrize(("name", "channels", "side", "classes"), CASES)
+def test_forward_shape_and_no_buffers(name: str, channels: int, side: int, classes: int) -> None:
+    model = build_model(name, classes, channels, seed=0)
+    with torch.no_grad():
+        out = model(torch.zeros(2, channels, side, side))
+    assert out.shape == (2, classes)
+    assert list(model.buffers()) == []
+
+
+def test_every_name_builds() -> None:
+    assert set(MODEL_NAMES) == {"cnn", "resnet18-gn", "vgg11"}
+    for name in MODEL_NAMES:
+        assert sum(p.numel() for p in build_model(name, 10, 3, seed=0).parameters()) > 0
+
+
+def test_parameter_counts() -> None:
+    counts = {n: sum(p.numel() for p in build_model(n, 10, 3, 0).parameters()) for n in MODEL_NAMES}
+    print("parameter counts (3 channels, 10 classes):", counts)
+    cnn = sum(p.numel() for p in build_model("cnn", 10, 1, 0).parameters())
+    assert 50_000 < cnn < 60_000
+    assert 11_000_000 < counts["resnet18-gn"] < 11_300_000
+    assert not any(
+        isinstance(m, torch.nn.BatchNorm2d) for m in build_model("resnet18-gn", 10, 3, 0).modules()
+    )
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_seed_determinism(name: str) -> None:
+    first = get_weights(build_model(name, 10, 3, seed=3))
+    again = get_weights(build_model(name, 10, 3, seed=3))
+    other = get_weights(build_model(name, 10, 3, seed=4))
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert any(not np.array_equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+def test_global_rng_untouched() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_model("cnn", 10, 1, seed=0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_unknown_name() -> None:
+    with pytest.raises(ValueError, match=r"'lenet'.*cnn, resnet18-gn, vgg11"):
+        build_model("lenet", 10, 1, seed=0)
+
+
+def test_weights_round_trip() -> None:
+    source = build_model("cnn", 10, 1, seed=1)
+    target = build_model("cnn", 10, 1, seed=2)
+    weights = get_weights(source)
+    assert all(w.dtype == np.float32 for w in weights)
+    assert [w.shape for w in weights] == [tuple(p.shape) for p in source.parameters()]
+    set_weights(target, weights)
+    assert all(np.array_equal(a, b) for a, b in zip(get_weights(target), weights, strict=True))
+    weights[0][...] = 0.0  # get_weights returns copies, not views
+    assert not np.array_equal(get_weights(source)[0], weights[0])
+    x = torch.randn(4, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(source(x), target(x))
+
+
+def test_set_weights_errors() -> None:
+    model = build_model("cnn", 10, 1, seed=0)
+    weights = get_weights(model)
+    bad = list(weights)
+    bad[2] = np.zeros((3, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"weight 2: shape \(3, 3\).*\(16, 8, 5, 5\)"):
+        set_weights(model, bad)
+    with pytest.raises(ValueError, match=f"expected {len(weights)} weight arrays, got 1"):
+        set_weights(model, weights[:1])

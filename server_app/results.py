@@ -105,7 +105,7 @@ class Recorder:
         import matplotlib.pyplot as plt
 
         rounds = [r["round"] for r in self.rows]
-        title = f"{self.config.get('method')} beta={self.config.get('beta')}"
+        title = method_label(self.config)
         for key, fname, label in (("test-acc", "accuracy.png", "test accuracy"),
                                   ("divergence", "divergence.png", "divergence term")):
             pts = [(x, r[key]) for x, r in zip(rounds, self.rows, strict=True)
@@ -124,6 +124,16 @@ class Recorder:
             fig.savefig(tmp, dpi=100)
             plt.close(fig)
             os.replace(tmp, self.dir / fname)
+
+
+def method_label(config: dict[str, Any]) -> str:
+    """'FedInit (beta=0.1), fashion-mnist Dir(0.1)' style title for plots and tables."""
+    method, beta = str(config.get("method")), config.get("beta", 0.0)
+    if method == "fedavg":
+        name = f"FedInit (beta={beta:g})" if beta else "FedAvg"
+    else:
+        name = f"{method}+RI (beta={beta:g})" if beta else method
+    return f"{name}, {config.get('dataset')} Dir({config.get('dirichlet-alpha')})"
 
 
 def _npz_bytes(weights: list[np.ndarray]) -> bytes:

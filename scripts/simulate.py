@@ -80,24 +80,26 @@ def main(argv: list[str] | None = None) -> int:
     cmd = ["flwr", "run", str(REPO), "local", "--run-config", str(run_cfg_file),
            "--federation-config", fed, "--stream"]
     print("simulate:", " ".join(cmd), flush=True)
-    run_id = stream_run(cmd, env)
+    run_id, _ = stream_run(cmd, env)
     status = run_status(env, run_id) if run_id else "unknown (the run did not start)"
     print(f"simulate: run status {status}", flush=True)
     return 0 if status == "finished:completed" else 1
 
 
-def stream_run(cmd: list[str], env: dict[str, str]) -> str | None:
-    """Run ``flwr run --stream``, echoing its output; return the run id it reports."""
+def stream_run(cmd: list[str], env: dict[str, str]) -> tuple[str | None, str]:
+    """Run ``flwr run --stream``, echoing its output; return (run id, the whole output)."""
     run_id = None
+    lines: list[str] = []
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, bufsize=1) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
+            lines.append(line)
             match = RUN_ID.search(line)
             if match and run_id is None:
                 run_id = match.group(1)
-    return run_id
+    return run_id, "".join(lines)
 
 
 def run_status(env: dict[str, str], run_id: str, connection: str = "local") -> str:

@@ -16,6 +16,10 @@ from task.datasets import DataFormatError, DataNotFoundError
 app = ServerApp()
 
 
+class RunAborted(RuntimeError):
+    """The run cannot start or go on; the message says why in one line."""
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Fail fast with one line on a bad config, missing data or a wrong-sized federation."""
@@ -23,5 +27,7 @@ def main(grid: Grid, context: Context) -> None:
         cfg = RunConfig.parse(context.run_config)
         run_experiment(grid, cfg)
     except (ConfigError, DataNotFoundError, DataFormatError, FederationError) as err:
+        # One readable line first; then fail the run (Flower marks it finished:failed; a
+        # SystemExit would be reported as completed).
         log(ERROR, "%s", err)
-        raise SystemExit(f"fedinit: {err}") from None
+        raise RunAborted(str(err)) from None

@@ -29,32 +29,12 @@ def _size_hint(cfg: RunConfig) -> str:
             f"--run-config \"num-clients=<number of SuperNodes>\"")
 
 
-def wait_for_nodes(grid: Grid, cfg: RunConfig) -> list[int]:
-    """Node ids once ``num-clients`` nodes are connected; FederationError on timeout/excess."""
-    deadline = time.monotonic() + cfg.node_wait_timeout
-    while True:
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) > cfg.num_clients:
-            raise FederationError(
-                f"{len(nodes)} SuperNodes are connected but num-clients={cfg.num_clients}; "
-                + _size_hint(cfg))
-        if len(nodes) == cfg.num_clients:
-            return nodes
-        if time.monotonic() > deadline:
-            raise FederationError(
-                f"only {len(nodes)} of num-clients={cfg.num_clients} SuperNodes connected "
-                f"within node-wait-timeout={cfg.node_wait_timeout:g}s; " + _size_hint(cfg))
-        time.sleep(1.0)
-
-
-def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
-    """{partition id: node id} for all ``num-clients`` clients, checked for completeness."""
-    nodes = wait_for_nodes(grid, cfg)
+def _identify(grid: Grid, cfg: RunConfig, nodes: list[int]) -> dict[int, int]:
+    """{node id: partition id} of ``nodes`` via a query message; checks each answer."""
     messages = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n)
                 for n in nodes]
-    replies = list(grid.send_and_receive(messages, timeout=cfg.node_wait_timeout))
-    node_of: dict[int, int] = {}
-    for reply in replies:
+    found: dict[int, int] = {}
+    for reply in grid.send_and_receive(messages, timeout=cfg.node_wait_timeout):
         node = reply.metadata.src_node_id
         if reply.has_error():
             raise FederationError(f"node {node} failed the identity query: {reply.error.reason}")
@@ -67,11 +47,38 @@ def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
         if not 0 <= pid < cfg.num_clients:
             raise FederationError(f"node {node} has partition-id={pid}, outside "
                                   f"0..{cfg.num_clients - 1}")
+        found[node] = pid
+    return found
+
+
+def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
+    """{partition id: node id} for all ``num-clients`` clients.
+
+    Nodes are identified as they connect, so a node that knows a different federation size
+    (num-partitions) stops the run at once; too few nodes stop it after node-wait-timeout.
+    """
+    deadline = time.monotonic() + cfg.node_wait_timeout
+    pid_of: dict[int, int] = {}
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) > cfg.num_clients:
+            raise FederationError(
+                f"{len(nodes)} SuperNodes are connected but num-clients={cfg.num_clients}; "
+                + _size_hint(cfg))
+        new = [n for n in nodes if n not in pid_of]
+        if new:
+            pid_of.update(_identify(grid, cfg, new))
+        if len(pid_of) == cfg.num_clients:
+            break
+        if time.monotonic() > deadline:
+            raise FederationError(
+                f"only {len(pid_of)} of num-clients={cfg.num_clients} SuperNodes connected "
+                f"within node-wait-timeout={cfg.node_wait_timeout:g}s; " + _size_hint(cfg))
+        time.sleep(1.0)
+    node_of: dict[int, int] = {}
+    for node, pid in pid_of.items():
         if pid in node_of:
             raise FederationError(f"nodes {node_of[pid]} and {node} both hold partition-id={pid}")
         node_of[pid] = node
-    if len(node_of) != cfg.num_clients:
-        missing = sorted(set(range(cfg.num_clients)) - set(node_of))
-        raise FederationError(f"no reply to the identity query from partitions {missing[:10]}")
     log(INFO, "federation: %d clients connected and identified", len(node_of))
     return node_of

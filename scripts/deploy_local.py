@@ -1,0 +1,467 @@
+"""Run one experiment as a real Flower deployment on this machine (gRPC Fleet API, TLS, auth).
+
+    .venv/bin/python scripts/deploy_local.py --num-nodes 3 num-server-rounds=3 train-limit=3000
+    .venv/bin/python scripts/deploy_local.py --insecure --keep-running beta=0
+    .venv/bin/python scripts/deploy_local.py --stop          # stop what --keep-running left
+
+One command does what an operator would: TLS material (deploy/make_certs.sh), a SuperLink
+(TLS, --enable-supernode-auth, Fleet API on 127.0.0.1, no runtime dependency installation),
+`flwr supernode register` for each node key, N SuperNodes (each its own FLWR_HOME, port,
+partition and key), a CLI connection in config.toml, `flwr run --stream`, and the run's status
+from `flwr ls` (0 only for finished:completed, since `flwr run --stream` exits 0 on failure).
+Every process it started is stopped at the end, also on Ctrl-C or an error, unless
+--keep-running. Arguments key=value are run-config overrides; num-clients is --num-nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.flower_env import REPO, flower_env  # noqa: E402
+from scripts.simulate import RUN_ID, parse_value, run_status, toml_line  # noqa: E402
+from task.config import ConfigError, RunConfig  # noqa: E402
+
+MAKE_CERTS = REPO / "deploy" / "make_certs.sh"
+CONNECTION = "fedinit-local"
+RESULTS = re.compile(r"results: (/\S+)")
+DEFAULT_BASE_PORT = 29200  # away from Flower's defaults (8000, 9092-9094) and 39091/39093
+NODE_PORT_OFFSET = 10  # SuperNode i serves its Runtime API on base + 10 + i
+
+
+class DeployError(RuntimeError):
+    """The deployment could not be brought up or the run did not complete."""
+
+
+@dataclass
+class Proc:
+    """A process this script started, in its own session so its children can be found."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 15) -> str:
+        """The last lines of its log, for error messages."""
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(f"    {self.name}| {line}" for line in text[-lines:])
+
+
+@dataclass
+class Deployment:
+    """SuperLink + SuperNodes on 127.0.0.1 under ``work_dir``; ``stop()`` ends all of it."""
+
+    work_dir: Path
+    num_nodes: int
+    base_port: int = DEFAULT_BASE_PORT
+    insecure: bool = False
+    threads_per_node: int = 1
+    procs: list[Proc] = field(default_factory=list)
+
+    # --------------------------------------------------------------- layout
+    @property
+    def certs(self) -> Path:
+        return self.work_dir / "certs"
+
+    @property
+    def logs(self) -> Path:
+        return self.work_dir / "logs"
+
+    @property
+    def cli_home(self) -> Path:
+        return self.work_dir / "cli"
+
+    @property
+    def control_address(self) -> str:
+        """Control + Runtime API (HTTP(S)): where the CLI and the ServerApp executor connect."""
+        return f"127.0.0.1:{self.base_port}"
+
+    @property
+    def fleet_address(self) -> str:
+        return f"127.0.0.1:{self.base_port + 1}"
+
+    def node_port(self, i: int) -> int:
+        return self.base_port + NODE_PORT_OFFSET + i
+
+    def node_key(self, i: int) -> Path:
+        return self.certs / f"node_key_{i}"
+
+    def cli_env(self) -> dict[str, str]:
+        return flower_env(self.cli_home)
+
+    # --------------------------------------------------------------- bring-up
+    def prepare(self) -> None:
+        """Work dirs, TLS material, a fresh link database and the CLI's connection."""
+        for sub in (self.logs, self.cli_home, self.work_dir / "link"):
+            sub.mkdir(parents=True, exist_ok=True)
+        (self.work_dir / "link" / "state.db").unlink(missing_ok=True)  # no stale nodes/runs
+        ports = [self.base_port, self.base_port + 1,
+                 *(self.node_port(i) for i in range(self.num_nodes))]
+        busy = [p for p in ports if not port_free(p)]
+        if busy:
+            raise DeployError(f"ports {busy} on 127.0.0.1 are in use; pick another --base-port")
+        if not self.insecure:
+            subprocess.run(["bash", str(MAKE_CERTS), "--nodes", str(self.num_nodes),
+                            str(self.certs)], check=True, stdout=subprocess.DEVNULL)
+        self.write_connection()
+
+    def write_connection(self) -> None:
+        """The CLI's config.toml: one connection to this SuperLink, made the default."""
+        lines = ["[superlink]", f'default = "{CONNECTION}"', "",
+                 f"[superlink.{CONNECTION}]", f'address = "{self.control_address}"']
+        if self.insecure:
+            lines.append("insecure = true")
+        else:
+            lines.append(f'root-certificates = "{(self.certs / "ca.crt").resolve()}"')
+        (self.cli_home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str]) -> Proc:
+        """Start ``cmd`` in its own session, output to logs/<name>.log."""
+        log = self.logs / f"{name}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def link_command(self) -> list[str]:
+        cmd = ["flower-superlink", "--fleet-api-type", "grpc-rere",
+               "--fleet-api-address", self.fleet_address,
+               "--host", "127.0.0.1", "--port", str(self.base_port),
+               "--database", str(self.work_dir / "link" / "state.db"),
+               "--disable-runtime-dependency-installation"]
+        if self.insecure:
+            return [*cmd, "--insecure"]
+        c = self.certs
+        return [*cmd, "--ssl-ca-certfile", str(c / "ca.crt"), "--ssl-certfile",
+                str(c / "server.pem"), "--ssl-keyfile", str(c / "server.key"),
+                "--enable-supernode-auth"]
+
+    def start_link(self, timeout: float = 90.0) -> Proc:
+        """Start the SuperLink and wait until its HTTP(S) API answers /health."""
+        proc = self.start("superlink", self.link_command(),
+                          flower_env(self.work_dir / "link"))
+        scheme = "http" if self.insecure else "https"
+        ctx = None if self.insecure else ssl.create_default_context(
+            cafile=str(self.certs / "ca.crt"))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                raise DeployError(f"SuperLink exited with {proc.popen.returncode}:\n"
+                                  + proc.tail())
+            try:
+                with urllib.request.urlopen(f"{scheme}://{self.control_address}/health",
+                                            timeout=2, context=ctx) as resp:
+                    if resp.status == 200:
+                        return proc
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise DeployError(f"SuperLink not ready within {timeout:g}s:\n" + proc.tail())
+
+    def register(self, public_key: Path) -> int:
+        """`flwr supernode register KEY.pub`: the node id the SuperLink assigned."""
+        out = subprocess.run(
+            ["flwr", "supernode", "register", str(public_key), CONNECTION, "--format", "json"],
+            env=self.cli_env(), capture_output=True, text=True, check=False)
+        try:
+            reply = json.loads(out.stdout[out.stdout.index("{"):])
+            return int(reply["node-id"])
+        except (ValueError, KeyError) as err:
+            raise DeployError(f"registering {public_key.name} failed: "
+                              f"{(out.stdout + out.stderr).strip()[-800:]}") from err
+
+    def node_command(self, i: int, key: Path | None = None, root_ca: Path | None = None,
+                     no_ca: bool = False, extra: list[str] | None = None) -> list[str]:
+        """flower-supernode for partition ``i``; key/root_ca/no_ca override the defaults."""
+        cmd = ["flower-supernode", "--superlink", self.fleet_address,
+               "--host", "127.0.0.1", "--port", str(self.node_port(i)),
+               "--node-config", f"partition-id={i} num-partitions={self.num_nodes}"]
+        if self.insecure:
+            cmd.append("--insecure")
+        else:
+            if not no_ca:
+                cmd += ["--root-certificates", str(root_ca or self.certs / "ca.crt")]
+            cmd += ["--auth-supernode-private-key", str(key or self.node_key(i))]
+        return cmd + (extra or [])
+
+    def start_node(self, i: int, cmd: list[str] | None = None, name: str = "") -> Proc:
+        """SuperNode ``i`` with its own FLWR_HOME and a fixed torch thread count."""
+        threads = str(self.threads_per_node)
+        env = flower_env(self.work_dir / f"node-{i}", OMP_NUM_THREADS=threads,
+                         MKL_NUM_THREADS=threads)
+        return self.start(name or f"supernode-{i}", cmd or self.node_command(i), env)
+
+    def up(self) -> None:
+        """Everything up to connected SuperNodes: certs, link, registrations, nodes."""
+        self.prepare()
+        print(f"deploy: SuperLink on {self.control_address} (Fleet API {self.fleet_address}"
+              f", {'insecure' if self.insecure else 'TLS + SuperNode auth'})", flush=True)
+        self.start_link()
+        if not self.insecure:
+            for i in range(self.num_nodes):
+                node_id = self.register(self.node_key(i).with_suffix(".pub"))
+                print(f"deploy: registered node_key_{i}.pub as node {node_id}", flush=True)
+        for i in range(self.num_nodes):
+            self.start_node(i)
+        print(f"deploy: {self.num_nodes} SuperNodes started; logs in {self.logs}", flush=True)
+
+    # --------------------------------------------------------------- run
+    def run(self, app: Path, run_config: Path, timeout: float) -> tuple[str, str, Path | None]:
+        """`flwr run --stream`, watched: (run id, status, results dir or None)."""
+        cmd = ["flwr", "run", str(app), CONNECTION, "--run-config", str(run_config), "--stream"]
+        print("deploy:", " ".join(cmd), flush=True)
+        watcher = Watcher(self.procs, timeout)
+        run_id: str | None = None
+        results: Path | None = None
+        with subprocess.Popen(cmd, env=self.cli_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, bufsize=1,
+                              start_new_session=True) as proc:
+            watcher.watch(proc)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                if run_id is None and (m := RUN_ID.search(line)):
+                    run_id = m.group(1)
+                if results is None and (m := RESULTS.search(line)):
+                    results = Path(m.group(1))
+        watcher.stop()
+        if run_id is None:
+            raise DeployError("`flwr run` did not start a run (see its output above)")
+        if watcher.reason:
+            subprocess.run(["flwr", "stop", run_id, CONNECTION], env=self.cli_env(),
+                           capture_output=True, check=False)
+            raise DeployError(watcher.reason)
+        status = run_status(self.cli_env(), run_id, CONNECTION)
+        return run_id, status, results
+
+    # --------------------------------------------------------------- teardown
+    def save_pids(self) -> Path:
+        """pids.json for a later --stop (--keep-running)."""
+        path = self.work_dir / "pids.json"
+        path.write_text(json.dumps({p.name: p.popen.pid for p in self.procs}, indent=1))
+        return path
+
+    def stop(self) -> None:
+        """SIGTERM every started process and its descendants; SIGKILL what is left after 10 s."""
+        stop_pids([p.popen.pid for p in self.procs])
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.popen.wait(timeout=1)
+        self.procs.clear()
+
+
+class Watcher:
+    """Ends `flwr run` early when a started process dies or the run exceeds its time."""
+
+    def __init__(self, procs: list[Proc], timeout: float) -> None:
+        self.procs, self.timeout = list(procs), timeout
+        self.reason = ""
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, run: subprocess.Popen[str]) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(run,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, run: subprocess.Popen[str]) -> None:
+        deadline = time.monotonic() + self.timeout
+        while not self._done.wait(1.0):
+            dead = [p for p in self.procs if p.popen.poll() is not None]
+            if dead:
+                self.reason = "\n".join(f"{p.name} exited with {p.popen.returncode}:\n{p.tail()}"
+                                        for p in dead)
+            elif time.monotonic() > deadline:
+                self.reason = f"the run did not finish within --run-timeout {self.timeout:g}s"
+            if self.reason:
+                run.terminate()
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+# ------------------------------------------------------------------- process utilities
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def children_map() -> dict[int, list[int]]:
+    """{ppid: [pid, ...]} from /proc: Flower starts executors in their own sessions."""
+    kids: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        kids.setdefault(ppid, []).append(int(entry.name))
+    return kids
+
+
+def descendants(pids: list[int]) -> list[int]:
+    """``pids`` and all their descendants, parents first."""
+    kids, out, todo = children_map(), [], list(pids)
+    while todo:
+        pid = todo.pop(0)
+        if pid not in out:
+            out.append(pid)
+            todo.extend(kids.get(pid, []))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def stop_pids(pids: list[int], grace: float = 10.0) -> None:
+    """Terminate ``pids`` and their descendants (found before signalling), then kill."""
+    tree = descendants(pids)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(p) for p in tree):
+        time.sleep(0.2)
+    for pid in tree:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def stop_saved(work_dir: Path) -> int:
+    """--stop: end the processes recorded by a --keep-running deployment."""
+    path = work_dir / "pids.json"
+    if not path.exists():
+        print(f"deploy: nothing to stop ({path} does not exist)", file=sys.stderr)
+        return 1
+    pids = json.loads(path.read_text())
+    stop_pids([int(p) for p in pids.values()])
+    path.unlink()
+    print(f"deploy: stopped {', '.join(pids)}")
+    return 0
+
+
+def raise_on_signal(signum: int, _frame: FrameType | None) -> None:
+    """SIGTERM/SIGHUP unwind like Ctrl-C, so the finally block stops every process."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# ------------------------------------------------------------------- command line
+def build_run_config(overrides: list[str], num_nodes: int, out: TextIO) -> dict[str, Any]:
+    """key=value overrides, validated, with num-clients = num_nodes and absolute paths."""
+    cfg_map: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"argument {item!r} is not key=value")
+        cfg_map[key] = parse_value(text)
+    if "num-clients" in cfg_map and cfg_map["num-clients"] != num_nodes:
+        raise ConfigError(f"num-clients={cfg_map['num-clients']} but --num-nodes {num_nodes}; "
+                          "one SuperNode is one client, so leave num-clients out")
+    cfg_map["num-clients"] = num_nodes
+    cfg = RunConfig.parse(cfg_map)
+    cfg_map["output-dir"] = str(Path(cfg.output_dir).resolve())
+    if cfg.data_dir:
+        cfg_map["data-dir"] = str(Path(cfg.data_dir).resolve())
+    print(f"deploy: run config {cfg_map}", file=out, flush=True)
+    return cfg_map
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("overrides", nargs="*", metavar="key=value")
+    ap.add_argument("--num-nodes", type=int, default=3, help="SuperNodes = clients (default 3)")
+    ap.add_argument("--insecure", action="store_true", help="no TLS, no SuperNode auth")
+    ap.add_argument("--keep-running", action="store_true",
+                    help="leave SuperLink and SuperNodes up after the run (stop with --stop)")
+    ap.add_argument("--stop", action="store_true", help="stop a --keep-running deployment")
+    ap.add_argument("--work-dir", type=Path, default=REPO / "deploy" / ".build" / "local",
+                    help="certs, logs, state and FLWR_HOMEs (default deploy/.build/local)")
+    ap.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
+                    help=f"link API on BASE, Fleet API on BASE+1, node i on BASE+"
+                         f"{NODE_PORT_OFFSET}+i (default {DEFAULT_BASE_PORT})")
+    ap.add_argument("--threads-per-node", type=int, default=1,
+                    help="torch threads per SuperNode (default 1: one core per client, as in "
+                         "the simulation, so both give the same numbers)")
+    ap.add_argument("--app", type=Path, default=REPO, help="the Flower App (default: this repo)")
+    ap.add_argument("--run-timeout", type=float, default=3600.0,
+                    help="give up on the run after this many seconds (default 3600)")
+    args = ap.parse_args(argv)
+    work_dir = args.work_dir.resolve()
+    if args.stop:
+        return stop_saved(work_dir)
+    if args.num_nodes < 1:
+        ap.error("--num-nodes must be >= 1")
+    try:
+        run_cfg = build_run_config(args.overrides, args.num_nodes, sys.stdout)
+    except ConfigError as err:
+        print(f"deploy: {err}", file=sys.stderr)
+        return 2
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, raise_on_signal)
+    dep = Deployment(work_dir, args.num_nodes, args.base_port, args.insecure,
+                     args.threads_per_node)
+    code = 1
+    try:
+        dep.up()
+        cfg_file = work_dir / "run-config.toml"
+        cfg_file.write_text("\n".join(toml_line(k, v) for k, v in run_cfg.items()) + "\n")
+        run_id, status, results = dep.run(args.app.resolve(), cfg_file, args.run_timeout)
+        print(f"deploy: run {run_id} status {status}", flush=True)
+        if status == "finished:completed":
+            print(f"deploy: results in {results}", flush=True)
+            code = 0
+    except DeployError as err:
+        print(f"deploy: {err}", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        print("deploy: interrupted", file=sys.stderr, flush=True)
+        code = 130
+    finally:
+        if args.keep_running and dep.procs:
+            pids = dep.save_pids()
+            print(f"deploy: left running ({pids}); CLI: FLWR_HOME={dep.cli_home} flwr ls "
+                  f"{CONNECTION}; stop: {sys.argv[0]} --stop --work-dir {work_dir}", flush=True)
+        else:
+            dep.stop()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

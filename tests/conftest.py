@@ -1,0 +1,40 @@
+"""Shared fixtures: an isolated Flower home + local SuperLink ports for `flwr run` tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scripts.flower_env import flower_env
+
+SIM_HTTP_PORT = "39191"
+SIM_CONTROL_PORT = "39193"
+
+
+def kill_local_superlink(port: str) -> None:
+    """The managed local SuperLink outlives `flwr run`; stop the one on our test port."""
+    out = subprocess.run(["pgrep", "-f", f"flower-superlink.*--port {port}"],
+                         capture_output=True, text=True, check=False).stdout
+    for pid in out.split():
+        try:
+            os.killpg(int(pid), signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def sim_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Environment for `flwr run` simulations on private ports, torn down after the session."""
+    home = tmp_path_factory.mktemp("flwr-home")
+    env = flower_env(Path(home), FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=SIM_HTTP_PORT,
+                     FLWR_LOCAL_CONTROL_API_PORT=SIM_CONTROL_PORT)
+    kill_local_superlink(SIM_HTTP_PORT)
+    yield env
+    kill_local_superlink(SIM_HTTP_PORT)

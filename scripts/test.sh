@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -m "not slow" "$@"
+.venv/bin/python -m pytest "$@"
 .venv/bin/python -m pytest -m slow "$@"

@@ -1,17 +1,25 @@
 """Local training: mini-batch SGD with weight decay, a method's gradient hook, and clipping.
 
-The order inside one step is fixed by ALGORITHMS.md: loss -> backward -> the method's
-correction (SCAFFOLD, FedDyn, ...) -> clip the gradient norm -> SGD step (weight decay).
+The order inside one step is fixed by ALGORITHMS.md: loss -> backward -> (SAM: gradient at the
+perturbed point) -> the method's correction (SCAFFOLD, FedDyn, ...) -> clip the gradient norm
+-> SGD step (weight decay).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from strategies.base import GradientHook
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""loss_fn(model output, targets) -> scalar loss; cross-entropy for the image tasks."""
+
+SAM_EPS = 1e-12
+"""Guards the SAM ascent direction g / ||g|| against a zero gradient."""
 
 
 @dataclass(frozen=True)
@@ -35,10 +43,14 @@ def local_sgd(
     clip_norm: float,
     generator: torch.Generator,
     hook: GradientHook | None = None,
+    loss_fn: LossFn = nn.functional.cross_entropy,
+    sam_rho: float = 0.0,
 ) -> LocalResult:
     """Train ``model`` in place on (x, y), shuffled by ``generator``; x, y on the model's device.
 
-    The last partial batch of an epoch is kept, so every example is seen each epoch.
+    The last partial batch of an epoch is kept, so every example is seen each epoch. With
+    ``sam_rho > 0`` each step uses SAM's gradient (FedSAM); the reported loss is always the
+    loss at the unperturbed point.
     """
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -50,8 +62,11 @@ def local_sgd(
         for i in range(0, n, batch_size):
             idx = order[i : i + batch_size]
             opt.zero_grad(set_to_none=False)
-            loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+            xb, yb = x[idx], y[idx]
+            loss = loss_fn(model(xb), yb)
             loss.backward()
+            if sam_rho > 0:
+                sam_gradient(model, params, xb, yb, loss_fn, sam_rho)
             if hook is not None:
                 hook(params)
             if clip_norm > 0:
@@ -60,3 +75,33 @@ def local_sgd(
             loss_sum += float(loss.detach())
             steps += 1
     return LocalResult(mean_loss=loss_sum / max(steps, 1), num_steps=steps, num_examples=n)
+
+
+def sam_gradient(
+    model: nn.Module,
+    params: list[torch.Tensor],
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    loss_fn: LossFn,
+    rho: float,
+) -> None:
+    """Replace the gradients g in ``params`` by SAM's: the gradient at w + rho * g / ||g||.
+
+    The weights are restored bit for bit (copied back, not subtracted), so the SGD step that
+    follows starts from the original point, as in the authors' ESAM optimizer.
+    """
+    pairs = [(p, p.grad) for p in params if p.grad is not None]
+    if not pairs:
+        return
+    with torch.no_grad():
+        norm = torch.linalg.vector_norm(torch.stack([g.norm() for _, g in pairs]))
+        scale = rho / (float(norm) + SAM_EPS)
+        saved = [p.detach().clone() for p, _ in pairs]
+        for p, g in pairs:
+            p.add_(g, alpha=scale)
+    for _, g in pairs:
+        g.zero_()
+    loss_fn(model(xb), yb).backward()
+    with torch.no_grad():
+        for (p, _), w in zip(pairs, saved, strict=True):
+            p.copy_(w)

@@ -6,7 +6,8 @@ logged reason, computes the round's aggregate update under the RI aggregation va
 method apply its server step, and reports the divergence term.
 
 Client half (``ClientRule``): plain local SGD. A method overrides ``begin`` to add a gradient
-correction and ``finish`` to update its per-client state and return its extra uploads.
+correction, ``finish`` to update its per-client state and return its extra uploads, and
+``sam_rho`` to make the local optimizer SAM.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class ClientRule:
     """Per-client arrays kept between participations (besides RI's w_prev); zeros at start."""
     down_keys: tuple[str, ...] = ()
     """Extra ArrayRecords the server sends with the model."""
+    sam_rho: float = 0.0
+    """SAM radius of the local optimizer (FedSAM sets it); 0 is plain SGD."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

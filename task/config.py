@@ -66,6 +66,14 @@ class RunConfig:
     output_dir: str
     round_timeout: float
     node_wait_timeout: float
+    # method-specific (read only by the method that names them)
+    feddyn_alpha: float
+    prox_mu: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    fedcm_alpha: float
+    sam_rho: float
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -154,6 +162,8 @@ def _check_ranges(c: RunConfig) -> None:
         "dirichlet-alpha": c.dirichlet_alpha,
         "round-timeout": c.round_timeout,
         "node-wait-timeout": c.node_wait_timeout,
+        "feddyn-alpha": c.feddyn_alpha,
+        "adam-eps": c.adam_eps,
     }
     for key, value in positive.items():
         if not value > 0.0:
@@ -166,10 +176,17 @@ def _check_ranges(c: RunConfig) -> None:
         "channel-noise": c.channel_noise,
         "brightness-noise": c.brightness_noise,
         "train-limit": c.train_limit,
+        "prox-mu": c.prox_mu,
+        "sam-rho": c.sam_rho,
     }
     for key, value in non_negative.items():
         if value < 0:
             raise _bad(key, value, "a number >= 0 (0 disables it)")
+    for key, value in {"adam-beta1": c.adam_beta1, "adam-beta2": c.adam_beta2}.items():
+        if not 0.0 <= value < 1.0:
+            raise _bad(key, value, f"0 <= {key} < 1")
+    if not 0.0 < c.fedcm_alpha <= 1.0:
+        raise _bad("fedcm-alpha", c.fedcm_alpha, "0 < fedcm-alpha <= 1 (1 ignores the momentum)")
     if c.seed < 0:
         raise _bad("seed", c.seed, "an integer >= 0")
     if not c.output_dir:

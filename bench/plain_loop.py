@@ -1,0 +1,64 @@
+"""The compute floor: the same federated training as a plain single-process PyTorch loop.
+
+Same clients sampled per round, same partitions, same RI start points, same local SGD with
+the same seeds, same central evaluation -- but no Flower, no Ray, no messages. What a
+`flwr run` simulation spends beyond this is the framework's overhead.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from client_app.trainer import local_sgd
+from strategies.ri import relaxed_start, weighted_mean
+from strategies.sampling import sample_clients
+from task.config import RunConfig
+from task.datasets import to_tensor
+from task.evaluation import evaluate
+from task.federated_data import client_examples, dataset_of
+from task.models import build_model, get_weights, set_weights
+
+
+def plain_fedinit(cfg: RunConfig) -> dict[str, float]:
+    """Run cfg's rounds (FedAvg/FedInit, model aggregation); return timings and accuracy."""
+    t0 = time.monotonic()
+    data = dataset_of(cfg)
+    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed)
+    w = get_weights(model)
+    w0 = [a.copy() for a in w]
+    w_prev: dict[int, list[np.ndarray]] = {}
+    tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    x_test = to_tensor(data.test_x, data.mean, data.std)
+    y_test = torch.from_numpy(data.test_y.copy()).long()
+    setup = time.monotonic() - t0
+    acc = 0.0
+    round_times = []
+    for rnd in range(1, cfg.num_server_rounds + 1):
+        t_r = time.monotonic()
+        finals, sizes = [], []
+        for pid in sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round):
+            if pid not in tensors:
+                x, y = client_examples(cfg, pid)
+                tensors[pid] = (to_tensor(x, data.mean, data.std),
+                                torch.from_numpy(y.copy()).long())
+            x_t, y_t = tensors[pid]
+            set_weights(model, relaxed_start(w, w_prev.get(pid, w0), cfg.beta))
+            gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
+                [cfg.seed, rnd, pid]).generate_state(1)[0]))
+            local_sgd(model, x_t, y_t, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                      lr=cfg.lr_at(rnd), weight_decay=cfg.weight_decay,
+                      clip_norm=cfg.clip_norm, generator=gen)
+            w_prev[pid] = get_weights(model)
+            finals.append(w_prev[pid])
+            sizes.append(float(len(y_t)))
+        w = weighted_mean(finals, sizes if cfg.weighting == "examples" else [1.0] * len(sizes))
+        if rnd % cfg.eval_every == 0 or rnd == cfg.num_server_rounds:
+            set_weights(model, w)
+            _, acc = evaluate(model, x_test, y_test)
+        round_times.append(time.monotonic() - t_r)
+    return {"wall-seconds": time.monotonic() - t0, "setup-seconds": setup,
+            "rounds-seconds": float(sum(round_times)),
+            "mean-round-seconds": float(np.mean(round_times)), "final-test-acc": acc}

@@ -1,0 +1,85 @@
+"""Bytes per client per round, down and up, for every method with and without RI.
+
+Measured on real messages for the default CNN: the method's server half builds them
+(``configure_train``), the real ClientApp ``train_fn`` answers them in-process
+(``tests.inprocess_grid``), and round 2 is measured (round 1's control variates are zeros,
+which Flower's content-addressed serialization may deduplicate). Columns:
+arrays = sum of ``ArrayRecord.count_bytes()``; records = every record plus its name;
+serialized = the RecordDict's object tree as Flower deflates it.
+
+    .venv/bin/python bench/wire_bytes.py [--data-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict  # noqa: E402
+
+from strategies import METHODS  # noqa: E402
+from task.config import RunConfig  # noqa: E402
+from task.federated_data import dataset_of  # noqa: E402
+from task.models import build_model, get_weights  # noqa: E402
+from tests.inprocess_grid import InProcessGrid  # noqa: E402
+from tests.lsq_problem import array_bytes, record_bytes, serialized_bytes  # noqa: E402
+
+MEASURES = (("arrays", array_bytes), ("records", record_bytes),
+            ("serialized", serialized_bytes))
+
+
+def measure(raw: dict[str, object]) -> dict[str, tuple[int, int]]:
+    """{measure: (down, up)} bytes of one client in round 2 of a real in-process run."""
+    cfg = RunConfig.parse(raw)
+    data = dataset_of(cfg)
+    grid = InProcessGrid(cfg.num_clients, raw)
+    strategy = METHODS[cfg.method].server(cfg, {p: 1000 + p for p in range(cfg.num_clients)})
+    arrays = ArrayRecord(get_weights(build_model(cfg.model, data.num_classes, data.in_channels,
+                                                 cfg.seed)))
+    down: list[RecordDict] = []
+    up: list[RecordDict] = []
+    for rnd in (1, 2):
+        messages = list(strategy.configure_train(rnd, arrays, ConfigRecord(), grid))
+        replies = list(grid.send_and_receive(messages))
+        errors = [r.error.reason for r in replies if r.has_error()]
+        if errors:
+            raise RuntimeError(errors[0])
+        new, _ = strategy.aggregate_train(rnd, replies)
+        arrays = new or arrays
+        down, up = [m.content for m in messages], [r.content for r in replies]
+    return {name: (fn(down[0]), fn(up[0])) for name, fn in MEASURES}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-dir", default="", help="Fashion-MNIST location (default: config's)")
+    args = ap.parse_args()
+    out = tempfile.mkdtemp(prefix="wire-bytes-")
+    base = {"num-clients": 10, "fraction-train": 0.1, "train-limit": 2000, "local-epochs": 1,
+            "model": "cnn", "dataset": "fashion-mnist", "data-dir": args.data_dir,
+            "output-dir": out}
+    rows = []
+    for method in METHODS:
+        for beta in (0.0, 0.1):
+            m = measure({**base, "method": method, "beta": beta})
+            rows.append((method + ("+RI" if beta else ""), m))
+    ref = dict(rows)["fedavg"]
+    head = (f"{'method':<13} {'down arrays':>12} {'records':>9} {'serialized':>10} {'x':>5}"
+            f"  {'up arrays':>10} {'records':>9} {'serialized':>10} {'x':>5}")
+    print("bytes per client per round (round 2), default CNN "
+          f"({ref['arrays'][0]:,} bytes of parameters + array names)")
+    print(head)
+    print("-" * len(head))
+    for name, m in rows:
+        print(f"{name:<13} {m['arrays'][0]:>12,} {m['records'][0]:>9,} {m['serialized'][0]:>10,}"
+              f" {m['serialized'][0] / ref['serialized'][0]:>5.2f}"
+              f"  {m['arrays'][1]:>10,} {m['records'][1]:>9,} {m['serialized'][1]:>10,}"
+              f" {m['serialized'][1] / ref['serialized'][1]:>5.2f}")
+
+
+if __name__ == "__main__":
+    main()

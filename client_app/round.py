@@ -1,0 +1,75 @@
+"""One client participation as a pure function of its inputs, free of Flower's plumbing.
+
+``train_fn`` reads the message and context and calls ``client_round``; tests call it directly
+with any model, data and loss (e.g. a least-squares problem whose optimum is known), so the
+code they check is the code that runs in a deployment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from torch import nn
+
+from client_app.state import W_PREV, ClientState
+from client_app.trainer import LossFn, local_sgd
+from strategies import records as rk
+from strategies.base import ClientRule
+from strategies.ri import relaxed_start, upload_vector
+from task.config import RunConfig
+from task.models import get_weights, set_weights
+
+
+def local_generator(seed: int, server_round: int, partition_id: int) -> torch.Generator:
+    """The shuffling generator of one participation, seeded by (seed, round, client)."""
+    state = np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def client_round(
+    cfg: RunConfig,
+    rule: ClientRule,
+    received: RecordDict,
+    state: ClientState,
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    initial: Callable[[], Sequence[np.ndarray]],
+    partition_id: int,
+    loss_fn: LossFn = nn.functional.cross_entropy,
+) -> RecordDict:
+    """Train from the RI start point with ``rule``, update ``state``, return the reply content.
+
+    ``initial`` gives w_0 (the RI w_prev before a first participation); it is called only
+    then, so a deployment does not rebuild the initial model on every message.
+    """
+    conf = received.config_records[rk.CONFIG]
+    server_round, lr, beta = int(conf[rk.ROUND]), float(conf[rk.LR]), float(conf[rk.BETA])
+    w_t = received.array_records[rk.ARRAYS].to_numpy_ndarrays()
+
+    w_prev = state.get(W_PREV) or list(initial())
+    start = relaxed_start(w_t, w_prev, beta)
+    method_state = {k: state.get(k) or [np.zeros_like(a) for a in w_t] for k in rule.state_keys}
+    down = {k: received.array_records[k].to_numpy_ndarrays() for k in rule.down_keys}
+
+    set_weights(model, start)
+    hook = rule.begin(start, down, method_state, lr, next(model.parameters()).device)
+    result = local_sgd(model, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
+                       weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm,
+                       generator=local_generator(cfg.seed, server_round, partition_id),
+                       hook=hook, loss_fn=loss_fn, sam_rho=rule.sam_rho)
+    final = get_weights(model)
+    extras = rule.finish(start, final, result.num_steps, lr, method_state)
+
+    state.put(W_PREV, final)
+    for key, arrays in method_state.items():
+        state.put(key, arrays)
+    metrics = MetricRecord({rk.NUM_EXAMPLES: result.num_examples,
+                            rk.TRAIN_LOSS: result.mean_loss, rk.NUM_STEPS: result.num_steps})
+    return RecordDict({rk.ARRAYS: ArrayRecord(upload_vector(final, start, cfg.ri_aggregation)),
+                       rk.METRICS: metrics,
+                       **{k: ArrayRecord(v) for k, v in extras.items()}})

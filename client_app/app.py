@@ -7,12 +7,14 @@ evaluate: accuracy of the received model on this client's own data.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.model_cache import client_tensors, fresh_model, initial_weights
 from client_app.round import client_round
-from client_app.state import ClientState
+from client_app.state import ClientState, StateMirror, check_shapes
 from strategies import METHODS
 from strategies import records as rk
 from task.config import RunConfig
@@ -36,14 +38,48 @@ def partition_of(context: Context, cfg: RunConfig) -> int:
     return pid
 
 
+def state_mirror(context: Context, cfg: RunConfig, experiment: str,
+                 pid: int) -> StateMirror | None:
+    """The node's state directory (node config ``state-dir``, else run config
+    ``client-state-dir``), or None when the state lives in memory only."""
+    root = str(context.node_config.get("state-dir", "")) or cfg.client_state_dir
+    return StateMirror(Path(root), experiment, pid) if root and experiment else None
+
+
+def restore_state(state: ClientState, mirror: StateMirror | None, experiment: str,
+                  server_round: int, model: list) -> None:
+    """Make ``state`` the version from this client's last participation before this round.
+
+    Memory is used when it is that version; otherwise (node restarted, run resumed, or a
+    round redone after a server crash) the newest older version on disk replaces it.
+    """
+    tag = state.tag()
+    if mirror is None or (tag is not None and tag[0] == experiment and tag[1] < server_round):
+        return
+    saved = mirror.load_before(server_round)
+    state.replace(saved[1] if saved else {})
+    if saved:
+        check_shapes(saved[1], model, str(mirror.dir))
+        state.set_tag(experiment, saved[0])
+
+
 def train_fn(msg: Message, context: Context) -> Message:
     """One participation: Flower's message and context in, ``client_round`` does the work."""
     cfg = RunConfig.parse(context.run_config)
     pid = partition_of(context, cfg)
+    conf = msg.content.config_records[rk.CONFIG]
+    server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
+    state = ClientState(context.state)
+    mirror = state_mirror(context, cfg, experiment, pid)
+    restore_state(state, mirror, experiment, server_round,
+                  msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
     x, y = client_tensors(cfg, pid)
-    content = client_round(cfg, METHODS[cfg.method].client(cfg), msg.content,
-                           ClientState(context.state), fresh_model(cfg), x, y,
-                           initial=lambda: initial_weights(cfg), partition_id=pid)
+    content = client_round(cfg, METHODS[cfg.method].client(cfg), msg.content, state,
+                           fresh_model(cfg), x, y, initial=lambda: initial_weights(cfg),
+                           partition_id=pid)
+    state.set_tag(experiment, server_round)
+    if mirror is not None:
+        mirror.save(server_round, state.entries())
     return Message(content=content, reply_to=msg)
 
 

@@ -1,16 +1,34 @@
-"""Per-client state kept between participations in ``context.state`` (one node = one client).
+"""Per-client state kept between participations: in memory and, optionally, on disk.
 
-Flower persists ``context.state`` per node and run (in the simulation process, or in the
-SuperNode's memory in a deployment). Each entry is a model-shaped list of arrays.
+``ClientState`` wraps Flower's ``context.state`` (persisted per node and run: in the
+simulation process, or in the SuperNode's memory in a deployment). Each entry is a
+model-shaped list of arrays (w_prev, c_i, h_i, ...), tagged with the round that produced it.
+
+``StateMirror`` copies the state to a directory after every participation, so a SuperNode
+that restarts, or a run resumed from a server checkpoint, continues from it. It keeps the
+last two versions: a round that was in flight when the server died is redone from the
+version before it, exactly as the uninterrupted run did.
 """
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+
 import numpy as np
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 W_PREV = "w_prev"
 """RI: the client's final local model of its last participation (w_0 before the first)."""
+META = "client-meta"
+KEEP_VERSIONS = 2
+
+
+class StateError(ValueError):
+    """Saved client state that cannot be used; one line naming the file and the problem."""
 
 
 class ClientState:
@@ -28,3 +46,92 @@ class ClientState:
     def put(self, key: str, arrays: list[np.ndarray]) -> None:
         """Store (replace) the arrays under ``key``."""
         self._store[key] = ArrayRecord([np.ascontiguousarray(a) for a in arrays])
+
+    def entries(self) -> dict[str, list[np.ndarray]]:
+        return {k: v.to_numpy_ndarrays() for k, v in self._store.array_records.items()}
+
+    def replace(self, entries: dict[str, list[np.ndarray]]) -> None:
+        """Drop every stored array entry and store ``entries`` instead."""
+        for key in list(self._store.array_records):
+            del self._store[key]
+        for key, arrays in entries.items():
+            self.put(key, arrays)
+
+    def tag(self) -> tuple[str, int] | None:
+        """(experiment id, round) of the stored state, if any."""
+        if META not in self._store.config_records:
+            return None
+        meta = self._store.config_records[META]
+        return str(meta["experiment"]), int(meta["round"])  # type: ignore[arg-type]
+
+    def set_tag(self, experiment: str, server_round: int) -> None:
+        self._store[META] = ConfigRecord({"experiment": experiment, "round": server_round})
+
+
+class StateMirror:
+    """One client's state files: ``<root>/<experiment>/client-<pid>-r<round>.npz``."""
+
+    def __init__(self, root: Path, experiment: str, partition_id: int) -> None:
+        self.dir = root / experiment
+        self.experiment = experiment
+        self.pid = partition_id
+
+    def _files(self) -> list[tuple[int, Path]]:
+        prefix = f"client-{self.pid}-r"
+        found = []
+        if self.dir.is_dir():
+            for path in self.dir.glob(f"{prefix}*.npz"):
+                digits = path.stem[len(prefix):]
+                if digits.isdigit():
+                    found.append((int(digits), path))
+        return sorted(found)
+
+    def save(self, server_round: int, entries: dict[str, list[np.ndarray]]) -> None:
+        """Write this round's state atomically, then keep only the newest versions."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        arrays = {f"{k}/{i}": a for k, v in entries.items() for i, a in enumerate(v)}
+        meta = {"experiment": self.experiment, "partition-id": self.pid, "round": server_round,
+                "entries": {k: len(v) for k, v in entries.items()}}
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        path = self.dir / f"client-{self.pid}-r{server_round:06d}.npz"
+        tmp = path.with_name(f".{path.name}.tmp")
+        with tmp.open("wb") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        for _, old in self._files()[:-KEEP_VERSIONS]:
+            old.unlink(missing_ok=True)
+
+    def load_before(self, server_round: int) -> tuple[int, dict[str, list[np.ndarray]]] | None:
+        """The newest saved state from a round before ``server_round``, checked; or None."""
+        older = [(r, p) for r, p in self._files() if r < server_round]
+        if not older:
+            return None
+        saved_round, path = older[-1]
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}
+            meta = json.loads(data.pop("meta").tobytes().decode())
+            entries = {k: [data[f"{k}/{i}"] for i in range(n)]
+                       for k, n in meta["entries"].items()}
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
+            raise StateError(f"client state {path} is unreadable: {err}") from None
+        if meta["experiment"] != self.experiment or meta["partition-id"] != self.pid:
+            raise StateError(f"client state {path} belongs to experiment {meta['experiment']} "
+                             f"partition {meta['partition-id']}, not {self.experiment} "
+                             f"partition {self.pid}")
+        return saved_round, entries
+
+
+def check_shapes(entries: dict[str, list[np.ndarray]], model: list[np.ndarray],
+                 where: str) -> None:
+    """Saved state must match the model it will be combined with."""
+    for key, arrays in entries.items():
+        shapes = [a.shape for a in arrays]
+        expected = [a.shape for a in model]
+        if shapes != expected:
+            raise StateError(f"client state {key!r} from {where} has shapes that do not match "
+                             f"the model ({len(shapes)} arrays vs {len(expected)})")

@@ -8,8 +8,9 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from server_app.checkpoint import CheckpointError
 from server_app.clients import FederationError
-from server_app.experiment import run_experiment
+from server_app.experiment import TooFewReplies, run_experiment
 from task.config import ConfigError, RunConfig
 from task.datasets import DataFormatError, DataNotFoundError
 
@@ -26,7 +27,8 @@ def main(grid: Grid, context: Context) -> None:
     try:
         cfg = RunConfig.parse(context.run_config)
         run_experiment(grid, cfg)
-    except (ConfigError, DataNotFoundError, DataFormatError, FederationError) as err:
+    except (ConfigError, DataNotFoundError, DataFormatError, FederationError,
+            CheckpointError, TooFewReplies) as err:
         # One readable line first; then fail the run (Flower marks it finished:failed; a
         # SystemExit would be reported as completed).
         log(ERROR, "%s", err)

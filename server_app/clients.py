@@ -82,3 +82,19 @@ def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
         node_of[pid] = node
     log(INFO, "federation: %d clients connected and identified", len(node_of))
     return node_of
+
+
+def refresh_clients(grid: Grid, cfg: RunConfig, node_of: dict[int, int]) -> None:
+    """Re-identify nodes that (re)joined since the last round, updating ``node_of`` in place.
+
+    A SuperNode that restarts without a stable identity comes back under a new node id; its
+    partition id maps the client to the new node, so it rejoins with its saved state.
+    """
+    known = set(node_of.values())
+    new = [n for n in sorted(grid.get_node_ids()) if n not in known]
+    if not new:
+        return
+    for node, pid in _identify(grid, cfg, new).items():
+        if node_of.get(pid) != node:
+            log(INFO, "client %d is now on node %d", pid, node)
+        node_of[pid] = node

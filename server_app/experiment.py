@@ -21,9 +21,11 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from server_app.central_eval import CentralEvaluator
-from server_app.clients import discover_clients
+from server_app.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from server_app.clients import discover_clients, refresh_clients
 from server_app.results import Recorder, atomic_write_bytes
 from strategies import METHODS
+from strategies import records as rk
 from task.config import RunConfig
 from task.federated_data import dataset_of
 from task.models import build_model, get_weights, set_weights
@@ -37,11 +39,41 @@ def run_name(cfg: RunConfig) -> str:
             f"-s{cfg.seed}-{stamp}")
 
 
+RESUME_MAY_CHANGE = frozenset({"resume-dir", "num-server-rounds", "round-timeout",
+                               "node-wait-timeout", "output-dir", "min-replies",
+                               "max-failed-rounds"})
+"""Keys a resumed run may set differently from the checkpoint's config (the rest must match)."""
+
+
+class TooFewReplies(RuntimeError):
+    """Rounds keep failing for lack of replies; the last checkpoint is there to resume."""
+
+
+def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
+    """The run directory and checkpoint to continue from, checked against ``cfg``."""
+    if not cfg.resume_dir:
+        return None
+    run_dir = Path(cfg.resume_dir).resolve()
+    ckpt = load_checkpoint(run_dir)
+    now = cfg.to_dict()
+    for key, value in ckpt.config.items():
+        if key not in RESUME_MAY_CHANGE and now.get(key) != value:
+            raise CheckpointError(f"resume-dir {run_dir}: the checkpoint was made with "
+                                  f"{key}={value!r}, this run has {key}={now.get(key)!r}")
+    if ckpt.server_round >= cfg.num_server_rounds:
+        raise CheckpointError(f"resume-dir {run_dir}: the checkpoint is at round "
+                              f"{ckpt.server_round}, num-server-rounds={cfg.num_server_rounds}"
+                              " leaves nothing to do")
+    return run_dir, ckpt
+
+
 def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
     """Run all rounds of ``cfg`` on ``grid`` and return the summary written to disk."""
     data = dataset_of(cfg)  # fails first, with the install hint, if the data is missing
-    out = out_dir or Path(cfg.output_dir).resolve() / run_name(cfg)
-    log(INFO, "results: %s", out)
+    resume = resume_point(cfg)
+    out = resume[0] if resume else (out_dir or Path(cfg.output_dir).resolve() / run_name(cfg))
+    log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
+        if resume else "")
     evaluator = CentralEvaluator(cfg)
     model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed)
     weights = get_weights(model)
@@ -49,14 +81,22 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     strategy = METHODS[cfg.method].server(cfg, node_of)
     strategy.summary()
 
-    rec = Recorder(out, cfg.to_dict())
+    first = 1
+    if resume:
+        weights, first = resume[1].weights, resume[1].server_round + 1
+        strategy.load_server_state(resume[1].strategy_state)
+    rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1)
     arrays = ArrayRecord(weights)
+    round_config = ConfigRecord({rk.EXPERIMENT: out.name})
     n = cfg.num_server_rounds
-    for rnd in range(1, n + 1):
+    failed = 0
+    for rnd in range(first, n + 1):
         t0 = time.monotonic()
-        messages = strategy.configure_train(rnd, arrays, ConfigRecord(), grid)
+        refresh_clients(grid, cfg, strategy.node_of_partition)
+        messages = strategy.configure_train(rnd, arrays, round_config, grid)
         replies = grid.send_and_receive(messages, timeout=cfg.round_timeout)
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
+        failed = 0 if new_arrays is not None else failed + 1
         if new_arrays is not None:
             arrays = new_arrays
         m = dict(metrics or {})
@@ -66,7 +106,14 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(), **m}
         rec.add_round(row)
+        save_checkpoint(out, Checkpoint(rnd, arrays.to_numpy_ndarrays(),
+                                        strategy.server_state(), cfg.to_dict()))
         log(INFO, "%s", _progress_line(row, n, len(messages)))
+        if failed >= cfg.max_failed_rounds:
+            raise TooFewReplies(
+                f"{failed} rounds in a row had fewer than min-replies={cfg.min_replies} usable "
+                f"replies; stopped after round {rnd}. Bring the SuperNodes back and resume "
+                f"with --run-config \"resume-dir='{out}'\"")
 
     final = arrays.to_numpy_ndarrays()
     set_weights(model, final)

@@ -7,6 +7,7 @@ the round in flight; the summary, plots and model are written atomically (temp +
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import time
@@ -43,20 +44,43 @@ def smoothed_peak(accs: Sequence[float], window: int = 5, last: int = 50) -> flo
 class Recorder:
     """Writes one run's results into its own directory."""
 
-    def __init__(self, out_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, out_dir: Path, config: dict[str, Any], keep_rounds: int = 0) -> None:
+        """Start a run's files; when resuming, keep the rows of rounds 1..``keep_rounds``.
+
+        Rows beyond the checkpoint (a round that finished but was not checkpointed) are
+        dropped, so the files hold each round exactly once.
+        """
         self.dir = out_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.rows: list[dict[str, Any]] = []
-        self.t0 = time.monotonic()
+        self.rows = self._earlier_rows(keep_rounds)
+        self.t0 = time.monotonic() - (self.rows[-1]["elapsed-seconds"] if self.rows else 0.0)
+        lines = "".join(json.dumps(r) + "\n" for r in self.rows)
+        atomic_write_bytes(self.dir / "rounds.jsonl", lines.encode())
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=ROUND_FIELDS)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        atomic_write_bytes(self.dir / "rounds.csv", text.getvalue().encode())
         self._jsonl = (self.dir / "rounds.jsonl").open("a")
-        new_csv = not (self.dir / "rounds.csv").exists()
         self._csv_file = (self.dir / "rounds.csv").open("a", newline="")
         self._csv = csv.DictWriter(self._csv_file, fieldnames=ROUND_FIELDS)
-        if new_csv:
-            self._csv.writeheader()
         atomic_write_bytes(self.dir / "config.json",
                            json.dumps(config, indent=2, sort_keys=True).encode())
+
+    def _earlier_rows(self, keep_rounds: int) -> list[dict[str, Any]]:
+        path = self.dir / "rounds.jsonl"
+        if keep_rounds <= 0 or not path.exists():
+            return []
+        rows = []
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a torn last line from a crash mid-write
+            if row.get("round", keep_rounds + 1) <= keep_rounds:
+                rows.append(row)
+        return rows
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -137,8 +161,6 @@ def method_label(config: dict[str, Any]) -> str:
 
 
 def _npz_bytes(weights: list[np.ndarray]) -> bytes:
-    import io
-
     bio = io.BytesIO()
     np.savez(bio, *weights)
     return bio.getvalue()

@@ -26,6 +26,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from strategies import records as rk
 from strategies.ri import Weights, aggregate_update, divergence
+from strategies.robust import combine, update_norms
 from strategies.sampling import sample_clients
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ class RIStrategy(FedAvg):
 
     up_keys: tuple[str, ...] = ()
     """Extra ArrayRecords each reply must carry (model-shaped)."""
+    state_attrs: tuple[str, ...] = ()
+    """Attributes holding the method's server state (model-shaped lists), checkpointed."""
 
     def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int]) -> None:
         super().__init__(
@@ -138,37 +141,71 @@ class RIStrategy(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Check replies, aggregate the good ones, apply the method's server step."""
-        good: list[RecordDict] = []
+        """Check replies, drop bad ones and outliers, aggregate, apply the method's step."""
+        c = self.cfg
+        good: list[tuple[int, RecordDict]] = []
         rejected = 0
         for msg in replies:
             node = msg.metadata.src_node_id
             problem = self.reply_problem(msg)
             if problem is not None:
                 rejected += 1
-                log(WARNING, "round %d: rejected reply of node %s (partition %s): %s",
-                    server_round, node, self._sent_to.get(node, "?"), problem)
+                self._reject(server_round, node, problem)
                 continue
-            good.append(msg.content)
+            good.append((node, msg.content))
         missing = len(self._sent_to) - len(good) - rejected
+        uploads = [rd[rk.ARRAYS].to_numpy_ndarrays() for _, rd in good]
+        if c.max_update_norm_ratio > 0 and len(good) >= 3:
+            norms = update_norms(self._w_t, uploads, c.ri_aggregation)
+            median = float(np.median(norms))
+            limit = c.max_update_norm_ratio * median
+            keep = [i for i, n in enumerate(norms) if n <= limit or median == 0.0]
+            for i in sorted(set(range(len(good))) - set(keep)):
+                rejected += 1
+                self._reject(server_round, good[i][0],
+                             f"update norm {norms[i]:.3g} > max-update-norm-ratio "
+                             f"{c.max_update_norm_ratio:g} x the round's median {median:.3g}")
+            good = [good[i] for i in keep]
+            uploads = [uploads[i] for i in keep]
         counts = {"num-replies": len(good), "num-rejected": rejected, "num-missing": missing}
-        if not good:
-            log(WARNING, "round %d: no usable reply; the global model is unchanged", server_round)
+        if len(good) < c.min_replies:
+            log(WARNING, "round %d: %d usable replies < min-replies=%d; the global model is "
+                "unchanged", server_round, len(good), c.min_replies)
             return None, MetricRecord(counts)
 
-        c = self.cfg
-        uploads = [rd[rk.ARRAYS].to_numpy_ndarrays() for rd in good]
-        n_ex = [float(rd[rk.METRICS][rk.NUM_EXAMPLES]) for rd in good]
-        weights = n_ex if c.weighting == "examples" else [1.0] * len(good)
-        update, finals = aggregate_update(self._w_t, uploads, weights, c.ri_aggregation)
-        w_next = self.server_step(server_round, self._w_t, update, good)
-        losses = [float(rd[rk.METRICS][rk.TRAIN_LOSS]) for rd in good]
+        contents = [rd for _, rd in good]
+        n_ex = [float(rd[rk.METRICS][rk.NUM_EXAMPLES]) for rd in contents]
+        weights = n_ex if c.weighting == "examples" else [1.0] * len(contents)
+        update, finals = aggregate_update(
+            self._w_t, uploads, weights, c.ri_aggregation,
+            mean=lambda v, w: combine(v, w, c.aggregation, c.trim_fraction))
+        w_next = self.server_step(server_round, self._w_t, update, contents)
+        losses = [float(rd[rk.METRICS][rk.TRAIN_LOSS]) for rd in contents]
         metrics = {
             **counts,
             "train-loss": float(np.average(losses, weights=n_ex)),
             "divergence": divergence(finals, w_next),
         }
         return ArrayRecord(w_next), MetricRecord(metrics)
+
+    def _reject(self, server_round: int, node: int, reason: str) -> None:
+        log(WARNING, "round %d: rejected reply of node %s (partition %s): %s",
+            server_round, node, self._sent_to.get(node, "?"), reason)
+
+    # ---------------------------------------------------------------- server state
+    def server_state(self) -> dict[str, Weights]:
+        """The method's server state (``state_attrs``) for a checkpoint."""
+        return {name: list(getattr(self, name)) for name in self.state_attrs
+                if getattr(self, name)}
+
+    def load_server_state(self, state: dict[str, Weights]) -> None:
+        """Restore what ``server_state`` returned; unknown names are a checkpoint error."""
+        unknown = set(state) - set(self.state_attrs)
+        if unknown:
+            raise ValueError(f"checkpoint holds server state {sorted(unknown)} that "
+                             f"{type(self).__name__} does not have")
+        for name, arrays in state.items():
+            setattr(self, name, list(arrays))
 
     # ---------------------------------------------------------------- reply validation
     def reply_problem(self, msg: Message) -> str | None:

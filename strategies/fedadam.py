@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 class FedAdamServer(RIStrategy):
     """FedAdam's server half: Adam moments m, v kept on the strategy (zeros at start)."""
 
+    state_attrs = ("m", "v")
+
     def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int]) -> None:
         super().__init__(cfg, node_of_partition)
         self.m: Weights = []

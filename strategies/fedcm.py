@@ -31,6 +31,8 @@ MOMENTUM = "fedcm-d"
 class FedCmServer(RIStrategy):
     """FedCM's server half: turns each round's D into the next round's momentum d."""
 
+    state_attrs = ("d",)
+
     def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int]) -> None:
         super().__init__(cfg, node_of_partition)
         self.d: Weights = []

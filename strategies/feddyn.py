@@ -36,6 +36,8 @@ H_LOCAL = "feddyn-h-i"
 class FedDynServer(RIStrategy):
     """FedDyn's server half: keeps H = sum_j h_j and adds H / N to the averaged models."""
 
+    state_attrs = ("h_sum",)
+
     def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int]) -> None:
         super().__init__(cfg, node_of_partition)
         self.h_sum: Weights = []

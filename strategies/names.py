@@ -5,3 +5,4 @@ METHOD_NAMES: tuple[str, ...] = (
 )
 RI_AGGREGATIONS: tuple[str, ...] = ("model", "update")
 WEIGHTINGS: tuple[str, ...] = ("examples", "uniform")
+AGGREGATIONS: tuple[str, ...] = ("mean", "median", "trimmed-mean")

@@ -12,6 +12,7 @@ METRICS = "metrics"
 ROUND = "server-round"
 LR = "lr"
 BETA = "beta"
+EXPERIMENT = "experiment-id"  # the run directory's name: stable across a resume
 
 # MetricRecord keys sent up.
 NUM_EXAMPLES = "num-examples"

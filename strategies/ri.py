@@ -10,7 +10,7 @@ Both upload exactly one model-sized vector, so RI costs no extra bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -42,20 +42,22 @@ def weighted_mean(vectors: Sequence[Weights], weights: Sequence[float]) -> Weigh
 
 
 def aggregate_update(
-    w_t: Weights, uploads: Sequence[Weights], weights: Sequence[float], variant: str
+    w_t: Weights, uploads: Sequence[Weights], weights: Sequence[float], variant: str,
+    mean: Callable[[Sequence[Weights], Sequence[float]], Weights] | None = None,
 ) -> tuple[Weights, list[Weights]]:
     """The round's aggregate update D and the clients' final models as the server sees them.
 
     Under ``update`` the server never sees a client's offset, so its view of a final model is
-    w_t + Delta_i (used for the divergence term only).
+    w_t + Delta_i (used for the divergence term only). ``mean`` replaces the weighted mean
+    (robust aggregation).
     """
-    mean = weighted_mean(uploads, weights)
+    avg = (mean or weighted_mean)(uploads, weights)
     if variant == "model":
         update = [(m.astype(np.float64) - w.astype(np.float64)).astype(np.float32)
-                  for m, w in zip(mean, w_t, strict=True)]
+                  for m, w in zip(avg, w_t, strict=True)]
         return update, list(uploads)
     finals = [[w + d for w, d in zip(w_t, up, strict=True)] for up in uploads]
-    return mean, finals
+    return avg, finals
 
 
 def divergence(finals: Sequence[Weights], w_next: Weights) -> float:

@@ -33,6 +33,8 @@ C_LOCAL = "scaffold-c-i"
 class ScaffoldServer(RIStrategy):
     """SCAFFOLD's server half: keeps c, sends it down, folds in the clients' Delta_c_i."""
 
+    state_attrs = ("c",)
+
     up_keys = (DELTA_C,)
 
     def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strategies.names import METHOD_NAMES, RI_AGGREGATIONS, WEIGHTINGS
+from strategies.names import AGGREGATIONS, METHOD_NAMES, RI_AGGREGATIONS, WEIGHTINGS
 from task.datasets import DATASET_NAMES, DEFAULT_DATA_DIRS
 from task.models import MODEL_NAMES
 from task.partition import PARTITION_NAMES
@@ -66,6 +66,13 @@ class RunConfig:
     output_dir: str
     round_timeout: float
     node_wait_timeout: float
+    min_replies: int
+    max_failed_rounds: int
+    aggregation: str
+    trim_fraction: float
+    max_update_norm_ratio: float
+    resume_dir: str
+    client_state_dir: str
     # method-specific (read only by the method that names them)
     feddyn_alpha: float
     prox_mu: float
@@ -135,6 +142,7 @@ def _check_ranges(c: RunConfig) -> None:
         "method": (c.method, METHOD_NAMES),
         "ri-aggregation": (c.ri_aggregation, RI_AGGREGATIONS),
         "weighting": (c.weighting, WEIGHTINGS),
+        "aggregation": (c.aggregation, AGGREGATIONS),
         "dataset": (c.dataset, DATASET_NAMES),
         "partition": (c.partition, PARTITION_NAMES),
         "model": (c.model, MODEL_NAMES),
@@ -152,6 +160,8 @@ def _check_ranges(c: RunConfig) -> None:
         "local-epochs": c.local_epochs,
         "batch-size": c.batch_size,
         "eval-every": c.eval_every,
+        "min-replies": c.min_replies,
+        "max-failed-rounds": c.max_failed_rounds,
     }
     for key, value in positive_ints.items():
         if value < 1:
@@ -170,7 +180,13 @@ def _check_ranges(c: RunConfig) -> None:
             raise _bad(key, value, "a number > 0")
     if not 0.0 < c.lr_decay <= 1.0:
         raise _bad("lr-decay", c.lr_decay, "0 < lr-decay <= 1")
+    if not 0.0 <= c.trim_fraction < 0.5:
+        raise _bad("trim-fraction", c.trim_fraction, "0 <= trim-fraction < 0.5")
+    if c.min_replies > c.clients_per_round:
+        raise _bad("min-replies", c.min_replies,
+                   f"at most the clients per round ({c.clients_per_round})")
     non_negative = {
+        "max-update-norm-ratio": c.max_update_norm_ratio,
         "weight-decay": c.weight_decay,
         "clip-norm": c.clip_norm,
         "channel-noise": c.channel_noise,

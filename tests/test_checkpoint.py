@@ -1,0 +1,63 @@
+"""Server checkpoints: round trip, corruption and config mismatch give one-line errors."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from server_app.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
+from server_app.experiment import resume_point
+from task.config import RunConfig
+
+
+def sample() -> Checkpoint:
+    rng = np.random.default_rng(0)
+    w = [rng.standard_normal((3, 2)).astype(np.float32), rng.standard_normal(4).astype(np.float32)]
+    state = {"m": [a.astype(np.float64) for a in w], "v": [a * 0 for a in w]}
+    return Checkpoint(7, w, state, RunConfig.parse({"num-server-rounds": 20}).to_dict())
+
+
+def test_round_trip_is_exact(tmp_path: Path) -> None:
+    ck = sample()
+    save_checkpoint(tmp_path, ck)
+    got = load_checkpoint(tmp_path)
+    assert got.server_round == 7 and got.config == ck.config
+    for a, b in zip(got.weights, ck.weights, strict=True):
+        assert a.tobytes() == b.tobytes() and a.dtype == b.dtype
+    assert got.strategy_state["m"][1].dtype == np.float64
+    assert not list(tmp_path.glob(".*tmp"))  # no temp file left behind
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_damaged_checkpoint_is_one_line_error(tmp_path: Path, damage: str) -> None:
+    save_checkpoint(tmp_path, sample())
+    path = tmp_path / CHECKPOINT_FILE
+    data = path.read_bytes()
+    path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"\x00" * 500,
+                      "empty": b""}[damage])
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(tmp_path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_missing_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path)
+
+
+def test_resume_refuses_a_different_config(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, sample())
+    cfg = RunConfig.parse({"num-server-rounds": 20, "beta": 0.05, "resume-dir": str(tmp_path)})
+    with pytest.raises(CheckpointError, match="made with beta=0.1, this run has beta=0.05"):
+        resume_point(cfg)
+    ok = RunConfig.parse({"num-server-rounds": 30, "resume-dir": str(tmp_path)})
+    assert resume_point(ok) is not None  # more rounds is allowed
+    done = RunConfig.parse({"num-server-rounds": 7, "resume-dir": str(tmp_path)})
+    with pytest.raises(CheckpointError, match="nothing to do"):
+        resume_point(done)

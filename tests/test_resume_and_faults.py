@@ -1,0 +1,198 @@
+"""Crashes, restarts and bad replies, through the real server loop and ClientApp in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, Context, Message, RecordDict
+
+from client_app.state import W_PREV, ClientState
+from server_app.experiment import TooFewReplies, run_experiment
+from strategies import records as rk
+from task.config import RunConfig
+from tests.inprocess_grid import InProcessGrid
+
+SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 4, "train-limit": 800,
+         "local-epochs": 1}
+
+
+def config(tmp: Path, **over: Any) -> RunConfig:
+    return RunConfig.parse({**SMALL, "output-dir": str(tmp / "out"),
+                            "client-state-dir": str(tmp / "state"), **over})
+
+
+def final_model(run_dir: Path) -> list[np.ndarray]:
+    with np.load(run_dir / "final_model.npz") as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))]
+
+
+def rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
+
+
+def bitwise_equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return all(x.tobytes() == y.tobytes() for x, y in zip(a, b, strict=True))
+
+
+class CrashingGrid(InProcessGrid):
+    """Dies (like a killed server) right after the clients of ``crash_round`` trained."""
+
+    def __init__(self, crash_round: int, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.crash_round = crash_round
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+        msgs = list(messages)
+        out = super().send_and_receive(msgs, timeout=timeout)
+        if msgs and msgs[0].content.config_records.get(rk.CONFIG, {}).get(rk.ROUND) \
+                == self.crash_round:
+            raise KeyboardInterrupt("server killed")
+        return out
+
+
+@pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedadam", "feddyn"])
+def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) -> None:
+    over = {"method": method, **({"server-lr": 0.1} if method == "fedadam" else {})}
+    ref_cfg = config(tmp_path / "ref", **over)
+    run_experiment(InProcessGrid(4, ref_cfg.to_dict()), ref_cfg, out_dir=tmp_path / "ref-run")
+
+    cfg = config(tmp_path / "crash", **over)
+    run_dir = tmp_path / "crash-run"
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(CrashingGrid(3, 4, cfg.to_dict()), cfg, out_dir=run_dir)
+    assert [r["round"] for r in rows(run_dir)] == [1, 2]
+    # a new server process and fresh SuperNodes: all in-memory state is gone
+    resumed = config(tmp_path / "crash", **over, **{"resume-dir": str(run_dir)})
+    run_experiment(InProcessGrid(4, resumed.to_dict()), resumed)
+    assert bitwise_equal(final_model(run_dir), final_model(tmp_path / "ref-run"))
+    assert [r["round"] for r in rows(run_dir)] == [1, 2, 3, 4]
+    ref_acc = [r["test-acc"] for r in rows(tmp_path / "ref-run")]
+    assert [r["test-acc"] for r in rows(run_dir)] == ref_acc
+
+
+def test_restarted_supernode_restores_its_saved_state(tmp_path: Path) -> None:
+    cfg = config(tmp_path, method="scaffold", **{"num-server-rounds": 6})
+    ref = InProcessGrid(4, cfg.to_dict())
+    run_experiment(ref, cfg, out_dir=tmp_path / "ref")
+
+    grid = InProcessGrid(4, cfg.to_dict())
+    restarted: dict[str, Any] = {}
+    original = grid.send_and_receive
+
+    def restart_after_round_3(messages: Any, *, timeout: float | None = None) -> Any:
+        msgs = list(messages)
+        out = original(msgs, timeout=timeout)
+        if msgs and msgs[0].content.config_records.get(rk.CONFIG, {}).get(rk.ROUND) == 3:
+            for node, ctx in list(grid.contexts.items()):
+                saved = ClientState(ctx.state).entries()
+                if saved:
+                    restarted[node] = saved
+                    grid.contexts[node] = Context(run_id=1, node_id=node,
+                                                  node_config=dict(ctx.node_config),
+                                                  state=RecordDict(),
+                                                  run_config=dict(ctx.run_config))
+        return out
+
+    grid.send_and_receive = restart_after_round_3  # type: ignore[method-assign]
+    run_experiment(grid, cfg, out_dir=tmp_path / "run")
+    assert restarted, "some node should have had state to lose"
+    assert bitwise_equal(final_model(tmp_path / "run"), final_model(tmp_path / "ref"))
+    # what each restarted node saved on disk is exactly what it held in memory
+    from client_app.state import StateMirror
+    for node, saved in restarted.items():
+        pid = node - 1000
+        mirror = StateMirror(tmp_path / "state", "run", pid)
+        _, on_disk = mirror.load_before(10**6) or (0, {})
+        later = ClientState(grid.contexts[node].state).tag()
+        if later and later[1] > 3:
+            continue  # it trained again after the restart; disk moved on, as it should
+        for key in (W_PREV, "scaffold-c-i"):
+            assert bitwise_equal(on_disk[key], saved[key])
+
+
+def corrupt(kind: str, victim: int):  # noqa: ANN201 - returns a reply filter
+    def change(reply: Message) -> Message | None:
+        if reply.metadata.src_node_id != victim or reply.has_error():
+            return reply
+        if reply.metadata.message_type != "train":
+            return reply
+        c = reply.content
+        arrays = c[rk.ARRAYS].to_numpy_ndarrays()
+        if kind == "nan":
+            arrays[0] = arrays[0].copy()
+            arrays[0].flat[0] = np.nan
+        elif kind == "shape":
+            arrays[0] = arrays[0][:1]
+        elif kind == "scaled":
+            arrays = [a * 1e6 for a in arrays]
+        elif kind == "dtype":
+            arrays = [a.astype(np.float64) for a in arrays]
+        elif kind == "missing":
+            del c[rk.METRICS]
+            return reply
+        c[rk.ARRAYS] = ArrayRecord(arrays)
+        return reply
+    return change
+
+
+FIVE = {"num-clients": 5, "fraction-train": 0.6, "num-server-rounds": 3}
+
+
+@pytest.fixture(scope="module")
+def clean_acc(tmp_path_factory: pytest.TempPathFactory) -> float:
+    tmp = tmp_path_factory.mktemp("clean")
+    cfg = config(tmp, **FIVE)
+    run_experiment(InProcessGrid(5, cfg.to_dict()), cfg, out_dir=tmp / "run")
+    return float(rows(tmp / "run")[-1]["test-acc"])
+
+
+@pytest.mark.parametrize("kind", ["nan", "shape", "scaled", "dtype", "missing"])
+def test_bad_reply_is_rejected_and_counted(tmp_path: Path, kind: str, clean_acc: float) -> None:
+    over = FIVE
+    cfg = config(tmp_path / "bad", **over)
+    grid = InProcessGrid(5, cfg.to_dict())
+    grid.reply_filter = corrupt(kind, victim=1000 + 2)
+    run_experiment(grid, cfg, out_dir=tmp_path / "bad-run")
+    got = rows(tmp_path / "bad-run")
+    assert sum(r["num-rejected"] for r in got) >= 1
+    assert all(np.isfinite(w).all() for w in final_model(tmp_path / "bad-run"))
+    assert abs(got[-1]["test-acc"] - clean_acc) < 0.1
+
+
+@pytest.mark.parametrize("aggregation", ["median", "trimmed-mean"])
+def test_robust_aggregation_bounds_a_scaled_update(tmp_path: Path, aggregation: str) -> None:
+    over = {"num-clients": 5, "fraction-train": 1.0, "num-server-rounds": 2,
+            "max-update-norm-ratio": 0.0, "aggregation": aggregation, "trim-fraction": 0.2,
+            "partition": "iid"}  # robust statistics assume similar honest clients
+    cfg = config(tmp_path, **over)
+    run_experiment(InProcessGrid(5, cfg.to_dict()), cfg, out_dir=tmp_path / "clean")
+    grid = InProcessGrid(5, cfg.to_dict())
+    grid.reply_filter = corrupt("scaled", victim=1000 + 1)
+    run_experiment(grid, cfg, out_dir=tmp_path / "run")
+    w = final_model(tmp_path / "run")
+    assert max(float(np.abs(a).max()) for a in w) < 10.0  # the 1e6 update did not get in
+    got, clean = rows(tmp_path / "run")[-1], rows(tmp_path / "clean")[-1]
+    assert abs(got["test-acc"] - clean["test-acc"]) < 0.1
+
+
+def test_a_silent_client_is_left_out_and_the_run_goes_on(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    grid = InProcessGrid(4, cfg.to_dict())
+    grid.reply_filter = lambda r: None if r.metadata.src_node_id == 1000 else r
+    run_experiment(grid, cfg, out_dir=tmp_path / "run")
+    got = rows(tmp_path / "run")
+    assert len(got) == 4 and sum(r["num-missing"] for r in got) >= 1
+
+
+def test_too_few_replies_stops_with_a_checkpoint_to_resume(tmp_path: Path) -> None:
+    cfg = config(tmp_path, **{"min-replies": 2, "max-failed-rounds": 2})
+    grid = InProcessGrid(4, cfg.to_dict())
+    grid.reply_filter = lambda r: None if r.metadata.message_type == "train" else r
+    with pytest.raises(TooFewReplies, match="resume-dir"):
+        run_experiment(grid, cfg, out_dir=tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoint.npz").exists()
+    assert [r["num-replies"] for r in rows(tmp_path / "run")] == [0, 0]

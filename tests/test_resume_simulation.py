@@ -1,0 +1,79 @@
+"""Kill the server process of a real `flwr run` simulation mid-run, resume, compare (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scripts.flower_env import REPO
+from tests.conftest import SIM_HTTP_PORT
+
+SIMULATE = [sys.executable, str(REPO / "scripts" / "simulate.py")]
+CONFIG = ["num-clients=4", "fraction-train=0.5", "num-server-rounds=6", "train-limit=2000",
+          "local-epochs=1", "method=scaffold"]
+
+
+def final_model(run_dir: Path) -> list[np.ndarray]:
+    with np.load(run_dir / "final_model.npz") as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))]
+
+
+def simulation_pids() -> list[int]:
+    """The ServerApp's process of a simulation is `flwr-simulation` (server and clients)."""
+    out = subprocess.run(["pgrep", "-f", f"flwr-simulation.*{SIM_HTTP_PORT}"],
+                         capture_output=True, text=True, check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+@pytest.mark.slow
+def test_server_killed_mid_run_resumes_to_the_same_model(
+        sim_env: dict[str, str], tmp_path: Path) -> None:
+    ref = subprocess.run([*SIMULATE, *CONFIG, f"output-dir={tmp_path / 'ref'}",
+                          f"client-state-dir={tmp_path / 'state'}"],
+                         env=sim_env, capture_output=True, text=True, timeout=600, check=False)
+    assert ref.returncode == 0, ref.stdout[-2000:]
+    (ref_dir,) = list((tmp_path / "ref").iterdir())
+
+    out = tmp_path / "crash"
+    proc = subprocess.Popen([*SIMULATE, *CONFIG, f"output-dir={out}",
+                             f"client-state-dir={tmp_path / 'state'}"], env=sim_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    rows_file = None
+    while time.monotonic() < deadline:
+        found = list(out.glob("*/rounds.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 2:
+            rows_file = found[0]
+            break
+        time.sleep(0.2)
+    assert rows_file is not None, "the run never reached round 2"
+    pids = simulation_pids()
+    assert pids, "no flwr-simulation process to kill"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.wait(timeout=60)
+    run_dir = rows_file.parent
+    done = len(rows_file.read_text().splitlines())
+    assert done < 6, "the run finished before it could be killed"
+    assert not (run_dir / "summary.json").exists()
+
+    resumed = subprocess.run([*SIMULATE, *CONFIG, f"output-dir={out}",
+                              f"client-state-dir={tmp_path / 'state'}",
+                              f"resume-dir={run_dir}"],
+                             env=sim_env, capture_output=True, text=True, timeout=600,
+                             check=False)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "resuming after round" in resumed.stdout
+    got, want = final_model(run_dir), final_model(ref_dir)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want, strict=True))
+    rows = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]

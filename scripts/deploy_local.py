@@ -7,8 +7,9 @@
 One command does what an operator would: TLS material (deploy/make_certs.sh), a SuperLink
 (TLS, --enable-supernode-auth, Fleet API on 127.0.0.1, no runtime dependency installation),
 `flwr supernode register` for each node key, N SuperNodes (each its own FLWR_HOME, port,
-partition and key), a CLI connection in config.toml, `flwr run --stream`, and the run's status
-from `flwr ls` (0 only for finished:completed, since `flwr run --stream` exits 0 on failure).
+partition, key and client-state dir), a CLI connection in config.toml, `flwr run --stream`,
+and the run's status from `flwr ls` (0 only for finished:completed: `flwr run --stream` exits
+0 on failure).
 Every process it started is stopped at the end, also on Ctrl-C or an error, unless
 --keep-running. Arguments key=value are run-config overrides; num-clients is --num-nodes.
 """
@@ -197,7 +198,8 @@ class Deployment:
         """flower-supernode for partition ``i``; key/root_ca/no_ca override the defaults."""
         cmd = ["flower-supernode", "--superlink", self.fleet_address,
                "--host", "127.0.0.1", "--port", str(self.node_port(i)),
-               "--node-config", f"partition-id={i} num-partitions={self.num_nodes}"]
+               "--node-config", f"partition-id={i} num-partitions={self.num_nodes} "
+               f'state-dir="{self.work_dir / f"node-{i}" / "client-state"}"']
         if self.insecure:
             cmd.append("--insecure")
         else:
@@ -235,9 +237,10 @@ class Deployment:
         watcher = Watcher(self.procs, timeout)
         run_id: str | None = None
         results: Path | None = None
-        with subprocess.Popen(cmd, env=self.cli_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, bufsize=1,
-                              start_new_session=True) as proc:
+        proc = subprocess.Popen(cmd, env=self.cli_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                start_new_session=True)
+        try:
             watcher.watch(proc)
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -246,7 +249,12 @@ class Deployment:
                     run_id = m.group(1)
                 if results is None and (m := RESULTS.search(line)):
                     results = Path(m.group(1))
-        watcher.stop()
+            proc.wait()
+        finally:  # also on Ctrl-C: the CLI is in its own session and would stream on
+            watcher.stop()
+            stop_pids([proc.pid], grace=5.0)
+            if proc.stdout is not None:
+                proc.stdout.close()
         if run_id is None:
             raise DeployError("`flwr run` did not start a run (see its output above)")
         if watcher.reason:
@@ -316,17 +324,25 @@ def port_free(port: int) -> bool:
 
 
 def children_map() -> dict[int, list[int]]:
-    """{ppid: [pid, ...]} from /proc: Flower starts executors in their own sessions."""
+    """{parent: [pid, ...]} from /proc, by ppid and by Flower's ``--parent-pid P`` argument.
+
+    Flower starts executors in their own sessions, and an executor whose SuperNode already
+    exited (a refused node) is reparented to init: only ``--parent-pid`` still names it."""
     kids: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        kids.setdefault(ppid, []).append(int(entry.name))
+        pid = int(entry.name)
+        kids.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(pid)
+        if b"--parent-pid" in argv[:-1]:
+            parent = argv[argv.index(b"--parent-pid") + 1]
+            if parent.isdigit():
+                kids.setdefault(int(parent), []).append(pid)
     return kids
 
 

@@ -154,6 +154,9 @@ class RIStrategy(FedAvg):
                 continue
             good.append((node, msg.content))
         missing = len(self._sent_to) - len(good) - rejected
+        # Replies arrive in any order; sum them in client order so that a deployment and a
+        # simulation of the same seed aggregate bit for bit alike.
+        good.sort(key=lambda item: self._sent_to[item[0]])
         uploads = [rd[rk.ARRAYS].to_numpy_ndarrays() for _, rd in good]
         if c.max_update_norm_ratio > 0 and len(good) >= 3:
             norms = update_norms(self._w_t, uploads, c.ri_aggregation)

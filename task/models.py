@@ -12,7 +12,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from torch import nn
-from torchvision.models import resnet18
 
 MODEL_NAMES: tuple[str, ...] = ("cnn", "resnet18-gn", "vgg11")
 
@@ -106,6 +105,10 @@ def _group_norm(channels: int) -> nn.Module:
 
 def _resnet18_gn(num_classes: int, in_channels: int) -> nn.Module:
     """torchvision ResNet-18 with GroupNorm(2, C) and the 7x7 stem, as the authors used."""
+    # Imported here: the slim CPU client images carry no torchvision (no CPU build of it
+    # exists offline for their torch), and only this model needs it.
+    from torchvision.models import resnet18
+
     model = resnet18(num_classes=num_classes, norm_layer=_group_norm)
     if in_channels != model.conv1.in_channels:
         old = model.conv1

@@ -1,0 +1,133 @@
+"""Shared pieces of the deployment tests: results files, process checks, a private simulation
+environment, and a Docker engine that the tests install and start themselves when missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from scripts.deploy_local import stop_pids
+from scripts.flower_env import REPO, flower_env
+
+DEPLOY_LOCAL = [sys.executable, str(REPO / "scripts" / "deploy_local.py")]
+SIMULATE = [sys.executable, str(REPO / "scripts" / "simulate.py")]
+# The simulation's local SuperLink on ports of our own (not 39091/39093 nor conftest's).
+SIM_HTTP_PORT, SIM_CONTROL_PORT = "39291", "39293"
+COMPARED = ("test-acc", "test-loss", "divergence", "train-loss")
+
+
+def run_dir(out: Path) -> Path:
+    """The one results directory the ServerApp wrote under ``out``."""
+    dirs = [d for d in out.iterdir() if (d / "summary.json").exists()]
+    assert len(dirs) == 1, f"expected one run directory in {out}: {list(out.iterdir())}"
+    return dirs[0]
+
+
+def rounds(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
+
+
+def diffs(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, float]:
+    """{metric: largest relative |a - b| over rounds} (absolute for test-acc, a fraction)."""
+    assert [r["round"] for r in a] == [r["round"] for r in b]
+    out = {}
+    for k in COMPARED:
+        worst = 0.0
+        for x, y in zip(a, b, strict=True):
+            u, v = float(x[k]), float(y[k])
+            d = abs(u - v)
+            worst = max(worst, d if k == "test-acc" else d / max(abs(u), abs(v), 1e-12))
+        out[k] = worst
+    return out
+
+
+def pids_mentioning(text: str) -> list[int]:
+    """Processes whose command line contains ``text`` (a unique temp path), zombies excluded."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def sim_env(home: Path) -> dict[str, str]:
+    """Environment for scripts/simulate.py with a private FLWR_HOME and local SuperLink ports."""
+    return flower_env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=SIM_HTTP_PORT,
+                      FLWR_LOCAL_CONTROL_API_PORT=SIM_CONTROL_PORT)
+
+
+def stop_local_superlink(home: Path) -> None:
+    """`flwr run` leaves its local SuperLink running; end the one under our FLWR_HOME."""
+    stop_pids(pids_mentioning(str(home / "local-superlink")))
+
+
+# ------------------------------------------------------------------- docker
+DOCKER_PACKAGES = ["docker.io", "docker-compose", "debootstrap"]
+
+
+class DockerEngine:
+    """docker + docker-compose + debootstrap installed with apt and dockerd running.
+
+    CI machines start without any of them; as root the tests install the Debian packages and
+    start dockerd, and stop the dockerd they started at the end. ``skip_reason`` is set when
+    that is impossible (not root and no engine)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.started: subprocess.Popen[bytes] | None = None
+        self.skip_reason = ""
+
+    def ensure(self) -> None:
+        if self._engine_up():
+            return
+        if os.geteuid() != 0:
+            self.skip_reason = ("no running Docker engine, and installing docker.io/"
+                                "docker-compose and starting dockerd needs root")
+            return
+        if not all(shutil.which(t) for t in ("dockerd", "docker-compose", "debootstrap")):
+            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+            subprocess.run(["apt-get", "update", "-qq"], env=env, check=False,
+                           capture_output=True)
+            proc = subprocess.run(["apt-get", "install", "-y", "-qq", *DOCKER_PACKAGES],
+                                  env=env, check=False, capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        log = (self.log_dir / "dockerd.log").open("wb")
+        self.started = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self._engine_up():
+                return
+            if self.started.poll() is not None:
+                break
+            time.sleep(1)
+        raise AssertionError("dockerd did not start: "
+                             + (self.log_dir / "dockerd.log").read_text()[-2000:])
+
+    @staticmethod
+    def _engine_up() -> bool:
+        if not shutil.which("docker"):
+            return False
+        return subprocess.run(["docker", "info"], capture_output=True, check=False,
+                              timeout=30).returncode == 0
+
+    def stop(self) -> None:
+        if self.started is not None and self.started.poll() is None:
+            self.started.terminate()
+            try:
+                self.started.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.started.kill()

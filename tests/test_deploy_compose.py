@@ -1,0 +1,135 @@
+"""The docker-compose deployment: images built offline, TLS + node auth, an edge node.
+
+The machine needs root (to install docker.io, docker-compose and debootstrap with apt and
+start dockerd when no engine runs, as on a fresh CI machine). The first run builds the
+images from scratch (debootstrap + wheels + 3 images, ~7 min here); later runs reuse them.
+Nothing leaves the machine: images build with --network none from local wheels and the
+stack runs on an internal network with no published port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scripts.flower_env import REPO
+from tests.deploy_helpers import DockerEngine, rounds, run_dir
+
+PREFIX, TAG = "local/fedinit", "flwr1.39.0"
+IMAGES = ("superlink", "client-cpu", "serverapp")
+PROJECT = f"fedinit-test-{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def docker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEngine]:
+    engine = DockerEngine(tmp_path_factory.mktemp("docker"))
+    try:
+        engine.ensure()
+        if engine.skip_reason:
+            pytest.skip(engine.skip_reason)
+        yield engine
+    finally:
+        if not engine.skip_reason:  # probes whose `docker run` client timed out live on
+            left = sh("docker", "ps", "-aq", "--filter", f"name={PROJECT}").stdout.split()
+            if left:
+                sh("docker", "rm", "-f", *left)
+        engine.stop()
+
+
+def sh(*cmd: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def probe(image: str, code: str, mount: str = "") -> subprocess.CompletedProcess[str]:
+    """`python -c code` in a fresh, named (so removable), network-less container."""
+    vol = ["-v", mount] if mount else []
+    return sh("docker", "run", "--rm", "--network", "none", "--name",
+              f"{PROJECT}-probe-{time.monotonic_ns()}", *vol, image, "python", "-c", code)
+
+
+@pytest.mark.slow
+def test_images_build_offline_non_root_without_secrets(docker: DockerEngine) -> None:
+    t0 = time.monotonic()
+    build = sh("bash", str(REPO / "deploy" / "build_images.sh"), timeout=2400)
+    wall = time.monotonic() - t0
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    sizes = {}
+    for target in IMAGES:
+        image = f"{PREFIX}-{target}:{TAG}"
+        info = json.loads(sh("docker", "image", "inspect", image).stdout)[0]
+        sizes[target] = round(info["Size"] / 1e6)
+        assert info["Config"]["User"] == "49999:49999", target
+        env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+        assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+        # No key material and no wheels in the image: a fresh container has neither.
+        found = probe(image, "import glob, flwr; print(flwr.__version__, [p for d in "
+                      "('/app', '/etc', '/flwr', '/home', '/opt', '/root', '/srv', '/tmp', "
+                      "'/venv') for pat in ('*.key', 'node_key*', 'ca.crt', '*.whl') "
+                      "for p in glob.glob(f'{d}/**/{pat}', recursive=True)] + "
+                      "glob.glob('/wheels'))")
+        assert found.stdout.split() == ["1.39.0", "[]"], found.stdout + found.stderr
+    torch = probe(f"{PREFIX}-client-cpu:{TAG}", "import torch; print(torch.__version__)")
+    assert torch.stdout.strip() == "2.13.0+cpu", torch.stdout + torch.stderr
+    print(f"\nbuild_images.sh: {wall:.0f}s; image sizes (MB): {sizes}")
+
+
+@pytest.mark.slow
+def test_compose_stack_with_tls_auth_and_an_edge_node(docker: DockerEngine,
+                                                      tmp_path: Path) -> None:
+    config = sh("docker-compose", "-f", str(REPO / "docker-compose.yml"), "config").stdout
+    assert re.search(r"flnet:\n\s+internal: true", config), "the network must be internal"
+    assert "ports:" not in config, "no port may be published"
+    # The CPU images carry no torchvision (none exists for CPU torch 2.13 on PyPI): the
+    # ClientApp and ServerApp modules must import without it.
+    imports = probe(f"{PREFIX}-serverapp:{TAG}", "import client_app.app, server_app.app",
+                    mount=f"{REPO}:/app:ro")
+    assert imports.returncode == 0, (
+        "the app does not import in the CPU images (task/models.py must import torchvision "
+        "lazily, only for resnet18-gn):\n" + imports.stderr[-1500:])
+
+    work = tmp_path / "compose"
+    t0 = time.monotonic()
+    run = sh("bash", str(REPO / "deploy" / "compose_run.sh"), "--project", PROJECT,
+             "--work-dir", str(work), "--edge-node", "2", "num-server-rounds=3",
+             "fraction-train=1.0", "train-limit=3000", timeout=1200)
+    wall = time.monotonic() - t0
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-5000:]
+    assert "status finished:completed" in out
+    results = run_dir(work / "results")
+    assert f"results in {results}" in out
+    rows = rounds(results)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert all(r["num-replies"] == 3 for r in rows)
+    best = max(r["test-acc"] for r in rows)
+    assert best > 0.3, rows  # chance is 0.1
+    for name in ("summary.json", "accuracy.png", "model.pt"):
+        assert (results / name).stat().st_size > 0
+
+    mem = re.search(r"edge peak memory: working set (\d+) MiB, cgroup high-water (\d+) MiB"
+                    r".*OOM-killed: (\w+)", out)
+    per_round = re.search(r"edge seconds per round: ([\d.]+)", out)
+    assert mem and per_round, out[-3000:]
+    working_set, high_water, oom = int(mem[1]), int(mem[2]), mem[3]
+    assert oom == "false" and 0 < working_set < 1024
+    edge_log = (work / "edge-2.log").read_text()
+    assert edge_log.count("Receiving: train message") == 3, edge_log[-3000:]  # it took part
+    print(f"\ncompose: {wall:.0f}s for compose_run.sh; best acc {best:.3f}; round seconds "
+          f"{[round(r['round-seconds'], 1) for r in rows]}; edge node (--cpus 1 --memory 1g): "
+          f"peak working set {working_set} MiB (cgroup high-water incl. page cache "
+          f"{high_water} MiB), {float(per_round[1]):.1f} s/round")
+
+    # Torn down: no container, volume or network of the project is left.
+    for kind in ("ps -a", "volume ls", "network ls"):
+        left = sh("docker", *kind.split(), "-q", "--filter",
+                  f"label=com.docker.compose.project={PROJECT}").stdout.strip()
+        assert left == "", f"docker {kind}: {left}"
+    assert sh("docker", "ps", "-aq", "--filter", f"name={PROJECT}-edge").stdout.strip() == ""

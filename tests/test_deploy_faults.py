@@ -1,0 +1,245 @@
+"""Faults in a real TLS + node-auth process deployment (slow): a SuperNode killed mid-run and
+restarted with its key, partition and state-dir; the ServerApp killed mid-run and resumed.
+
+Both drive scripts/deploy_local.py's ``Deployment`` directly: its ``run`` stops the run when
+any started process dies, which is the point here, so `flwr run` is started by the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client_app.state import W_PREV, StateMirror
+from scripts.deploy_local import CONNECTION, Deployment, Proc, descendants, stop_pids
+from scripts.flower_env import REPO
+from scripts.simulate import RUN_ID, run_status, toml_line
+from strategies.scaffold import C_LOCAL
+from tests.deploy_helpers import pids_mentioning, rounds
+
+NODES = 3
+BASE = {"method": "scaffold", "num-clients": NODES, "fraction-train": 1.0,
+        "train-limit": 1500, "local-epochs": 1, "seed": 0, "node-wait-timeout": 60.0}
+
+
+def final_model(run: Path) -> list[np.ndarray]:
+    with np.load(run / "final_model.npz") as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))]
+
+
+class FlwrRun:
+    """`flwr run --stream` against ``dep``, output to a log file; not watched."""
+
+    def __init__(self, dep: Deployment, name: str, cfg: dict[str, Any]) -> None:
+        self.dep = dep
+        cfg_file = dep.work_dir / f"{name}.toml"
+        cfg_file.write_text("\n".join(toml_line(k, v) for k, v in cfg.items()) + "\n")
+        self.log = dep.logs / f"{name}.log"
+        with self.log.open("wb") as out:
+            self.popen = subprocess.Popen(
+                ["flwr", "run", str(REPO), CONNECTION, "--run-config", str(cfg_file),
+                 "--stream"], env=dep.cli_env(), stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def run_id(self, timeout: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if m := RUN_ID.search(self.text()):
+                return m.group(1)
+            assert self.popen.poll() is None, self.text()[-3000:]
+            time.sleep(0.2)
+        raise AssertionError("`flwr run` did not start a run:\n" + self.text()[-3000:])
+
+    def wait(self, timeout: float) -> str:
+        """Wait for the CLI to exit; the run's status from `flwr ls`."""
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(f"run not done within {timeout:g}s:\n"
+                                 + self.text()[-3000:]) from None
+        return run_status(self.dep.cli_env(), self.run_id(), CONNECTION)
+
+    def stop(self) -> None:
+        stop_pids([self.popen.pid], grace=5.0)
+
+
+def wait_rounds(out: Path, n: int, timeout: float, run: FlwrRun) -> Path:
+    """The run dir under ``out`` once its rounds.jsonl has ``n`` rows (polled every 0.1 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for f in out.glob("*/rounds.jsonl"):
+            if len(f.read_text().splitlines()) >= n:
+                return f.parent
+        assert run.popen.poll() is None, "run ended early:\n" + run.text()[-3000:]
+        time.sleep(0.1)
+    raise AssertionError(f"round {n} not reached within {timeout:g}s:\n" + run.text()[-3000:])
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL ``pid`` and its descendants (executor and app processes included)."""
+    tree = descendants([pid])
+    for p in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    return tree
+
+
+def restart_node(dep: Deployment, i: int, timeout: float = 150.0) -> Proc:
+    """Start SuperNode ``i`` again with its key, partition and state-dir until it stays up.
+
+    The link keeps a killed node "online" until 2 heartbeat intervals (2 x 30 s) passed
+    without one and refuses to activate its key again before that (exit code 305)."""
+    deadline = time.monotonic() + timeout
+    attempt = 0
+    while True:
+        attempt += 1
+        proc = dep.start_node(i, name=f"supernode-{i}-restart{attempt}")
+        try:
+            proc.popen.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            return proc  # connected and serving
+        dep.procs.remove(proc)
+        kill_tree(proc.popen.pid)  # its executor, still retrying (found by --parent-pid)
+        assert "Failed to activate SuperNode" in proc.log.read_text(), proc.tail()
+        assert time.monotonic() < deadline, f"node {i} not re-activated:\n{proc.tail()}"
+        time.sleep(5)
+
+
+def state_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.npz"))}
+
+
+@pytest.fixture
+def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
+    dep = Deployment(tmp_path / "deploy", NODES, base_port=request.param)
+    try:
+        dep.up()
+        yield dep
+    finally:
+        dep.stop()
+        stop_pids(pids_mentioning(str(tmp_path)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deployment", [29700], indirect=True)
+def test_killed_supernode_is_left_out_then_rejoins_with_its_saved_state(
+        deployment: Deployment, tmp_path: Path) -> None:
+    dep, out, victim = deployment, tmp_path / "out", 1
+    t0 = time.monotonic()
+    cfg = {**BASE, "num-server-rounds": 4, "round-timeout": 60.0, "output-dir": str(out)}
+    run = FlwrRun(dep, "run", cfg)
+    try:
+        run.run_id()
+        run_path = wait_rounds(out, 1, 240, run)
+        node = next(p for p in dep.procs if p.name == f"supernode-{victim}")
+        killed = kill_tree(node.popen.pid)
+        node.popen.wait(timeout=10)
+        dep.procs.remove(node)
+        state_root = dep.work_dir / f"node-{victim}" / "client-state"
+        mirror = StateMirror(state_root, run_path.name, victim)
+        before_files = state_files(state_root)
+        saved = mirror.load_before(10**6)
+        assert saved is not None, "the node saved no state before it was killed"
+        saved_round, saved_state = saved
+        assert {W_PREV, C_LOCAL} <= set(saved_state)
+
+        wait_rounds(out, 2, 120, run)  # the round without it, bounded by round-timeout
+        # What the restarted node restores from (its next round is > saved_round): the
+        # files it left when killed, unchanged bit for bit.
+        assert state_files(state_root) == before_files
+        restored = mirror.load_before(saved_round + 1)
+        assert restored is not None and restored[0] == saved_round
+        for key in (W_PREV, C_LOCAL):
+            assert all(a.tobytes() == b.tobytes()
+                       for a, b in zip(restored[1][key], saved_state[key], strict=True)), key
+        rejoined = restart_node(dep, victim)
+        status = run.wait(300)
+    finally:
+        run.stop()
+    wall = time.monotonic() - t0
+    rows = rounds(run_path)
+    newest = max(int(p.stem.rsplit("-r", 1)[1]) for p in mirror.dir.glob("*.npz"))
+    table = [(r["round"], r["num-replies"], r["num-missing"], r["num-rejected"]) for r in rows]
+    print(f"\nkilled node {victim} ({len(killed)} processes) after round 1 (state of round "
+          f"{saved_round}); (round, replies, missing, rejected) {table}"
+          f"; newest state file of node {victim} after restart: round {newest}; {wall:.0f}s")
+    assert status == "finished:completed", run.text()[-3000:]
+    assert rejoined.popen.poll() is None, rejoined.tail()
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["num-replies"] == NODES
+    # Round 2 went without it: no reply within round-timeout (num-missing), or the link's
+    # "Node Unavailable" error reply once the node missed its heartbeats (num-rejected).
+    assert rows[1]["num-replies"] < NODES
+    assert rows[1]["num-missing"] + rows[1]["num-rejected"] >= 1
+    # It rejoined during the run and trained again from the restored state.
+    assert rows[-1]["num-replies"] == NODES, rows
+    assert newest > 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deployment", [29750], indirect=True)
+def test_killed_serverapp_resumes_to_the_uninterrupted_model(
+        deployment: Deployment, tmp_path: Path) -> None:
+    dep = deployment
+    t0 = time.monotonic()
+    # 3 rounds, central evaluation after the last only: three runs must fit in 5 minutes.
+    cfg = {**BASE, "num-server-rounds": 3, "eval-every": 3, "round-timeout": 45.0}
+    ref = FlwrRun(dep, "ref", {**cfg, "output-dir": str(tmp_path / "ref")})
+    try:
+        assert ref.wait(300) == "finished:completed", ref.text()[-3000:]
+    finally:
+        ref.stop()
+    (ref_dir,) = [d for d in (tmp_path / "ref").iterdir() if d.is_dir()]
+
+    out = tmp_path / "crash"
+    crash = FlwrRun(dep, "crash", {**cfg, "output-dir": str(out)})
+    try:
+        crash_id = crash.run_id()
+        run_path = wait_rounds(out, 2, 240, crash)
+        apps = [p for p in pids_mentioning("flwr-serverapp")
+                if f"127.0.0.1:{dep.base_port // 10}" in Path(f"/proc/{p}/cmdline").read_text(
+                    errors="replace").replace("\0", " ")]
+        assert apps, "no flwr-serverapp process of this deployment"
+        for pid in apps:
+            kill_tree(pid)
+        done = len(rounds(run_path))
+        subprocess.run(["flwr", "stop", crash_id, CONNECTION], env=dep.cli_env(),
+                       capture_output=True, check=False, timeout=60)
+        crash.wait(120)
+    finally:
+        crash.stop()
+    assert done < 3, "the run finished before its ServerApp was killed"
+    assert not (run_path / "final_model.npz").exists()
+
+    resumed = FlwrRun(dep, "resume", {**cfg, "output-dir": str(out),
+                                      "resume-dir": str(run_path)})
+    try:
+        status = resumed.wait(300)
+    finally:
+        resumed.stop()
+    wall = time.monotonic() - t0
+    assert status == "finished:completed", resumed.text()[-3000:]
+    assert "resuming after round" in resumed.text()
+    got, want = final_model(run_path), final_model(ref_dir)
+    same = all(a.tobytes() == b.tobytes() for a, b in zip(got, want, strict=True))
+    worst = max(float(np.max(np.abs(a - b))) for a, b in zip(got, want, strict=True))
+    rows = rounds(run_path)
+    print(f"\nServerApp ({apps}) killed after round {done}; resumed run rows "
+          f"{[(r['round'], r['num-replies']) for r in rows]}; final model bit-identical: "
+          f"{same} (max |diff| {worst:.3g}); {wall:.0f}s")
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert all(r["num-replies"] == NODES for r in rows)
+    assert same, worst

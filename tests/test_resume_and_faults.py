@@ -182,7 +182,8 @@ def test_robust_aggregation_bounds_a_scaled_update(tmp_path: Path, aggregation: 
 def test_a_silent_client_is_left_out_and_the_run_goes_on(tmp_path: Path) -> None:
     cfg = config(tmp_path)
     grid = InProcessGrid(4, cfg.to_dict())
-    grid.reply_filter = lambda r: None if r.metadata.src_node_id == 1000 else r
+    grid.reply_filter = lambda r: (None if r.metadata.src_node_id == 1000
+                                   and r.metadata.message_type == "train" else r)
     run_experiment(grid, cfg, out_dir=tmp_path / "run")
     got = rows(tmp_path / "run")
     assert len(got) == 4 and sum(r["num-missing"] for r in got) >= 1

@@ -40,7 +40,8 @@ RESOURCE_KEYS: tuple[str, ...] = ("num-cpus-per-client", "num-gpus-per-client")
 # Keys that say where things are or how long to wait, not what the experiment is: two runs
 # that differ only in these are the same cell.
 NOT_IDENTITY: frozenset[str] = frozenset(
-    {"output-dir", "data-dir", "round-timeout", "node-wait-timeout"})
+    {"output-dir", "data-dir", "round-timeout", "node-wait-timeout", "resume-dir",
+     "client-state-dir"})
 SWEEP_OWNED: frozenset[str] = frozenset({"output-dir"})
 
 Path_ = tuple[str | int, ...]

@@ -36,6 +36,17 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``key=value`` arguments as run-config overrides; ValueError names a malformed item."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"{item!r} is not key=value")
+        overrides[key] = parse_value(text)
+    return overrides
+
+
 def toml_line(key: str, value: Any) -> str:
     if isinstance(value, bool):
         return f"{key} = {str(value).lower()}"
@@ -53,13 +64,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="Ray GPUs per simulated client (e.g. 0.25 on a GPU host)")
     args = ap.parse_args(argv)
 
-    overrides: dict[str, Any] = {}
-    for item in args.overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            print(f"simulate: argument {item!r} is not key=value", file=sys.stderr)
-            return 2
-        overrides[key] = parse_value(text)
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ValueError as err:
+        print(f"simulate: argument {err}", file=sys.stderr)
+        return 2
     try:
         cfg = RunConfig.parse(overrides)
     except ConfigError as err:

@@ -33,7 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.flower_env import REPO, flower_env  # noqa: E402
 from scripts.grid import Cell, Grid, GridError, load_grid  # noqa: E402
 from scripts.report import collect, finished_run, run_dirs, write_report  # noqa: E402
-from scripts.simulate import RUN_ID, parse_value, run_status, toml_line  # noqa: E402
+from scripts.simulate import (  # noqa: E402
+    RUN_ID,
+    parse_overrides,
+    run_status,
+    toml_line,
+)
 
 ROUND_LINE = re.compile(r"\[round (\d+)/(\d+)\] acc ([0-9.]+)%")
 SIMULATE = REPO / "scripts" / "simulate.py"
@@ -274,13 +279,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="Ray GPUs per simulated client (default: the yaml's resources, or 0)")
     args = ap.parse_args(argv)
 
-    extra: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, text = item.partition("=")
-        if not sep:
-            print(f"sweep: --set {item!r} is not KEY=VALUE", file=sys.stderr)
-            return 2
-        extra[key] = parse_value(text)
+    try:
+        extra = parse_overrides(args.set)
+    except ValueError as err:
+        print(f"sweep: --set {err}", file=sys.stderr)
+        return 2
     try:
         grid = load_grid(args.grid, extra)
     except GridError as err:

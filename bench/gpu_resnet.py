@@ -59,7 +59,8 @@ def plain(args: argparse.Namespace) -> None:
     torch.backends.cudnn.benchmark = True
     data = load_dataset(args.dataset, args.data_dir)
     rng = np.random.default_rng(0)
-    model = build_model(args.model, data.num_classes, data.in_channels, 0).to(dev)
+    model = build_model(args.model, data.num_classes, data.in_channels, 0,
+                        data.image_size).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     w = get_weights(model)
     w_prev: dict[int, list[np.ndarray]] = {}

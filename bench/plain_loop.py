@@ -26,7 +26,8 @@ def plain_fedinit(cfg: RunConfig) -> dict[str, float]:
     """Run cfg's rounds (FedAvg/FedInit, model aggregation); return timings and accuracy."""
     t0 = time.monotonic()
     data = dataset_of(cfg)
-    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed)
+    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
+                        data.image_size)
     w = get_weights(model)
     w0 = [a.copy() for a in w]
     w_prev: dict[int, list[np.ndarray]] = {}

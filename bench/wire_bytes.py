@@ -39,7 +39,7 @@ def measure(raw: dict[str, object]) -> dict[str, tuple[int, int]]:
     grid = InProcessGrid(cfg.num_clients, raw)
     strategy = METHODS[cfg.method].server(cfg, {p: 1000 + p for p in range(cfg.num_clients)})
     arrays = ArrayRecord(get_weights(build_model(cfg.model, data.num_classes, data.in_channels,
-                                                 cfg.seed)))
+                                                 cfg.seed, data.image_size)))
     down: list[RecordDict] = []
     up: list[RecordDict] = []
     for rnd in (1, 2):

@@ -23,7 +23,8 @@ from task.models import build_model, get_weights
 def fresh_model(cfg: RunConfig) -> nn.Module:
     """The run's model at w_0 (seeded), on the device; callers overwrite its weights."""
     data = dataset_of(cfg)
-    return build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed).to(device())
+    return build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
+                       data.image_size).to(device())
 
 
 @functools.lru_cache(maxsize=4)
@@ -31,7 +32,7 @@ def initial_weights(cfg: RunConfig) -> tuple[np.ndarray, ...]:
     """w_0: the same seeded initialisation the server starts from."""
     data = dataset_of(cfg)
     return tuple(get_weights(build_model(cfg.model, data.num_classes, data.in_channels,
-                                         cfg.seed)))
+                                         cfg.seed, data.image_size)))
 
 
 @functools.lru_cache(maxsize=256)

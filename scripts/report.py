@@ -216,7 +216,8 @@ def markdown(grid: Grid, results: Sequence[CellResult], command: str) -> str:
         lines += [grid.description, ""]
     lines += [f"Reproduce: `{command}`", "",
               f"Cells finished: {done} / {len(results)}. Entries: smoothed peak test accuracy "
-              f"(max over the last {last} rounds of the {window}-round moving average), %, "
+              f"(max over the last {last} evaluated rounds of the {window}-point moving average), "
+              "%, "
               "mean ± sample std over seeds; (k/n) = only k of n seeds finished.", ""]
     for t in tables(grid, results):
         labels = row_labels(t.rows)

@@ -21,7 +21,8 @@ class CentralEvaluator:
         dev = device()
         self.x = to_tensor(data.test_x, data.mean, data.std).to(dev)
         self.y = torch.from_numpy(data.test_y.copy()).long().to(dev)
-        self.model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed).to(dev)
+        self.model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
+                                 data.image_size).to(dev)
 
     def __call__(self, weights: list[np.ndarray]) -> tuple[float, float]:
         """(test loss, test accuracy in [0, 1])."""

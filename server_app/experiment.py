@@ -75,7 +75,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
         if resume else "")
     evaluator = CentralEvaluator(cfg)
-    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed)
+    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
+                        data.image_size)
     weights = get_weights(model)
     node_of = discover_clients(grid, cfg)
     strategy = METHODS[cfg.method].server(cfg, node_of)

@@ -178,9 +178,8 @@ class RIStrategy(FedAvg):
 
         contents = [rd for _, rd in good]
         n_ex = [float(rd[rk.METRICS][rk.NUM_EXAMPLES]) for rd in contents]
-        weights = n_ex if c.weighting == "examples" else [1.0] * len(contents)
         update, finals = aggregate_update(
-            self._w_t, uploads, weights, c.ri_aggregation,
+            self._w_t, uploads, self.reply_weights(contents), c.ri_aggregation,
             mean=lambda v, w: combine(v, w, c.aggregation, c.trim_fraction))
         w_next = self.server_step(server_round, self._w_t, update, contents)
         losses = [float(rd[rk.METRICS][rk.TRAIN_LOSS]) for rd in contents]
@@ -190,6 +189,12 @@ class RIStrategy(FedAvg):
             "divergence": divergence(finals, w_next),
         }
         return ArrayRecord(w_next), MetricRecord(metrics)
+
+    def reply_weights(self, contents: list[RecordDict]) -> list[float]:
+        """Each reply's weight in the round's mean (``weighting``): its examples, or 1."""
+        if self.cfg.weighting == "uniform":
+            return [1.0] * len(contents)
+        return [float(rd[rk.METRICS][rk.NUM_EXAMPLES]) for rd in contents]
 
     def _reject(self, server_round: int, node: int, reason: str) -> None:
         log(WARNING, "round %d: rejected reply of node %s (partition %s): %s",

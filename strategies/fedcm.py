@@ -3,8 +3,11 @@
 Server: d = -D_prev / (K * eta_prev), the previous round's aggregate update D (RI variant)
 scaled to a per-step gradient, sent down as an extra ArrayRecord (zeros in round 1, and kept
 when a round has no usable reply); w_{t+1} = w_t + eta_g * D. K is learned from the replies:
-the mean of their ``num-steps`` metric (so it follows the actual local steps, also with
-unequal client sizes); eta_prev is the local lr of the round that produced D.
+their ``num-steps`` averaged with the SAME weights as D (examples by default), so that D / K
+is a per-step direction also when client sizes differ. (An unweighted mean K under-counts the
+large clients that dominate an example-weighted D; with the unequal Dirichlet-0.1 split that
+over-scaled d by about 1.7x, and d fed back into the next D at a gain above 1: FedCM fell to
+chance.) eta_prev is the local lr of the round that produced D.
 Down: twice FedAvg's bytes; up: FedAvg's.
 """
 
@@ -46,7 +49,9 @@ class FedCmServer(RIStrategy):
         self, server_round: int, w_t: Weights, update: Weights, replies: list[RecordDict]
     ) -> Weights:
         steps = [rd.metric_records[rk.METRICS][rk.NUM_STEPS] for rd in replies]
-        k = float(np.mean(np.asarray(steps, dtype=np.float64)))  # reply_problem: ints > 0
+        # reply_problem guarantees positive int steps; weights as in D's mean
+        k = float(np.average(np.asarray(steps, dtype=np.float64),
+                             weights=self.reply_weights(replies)))
         scale = -1.0 / (k * self.cfg.lr_at(server_round))
         self.d = [(scale * u.astype(np.float64)).astype(np.float32) for u in update]
         return super().server_step(server_round, w_t, update, replies)

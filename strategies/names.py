@@ -3,6 +3,15 @@
 METHOD_NAMES: tuple[str, ...] = (
     "fedavg", "fedprox", "fedadam", "scaffold", "feddyn", "fedcm", "fedsam",
 )
-RI_AGGREGATIONS: tuple[str, ...] = ("model", "update")
+RI_AGGREGATIONS: tuple[str, ...] = ("auto", "model", "update")
+RI_AGGREGATION_AUTO: dict[str, str] = {
+    "fedavg": "model", "fedprox": "model", "fedsam": "model", "scaffold": "model",
+    "fedadam": "update", "fedcm": "update", "feddyn": "update",
+}
+"""What ``ri-aggregation=auto`` means per method. ``model`` is Algorithm 1 (FedInit). The
+methods whose server state is built from the aggregate update D (Adam's moments, FedCM's
+momentum, FedDyn's H) get ``update``: under ``model`` the RI offset beta (w_t - w_prev_i) enters
+D, that state replays it into the next rounds, and the loop gains > 1 (measured: FedAdam + RI
+-18/-20 points, FedCM + RI to chance; docs/reproduction.md)."""
 WEIGHTINGS: tuple[str, ...] = ("examples", "uniform")
 AGGREGATIONS: tuple[str, ...] = ("mean", "median", "trimmed-mean")

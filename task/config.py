@@ -16,9 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strategies.names import AGGREGATIONS, METHOD_NAMES, RI_AGGREGATIONS, WEIGHTINGS
-from task.datasets import DATASET_NAMES, DEFAULT_DATA_DIRS
-from task.models import MODEL_NAMES
+from strategies.names import (
+    AGGREGATIONS,
+    METHOD_NAMES,
+    RI_AGGREGATION_AUTO,
+    RI_AGGREGATIONS,
+    WEIGHTINGS,
+)
+from task.datasets import DATASET_NAMES, DEFAULT_DATA_DIRS, IMAGE_SIZES
+from task.models import MODEL_NAMES, check_model_input
 from task.partition import PARTITION_NAMES
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -118,6 +124,8 @@ class RunConfig:
             values[field.name] = _coerce(key, merged[key], type(defaults[key]))
         cfg = cls(**values)
         _check_ranges(cfg)
+        if cfg.ri_aggregation == "auto":  # resolved here, so the rest sees model | update
+            cfg = dataclasses.replace(cfg, ri_aggregation=RI_AGGREGATION_AUTO[cfg.method])
         return cfg
 
 
@@ -150,6 +158,11 @@ def _check_ranges(c: RunConfig) -> None:
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise _bad(key, value, " | ".join(allowed))
+    try:
+        check_model_input(c.model, IMAGE_SIZES[c.dataset])
+    except ValueError as err:
+        raise ConfigError(f"run config: model={c.model!r} does not fit dataset={c.dataset!r}: "
+                          f"{err}") from None
     if not -1.0 < c.beta < 1.0:
         raise _bad("beta", c.beta, "-1 < beta < 1 (the paper uses 0.01..0.15)")
     if not 0.0 < c.fraction_train <= 1.0:

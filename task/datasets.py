@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 DATASET_NAMES: tuple[str, ...] = ("fashion-mnist", "cifar10", "cifar100")
+IMAGE_SIZES: dict[str, int] = {"fashion-mnist": 28, "cifar10": 32, "cifar100": 32}
+"""Side of each data set's square images (what a model must accept; checked by the config)."""
 
 # Relative defaults resolve against the current directory: the CIFAR copies live in different
 # places on different machines (here: /work/shared/data/cifar10-jpg.tar.gz), so pass data_dir.
@@ -86,6 +88,11 @@ class DataSplits:
     in_channels: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+
+    @property
+    def image_size(self) -> int:
+        """Side of the (square) images: the H of NHWC."""
+        return int(self.train_x.shape[1])
 
 
 def load_dataset(name: str, data_dir: str) -> DataSplits:

@@ -20,7 +20,7 @@ CNN_CONV1_CHANNELS = 8
 CNN_CONV2_CHANNELS = 16
 CNN_HIDDEN = 64
 CNN_KERNEL = 5
-CNN_INPUT_SIZE = 28  # two 2x2 max-pools: 28 -> 14 -> 7
+CNN_INPUT_SIZE = 28  # default side; two 2x2 max-pools: 28 -> 14 -> 7 (32 -> 8 for CIFAR)
 
 # GroupNorm groups replacing BatchNorm in ResNet-18 (the paper's ResNet-18-GN).
 RESNET_GN_GROUPS = 2
@@ -32,9 +32,10 @@ VGG11_CONFIG: tuple[int | str, ...] = (
 
 
 class SmallCNN(nn.Module):
-    """Two conv layers and two linear layers: a CPU-sized model for 28x28 images."""
+    """Two conv layers and two linear layers: a CPU-sized model for small square images."""
 
-    def __init__(self, num_classes: int, in_channels: int) -> None:
+    def __init__(self, num_classes: int, in_channels: int,
+                 image_size: int = CNN_INPUT_SIZE) -> None:
         super().__init__()
         pad = CNN_KERNEL // 2
         self.features = nn.Sequential(
@@ -45,7 +46,7 @@ class SmallCNN(nn.Module):
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
         )
-        side = CNN_INPUT_SIZE // 4
+        side = image_size // 4
         self.classifier = nn.Sequential(
             nn.Flatten(),
             nn.Linear(CNN_CONV2_CHANNELS * side * side, CNN_HIDDEN),
@@ -54,7 +55,7 @@ class SmallCNN(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Map (N, C, 28, 28) images to (N, num_classes) logits."""
+        """Map (N, C, S, S) images (S = image_size) to (N, num_classes) logits."""
         return self.classifier(self.features(x))
 
 
@@ -66,8 +67,9 @@ class VGG11(nn.Module):
     head would add ~100M parameters for nothing on 1x1 features).
     """
 
-    def __init__(self, num_classes: int, in_channels: int) -> None:
+    def __init__(self, num_classes: int, in_channels: int, image_size: int = 32) -> None:
         super().__init__()
+        del image_size  # checked by check_model_input: five pools need exactly 32
         layers: list[nn.Module] = []
         channels = in_channels
         for item in VGG11_CONFIG:
@@ -103,12 +105,13 @@ def _group_norm(channels: int) -> nn.Module:
     return nn.GroupNorm(RESNET_GN_GROUPS, channels)
 
 
-def _resnet18_gn(num_classes: int, in_channels: int) -> nn.Module:
+def _resnet18_gn(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     """torchvision ResNet-18 with GroupNorm(2, C) and the 7x7 stem, as the authors used."""
     # Imported here: the slim CPU client images carry no torchvision (no CPU build of it
     # exists offline for their torch), and only this model needs it.
     from torchvision.models import resnet18
 
+    del image_size  # any size >= 32 after its adaptive pool; checked by check_model_input
     model = resnet18(num_classes=num_classes, norm_layer=_group_norm)
     if in_channels != model.conv1.in_channels:
         old = model.conv1
@@ -124,15 +127,34 @@ def _resnet18_gn(num_classes: int, in_channels: int) -> nn.Module:
     return model
 
 
-_BUILDERS: dict[str, Callable[[int, int], nn.Module]] = {
+_BUILDERS: dict[str, Callable[[int, int, int], nn.Module]] = {
     "cnn": SmallCNN,
     "resnet18-gn": _resnet18_gn,
     "vgg11": VGG11,
 }
 
 
-def build_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.Module:
-    """Build a model whose initial weights depend only on `seed`.
+def check_model_input(name: str, image_size: int) -> None:
+    """Raise ValueError when model ``name`` cannot take square images of side ``image_size``."""
+    if name == "cnn" and (image_size < 4 or image_size % 4):
+        raise ValueError(f"model 'cnn' needs an image side that is a multiple of 4, "
+                         f"got {image_size}")
+    if name == "vgg11" and image_size != 32:
+        raise ValueError(f"model 'vgg11' needs 32x32 images (cifar10, cifar100), "
+                         f"got {image_size}x{image_size}")
+    if name == "resnet18-gn" and image_size < 28:
+        raise ValueError(f"model 'resnet18-gn' needs images of side >= 28, got {image_size}")
+
+
+NATIVE_IMAGE_SIZES: dict[str, int] = {"cnn": CNN_INPUT_SIZE, "resnet18-gn": 32, "vgg11": 32}
+"""The image side each model is built for when the caller does not say."""
+
+
+def build_model(
+    name: str, num_classes: int, in_channels: int, seed: int, image_size: int | None = None,
+) -> nn.Module:
+    """Build a model for square images of side ``image_size`` (default: the model's native
+    size) whose initial weights depend only on `seed`.
 
     The CPU RNG is forked and seeded (`torch.manual_seed` restricted to the CPU generator, which
     is the one initialisation uses), so building a model neither shifts the random stream other
@@ -144,9 +166,12 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.
         raise ValueError(
             f"num_classes and in_channels must be >= 1, got {num_classes} and {in_channels}"
         )
+    if image_size is None:
+        image_size = NATIVE_IMAGE_SIZES[name]
+    check_model_input(name, image_size)
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
-        model = _BUILDERS[name](num_classes, in_channels)
+        model = _BUILDERS[name](num_classes, in_channels, image_size)
     return model
 
 

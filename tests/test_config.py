@@ -13,6 +13,17 @@ def test_defaults_parse_to_the_default_experiment() -> None:
     assert set(cfg.to_dict()) == set(load_defaults())
 
 
+@pytest.mark.parametrize(("method", "resolved"), [
+    ("fedavg", "model"), ("fedprox", "model"), ("fedsam", "model"), ("scaffold", "model"),
+    ("fedadam", "update"), ("fedcm", "update"), ("feddyn", "update"),
+])
+def test_ri_aggregation_auto_resolves_per_method(method: str, resolved: str) -> None:
+    assert RunConfig.parse({"method": method}).ri_aggregation == resolved
+    for explicit in ("model", "update"):  # an explicit choice always wins
+        cfg = RunConfig.parse({"method": method, "ri-aggregation": explicit})
+        assert cfg.ri_aggregation == explicit
+
+
 def test_int_is_accepted_for_a_float_key() -> None:
     assert RunConfig.parse({"beta": 0}).beta == 0.0
 
@@ -26,8 +37,9 @@ BAD = [
     ("method", "fedfoo", "fedavg"),
     ("beta", 1.0, "-1 < beta < 1"),
     ("beta", -1.5, "-1 < beta < 1"),
-    ("ri-aggregation", "both", "model | update"),
+    ("ri-aggregation", "both", "auto | model | update"),
     ("weighting", "size", "examples | uniform"),
+    ("model", "vgg11", "needs 32x32 images"),  # with the default dataset, fashion-mnist
     ("fraction-train", 0.0, "0 < fraction-train <= 1"),
     ("fraction-train", 1.5, "0 < fraction-train <= 1"),
     ("num-clients", 0, ">= 1"),

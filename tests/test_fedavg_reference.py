@@ -21,7 +21,8 @@ SMALL = {"num-clients": 5, "fraction-train": 0.6, "num-server-rounds": 3, "train
 def reference_fedavg(cfg: RunConfig) -> list[np.ndarray]:
     """McMahan's FedAvg: every sampled client trains from w_t; w_{t+1} = sum n_i w_i / sum n_i."""
     data = dataset_of(cfg)
-    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed)
+    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
+                        data.image_size)
     w = [a.astype(np.float64) for a in get_weights(model)]
     for rnd in range(1, cfg.num_server_rounds + 1):
         acc = [np.zeros_like(a) for a in w]

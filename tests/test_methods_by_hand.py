@@ -173,6 +173,30 @@ def test_fedcm_two_rounds_with_a_decaying_lr() -> None:
     close(sent(f, MOMENTUM), [-0.46875, -0.9375])
 
 
+def test_fedcm_steps_are_averaged_with_the_weights_of_d() -> None:
+    """Unequal clients: c0 holds a_0 twice (K=2), c1 holds a_1 once (K=1); both sampled."""
+    problem = quadratic_problem([A[0], A[1]], [0.0, 0.0])
+    problem.xs[0] = torch.tensor([A[0], A[0]], dtype=torch.float32)
+    problem.ys[0] = torch.zeros(2)
+    f = Federation(problem, {**BASE, "local-epochs": 1, "fraction-train": 1.0,
+                             "method": "fedcm", "fedcm-alpha": 0.5})
+    f.step()
+    # y <- .75y + .25a: c0 (0,0) -> (.5,0) -> (.875,0); c1 (0,0) -> (0,1)
+    # D = (2 (.875,0) + 1 (0,1)) / 3 = (.5833333, .3333333); K = (2*2 + 1*1) / 3 = 5/3
+    close(f.weights, [0.5833333, 0.3333333])
+    f.step()
+    # d = -D / (K lr) = -(.5833333, .3333333) / (5/3 * .5) = (-.7, -.4); an unweighted
+    # K = 1.5 would give (-.7777778, -.4444444)
+    close(sent(f, MOMENTUM), [-0.7, -0.4])
+    f_uniform = Federation(problem, {**BASE, "local-epochs": 1, "fraction-train": 1.0,
+                                     "method": "fedcm", "fedcm-alpha": 0.5,
+                                     "weighting": "uniform"})
+    f_uniform.step()
+    # uniform: D = ((.875,0) + (0,1)) / 2, K = 1.5: d = -D / .75
+    f_uniform.step()
+    close(sent(f_uniform, MOMENTUM), [-0.5833333, -0.6666667])
+
+
 def test_fedsam_one_round() -> None:
     f = fed(method="fedsam", **{"sam-rho": 1.0})
     f.step()

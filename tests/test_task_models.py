@@ -12,6 +12,7 @@ from task.models import MODEL_NAMES, build_model, get_weights, set_weights
 CASES = [
     ("cnn", 1, 28, 10),
     ("cnn", 3, 28, 7),
+    ("cnn", 3, 32, 10),
     ("resnet18-gn", 3, 32, 10),
     ("resnet18-gn", 1, 28, 10),
     ("vgg11", 3, 32, 100),
@@ -20,11 +21,19 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "channels", "side", "classes"), CASES)
 def test_forward_shape_and_no_buffers(name: str, channels: int, side: int, classes: int) -> None:
-    model = build_model(name, classes, channels, seed=0)
+    model = build_model(name, classes, channels, seed=0, image_size=side)
     with torch.no_grad():
         out = model(torch.zeros(2, channels, side, side))
     assert out.shape == (2, classes)
     assert list(model.buffers()) == []
+
+
+@pytest.mark.parametrize(("name", "side", "allowed"), [
+    ("vgg11", 28, "32x32"), ("cnn", 30, "multiple of 4"), ("resnet18-gn", 16, ">= 28"),
+])
+def test_a_model_rejects_an_image_size_it_cannot_take(name: str, side: int, allowed: str) -> None:
+    with pytest.raises(ValueError, match=allowed):
+        build_model(name, 10, 3, seed=0, image_size=side)
 
 
 def test_every_name_builds() -> None:

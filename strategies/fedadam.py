@@ -3,7 +3,7 @@
 m <- b1 * m + (1 - b1) * D;  v <- b2 * v + (1 - b2) * D^2;  w <- w + eta_g * m / (sqrt(v) + eps),
 without bias correction, as in the authors' simulator (keys ``adam-beta1``, ``adam-beta2``,
 ``adam-eps``). D is the RI-variant aggregate update, so FedAdam + RI needs nothing extra.
-The paper runs FedAdam with eta_g = 0.1: set ``server-lr=0.1`` (the one server-lr key).
+The paper runs FedAdam with eta_g = 0.1, which is what the default ``server-lr=0`` means for it.
 Flower's own FedAdam applies bias correction and cannot use D, hence this small rewrite.
 Clients run plain local SGD; the wire cost is FedAvg's.
 """

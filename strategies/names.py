@@ -15,3 +15,6 @@ D, that state replays it into the next rounds, and the loop gains > 1 (measured:
 -18/-20 points, FedCM + RI to chance; docs/reproduction.md)."""
 WEIGHTINGS: tuple[str, ...] = ("examples", "uniform")
 AGGREGATIONS: tuple[str, ...] = ("mean", "median", "trimmed-mean")
+SERVER_LR_AUTO: dict[str, float] = {"fedadam": 0.1}
+"""What ``server-lr=0`` (the default) means per method: the paper's eta_g, 0.1 for FedAdam (whose
+Adam step is about eta_g per coordinate), 1 for every other method."""

@@ -21,6 +21,7 @@ from strategies.names import (
     METHOD_NAMES,
     RI_AGGREGATION_AUTO,
     RI_AGGREGATIONS,
+    SERVER_LR_AUTO,
     WEIGHTINGS,
 )
 from task.datasets import DATASET_NAMES, DEFAULT_DATA_DIRS, IMAGE_SIZES
@@ -126,6 +127,8 @@ class RunConfig:
         _check_ranges(cfg)
         if cfg.ri_aggregation == "auto":  # resolved here, so the rest sees model | update
             cfg = dataclasses.replace(cfg, ri_aggregation=RI_AGGREGATION_AUTO[cfg.method])
+        if cfg.server_lr == 0.0:  # resolved here, so the rest sees the method's eta_g
+            cfg = dataclasses.replace(cfg, server_lr=SERVER_LR_AUTO.get(cfg.method, 1.0))
         return cfg
 
 
@@ -181,7 +184,6 @@ def _check_ranges(c: RunConfig) -> None:
             raise _bad(key, value, "an integer >= 1")
     positive = {
         "lr": c.lr,
-        "server-lr": c.server_lr,
         "dirichlet-alpha": c.dirichlet_alpha,
         "round-timeout": c.round_timeout,
         "node-wait-timeout": c.node_wait_timeout,
@@ -191,6 +193,9 @@ def _check_ranges(c: RunConfig) -> None:
     for key, value in positive.items():
         if not value > 0.0:
             raise _bad(key, value, "a number > 0")
+    if c.server_lr < 0.0:
+        raise _bad("server-lr", c.server_lr, "a number > 0, or 0 for the method's default "
+                   "(0.1 for fedadam, 1 otherwise)")
     if not 0.0 < c.lr_decay <= 1.0:
         raise _bad("lr-decay", c.lr_decay, "0 < lr-decay <= 1")
     if not 0.0 <= c.trim_fraction < 0.5:

@@ -24,6 +24,12 @@ def test_ri_aggregation_auto_resolves_per_method(method: str, resolved: str) -> 
         assert cfg.ri_aggregation == explicit
 
 
+def test_server_lr_zero_is_the_methods_default() -> None:
+    assert RunConfig.parse({"method": "fedadam"}).server_lr == 0.1
+    assert RunConfig.parse({"method": "fedavg"}).server_lr == 1.0
+    assert RunConfig.parse({"method": "fedadam", "server-lr": 0.5}).server_lr == 0.5
+
+
 def test_int_is_accepted_for_a_float_key() -> None:
     assert RunConfig.parse({"beta": 0}).beta == 0.0
 
@@ -47,7 +53,7 @@ BAD = [
     ("local-epochs", 0, ">= 1"),
     ("batch-size", 0, ">= 1"),
     ("lr", 0.0, "> 0"),
-    ("server-lr", -1.0, "> 0"),
+    ("server-lr", -1.0, "> 0, or 0 for the method's default"),
     ("lr-decay", 1.5, "0 < lr-decay <= 1"),
     ("weight-decay", -0.1, ">= 0"),
     ("clip-norm", -1.0, ">= 0"),

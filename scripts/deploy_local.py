@@ -37,7 +37,7 @@ from typing import Any, TextIO
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.flower_env import REPO, flower_env  # noqa: E402
-from scripts.simulate import RUN_ID, parse_value, run_status, toml_line  # noqa: E402
+from scripts.simulate import RUN_ID, parse_overrides, run_status, toml_line  # noqa: E402
 from task.config import ConfigError, RunConfig  # noqa: E402
 
 MAKE_CERTS = REPO / "deploy" / "make_certs.sh"
@@ -401,12 +401,10 @@ def raise_on_signal(signum: int, _frame: FrameType | None) -> None:
 # ------------------------------------------------------------------- command line
 def build_run_config(overrides: list[str], num_nodes: int, out: TextIO) -> dict[str, Any]:
     """key=value overrides, validated, with num-clients = num_nodes and absolute paths."""
-    cfg_map: dict[str, Any] = {}
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"argument {item!r} is not key=value")
-        cfg_map[key] = parse_value(text)
+    try:
+        cfg_map = parse_overrides(overrides)
+    except ValueError as err:
+        raise ConfigError(f"argument {err}") from None
     if "num-clients" in cfg_map and cfg_map["num-clients"] != num_nodes:
         raise ConfigError(f"num-clients={cfg_map['num-clients']} but --num-nodes {num_nodes}; "
                           "one SuperNode is one client, so leave num-clients out")

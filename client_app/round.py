@@ -7,6 +7,7 @@ code they check is the code that runs in a deployment.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -56,6 +57,7 @@ def client_round(
     method_state = {k: state.get(k) or [np.zeros_like(a) for a in w_t] for k in rule.state_keys}
     down = {k: received.array_records[k].to_numpy_ndarrays() for k in rule.down_keys}
 
+    t0 = time.perf_counter()
     set_weights(model, start)
     hook = rule.begin(start, down, method_state, lr, next(model.parameters()).device)
     result = local_sgd(model, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
@@ -69,7 +71,8 @@ def client_round(
     for key, arrays in method_state.items():
         state.put(key, arrays)
     metrics = MetricRecord({rk.NUM_EXAMPLES: result.num_examples,
-                            rk.TRAIN_LOSS: result.mean_loss, rk.NUM_STEPS: result.num_steps})
+                            rk.TRAIN_LOSS: result.mean_loss, rk.NUM_STEPS: result.num_steps,
+                            rk.COMPUTE_SECONDS: time.perf_counter() - t0})
     return RecordDict({rk.ARRAYS: ArrayRecord(upload_vector(final, start, cfg.ri_aggregation)),
                        rk.METRICS: metrics,
                        **{k: ArrayRecord(v) for k, v in extras.items()}})

@@ -77,6 +77,8 @@ class Deployment:
     base_port: int = DEFAULT_BASE_PORT
     insecure: bool = False
     threads_per_node: int = 1
+    executor: str = "warm"
+    """ClientApp executor of every node: ``warm`` (node.warm_executor) or ``flower``."""
     procs: list[Proc] = field(default_factory=list)
 
     # --------------------------------------------------------------- layout
@@ -106,6 +108,10 @@ class Deployment:
 
     def node_key(self, i: int) -> Path:
         return self.certs / f"node_key_{i}"
+
+    def executor_status(self, i: int) -> Path:
+        """The warm executor's counters of node ``i`` (tasks, worker starts, start times)."""
+        return self.work_dir / f"node-{i}" / "executor.json"
 
     def cli_env(self) -> dict[str, str]:
         return flower_env(self.cli_home)
@@ -195,8 +201,11 @@ class Deployment:
 
     def node_command(self, i: int, key: Path | None = None, root_ca: Path | None = None,
                      no_ca: bool = False, extra: list[str] | None = None) -> list[str]:
-        """flower-supernode for partition ``i``; key/root_ca/no_ca override the defaults."""
-        cmd = ["flower-supernode", "--superlink", self.fleet_address,
+        """SuperNode ``i`` with its executor (``node.launch``); key/root_ca/no_ca override
+        the defaults, ``extra`` goes to flower-supernode."""
+        cmd = [sys.executable, "-m", "node.launch", "--executor", self.executor,
+               "--status-file", str(self.executor_status(i)), "--",
+               "--superlink", self.fleet_address,
                "--host", "127.0.0.1", "--port", str(self.node_port(i)),
                "--node-config", f"partition-id={i} num-partitions={self.num_nodes} "
                f'state-dir="{self.work_dir / f"node-{i}" / "client-state"}"']
@@ -212,7 +221,7 @@ class Deployment:
         """SuperNode ``i`` with its own FLWR_HOME and a fixed torch thread count."""
         threads = str(self.threads_per_node)
         env = flower_env(self.work_dir / f"node-{i}", OMP_NUM_THREADS=threads,
-                         MKL_NUM_THREADS=threads)
+                         MKL_NUM_THREADS=threads, PYTHONPATH=str(REPO))
         return self.start(name or f"supernode-{i}", cmd or self.node_command(i), env)
 
     def up(self) -> None:
@@ -433,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads-per-node", type=int, default=1,
                     help="torch threads per SuperNode (default 1: one core per client, as in "
                          "the simulation, so both give the same numbers)")
+    ap.add_argument("--executor", choices=("warm", "flower"), default="warm",
+                    help="ClientApp executor per node: warm (one torch import per node, "
+                         "default) or flower (Flower's, a new process per message)")
     ap.add_argument("--app", type=Path, default=REPO, help="the Flower App (default: this repo)")
     ap.add_argument("--run-timeout", type=float, default=3600.0,
                     help="give up on the run after this many seconds (default 3600)")
@@ -451,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, raise_on_signal)
     dep = Deployment(work_dir, args.num_nodes, args.base_port, args.insecure,
-                     args.threads_per_node)
+                     args.threads_per_node, args.executor)
     code = 1
     try:
         dep.up()

@@ -11,6 +11,7 @@ from flwr.serverapp import Grid, ServerApp
 from server_app.checkpoint import CheckpointError
 from server_app.clients import FederationError
 from server_app.experiment import TooFewReplies, run_experiment
+from server_app.fast_grid import FastPollGrid
 from task.config import ConfigError, RunConfig
 from task.datasets import DataFormatError, DataNotFoundError
 
@@ -26,7 +27,7 @@ def main(grid: Grid, context: Context) -> None:
     """Fail fast with one line on a bad config, missing data or a wrong-sized federation."""
     try:
         cfg = RunConfig.parse(context.run_config)
-        run_experiment(grid, cfg)
+        run_experiment(FastPollGrid(grid), cfg)
     except (ConfigError, DataNotFoundError, DataFormatError, FederationError,
             CheckpointError, TooFewReplies) as err:
         # One readable line first; then fail the run (Flower marks it finished:failed; a

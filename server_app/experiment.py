@@ -95,7 +95,9 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         t0 = time.monotonic()
         refresh_clients(grid, cfg, strategy.node_of_partition)
         messages = strategy.configure_train(rnd, arrays, round_config, grid)
-        replies = grid.send_and_receive(messages, timeout=cfg.round_timeout)
+        t_send = time.monotonic()
+        replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
+        timing = reply_timing(replies, time.monotonic() - t_send)
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         failed = 0 if new_arrays is not None else failed + 1
         if new_arrays is not None:
@@ -105,7 +107,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         if rnd % cfg.eval_every == 0 or rnd == n:
             loss, acc = evaluator(arrays.to_numpy_ndarrays())
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
-               "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(), **m}
+               "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
+               **timing, **m}
         rec.add_round(row)
         save_checkpoint(out, Checkpoint(rnd, arrays.to_numpy_ndarrays(),
                                         strategy.server_state(), cfg.to_dict()))
@@ -126,6 +129,20 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         100 * (summary["final-test-acc"] or math.nan), 100 * (summary["best-test-acc"] or math.nan),
         summary["wall-seconds"], out)
     return summary
+
+
+def reply_timing(replies: list[Any], collect_seconds: float) -> dict[str, float | None]:
+    """How long the round waited for its replies, and the slowest client's own compute.
+
+    Their difference is the round's overhead (transport, polling, process start-up)."""
+    compute = []
+    for msg in replies:
+        if not msg.has_error() and rk.METRICS in msg.content.metric_records:
+            value = msg.content.metric_records[rk.METRICS].get(rk.COMPUTE_SECONDS)
+            if isinstance(value, float) and math.isfinite(value):
+                compute.append(value)
+    return {"collect-seconds": collect_seconds,
+            "client-seconds-max": max(compute) if compute else None}
 
 
 def _progress_line(row: dict[str, Any], n: int, sent: int) -> str:

@@ -18,6 +18,7 @@ EXPERIMENT = "experiment-id"  # the run directory's name: stable across a resume
 NUM_EXAMPLES = "num-examples"
 TRAIN_LOSS = "train-loss"
 NUM_STEPS = "num-steps"
+COMPUTE_SECONDS = "compute-seconds"  # local training wall time, measured in the client
 
 # Query reply (client identity).
 PARTITION_ID = "partition-id"

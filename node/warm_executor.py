@@ -1,0 +1,319 @@
+"""The warm ClientApp executor: Flower's SuperExec for ClientApps, without a cold start per message.
+
+Flower 1.39's SuperExec starts a new ``flwr-clientapp`` process for every message; each one
+imports torch and the app and reloads its partition (seconds per message on a small CPU).
+This executor takes the SuperExec's place for a SuperNode in ``--isolation process``:
+
+* the supervisor (this process) imports Python, flwr and torch once, never touches CUDA, and
+  polls the SuperNode's Runtime API for tasks every ``--poll`` seconds;
+* each task goes to a worker forked from the supervisor (so it starts with everything
+  imported); the worker keeps the app's module caches (data, partition, w_0, model) from task
+  to task. One worker per FAB: a task of another FAB (another app, changed code) retires the
+  old worker and forks a fresh one, which imports the new FAB's code from scratch;
+* a task that raises gets Flower's error reply from the worker, which lives on; a worker that
+  dies mid-task (SIGKILL, OOM) is answered for by the supervisor with a crash error reply
+  (prepared by the worker when it pulled the message), and the next task forks a new worker;
+* CUDA starts only in a worker that uses it (the supervisor never initialises it, so forking
+  stays safe).
+
+Every task still runs with Flower's token and returns its reply and context through the
+SuperNode exactly as from ``flwr-clientapp`` (``node.task_runner``).
+
+    python -m node.warm_executor --runtime-api-address 127.0.0.1:9094 --insecure
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from logging import ERROR, INFO, WARNING
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.optim",
+           "flwr.clientapp", "flwr.serverapp", "flwr.supernode.runtime.run_clientapp",
+           "node.task_runner")
+"""Imported once by the supervisor, before any fork: what every ClientApp task needs."""
+CLIENT_APP_TASK = "flwr-clientapp"  # flwr.supercore.constant.TaskType.CLIENT_APP
+
+
+@dataclass
+class Stats:
+    """Counters a test or a person can read (``--status-file``): is the executor warm?"""
+
+    pid: int = field(default_factory=os.getpid)
+    preload_seconds: float = 0.0
+    tasks: int = 0
+    tasks_failed: int = 0
+    worker_starts: int = 0
+    worker_crashes: int = 0
+    last_start_seconds: float | None = None
+    start_seconds: list[float] = field(default_factory=list)
+    worker_pid: int | None = None
+    worker_rss_mib: float | None = None
+    supervisor_rss_mib: float | None = None
+
+    def write(self, path: Path | None) -> None:
+        if path is None:
+            return
+        self.supervisor_rss_mib = rss_mib(os.getpid())
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=1))
+        os.replace(tmp, path)
+
+
+def rss_mib(pid: int | None) -> float | None:
+    """Resident memory of a process from /proc (None where there is no /proc)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+# ------------------------------------------------------------------------------ worker side
+def worker_main(conn: Connection, address: str, insecure: bool,
+                certificates: bytes | None) -> None:
+    """Run tasks sent by the supervisor, one at a time, until told to stop."""
+    from node.task_runner import run_task
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    while True:
+        try:
+            item = conn.recv()
+        except (EOFError, OSError):
+            return
+        if item is None:
+            return
+        task_id, token = item
+
+        def notify(crash_reply: Any, run_id: int, node_id: int, task_id: int = task_id) -> None:
+            conn.send(("pulled", task_id, crash_reply, run_id, node_id))
+
+        outcome = run_task(address, token, insecure, certificates, notify)
+        conn.send(("done", task_id, outcome.completed, outcome.start_seconds,
+                   outcome.app_seconds, rss_mib(os.getpid()), outcome.phases))
+
+
+# ------------------------------------------------------------------------------ supervisor side
+@dataclass
+class InFlight:
+    """The task a worker is running, and how to answer for it if the worker dies."""
+
+    task_id: int
+    token: str
+    acquired: float
+    crash_reply: Any = None
+    run_id: int = 0
+    node_id: int = 0
+
+
+class Worker:
+    """A forked worker process bound to one FAB."""
+
+    def __init__(self, fab_hash: str, address: str, insecure: bool,
+                 certificates: bytes | None) -> None:
+        ctx = mp.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.fab_hash = fab_hash
+        self.process = ctx.Process(target=worker_main, name=f"clientapp-worker-{fab_hash[:8]}",
+                                   args=(child, address, insecure, certificates), daemon=True)
+        self.process.start()
+        child.close()
+        self.task: InFlight | None = None
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Ask the worker to exit; kill it if it does not within ``grace`` seconds."""
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.process.join(grace)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
+class WarmExecutor:
+    """Poll the Runtime API; hand each ClientApp task to the warm worker of its FAB."""
+
+    def __init__(self, address: str, insecure: bool, certificates: bytes | None,
+                 poll: float, status_file: Path | None) -> None:
+        self.address, self.insecure, self.certificates = address, insecure, certificates
+        self.poll = poll
+        self.status_file = status_file
+        self.stats = Stats()
+        self.worker: Worker | None = None
+
+    def preload(self) -> None:
+        """Import what every task needs, once, in the process the workers fork from."""
+        from flwr.supercore import log
+
+        t0 = time.monotonic()
+        for name in PRELOAD:
+            importlib.import_module(name)
+        self.stats.preload_seconds = time.monotonic() - t0
+        log(INFO, "warm executor: torch, flwr and numpy imported in %.1f s (once)",
+            self.stats.preload_seconds)
+        self.stats.write(self.status_file)
+
+    def run(self) -> None:
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest
+        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+        from flwr.supercore.retry import make_simple_http_retry_invoker
+        from flwr.supercore.runtime import RuntimeHttpClient
+
+        client = RuntimeHttpClient.from_server_address(
+            server_address=self.address, insecure=self.insecure,
+            root_certificates=self.certificates,
+            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+            retry_invoker=make_simple_http_retry_invoker())
+        request = AcquireTaskRequest(supported_task_types=[CLIENT_APP_TASK])
+        try:
+            while True:
+                self.check_worker()
+                if self.worker is None or self.worker.task is None:
+                    res = client.AcquireTask(request)
+                    if res.HasField("task") and res.token:
+                        self.dispatch(res.token, res.task.task_id, res.task.fab_hash)
+                        continue
+                time.sleep(self.poll)
+        finally:
+            if self.worker is not None:
+                self.worker.stop()
+            client.close()
+
+    def dispatch(self, token: str, task_id: int, fab_hash: str) -> None:
+        """Send the task to the warm worker of its FAB, forking one if there is none."""
+        from flwr.supercore import log
+
+        if self.worker is not None and self.worker.fab_hash != fab_hash:
+            log(INFO, "warm executor: new FAB %s, retiring the worker of FAB %s",
+                fab_hash[:8], self.worker.fab_hash[:8])
+            self.worker.stop()
+            self.worker = None
+        if self.worker is None:
+            self.worker = Worker(fab_hash, self.address, self.insecure, self.certificates)
+            self.stats.worker_starts += 1
+            self.stats.worker_pid = self.worker.process.pid
+        self.worker.task = InFlight(task_id, token, time.monotonic())
+        self.worker.conn.send((task_id, token))
+
+    def check_worker(self) -> None:
+        """Collect the worker's reports; answer for a task whose worker died."""
+        from flwr.supercore import log
+
+        w = self.worker
+        if w is None:
+            return
+        try:
+            while w.conn.poll():
+                self.on_report(w, w.conn.recv())
+        except (EOFError, OSError):
+            pass
+        if w.alive():
+            return
+        w.process.join()
+        code = w.process.exitcode
+        self.worker = None
+        if w.task is None:
+            log(WARNING, "warm executor: idle worker exited with %s", code)
+            return
+        self.stats.worker_crashes += 1
+        self.stats.tasks += 1
+        self.stats.tasks_failed += 1
+        task = w.task
+        log(ERROR, "warm executor: worker died (exit %s) during task %d", code, task.task_id)
+        if task.crash_reply is None:
+            log(WARNING, "warm executor: task %d died before its message was pulled; the "
+                "SuperNode answers when the task token expires", task.task_id)
+        else:
+            from node.task_runner import report_crash
+
+            try:
+                report_crash(self.address, task.token, self.insecure, self.certificates,
+                             task.crash_reply, task.run_id, task.node_id, code)
+                log(INFO, "warm executor: error reply sent for task %d", task.task_id)
+            except Exception as err:  # noqa: BLE001 - Flower's token expiry remains
+                log(ERROR, "warm executor: could not answer for task %d: %s",
+                    task.task_id, err)
+        self.stats.write(self.status_file)
+
+    def on_report(self, w: Worker, report: tuple[Any, ...]) -> None:
+        from flwr.supercore import log
+
+        kind, task_id = report[0], report[1]
+        if w.task is None or w.task.task_id != task_id:
+            return
+        if kind == "pulled":
+            w.task.crash_reply, w.task.run_id, w.task.node_id = report[2:5]
+            return
+        completed, start, app_seconds, worker_rss, phases = report[2:7]
+        s = self.stats
+        s.tasks += 1
+        s.tasks_failed += 0 if completed else 1
+        s.last_start_seconds = start
+        s.start_seconds = [*s.start_seconds[-99:], round(start, 4)]
+        s.worker_rss_mib = worker_rss
+        log(INFO, "warm executor: task %d %s: start %.3f s (%s), app %.2f s, worker RSS "
+            "%.0f MiB", task_id, "done" if completed else "failed", start,
+            ", ".join(f"{k} {v:.3f}" for k, v in phases.items()), app_seconds, worker_rss or 0)
+        w.task = None
+        s.write(self.status_file)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--runtime-api-address", required=True,
+                   help="the SuperNode's Runtime API (--host/--port of flower-supernode)")
+    tls = p.add_mutually_exclusive_group(required=True)
+    tls.add_argument("--insecure", action="store_true", help="plain HTTP (loopback only)")
+    tls.add_argument("--root-certificates", help="CA of the Runtime API's TLS certificate")
+    p.add_argument("--poll", type=float, default=0.1,
+                   help="seconds between task polls when idle (default 0.1)")
+    p.add_argument("--parent-pid", type=int, help="exit when this process exits")
+    p.add_argument("--status-file", type=Path, help="write counters here after each task")
+    args = p.parse_args(argv)
+    if not 0.01 <= args.poll <= 60:
+        p.error(f"--poll {args.poll} is not allowed; allowed: 0.01 to 60 seconds")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from flwr.supercore.app_utils import start_parent_process_monitor
+
+    certificates = (None if args.insecure
+                    else Path(args.root_certificates).read_bytes())
+    executor = WarmExecutor(args.runtime_api_address, args.insecure, certificates, args.poll,
+                            args.status_file)
+    executor.preload()
+    if args.parent_pid is not None:
+        start_parent_process_monitor(args.parent_pid)
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        executor.run()
+    except SystemExit as done:
+        sys.exit(0 if done.code in (128 + signal.SIGTERM, 128 + signal.SIGINT) else done.code)
+
+
+if __name__ == "__main__":
+    main()

@@ -56,6 +56,8 @@ class Stats:
     tasks_failed: int = 0
     worker_starts: int = 0
     worker_crashes: int = 0
+    cold_workers: int = 0
+    """Workers that had to import torch themselves (should stay 0: the fork inherits it)."""
     last_start_seconds: float | None = None
     start_seconds: list[float] = field(default_factory=list)
     worker_pid: int | None = None
@@ -208,6 +210,7 @@ class WarmExecutor:
         if self.worker is None:
             self.worker = Worker(fab_hash, self.address, self.insecure, self.certificates)
             self.stats.worker_starts += 1
+            self.stats.cold_workers += "torch" not in sys.modules
             self.stats.worker_pid = self.worker.process.pid
         self.worker.task = InFlight(task_id, token, time.monotonic())
         self.worker.conn.send((task_id, token))

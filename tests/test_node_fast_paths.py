@@ -1,0 +1,114 @@
+"""The deployment fast paths without a deployment: reply pulls, the SuperNode poll patch,
+the launcher's checks and the executor's fork-safety."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+
+import pytest
+from flwr.app import Message, RecordDict
+
+from node import fast_poll
+from node.launch import runtime_address
+from server_app.fast_grid import FastPollGrid
+from tests.inprocess_grid import set_task_identity
+
+
+class SlowRepliesGrid:
+    """Answers message i after ``delays[i]`` seconds; counts pulls."""
+
+    def __init__(self, delays: list[float]) -> None:
+        self.delays, self.pulls, self.t0 = delays, 0, 0.0
+        self.ids: list[str] = []
+        self.messages: list[Message] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        self.t0 = time.monotonic()
+        self.messages = list(messages)
+        self.ids = [f"m{i}" for i in range(len(self.messages))]
+        return list(self.ids)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        self.pulls += 1
+        now = time.monotonic() - self.t0
+        out = []
+        for mid, msg, delay in zip(self.ids, self.messages, self.delays, strict=True):
+            if mid in set(message_ids) and now >= delay:
+                reply = Message(RecordDict(), reply_to=msg)
+                reply.metadata.__dict__["_reply_to_message_id"] = mid
+                out.append(reply)
+        return out
+
+
+def _messages(n: int) -> list[Message]:
+    set_task_identity()
+    return [Message(RecordDict(), dst_node_id=i + 1, message_type="train") for i in range(n)]
+
+
+def test_replies_are_collected_as_they_arrive_not_in_3s_steps() -> None:
+    inner = SlowRepliesGrid([0.0, 0.25, 0.5])
+    grid = FastPollGrid(inner, poll=0.05)  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    replies = list(grid.send_and_receive(_messages(3), timeout=10))
+    wall = time.monotonic() - t0
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1", "m2"]
+    assert 0.5 <= wall < 0.9, wall  # Flower's HttpGrid would take 3 s here
+    assert inner.pulls >= 5
+
+
+def test_collection_stops_at_the_timeout_with_what_arrived() -> None:
+    inner = SlowRepliesGrid([0.0, 60.0])
+    t0 = time.monotonic()
+    replies = list(FastPollGrid(inner, poll=0.05).send_and_receive(  # type: ignore[arg-type]
+        _messages(2), timeout=0.4))
+    assert 0.35 <= time.monotonic() - t0 < 0.8
+    assert [r.metadata.reply_to_message_id for r in replies] == ["m0"]
+
+
+def test_supernode_poll_patch_applies_to_the_checked_flower_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The installed flwr still has both hard-coded waits: if an upgrade changes them, this
+    # fails and the patch (which then refuses to apply) must be re-checked.
+    assert fast_poll.why_not_patchable() is None
+    from flwr.supernode import start_client_internal as loop
+
+    monkeypatch.setattr(loop, "time", loop.time)  # restored after the test
+    assert fast_poll.install(idle=0.2, reply=0.01)
+    slept: list[float] = []
+    monkeypatch.setattr(fast_poll.time, "sleep", slept.append)
+    loop.time.sleep(3)
+    loop.time.sleep(0.5)
+    loop.time.sleep(7)
+    assert slept == [0.2, 0.01, 7]
+    assert loop.time.monotonic is fast_poll.time.monotonic  # everything else passes through
+
+    import flwr
+    monkeypatch.setattr(flwr, "__version__", "1.40.0")
+    assert "not the checked" in (fast_poll.why_not_patchable() or "")
+    assert not fast_poll.install(idle=0.2, reply=0.01)
+
+
+def test_launcher_keeps_the_runtime_api_on_loopback_in_process_isolation() -> None:
+    args, address = runtime_address(["--superlink", "x:1", "--port", "9100"])
+    assert address == "127.0.0.1:9100"
+    assert args[-2:] == ["--isolation", "process"]
+    args, _ = runtime_address(["--isolation", "process", "--host", "::1"])
+    assert args.count("--isolation") == 1
+    with pytest.raises(SystemExit, match="--host 0.0.0.0 is not allowed"):
+        runtime_address(["--host", "0.0.0.0"])
+    with pytest.raises(SystemExit, match="--isolation subprocess is not allowed"):
+        runtime_address(["--isolation=subprocess"])
+
+
+@pytest.mark.slow
+def test_executor_preload_imports_torch_but_never_starts_cuda() -> None:
+    """Workers are forked from the supervisor: it must not have initialised CUDA."""
+    code = ("import sys; from node.warm_executor import WarmExecutor as W;"
+            "e = W('127.0.0.1:1', True, None, 0.1, None); e.preload();"
+            "import torch; print('torch' in sys.modules, torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.split()[-2:] == ["True", "False"], out.stdout + out.stderr

@@ -108,6 +108,12 @@ fetch cpu "${cpu_specs[@]}"
 read -r -a cuda_specs <<< "$CUDA_TORCH_SPEC"  # a space-separated list of requirement specs
 [ "$cuda" = 0 ] || fetch cuda "${cuda_specs[@]}"
 
+# The node runtime (warm ClientApp executor + launcher) goes into the client images; the
+# apps themselves arrive as FABs.
+rm -rf "$wheels/node"
+mkdir -p "$wheels/node"
+cp "$(dirname "$here")"/node/*.py "$wheels/node/"
+
 # ------------------------------------------------------------------ 3. images
 for t in "${targets[@]}"; do
   # The legacy builder sends the whole context: leave the big CUDA set out unless needed.

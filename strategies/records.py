@@ -18,6 +18,7 @@ EXPERIMENT = "experiment-id"  # the run directory's name: stable across a resume
 NUM_EXAMPLES = "num-examples"
 TRAIN_LOSS = "train-loss"
 NUM_STEPS = "num-steps"
+STATE_FALLBACK = "state-fallback"  # 1 when the client's saved state was unusable (fell back)
 
 # Query reply (client identity).
 PARTITION_ID = "partition-id"

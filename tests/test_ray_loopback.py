@@ -22,7 +22,7 @@ import pytest
 from scripts.flower_env import REPO, flower_env
 from tests.conftest import kill_local_superlink
 
-HTTP_PORT, CONTROL_PORT = "39691", "39693"  # its own: deploy_helpers uses 39291
+HTTP_PORT, CONTROL_PORT = "39791", "39793"  # its own: not conftest, deploy, sweep, bench
 MARKER = f"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT={HTTP_PORT}".encode()
 LOOPBACK = ("127.", "[::1]", "[::ffff:127.")
 

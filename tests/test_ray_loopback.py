@@ -22,7 +22,7 @@ import pytest
 from scripts.flower_env import REPO, flower_env
 from tests.conftest import kill_local_superlink
 
-HTTP_PORT, CONTROL_PORT = "39791", "39793"  # its own: not conftest, deploy, sweep, bench
+HTTP_PORT, CONTROL_PORT = "39891", "39893"  # its own: no other test or bench uses these
 MARKER = f"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT={HTTP_PORT}".encode()
 LOOPBACK = ("127.", "[::1]", "[::ffff:127.")
 

@@ -111,27 +111,56 @@ class StateMirror:
         if not older:
             return None
         saved_round, path = older[-1]
+        return saved_round, self._read(path)
+
+    def load_usable_before(
+        self, server_round: int, model: list[np.ndarray]
+    ) -> tuple[tuple[int, dict[str, list[np.ndarray]]] | None, list[str]]:
+        """The newest version before ``server_round`` that reads and fits ``model``, or None
+        (start from w_0), and one line per newer version that did not.
+
+        An unusable file is renamed to ``*.npz.damaged``: it no longer counts as a kept
+        version, so one bad file cannot lock the client out, and it stays for inspection."""
+        problems: list[str] = []
+        for saved_round, path in reversed([(r, p) for r, p in self._files() if r < server_round]):
+            try:
+                entries = self._read(path)
+                check_shapes(entries, model, str(path))
+            except StateError as err:
+                problems.append(str(err))
+                path.replace(path.with_name(path.name + ".damaged"))
+                continue
+            return (saved_round, entries), problems
+        return None, problems
+
+    def _read(self, path: Path) -> dict[str, list[np.ndarray]]:
+        """One state file's entries; StateError if it is unreadable or not this client's."""
         try:
             with np.load(path, allow_pickle=False) as z:
                 data = {k: z[k] for k in z.files}
             meta = json.loads(data.pop("meta").tobytes().decode())
             entries = {k: [data[f"{k}/{i}"] for i in range(n)]
                        for k, n in meta["entries"].items()}
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as err:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile,
+                EOFError) as err:
             raise StateError(f"client state {path} is unreadable: {err}") from None
-        if meta["experiment"] != self.experiment or meta["partition-id"] != self.pid:
-            raise StateError(f"client state {path} belongs to experiment {meta['experiment']} "
-                             f"partition {meta['partition-id']}, not {self.experiment} "
-                             f"partition {self.pid}")
-        return saved_round, entries
+        if meta.get("experiment") != self.experiment or meta.get("partition-id") != self.pid:
+            raise StateError(f"client state {path} belongs to experiment "
+                             f"{meta.get('experiment')} partition {meta.get('partition-id')}, "
+                             f"not {self.experiment} partition {self.pid}")
+        return entries
 
 
 def check_shapes(entries: dict[str, list[np.ndarray]], model: list[np.ndarray],
                  where: str) -> None:
-    """Saved state must match the model it will be combined with."""
+    """Saved state must match the model it will be combined with, and be finite (a NaN
+    w_prev would make every later start point NaN)."""
     for key, arrays in entries.items():
         shapes = [a.shape for a in arrays]
         expected = [a.shape for a in model]
         if shapes != expected:
             raise StateError(f"client state {key!r} from {where} has shapes that do not match "
                              f"the model ({len(shapes)} arrays vs {len(expected)})")
+        if not all(np.issubdtype(a.dtype, np.floating) and np.isfinite(a).all()
+                   for a in arrays):
+            raise StateError(f"client state {key!r} from {where} is not finite floats")

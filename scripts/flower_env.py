@@ -3,6 +3,12 @@
 Flower's runtime dependency installation, telemetry and update checks would try the internet;
 they are turned off here, and the venv's ``bin`` goes first on PATH because ``flwr run``
 starts ``flower-superlink`` (and the links start ``flower-superexec``) by name.
+
+Ray, which the simulation starts, takes the machine's network address as its node address
+and then listens on all interfaces (gcs_server, raylet, object manager, workers), with no
+authentication. Unless the user attaches to a cluster on purpose (``RAY_ADDRESS`` set), Ray
+is told this is a one-machine setup, so its node address is 127.0.0.1 and every Ray
+service binds loopback only (``ray._private.services.get_node_ip_address``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ OFFLINE_ENV = {
     "PYTHONUNBUFFERED": "1",
 }
 
+RAY_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch for multi-machine clusters (ray_constants.ENABLE_RAY_CLUSTER); "0" makes its
+node address loopback, so its services listen on 127.0.0.1 only."""
+
 
 def flower_env(flwr_home: Path | None = None, **extra: str) -> dict[str, str]:
     """A copy of os.environ with the offline settings, the venv on PATH and FLWR_HOME set."""
@@ -30,4 +40,6 @@ def flower_env(flwr_home: Path | None = None, **extra: str) -> dict[str, str]:
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["FLWR_HOME"] = str(flwr_home or Path(env.get("FLWR_HOME", REPO / ".flwr")))
     env.update(extra)
+    if not env.get("RAY_ADDRESS"):
+        env.setdefault(RAY_SINGLE_MACHINE, "0")
     return env

@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.flower_env import REPO, flower_env  # noqa: E402
-from task.config import ConfigError, RunConfig  # noqa: E402
+from task.config import ConfigError, RunConfig, check_writable  # noqa: E402
 
 RUN_ID = re.compile(r"Successfully started run (\d+)")
 
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cfg = RunConfig.parse(overrides)
+        if not cfg.resume_dir:
+            check_writable("output-dir", Path(cfg.output_dir).resolve())
     except ConfigError as err:
         print(f"simulate: {err}", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from server_app.checkpoint import CheckpointError
 from server_app.clients import FederationError
-from server_app.experiment import TooFewReplies, run_experiment
+from server_app.experiment import ModelDiverged, NothingTrained, TooFewReplies, run_experiment
 from server_app.fast_grid import FastPollGrid
 from task.config import ConfigError, RunConfig
 from task.datasets import DataFormatError, DataNotFoundError
@@ -24,12 +24,13 @@ class RunAborted(RuntimeError):
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Fail fast with one line on a bad config, missing data or a wrong-sized federation."""
+    """Fail with one line (run status finished:failed) on a bad config, missing data, a
+    wrong-sized federation, a diverged model or a run that aggregated nothing."""
     try:
         cfg = RunConfig.parse(context.run_config)
         run_experiment(FastPollGrid(grid), cfg)
     except (ConfigError, DataNotFoundError, DataFormatError, FederationError,
-            CheckpointError, TooFewReplies) as err:
+            CheckpointError, TooFewReplies, ModelDiverged, NothingTrained) as err:
         # One readable line first; then fail the run (Flower marks it finished:failed; a
         # SystemExit would be reported as completed).
         log(ERROR, "%s", err)

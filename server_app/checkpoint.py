@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,21 @@ class Checkpoint:
     weights: list[np.ndarray]
     strategy_state: dict[str, list[np.ndarray]]
     config: dict[str, Any]
+    rows: list[dict[str, Any]] | None = field(default=None)
+    """The result rows of rounds 1..server_round: rounds.jsonl/csv are rebuilt from these on
+    resume, so a torn results file loses nothing (None in checkpoints older than this)."""
+
+
+def non_finite_part(weights: list[np.ndarray], state: dict[str, list[np.ndarray]]) -> str | None:
+    """Name of the first array (``weights[i]`` or ``<state key>[i]``) holding NaN or Inf.
+
+    A diverged model must neither be resumed nor overwrite the last good checkpoint."""
+    parts = [("weights", weights), *state.items()]
+    for name, arrays in parts:
+        for i, a in enumerate(arrays):
+            if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+                return f"{name}[{i}]"
+    return None
 
 
 def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> None:
@@ -47,6 +62,8 @@ def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> None:
     meta = {"format": FORMAT_VERSION, "round": ckpt.server_round, "config": ckpt.config,
             "num-weights": len(ckpt.weights),
             "state": {k: len(v) for k, v in ckpt.strategy_state.items()}}
+    if ckpt.rows is not None:
+        meta["rows"] = ckpt.rows
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
@@ -72,4 +89,9 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         state = {k: [data[f"s/{k}/{i}"] for i in range(n)] for k, n in meta["state"].items()}
     except (KeyError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"checkpoint {path} is incomplete: missing {err}") from None
-    return Checkpoint(int(meta["round"]), weights, state, dict(meta["config"]))
+    bad = non_finite_part(weights, state)
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {path} holds NaN or Inf in {bad} (a diverged model); "
+                              "it cannot be resumed")
+    return Checkpoint(int(meta["round"]), weights, state, dict(meta["config"]),
+                      meta.get("rows"))

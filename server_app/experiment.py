@@ -16,17 +16,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from server_app.central_eval import CentralEvaluator
-from server_app.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from server_app.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    non_finite_part,
+    save_checkpoint,
+)
 from server_app.clients import discover_clients, refresh_clients
 from server_app.results import Recorder, atomic_write_bytes
 from strategies import METHODS
 from strategies import records as rk
-from task.config import RunConfig
+from task.config import RunConfig, check_examples, check_writable
 from task.federated_data import dataset_of
 from task.models import build_model, get_weights, set_weights
 
@@ -49,6 +55,14 @@ class TooFewReplies(RuntimeError):
     """Rounds keep failing for lack of replies; the last checkpoint is there to resume."""
 
 
+class ModelDiverged(RuntimeError):
+    """The global model (or the method's server state) became NaN or Inf."""
+
+
+class NothingTrained(RuntimeError):
+    """No round of the run aggregated a single reply: the result is the initial model."""
+
+
 def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
     """The run directory and checkpoint to continue from, checked against ``cfg``."""
     if not cfg.resume_dir:
@@ -69,8 +83,13 @@ def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
 
 def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
     """Run all rounds of ``cfg`` on ``grid`` and return the summary written to disk."""
+    if not cfg.resume_dir:
+        check_writable("output-dir", out_dir or Path(cfg.output_dir).resolve())
     data = dataset_of(cfg)  # fails first, with the install hint, if the data is missing
+    check_examples(cfg, len(data.train_y))
     resume = resume_point(cfg)
+    if resume:
+        check_writable("resume-dir", resume[0])
     out = resume[0] if resume else (out_dir or Path(cfg.output_dir).resolve() / run_name(cfg))
     log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
         if resume else "")
@@ -86,7 +105,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     if resume:
         weights, first = resume[1].weights, resume[1].server_round + 1
         strategy.load_server_state(resume[1].strategy_state)
-    rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1)
+    rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1,
+                   rows=resume[1].rows if resume else None)
     arrays = ArrayRecord(weights)
     round_config = ConfigRecord({rk.EXPERIMENT: out.name})
     n = cfg.num_server_rounds
@@ -101,8 +121,9 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         failed = 0 if new_arrays is not None else failed + 1
         if new_arrays is not None:
+            _check_finite(rnd, new_arrays, strategy.server_state(), out)
             arrays = new_arrays
-        m = dict(metrics or {})
+        m = {**(metrics or {}), "state-fallbacks": state_fallbacks(replies)}
         acc = loss = None
         if rnd % cfg.eval_every == 0 or rnd == n:
             loss, acc = evaluator(arrays.to_numpy_ndarrays())
@@ -111,7 +132,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                **timing, **m}
         rec.add_round(row)
         save_checkpoint(out, Checkpoint(rnd, arrays.to_numpy_ndarrays(),
-                                        strategy.server_state(), cfg.to_dict()))
+                                        strategy.server_state(), cfg.to_dict(), rec.rows))
         log(INFO, "%s", _progress_line(row, n, len(messages)))
         if failed >= cfg.max_failed_rounds:
             raise TooFewReplies(
@@ -119,6 +140,11 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                 f"replies; stopped after round {rnd}. Bring the SuperNodes back and resume "
                 f"with --run-config \"resume-dir='{out}'\"")
 
+    if rec.aggregated_rounds() == 0:
+        raise NothingTrained(
+            f"no round of the run aggregated a reply (all {len(rec.rows)} rounds had fewer than "
+            f"min-replies={cfg.min_replies} usable replies: see the rejected replies above); "
+            "the model is the initial one, so no final results were written")
     final = arrays.to_numpy_ndarrays()
     set_weights(model, final)
     buf = io.BytesIO()
@@ -143,6 +169,27 @@ def reply_timing(replies: list[Any], collect_seconds: float) -> dict[str, float 
                 compute.append(value)
     return {"collect-seconds": collect_seconds,
             "client-seconds-max": max(compute) if compute else None}
+
+
+def _check_finite(rnd: int, arrays: ArrayRecord, state: dict[str, list[Any]], out: Path) -> None:
+    """Stop before a NaN/Inf model is evaluated, recorded or checkpointed over a good one."""
+    bad = non_finite_part(arrays.to_numpy_ndarrays(), state)
+    if bad is not None:
+        kept = f"round {rnd - 1}'s checkpoint in {out} is kept" if rnd > 1 else "nothing kept"
+        raise ModelDiverged(f"round {rnd}: the aggregated global model holds NaN or Inf in {bad} "
+                            f"(training diverged: lower lr or server-lr); stopped, {kept}")
+
+
+def state_fallbacks(replies: list[Message]) -> int:
+    """Clients of this round that could not use their saved state and fell back to an older
+    version or to w_0 (they say so in their reply metrics)."""
+    count = 0
+    for msg in replies:
+        if msg.has_error() or rk.METRICS not in msg.content.metric_records:
+            continue
+        value = msg.content.metric_records[rk.METRICS].get(rk.STATE_FALLBACK, 0)
+        count += 1 if isinstance(value, int | float) and value > 0 else 0
+    return count
 
 
 def _progress_line(row: dict[str, Any], n: int, sent: int) -> str:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 ROUND_FIELDS = ("round", "test-acc", "test-loss", "train-loss", "divergence", "lr",
-                "num-replies", "num-rejected", "num-missing", "round-seconds", "elapsed-seconds",
-                "collect-seconds", "client-seconds-max")
+                "num-replies", "num-rejected", "num-missing", "state-fallbacks", "round-seconds",
+                "elapsed-seconds", "collect-seconds", "client-seconds-max")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -45,16 +45,20 @@ def smoothed_peak(accs: Sequence[float], window: int = 5, last: int = 50) -> flo
 class Recorder:
     """Writes one run's results into its own directory."""
 
-    def __init__(self, out_dir: Path, config: dict[str, Any], keep_rounds: int = 0) -> None:
+    def __init__(self, out_dir: Path, config: dict[str, Any], keep_rounds: int = 0,
+                 rows: list[dict[str, Any]] | None = None) -> None:
         """Start a run's files; when resuming, keep the rows of rounds 1..``keep_rounds``.
 
-        Rows beyond the checkpoint (a round that finished but was not checkpointed) are
-        dropped, so the files hold each round exactly once.
+        The kept rows are ``rows`` (the copy stored in the checkpoint) when given, else what
+        can be read back from rounds.jsonl. Rows beyond the checkpoint (a round that finished
+        but was not checkpointed) are dropped, so the files hold each round exactly once.
         """
         self.dir = out_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.rows = self._earlier_rows(keep_rounds)
+        kept = rows if rows is not None else self._earlier_rows(keep_rounds)
+        self.rows = [{k: r.get(k) for k in ROUND_FIELDS} for r in kept
+                     if 0 < r.get("round", 0) <= keep_rounds]
         self.t0 = time.monotonic() - (self.rows[-1]["elapsed-seconds"] if self.rows else 0.0)
         lines = "".join(json.dumps(r) + "\n" for r in self.rows)
         atomic_write_bytes(self.dir / "rounds.jsonl", lines.encode())
@@ -70,18 +74,20 @@ class Recorder:
                            json.dumps(config, indent=2, sort_keys=True).encode())
 
     def _earlier_rows(self, keep_rounds: int) -> list[dict[str, Any]]:
+        """Rows read back from rounds.jsonl (checkpoints without stored rows): a torn or
+        garbled line anywhere is skipped, the last row of a round wins, sorted by round."""
         path = self.dir / "rounds.jsonl"
         if keep_rounds <= 0 or not path.exists():
             return []
-        rows = []
-        for line in path.read_text().splitlines():
+        by_round: dict[int, dict[str, Any]] = {}
+        for line in path.read_text(errors="replace").splitlines():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                break  # a torn last line from a crash mid-write
-            if row.get("round", keep_rounds + 1) <= keep_rounds:
-                rows.append(row)
-        return rows
+                continue
+            if isinstance(row, dict) and isinstance(row.get("round"), int):
+                by_round[row["round"]] = row
+        return [by_round[r] for r in sorted(by_round)]
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -96,6 +102,10 @@ class Recorder:
             f.flush()
             os.fsync(f.fileno())
 
+    def aggregated_rounds(self) -> int:
+        """Rounds whose replies were aggregated: only those report a train loss."""
+        return sum(1 for r in self.rows if r.get("train-loss") is not None)
+
     def accuracies(self) -> list[float]:
         return [r["test-acc"] for r in self.rows if r["test-acc"] is not None]
 
@@ -109,6 +119,7 @@ class Recorder:
             "best-test-acc": max(accs) if accs else None,
             "smoothed-peak-acc": smoothed_peak(accs) if accs else None,
             "wall-seconds": self.elapsed(),
+            "state-fallbacks": sum(r.get("state-fallbacks") or 0 for r in self.rows),
             "mean-round-seconds": float(np.mean([r["round-seconds"] for r in self.rows]))
             if self.rows else None,
             **extra,

@@ -19,6 +19,7 @@ NUM_EXAMPLES = "num-examples"
 TRAIN_LOSS = "train-loss"
 NUM_STEPS = "num-steps"
 COMPUTE_SECONDS = "compute-seconds"  # local training wall time, measured in the client
+STATE_FALLBACK = "state-fallback"  # 1 when the client's saved state was unusable (fell back)
 
 # Query reply (client identity).
 PARTITION_ID = "partition-id"

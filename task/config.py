@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import tempfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -124,7 +126,9 @@ class RunConfig:
             key = field.name.replace("_", "-")
             values[field.name] = _coerce(key, merged[key], type(defaults[key]))
         cfg = cls(**values)
+        _check_finite(cfg)
         _check_ranges(cfg)
+        check_examples(cfg)
         if cfg.ri_aggregation == "auto":  # resolved here, so the rest sees model | update
             cfg = dataclasses.replace(cfg, ri_aggregation=RI_AGGREGATION_AUTO[cfg.method])
         if cfg.server_lr == 0.0:  # resolved here, so the rest sees the method's eta_g
@@ -145,6 +149,39 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
 
 def _bad(key: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"run config: {key}={value!r} is not allowed; allowed: {allowed}")
+
+
+def _check_finite(c: RunConfig) -> None:
+    """NaN and infinities pass every range test below (NaN compares False), so refuse them
+    first, for every float key at once; a NaN left in the run config would also break
+    Flower's simulation engine, which compares run configs with ``==``."""
+    for field in dataclasses.fields(c):
+        value = getattr(c, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _bad(field.name.replace("_", "-"), value, "a finite number")
+
+
+def check_examples(c: RunConfig, available: int | None = None) -> None:
+    """Every client needs at least one training example; ``available`` is the data set's
+    training-set size once it is loaded (None before), since a partition cannot be smaller."""
+    if 0 < c.train_limit < c.num_clients:
+        raise _bad("train-limit", c.train_limit,
+                   f"0 (all) or at least num-clients={c.num_clients} examples")
+    if available is not None and available < c.num_clients:
+        raise _bad("num-clients", c.num_clients,
+                   f"at most the {available} training examples of dataset={c.dataset!r}")
+
+
+def check_writable(key: str, path: Path) -> None:
+    """Create ``path`` and write a probe file in it, so that a run whose results cannot be
+    saved fails before any work, naming the key, not with a traceback after round 1."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ConfigError(f"run config: {key}={str(path)!r} is not a writable directory: "
+                          f"{err.strerror or err}") from None
 
 
 def _check_ranges(c: RunConfig) -> None:

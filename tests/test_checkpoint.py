@@ -61,3 +61,25 @@ def test_resume_refuses_a_different_config(tmp_path: Path) -> None:
     done = RunConfig.parse({"num-server-rounds": 7, "resume-dir": str(tmp_path)})
     with pytest.raises(CheckpointError, match="nothing to do"):
         resume_point(done)
+
+
+@pytest.mark.parametrize(("part", "name"), [("weights", "weights[1]"), ("state", "m[0]")])
+def test_non_finite_checkpoint_is_refused_at_resume(tmp_path: Path, part: str,
+                                                    name: str) -> None:
+    ck = sample()
+    if part == "weights":
+        ck.weights[1][2] = np.nan
+    else:
+        ck.strategy_state["m"][0][0, 0] = np.inf
+    save_checkpoint(tmp_path, ck)
+    with pytest.raises(CheckpointError) as err:
+        resume_point(RunConfig.parse({"num-server-rounds": 20, "resume-dir": str(tmp_path)}))
+    msg = str(err.value)
+    assert "\n" not in msg and f"NaN or Inf in {name}" in msg and "cannot be resumed" in msg
+
+
+def test_rows_round_trip_with_the_checkpoint(tmp_path: Path) -> None:
+    ck = sample()
+    ck.rows = [{"round": r, "test-acc": 0.5 + r / 100, "test-loss": None} for r in range(1, 8)]
+    save_checkpoint(tmp_path, ck)
+    assert load_checkpoint(tmp_path).rows == ck.rows

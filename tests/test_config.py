@@ -1,8 +1,10 @@
 """Every bad run-config value fails before any work, with one line naming the key."""
 
+from pathlib import Path
+
 import pytest
 
-from task.config import ConfigError, RunConfig, load_defaults
+from task.config import ConfigError, RunConfig, check_examples, check_writable, load_defaults
 
 
 def test_defaults_parse_to_the_default_experiment() -> None:
@@ -82,3 +84,46 @@ def test_bad_value_names_key_value_and_allowed(key: str, value: object, allowed:
 def test_unknown_key_is_named() -> None:
     with pytest.raises(ConfigError, match="unknown key 'betta'"):
         RunConfig.parse({"betta": 0.1})
+
+
+NON_FINITE = [("lr", float("inf")), ("clip-norm", float("nan")), ("weight-decay", float("nan")),
+              ("server-lr", float("nan")), ("max-update-norm-ratio", float("nan")),
+              ("dirichlet-alpha", float("inf")), ("beta", float("-inf"))]
+
+
+@pytest.mark.parametrize(("key", "value"), NON_FINITE)
+def test_non_finite_value_is_one_line_naming_the_key(key: str, value: float) -> None:
+    """NaN passes every range test (it compares False); Flower's simulation engine would then
+    fail with "The `run_config` field ... cannot be modified" (NaN != NaN), naming no key."""
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({key: value})
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg == f"run config: {key}={value!r} is not allowed; allowed: a finite number"
+
+
+def test_every_float_key_refuses_nan() -> None:
+    for key, default in load_defaults().items():
+        if isinstance(default, float):
+            with pytest.raises(ConfigError, match=f"{key}=nan is not allowed"):
+                RunConfig.parse({key: float("nan")})
+
+
+def test_fewer_training_examples_than_clients_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"train-limit=5 is not allowed; allowed: 0 \(all\) "
+                       "or at least num-clients=10"):
+        RunConfig.parse({"train-limit": 5, "num-clients": 10})
+    cfg = RunConfig.parse({"train-limit": 10, "num-clients": 10})
+    with pytest.raises(ConfigError, match="num-clients=10 is not allowed; allowed: at most the "
+                       "7 training examples"):
+        check_examples(cfg, available=7)
+
+
+def test_unwritable_output_dir_is_one_line_naming_key_and_path(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a regular file: nobody, not even root, can create a directory in it")
+    with pytest.raises(ConfigError) as err:
+        check_writable("output-dir", blocker / "sub")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"run config: output-dir='{blocker / 'sub'}'")
+    check_writable("output-dir", tmp_path / "a" / "b")  # created when it can be

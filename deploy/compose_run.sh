@@ -100,7 +100,7 @@ trap 'exit 130' INT TERM
 
 # ------------------------------------------------------------------ certs, CLI config
 "$here/make_certs.sh" --nodes "$nodes" "$work/certs" >/dev/null
-mkdir -p "$work/certs/public" "$work/cli" "$work/results"
+mkdir -p "$work/certs/public" "$work/cli" "$work/results" "$work/registry"
 cp "$work/certs/ca.crt" "$work/certs"/node_key_*.pub "$work/certs/public/"
 cat > "$work/cli/config.toml" <<EOF
 [superlink]
@@ -113,9 +113,10 @@ EOF
 {
   echo "num-clients = $nodes"
   echo 'output-dir = "/results"'
+  echo 'node-registry = "/registry/registry.json"'
   for kv in "${overrides[@]}"; do
     key=${kv%%=*}; val=${kv#*=}
-    case "$key" in num-clients|output-dir) continue ;; esac
+    case "$key" in num-clients|output-dir|node-registry) continue ;; esac
     # TOML scalars as given (numbers, true/false, "quoted"); anything else becomes a string.
     if [[ "$val" =~ ^-?[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$|^(true|false)$|^\".*\"$ ]]; then
       echo "$key = $val"
@@ -161,17 +162,23 @@ done
 [ "$(docker inspect -f '{{.State.Health.Status}}' "$link")" = healthy ] \
   || { dc logs superlink | tail -20; echo "compose_run: superlink not healthy" >&2; exit 1; }
 log "superlink healthy"
+registry="{"
 for i in $(seq 0 $((nodes - 1))); do
   out=$(dc run --rm -T cli flwr supernode register "/keys/node_key_$i.pub" --format json 2>&1) \
     || { echo "$out" >&2; exit 1; }
   case "$out" in *'"success": true'*) ;; *) echo "$out" >&2; exit 1 ;; esac
-  log "registered node_key_$i.pub"
+  node_id=$(echo "$out" | grep -o '"node-id": *[0-9]*' | grep -o '[0-9]*$')
+  [ "$i" = 0 ] || registry+=", "
+  registry+="\"$node_id\": $i"
+  log "registered node_key_$i.pub as node $node_id"
 done
+# The operator's registry: the ServerApp uses partition i only from the node registered for it.
+echo "$registry}" > "$work/registry/registry.json"
 
 # ------------------------------------------------------------------ SuperNodes
 services=()
 for i in $(seq 0 $((nodes - 1))); do
-  [ "$i" = "$edge" ] || services+=("supernode-$i" "superexec-clientapp-$i")
+  [ "$i" = "$edge" ] || services+=("supernode-$i")
 done
 dc up -d "${services[@]}"
 if [ -n "$edge" ]; then
@@ -190,7 +197,7 @@ IMAGE=$FEDINIT_IMAGE_PREFIX-client-cpu:$FEDINIT_IMAGE_TAG
 NAME=$edge_name
 CPUS=1
 MEMORY=1g
-NETWORK=${project}_flnet
+NETWORK=${project}_fleet
 THREADS=1
 EOF
   docker rm -f "$edge_name" >/dev/null 2>&1 || true

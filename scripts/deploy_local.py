@@ -109,6 +109,11 @@ class Deployment:
     def node_key(self, i: int) -> Path:
         return self.certs / f"node_key_{i}"
 
+    @property
+    def registry(self) -> Path:
+        """{node id: partition id} of the registered keys: the run's ``node-registry``."""
+        return self.work_dir / "registry.json"
+
     def executor_status(self, i: int) -> Path:
         """The warm executor's counters of node ``i`` (tasks, worker starts, start times)."""
         return self.work_dir / f"node-{i}" / "executor.json"
@@ -231,9 +236,12 @@ class Deployment:
               f", {'insecure' if self.insecure else 'TLS + SuperNode auth'})", flush=True)
         self.start_link()
         if not self.insecure:
+            registry = {}
             for i in range(self.num_nodes):
                 node_id = self.register(self.node_key(i).with_suffix(".pub"))
+                registry[str(node_id)] = i
                 print(f"deploy: registered node_key_{i}.pub as node {node_id}", flush=True)
+            self.registry.write_text(json.dumps(registry, indent=1) + "\n")
         for i in range(self.num_nodes):
             self.start_node(i)
         print(f"deploy: {self.num_nodes} SuperNodes started; logs in {self.logs}", flush=True)
@@ -467,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     code = 1
     try:
         dep.up()
+        if not args.insecure:  # each partition only from the node registered for it
+            run_cfg["node-registry"] = str(dep.registry)
         cfg_file = work_dir / "run-config.toml"
         cfg_file.write_text("\n".join(toml_line(k, v) for k, v in run_cfg.items()) + "\n")
         run_id, status, results = dep.run(args.app.resolve(), cfg_file, args.run_timeout)

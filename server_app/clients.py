@@ -4,12 +4,22 @@ The server asks every SuperNode for its ``partition-id`` once at start, so sampl
 client id (seeded) and a simulation and a deployment of one experiment pick the same clients.
 A federation whose size does not match ``num-clients`` is refused with a clear message
 instead of hanging or silently training on part of the clients.
+
+Who may hold which partition: with ``node-registry`` (a JSON file ``{node id: partition id}``
+the operator writes when registering node keys; deploy_local.py and compose_run.sh do) a node
+is used only for the partition registered to its id, so a node cannot take over another
+client's partition by claiming it. Without a registry (simulation, insecure deployments) a
+node's claim is trusted, but a partition held by a connected node is never handed to a second
+one. Replacing a node: unregister the old key, register the new one, put the new node id in
+the registry, resume.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from logging import INFO
+from logging import INFO, WARNING
+from pathlib import Path
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.common.logger import log
@@ -27,6 +37,55 @@ def _size_hint(cfg: RunConfig) -> str:
     return (f"set the federation size to num-clients={cfg.num_clients} (simulation: "
             f"--federation-config \"num-supernodes={cfg.num_clients}\"), or pass "
             f"--run-config \"num-clients=<number of SuperNodes>\"")
+
+
+def load_registry(cfg: RunConfig) -> dict[int, int] | None:
+    """{node id: partition id} from ``node-registry``, checked; None when there is none."""
+    if not cfg.node_registry:
+        return None
+    path = Path(cfg.node_registry)
+    try:
+        raw = json.loads(path.read_text())
+        registry = {int(node): int(pid) for node, pid in raw.items()}
+    except (OSError, ValueError, AttributeError, TypeError) as err:
+        raise FederationError(f"node-registry {path}: not a readable JSON object of "
+                              f"node id -> partition id ({err})") from None
+    bad = sorted(p for p in registry.values() if not 0 <= p < cfg.num_clients)
+    if bad:
+        raise FederationError(f"node-registry {path}: partition-id {bad[0]} is outside "
+                              f"0..{cfg.num_clients - 1}")
+    if len(set(registry.values())) != len(registry):
+        raise FederationError(f"node-registry {path}: a partition is registered to two nodes")
+    return registry
+
+
+def _refuse(node: int, reason: str) -> None:
+    log(WARNING, "refused node %d: %s", node, reason)
+
+
+def _allowed(claims: dict[int, int], registry: dict[int, int] | None,
+             held: dict[int, int], connected: set[int]) -> dict[int, int]:
+    """The claims {node: partition} that may stand; the others are refused and logged.
+
+    ``held`` is {partition: node} as used so far; ``connected`` the nodes now connected.
+    The registry, when there is one, is the authority (a replaced node takes its partition
+    over even while the old one still looks connected).
+    """
+    ok: dict[int, int] = {}
+    for node, pid in sorted(claims.items()):
+        if registry is not None and node not in registry:
+            _refuse(node, f"it claims partition-id={pid} but its node id is not in node-registry")
+            continue
+        if registry is not None and registry[node] != pid:
+            _refuse(node, f"it claims partition-id={pid}, node-registry gives it "
+                          f"partition-id={registry[node]}")
+            continue
+        holder = held.get(pid, next((n for n, p in ok.items() if p == pid), None))
+        if registry is None and holder not in (None, node) and holder in connected:
+            _refuse(node, f"it claims partition-id={pid}, held by connected node {holder}")
+            continue
+        ok[node] = pid
+    return ok
 
 
 def _identify(grid: Grid, cfg: RunConfig, nodes: list[int]) -> dict[int, int]:
@@ -58,16 +117,20 @@ def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
     (num-partitions) stops the run at once; too few nodes stop it after node-wait-timeout.
     """
     deadline = time.monotonic() + cfg.node_wait_timeout
+    registry = load_registry(cfg)
     pid_of: dict[int, int] = {}
+    seen: set[int] = set()
     while True:
         nodes = sorted(grid.get_node_ids())
-        if len(nodes) > cfg.num_clients:
+        if len(nodes) > cfg.num_clients and registry is None:
             raise FederationError(
                 f"{len(nodes)} SuperNodes are connected but num-clients={cfg.num_clients}; "
                 + _size_hint(cfg))
-        new = [n for n in nodes if n not in pid_of]
+        new = [n for n in nodes if n not in seen]
         if new:
-            pid_of.update(_identify(grid, cfg, new))
+            seen.update(new)
+            held = {p: n for n, p in pid_of.items()}
+            pid_of.update(_allowed(_identify(grid, cfg, new), registry, held, set(nodes)))
         if len(pid_of) == cfg.num_clients:
             break
         if time.monotonic() > deadline:
@@ -84,17 +147,22 @@ def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
     return node_of
 
 
-def refresh_clients(grid: Grid, cfg: RunConfig, node_of: dict[int, int]) -> None:
+def refresh_clients(grid: Grid, cfg: RunConfig, node_of: dict[int, int],
+                    refused: set[int]) -> None:
     """Re-identify nodes that (re)joined since the last round, updating ``node_of`` in place.
 
     A SuperNode that restarts without a stable identity comes back under a new node id; its
     partition id maps the client to the new node, so it rejoins with its saved state.
     """
-    known = set(node_of.values())
-    new = [n for n in sorted(grid.get_node_ids()) if n not in known]
+    connected = set(grid.get_node_ids())
+    new = sorted(connected - set(node_of.values()) - refused)
     if not new:
         return
-    for node, pid in _identify(grid, cfg, new).items():
-        if node_of.get(pid) != node:
-            log(INFO, "client %d is now on node %d", pid, node)
+    claims = _identify(grid, cfg, new)
+    registry = load_registry(cfg)
+    allowed = _allowed(claims, registry, node_of, connected)
+    if registry is not None:  # refused for good: not asked again (each costs a round trip)
+        refused.update(set(claims) - set(allowed))
+    for node, pid in allowed.items():
+        log(INFO, "client %d is now on node %d", pid, node)
         node_of[pid] = node

@@ -47,7 +47,7 @@ def run_name(cfg: RunConfig) -> str:
 
 RESUME_MAY_CHANGE = frozenset({"resume-dir", "num-server-rounds", "round-timeout",
                                "node-wait-timeout", "output-dir", "min-replies",
-                               "max-failed-rounds"})
+                               "max-failed-rounds", "node-registry"})
 """Keys a resumed run may set differently from the checkpoint's config (the rest must match)."""
 
 
@@ -98,6 +98,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                         data.image_size)
     weights = get_weights(model)
     node_of = discover_clients(grid, cfg)
+    refused: set[int] = set()  # nodes whose partition claim was refused
     strategy = METHODS[cfg.method].server(cfg, node_of)
     strategy.summary()
 
@@ -113,7 +114,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     failed = 0
     for rnd in range(first, n + 1):
         t0 = time.monotonic()
-        refresh_clients(grid, cfg, strategy.node_of_partition)
+        refresh_clients(grid, cfg, strategy.node_of_partition, refused)
         messages = strategy.configure_train(rnd, arrays, round_config, grid)
         t_send = time.monotonic()
         replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))

@@ -82,6 +82,7 @@ class RunConfig:
     max_update_norm_ratio: float
     resume_dir: str
     client_state_dir: str
+    node_registry: str
     # method-specific (read only by the method that names them)
     feddyn_alpha: float
     prox_mu: float

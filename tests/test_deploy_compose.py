@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,6 +47,58 @@ def docker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEngine]:
 def sh(*cmd: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
                           check=False)
+
+
+CONTROL_IP = "172.31.250.2"
+PROBE = f"""
+import json, socket
+def dial(host):
+    try:
+        socket.create_connection((host, 8000), timeout=3).close()
+        return "ok"
+    except OSError as err:
+        return type(err).__name__
+print(json.dumps({{"connect": dial("superlink"), "control-ip": dial("{CONTROL_IP}")}}))
+"""
+CLI_ATTEMPTS = {  # what a compromised client would try with only the CA certificate
+    "register": "flwr supernode register /tmp/p/k.pub probe --format json",
+    "unregister": "flwr supernode unregister 1 probe --format json",
+    "run": "flwr run \"$(ls -d /flwr/apps/*/ | head -1)\" probe --format json",
+}
+PREPARE = (
+    "mkdir -p /tmp/p && printf '[superlink]\\ndefault = \"probe\"\\n[superlink.probe]\\n"
+    "address = \"superlink:8000\"\\nroot-certificates = \"/keys/ca.crt\"\\n' "
+    "> /tmp/p/config.toml && python -c \"from cryptography.hazmat.primitives import "
+    "serialization as s; from cryptography.hazmat.primitives.asymmetric import ec; "
+    "k = ec.generate_private_key(ec.SECP384R1()).public_key(); open('/tmp/p/k.pub', 'wb')"
+    ".write(k.public_bytes(s.Encoding.OpenSSH, s.PublicFormat.OpenSSH))\"")
+
+
+def compose(work: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FEDINIT_WORK": str(work), "FEDINIT_RESULTS": str(work / "results")}
+    return subprocess.run(["docker-compose", "--project-directory", str(REPO), "-p", PROJECT,
+                           "-f", str(REPO / "docker-compose.yml"), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+def control_api_probes(work: Path) -> dict[str, Any]:
+    """Dial the Control API and try the operator's commands from inside each container."""
+    found: dict[str, Any] = {}
+    containers = {"supernode-0": compose(work, "ps", "-q", "supernode-0").stdout.strip(),
+                  "edge-2": f"{PROJECT}-edge-2"}
+    for who, cid in containers.items():
+        dial = sh("docker", "exec", cid, "python", "-c", PROBE)
+        found[who] = json.loads(dial.stdout or "{}") if dial.returncode == 0 else \
+            {"connect": dial.stderr[-300:], "control-ip": "?"}
+        sh("docker", "exec", cid, "sh", "-c", PREPARE)
+        for name, cmd in CLI_ATTEMPTS.items():
+            res = sh("docker", "exec", "-e", "FLWR_HOME=/tmp/p", cid, "timeout", "60",
+                     "sh", "-c", cmd, timeout=120)
+            found[who][name] = {"rc": res.returncode, "out": (res.stdout + res.stderr)[-300:]}
+    cli = compose(work, "--profile", "cli", "run", "--rm", "-T", "cli", "python", "-c", PROBE)
+    found["cli"] = json.loads(cli.stdout.strip().splitlines()[-1]) if cli.returncode == 0 \
+        else {"connect": cli.stderr[-300:]}
+    return found
 
 
 def probe(image: str, code: str, mount: str = "") -> subprocess.CompletedProcess[str]:
@@ -85,7 +138,8 @@ def test_images_build_offline_non_root_without_secrets(docker: DockerEngine) -> 
 def test_compose_stack_with_tls_auth_and_an_edge_node(docker: DockerEngine,
                                                       tmp_path: Path) -> None:
     config = sh("docker-compose", "-f", str(REPO / "docker-compose.yml"), "config").stdout
-    assert re.search(r"flnet:\n\s+internal: true", config), "the network must be internal"
+    for net in ("fleet", "control"):
+        assert re.search(net + r":\n(\s+\S.*\n)*?\s+internal: true", config), net
     assert "ports:" not in config, "no port may be published"
     # The CPU images carry no torchvision (none exists for CPU torch 2.13 on PyPI): the
     # ClientApp and ServerApp modules must import without it.
@@ -98,11 +152,27 @@ def test_compose_stack_with_tls_auth_and_an_edge_node(docker: DockerEngine,
     work = tmp_path / "compose"
     t0 = time.monotonic()
     run = sh("bash", str(REPO / "deploy" / "compose_run.sh"), "--project", PROJECT,
-             "--work-dir", str(work), "--edge-node", "2", "num-server-rounds=3",
+             "--work-dir", str(work), "--edge-node", "2", "--keep", "num-server-rounds=3",
              "fraction-train=1.0", "train-limit=3000", timeout=1200)
     wall = time.monotonic() - t0
     out = run.stdout + run.stderr
+    try:
+        probes = control_api_probes(work)
+    finally:
+        sh("docker", "rm", "-f", f"{PROJECT}-edge-2")
+        compose(work, "--profile", "cli", "down", "-v", "--remove-orphans")
     assert run.returncode == 0, out[-5000:]
+    print(f"\nControl API probes: {probes}")
+    # The operator's CLI reaches the Control API; a SuperNode (which runs the ClientApp) or
+    # the edge node cannot: registering a key, unregistering a node, submitting a run fail.
+    assert probes["cli"]["connect"] == "ok", probes
+    for who in ("supernode-0", "edge-2"):
+        p = probes[who]
+        assert p["connect"] != "ok" and p["control-ip"] != "ok", probes
+        for cmd in ("register", "unregister", "run"):
+            # flwr --format json exits 0 and says "success": false
+            assert '"success": false' in p[cmd]["out"] and "unavailable" in p[cmd]["out"], \
+                (who, cmd, p)
     assert "status finished:completed" in out
     results = run_dir(work / "results")
     assert f"results in {results}" in out

@@ -35,6 +35,6 @@ docker run -d --name "$NAME" --user "$user" "${opts[@]}" \
   -v "$(realpath "$DATA_DIR")":/usr/share/datasets/fashion-mnist:ro \
   -v "$(realpath "$STATE_DIR")":/flwr \
   "$IMAGE" \
-  flower-supernode --superlink "$SUPERLINK" --root-certificates /keys/ca.crt \
+  python -m node.launch -- --superlink "$SUPERLINK" --root-certificates /keys/ca.crt \
     --auth-supernode-private-key /keys/node_key \
     --node-config "partition-id=$PARTITION_ID num-partitions=$NUM_PARTITIONS state-dir=\"/flwr/client-state\""

@@ -1,18 +1,25 @@
-"""Per-round wall time of one short experiment in simulation, process deployment and compose.
+"""Per-round overhead of the deployment paths beside the simulation, side by side in one run.
 
-    .venv/bin/python bench/deploy_rounds.py                  # 3 clients, 3 rounds, all paths
-    .venv/bin/python bench/deploy_rounds.py --rounds 5 --skip compose
+    .venv/bin/python bench/deploy_rounds.py                     # every path, 6 rounds
+    .venv/bin/python bench/deploy_rounds.py --skip compose --memory-rounds 0
 
-Each path runs the same config and seed (fraction-train=1.0, train-limit=3000): simulation
-via scripts/simulate.py, process deployment (TLS + node auth on 127.0.0.1) via
-scripts/deploy_local.py, docker-compose (TLS + auth, process isolation) via
-deploy/compose_run.sh when a Docker engine answers. Round seconds are the ServerApp's own
-(rounds.jsonl: send, wait for replies, aggregate, evaluate), so the paths compare directly.
+Each path runs the same config and seed (3 clients, fraction-train=1.0, train-limit=3000):
 
-Bytes on the wire per round are computed, not sniffed: the model's ArrayRecord payload
-(ArrayRecord.count_bytes() of the initial CNN weights) times the messages the run logged
-(clients sampled down, num-replies up). gRPC/HTTP2 framing, TLS, the config/metric records
-and the one-off identity query are not included.
+  simulation      scripts/simulate.py (Flower's simulation engine)
+  process-flower  deploy_local.py --executor flower --node-poll 0: Flower's own SuperExec
+                  (a new flwr-clientapp process per message) and Flower's 3 s node poll
+  process-3s      the warm executor, Flower's 3 s node poll (the poll's share of overhead)
+  process         the warm executor and a 0.5 s node poll (the default)
+  compose         deploy/compose_run.sh (TLS + auth, warm executors), when Docker answers
+
+Per round the ServerApp records ``collect-seconds`` (messages pushed until the last reply
+arrived) and the clients' own compute (``compute-seconds``, measured in the client): the
+overhead is collect minus the slowest client's compute. Means are over rounds 2+ (round 1
+also loads data). The per-message start cost is the warm executor's own figure (token in
+hand to ClientApp called) against a cold process's imports (``python -c 'import torch,
+flwr..., client_app.app'``). With --memory-rounds N, one more warm process deployment runs N
+rounds while each node's processes (launcher + SuperNode, executor, worker) are sampled:
+their peak RSS sum, and the worker's RSS after its first and last task.
 """
 
 from __future__ import annotations
@@ -25,64 +32,104 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flwr.app import ArrayRecord  # noqa: E402
-
-from scripts.deploy_local import stop_pids  # noqa: E402
+from scripts.deploy_local import descendants, stop_pids  # noqa: E402
 from scripts.flower_env import REPO, flower_env  # noqa: E402
-from task.config import RunConfig  # noqa: E402
-from task.models import build_model, get_weights  # noqa: E402
 
-PATHS = ("simulation", "process", "compose")
+PATHS = ("simulation", "process-flower", "process-3s", "process", "compose")
+PROCESS_FLAGS = {"process-flower": ["--executor", "flower", "--node-poll", "0"],
+                 "process-3s": ["--executor", "warm", "--node-poll", "0"],
+                 "process": ["--executor", "warm", "--node-poll", "0.5"]}
+COLD_IMPORTS = "import torch, flwr.clientapp, flwr.supernode.runtime.run_clientapp, client_app.app"
 
 
-def experiment(rounds: int, nodes: int) -> list[str]:
-    return [f"num-server-rounds={rounds}", "fraction-train=1.0", "train-limit=3000", "seed=0",
-            f"num-clients={nodes}"]
+def experiment(rounds: int) -> list[str]:
+    return [f"num-server-rounds={rounds}", "fraction-train=1.0", "train-limit=3000", "seed=0"]
 
 
 def results_rows(out: Path) -> list[dict[str, Any]]:
-    (run,) = [d for d in out.rglob("summary.json")]
+    (run,) = list(out.rglob("summary.json"))
     return [json.loads(x) for x in (run.parent / "rounds.jsonl").read_text().splitlines()]
 
 
-def run_simulation(tmp: Path, args: list[str]) -> tuple[float, Path]:
+def run_simulation(tmp: Path, args: list[str]) -> Path:
     home = tmp / "sim-home"
     env = flower_env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT="39391",
                      FLWR_LOCAL_CONTROL_API_PORT="39393")
     out = tmp / "sim-out"
-    t0 = time.monotonic()
     try:
-        subprocess.run([sys.executable, str(REPO / "scripts" / "simulate.py"), *args,
-                        f"output-dir={out}"], env=env, check=True, capture_output=True)
+        subprocess.run([sys.executable, str(REPO / "scripts" / "simulate.py"), "num-clients=3",
+                        *args, f"output-dir={out}"], env=env, check=True, capture_output=True)
     finally:  # the local SuperLink outlives `flwr run`
         stop_pids(pids_with(str(home / "local-superlink")))
-    return time.monotonic() - t0, out
+    return out
 
 
-def run_process(tmp: Path, args: list[str], nodes: int) -> tuple[float, Path]:
-    out = tmp / "proc-out"
-    cfg = [a for a in args if not a.startswith("num-clients=")]
-    t0 = time.monotonic()
-    subprocess.run([sys.executable, str(REPO / "scripts" / "deploy_local.py"), "--num-nodes",
-                    str(nodes), "--work-dir", str(tmp / "proc"), "--base-port", "29600", *cfg,
-                    f"output-dir={out}"], check=True, capture_output=True)
-    return time.monotonic() - t0, out
+def run_process(tmp: Path, name: str, args: list[str], flags: list[str],
+                sampler: MemorySampler | None = None) -> Path:
+    out, work = tmp / f"{name}-out", tmp / name
+    cmd = [sys.executable, str(REPO / "scripts" / "deploy_local.py"), "--num-nodes", "3",
+           "--work-dir", str(work), "--base-port", "29700", *flags, *args,
+           f"output-dir={out}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if sampler is not None:
+        sampler.start(work)
+    text, _ = proc.communicate()
+    if sampler is not None:
+        sampler.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{text[-3000:]}")
+    return out
 
 
-def run_compose(tmp: Path, args: list[str]) -> tuple[float, Path]:
+def run_compose(tmp: Path, args: list[str]) -> Path:
     work = tmp / "compose"
-    cfg = [a for a in args if not a.startswith("num-clients=")]
-    t0 = time.monotonic()
     subprocess.run(["bash", str(REPO / "deploy" / "compose_run.sh"), "--project",
-                    "fedinit-bench", "--work-dir", str(work), *cfg], check=True,
+                    "fedinit-bench", "--work-dir", str(work), *args], check=True,
                    capture_output=True)
-    return time.monotonic() - t0, work / "results"
+    return work / "results"
+
+
+class MemorySampler:
+    """Peak RSS (MiB) of each node's process tree, sampled every 0.5 s."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, work: Path) -> None:
+        self._thread = threading.Thread(target=self._loop, args=(work,), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self, work: Path) -> None:
+        while not self._stop.wait(0.5):
+            for i in range(3):
+                roots = pids_with(f"partition-id={i} ")
+                tree = descendants(roots) if roots else []
+                total = sum(rss_mib(p) for p in tree)
+                self.peaks[i] = max(self.peaks.get(i, 0.0), total)
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return 0.0
 
 
 def pids_with(text: str) -> list[int]:
@@ -90,7 +137,8 @@ def pids_with(text: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                        errors="replace"):
                     pids.append(int(entry.name))
             except OSError:
                 pass
@@ -102,47 +150,87 @@ def docker_ready() -> bool:
         ["docker", "info"], capture_output=True, check=False).returncode == 0
 
 
-def payload_bytes() -> int:
-    """The model's ArrayRecord payload: what one train message carries each way."""
-    cfg = RunConfig.parse({})
-    return ArrayRecord(get_weights(build_model(cfg.model, 10, 1, cfg.seed))).count_bytes()
+def cold_start_seconds(repeats: int = 3) -> float:
+    """What a cold flwr-clientapp process pays before the app runs: interpreter + imports."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-c", COLD_IMPORTS], check=True, cwd=REPO,
+                       capture_output=True)
+        times.append(time.monotonic() - t0)
+    return statistics.median(times)
+
+
+def warm_start_seconds(work: Path) -> float | None:
+    starts = []
+    for i in range(3):
+        path = work / f"node-{i}" / "executor.json"
+        if path.exists():
+            starts += json.loads(path.read_text())["start_seconds"][2:]  # after query + round 1
+    return statistics.median(starts) if starts else None
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
+    later = rows[1:] or rows
+    overhead = [float(r["collect-seconds"]) - float(r["client-seconds-max"] or 0.0)
+                for r in later]
+    return {"round": statistics.mean(float(r["round-seconds"]) for r in later),
+            "collect": statistics.mean(float(r["collect-seconds"]) for r in later),
+            "compute": statistics.mean(float(r["client-seconds-max"] or 0.0) for r in later),
+            "overhead": statistics.mean(overhead), "overhead-max": max(overhead),
+            "first": float(rows[0]["round-seconds"])}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--nodes", type=int, default=3, help="clients; compose has 3")
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--skip", nargs="*", default=[], choices=PATHS)
+    ap.add_argument("--memory-rounds", type=int, default=50,
+                    help="rounds of the memory run of the warm process deployment (0: none)")
     args = ap.parse_args()
     todo = [p for p in PATHS if p not in args.skip]
-    if "compose" in todo and (args.nodes != 3 or not docker_ready()):
-        print("compose: skipped (needs a running Docker engine, docker-compose and --nodes 3)")
+    if "compose" in todo and not docker_ready():
+        print("compose: skipped (needs a running Docker engine and docker-compose)")
         todo.remove("compose")
-    cfg = experiment(args.rounds, args.nodes)
-    payload = payload_bytes()
-    print(f"experiment: {' '.join(cfg)}; CNN ArrayRecord payload {payload:,} bytes")
-    print(f"{'path':<11} {'wall s':>7} {'round s (each)':<28} {'mean':>6} {'mean 2+':>7} "
-          f"{'bytes/round':>12}")
+    cfg = experiment(args.rounds)
+    print(f"experiment: 3 clients, {' '.join(cfg)}; means over rounds 2-{args.rounds}")
+    print(f"{'path':<15} {'round 1':>8} {'round':>7} {'collect':>8} {'compute':>8} "
+          f"{'overhead':>9} {'max':>6}  (seconds)")
     with tempfile.TemporaryDirectory(prefix="fedinit-bench-") as tmp_name:
         tmp = Path(tmp_name)
         if os.geteuid() == 0:  # compose containers (uid 49999) write into the work dir
             tmp.chmod(0o755)
+        warm_start = None
         for path in todo:
             if path == "simulation":
-                wall, out = run_simulation(tmp, cfg)
-            elif path == "process":
-                wall, out = run_process(tmp, cfg, args.nodes)
+                out = run_simulation(tmp, cfg)
+            elif path == "compose":
+                out = run_compose(tmp, cfg)
             else:
-                wall, out = run_compose(tmp, cfg)
-            rows = results_rows(out)
-            secs = [float(r["round-seconds"]) for r in rows]
-            later = statistics.mean(secs[1:]) if len(secs) > 1 else secs[0]
-            sent = RunConfig.parse({"num-clients": args.nodes,
-                                    "fraction-train": 1.0}).clients_per_round
-            wire = statistics.mean((sent + int(r["num-replies"])) * payload for r in rows)
-            print(f"{path:<11} {wall:7.1f} {' '.join(f'{s:.1f}' for s in secs):<28} "
-                  f"{statistics.mean(secs):6.1f} {later:7.1f} {wire:12,.0f}", flush=True)
+                out = run_process(tmp, path, cfg, PROCESS_FLAGS[path])
+                if path == "process":
+                    warm_start = warm_start_seconds(tmp / path)
+            s = summarize(results_rows(out))
+            print(f"{path:<15} {s['first']:8.2f} {s['round']:7.2f} {s['collect']:8.2f} "
+                  f"{s['compute']:8.2f} {s['overhead']:9.2f} {s['overhead-max']:6.2f}",
+                  flush=True)
+        cold = cold_start_seconds()
+        warm = f"{warm_start:.3f} s" if warm_start is not None else "not measured"
+        print(f"per-message ClientApp start: cold process {cold:.2f} s (interpreter + torch + "
+              f"flwr + app imports), warm executor {warm} (median, rounds 2+)")
+        if args.memory_rounds:
+            sampler = MemorySampler()
+            out = run_process(tmp, "memory", experiment(args.memory_rounds),
+                              PROCESS_FLAGS["process"], sampler)
+            hist = [json.loads((tmp / "memory" / f"node-{i}" / "executor.json").read_text())
+                    ["worker_rss_history"] for i in range(3)]
+            s = summarize(results_rows(out))
+            print(f"memory over {args.memory_rounds} rounds (warm, process): peak RSS per node "
+                  f"(launcher + SuperNode + executor + worker, shared pages counted in each) "
+                  f"{ {i: round(v) for i, v in sorted(sampler.peaks.items())} } MiB; worker "
+                  f"RSS first/last task {[(round(h[1]), round(h[-1])) for h in hist]} MiB; "
+                  f"overhead mean {s['overhead']:.2f} s")
     return 0
 
 

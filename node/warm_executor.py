@@ -62,6 +62,8 @@ class Stats:
     start_seconds: list[float] = field(default_factory=list)
     worker_pid: int | None = None
     worker_rss_mib: float | None = None
+    worker_rss_history: list[float] = field(default_factory=list)
+    """The worker's RSS after each task (last 1000): flat means no leak across rounds."""
     supervisor_rss_mib: float | None = None
 
     def write(self, path: Path | None) -> None:
@@ -271,6 +273,8 @@ class WarmExecutor:
         s.last_start_seconds = start
         s.start_seconds = [*s.start_seconds[-99:], round(start, 4)]
         s.worker_rss_mib = worker_rss
+        if worker_rss is not None:
+            s.worker_rss_history = [*s.worker_rss_history[-999:], round(worker_rss, 1)]
         log(INFO, "warm executor: task %d %s: start %.3f s (%s), app %.2f s, worker RSS "
             "%.0f MiB", task_id, "done" if completed else "failed", start,
             ", ".join(f"{k} {v:.3f}" for k, v in phases.items()), app_seconds, worker_rss or 0)

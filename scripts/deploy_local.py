@@ -79,6 +79,8 @@ class Deployment:
     threads_per_node: int = 1
     executor: str = "warm"
     """ClientApp executor of every node: ``warm`` (node.warm_executor) or ``flower``."""
+    node_poll: float = 0.5
+    """Seconds between an idle SuperNode's pulls (0: Flower's own 3 s)."""
     procs: list[Proc] = field(default_factory=list)
 
     # --------------------------------------------------------------- layout
@@ -209,6 +211,7 @@ class Deployment:
         """SuperNode ``i`` with its executor (``node.launch``); key/root_ca/no_ca override
         the defaults, ``extra`` goes to flower-supernode."""
         cmd = [sys.executable, "-m", "node.launch", "--executor", self.executor,
+               "--node-poll", str(self.node_poll),
                "--status-file", str(self.executor_status(i)), "--",
                "--superlink", self.fleet_address,
                "--host", "127.0.0.1", "--port", str(self.node_port(i)),
@@ -453,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor", choices=("warm", "flower"), default="warm",
                     help="ClientApp executor per node: warm (one torch import per node, "
                          "default) or flower (Flower's, a new process per message)")
+    ap.add_argument("--node-poll", type=float, default=0.5,
+                    help="seconds between an idle SuperNode's pulls (default 0.5; 0 keeps "
+                         "Flower's 3 s)")
     ap.add_argument("--app", type=Path, default=REPO, help="the Flower App (default: this repo)")
     ap.add_argument("--run-timeout", type=float, default=3600.0,
                     help="give up on the run after this many seconds (default 3600)")
@@ -471,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, raise_on_signal)
     dep = Deployment(work_dir, args.num_nodes, args.base_port, args.insecure,
-                     args.threads_per_node, args.executor)
+                     args.threads_per_node, args.executor, args.node_poll)
     code = 1
     try:
         dep.up()

@@ -49,6 +49,8 @@ class InProcessGrid(Grid):
         self.sent: list[Message] = []
         self.replies: list[Message] = []
         self.reply_filter: Callable[[Message], Message | None] | None = None
+        self._pending: list[Message] = []
+        self._pushed = 0
 
     def context_of(self, partition_id: int) -> Context:
         return self.contexts[1000 + partition_id]
@@ -67,11 +69,20 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # pragma: no cover
-        raise NotImplementedError
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Handle the messages at once; their replies wait for ``pull_messages``."""
+        msgs = list(messages)
+        for msg in msgs:
+            self._pushed += 1
+            msg.metadata.__dict__["_message_id"] = f"in-process-{self._pushed}"
+        self._pending.extend(self.send_and_receive(msgs))
+        return [m.metadata.message_id for m in msgs]
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # pragma: no cover
-        raise NotImplementedError
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        wanted = set(message_ids)
+        out = [r for r in self._pending if r.metadata.reply_to_message_id in wanted]
+        self._pending = [r for r in self._pending if r not in out]
+        return out
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:

@@ -17,13 +17,12 @@ from client_app.state import StateMirror
 from server_app.app import RunAborted, main
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import ModelDiverged, run_experiment
+from server_app.results import TIMING_FIELDS
 from strategies import records as rk
 from strategies.base import RIStrategy
 from task.config import ConfigError
 from tests.inprocess_grid import InProcessGrid
 from tests.test_resume_and_faults import CrashingGrid, config, corrupt, rows
-
-TIMING = ("round-seconds", "elapsed-seconds")
 
 
 def round_of(messages: list[Any]) -> int | None:
@@ -141,7 +140,7 @@ def tear(path: Path, where: str) -> None:
 
 
 def without_timing(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rs]
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rs]
 
 
 @pytest.fixture(scope="module")

@@ -186,7 +186,7 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--skip", nargs="*", default=[], choices=PATHS)
-    ap.add_argument("--memory-rounds", type=int, default=50,
+    ap.add_argument("--memory-rounds", type=int, default=100,
                     help="rounds of the memory run of the warm process deployment (0: none)")
     args = ap.parse_args()
     todo = [p for p in PATHS if p not in args.skip]

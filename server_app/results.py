@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 ROUND_FIELDS = ("round", "test-acc", "test-loss", "train-loss", "divergence", "lr",
-                "num-replies", "num-rejected", "num-missing", "round-seconds", "elapsed-seconds")
+                "num-replies", "num-rejected", "num-missing", "norm-limit-used", "round-seconds",
+                "elapsed-seconds")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -121,11 +121,15 @@ def main() -> None:
                 print(json.dumps(run(over, None, tmp / method)), flush=True)
                 print(json.dumps(first_round_ratios(over, tmp / f"{method}-r1")), flush=True)
             return
+        honest: dict[str, dict[str, Any]] = {}  # one honest run per distinct config
         for name, (over, attack) in ATTACKS.items():
             if args.only and name not in args.only:
                 continue
-            for a in (None, attack):
-                print(json.dumps({"name": name, **run(over, a, tmp / name)}), flush=True)
+            key = json.dumps(over, sort_keys=True)
+            if key not in honest:
+                honest[key] = run(over, None, tmp / f"{name}-honest")
+                print(json.dumps({"name": name, **honest[key]}), flush=True)
+            print(json.dumps({"name": name, **run(over, attack, tmp / name)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -341,11 +341,15 @@ class RIStrategy(FedAvg):
         if ceiling > 0:
             return None if n <= ceiling else (
                 f"num-examples={n} > max-examples-per-client={ceiling}")
-        if self.expected_examples is None:
-            return None
-        want = self.expected_examples[partition_id]
-        return None if n == want else (
+        want = self.true_examples(partition_id)
+        return None if want is None or n == want else (
             f"num-examples={n}, but partition {partition_id} holds {want} examples")
+
+    def true_examples(self, partition_id: int) -> int | None:
+        """The partition's example count when the server knows it (exact-count mode)."""
+        if self.expected_examples is None or self.cfg.max_examples_per_client > 0:
+            return None
+        return self.expected_examples[partition_id]
 
 
 def _arrays_problem(key: str, arrays: list[np.ndarray], reference: Weights) -> str | None:

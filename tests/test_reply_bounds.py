@@ -60,11 +60,17 @@ def move(i: int, scale: float = 0.05) -> Weights:
             for a in W_T]
 
 
+STEPS = {0: 2, 1: 4, 2: 6, 3: 6}
+"""True local steps of each partition: 2 epochs (default) of ceil(size / 32) batches."""
+
+
 def answer(msg: Message, up: Weights, n: int | None = None,
-           extra: dict[str, Weights] | None = None) -> Message:
-    """A well-formed reply uploading ``up`` and claiming ``n`` examples (the truth if None)."""
+           extra: dict[str, Weights] | None = None, steps: int | None = None) -> Message:
+    """A well-formed reply uploading ``up`` and claiming ``n`` examples and ``steps`` local
+    steps (the truth where None)."""
     metrics = MetricRecord({rk.NUM_EXAMPLES: SIZES[pid(msg)] if n is None else n,
-                            rk.TRAIN_LOSS: 0.5, rk.NUM_STEPS: 4})
+                            rk.TRAIN_LOSS: 0.5,
+                            rk.NUM_STEPS: STEPS[pid(msg)] if steps is None else steps})
     content = RecordDict({rk.ARRAYS: ArrayRecord(up), rk.METRICS: metrics,
                           **{k: ArrayRecord(v) for k, v in (extra or {}).items()}})
     return Message(content=content, reply_to=msg)
@@ -105,6 +111,19 @@ def test_a_ceiling_replaces_the_exact_count_for_clients_with_their_own_data() ->
     _, metrics = s.aggregate_train(1, [answer(m, final(W_T, pid(m)), claims[pid(m)])
                                        for m in msgs])
     assert metrics is not None and metrics["num-rejected"] == 1
+
+
+@pytest.mark.parametrize("claim", [1, 5])
+def test_fedcm_rejects_a_false_step_count(claim: int) -> None:
+    """FedCM's momentum is -D / (K eta): fewer claimed steps would inflate it."""
+    s = server("fedcm")
+    msgs = send(s, 1)
+    replies = [answer(m, final(W_T, pid(m)), steps=claim if pid(m) == 2 else None)
+               for m in msgs]
+    got, metrics = s.aggregate_train(1, replies)
+    assert metrics is not None and metrics["num-rejected"] == 1
+    for a, b in zip(weights_of((got, metrics)), numpy_mean([0, 1, 3]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
 # ---------------------------------------------------------------- norm filter

@@ -36,13 +36,18 @@ ATTACKER = 1000  # node of partition 0
 FIVE_OF_20 = {"num-clients": 20, "fraction-train": 0.25, "train-limit": 6000,
               "num-server-rounds": 20}
 ONE_OF_3 = {"num-clients": 3, "fraction-train": 0.34, "train-limit": 3000,
-            "num-server-rounds": 12}
+            "num-server-rounds": 12, "max-failed-rounds": 12}
+"""README's deploy_local example size: 1 client per round. The attacker alone in a round
+leaves it unaggregated; 3 such rounds in a row would stop the run (max-failed-rounds=3)."""
 ATTACKS: dict[str, tuple[dict[str, Any], str]] = {
     "examples-1e9": (FIVE_OF_20, "examples"),
     "examples-1e9-flipped": (FIVE_OF_20, "examples-flipped"),
     "move-x50": (FIVE_OF_20, "x50"),
     "move-x1e6-one-per-round": (ONE_OF_3, "x1e6"),
     "scaffold-delta-c-x1e6": ({**FIVE_OF_20, "method": "scaffold"}, "delta-c"),
+    # what the defaults do not stop: inside the norm bound, true example count
+    "move-flipped": (FIVE_OF_20, "flipped"),
+    "move-x15": (FIVE_OF_20, "x15"),
 }
 
 
@@ -55,7 +60,8 @@ def poison(grid: InProcessGrid, kind: str, variant: str) -> Callable[[Message], 
         c = reply.content
         w_t = grid.sent[-1].content[rk.ARRAYS].to_numpy_ndarrays()
         up = c[rk.ARRAYS].to_numpy_ndarrays()
-        scale = {"x50": 50.0, "x1e6": 1e6, "examples-flipped": -1.0}.get(kind)
+        scale = {"x50": 50.0, "x15": 15.0, "x1e6": 1e6, "flipped": -1.0,
+                 "examples-flipped": -1.0}.get(kind)
         if scale is not None:  # scale the model move, not the weights
             base = w_t if variant == "model" else [np.zeros_like(a) for a in up]
             up = [(b + scale * (u - b)).astype(np.float32) for u, b in zip(up, base, strict=True)]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from strategies.base import GradientHook
+if TYPE_CHECKING:  # at runtime strategies.fedcm imports this module (num_steps)
+    from strategies.base import GradientHook
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """loss_fn(model output, targets) -> scalar loss; cross-entropy for the image tasks."""
@@ -29,6 +31,12 @@ class LocalResult:
     mean_loss: float
     num_steps: int
     num_examples: int
+
+
+def num_steps(num_examples: int, epochs: int, batch_size: int) -> int:
+    """The SGD steps ``local_sgd`` takes: every epoch keeps its last partial batch. The server
+    uses it to check a reply's ``num-steps`` (FedCM's K) against the client's true size."""
+    return epochs * -(-num_examples // batch_size)
 
 
 def local_sgd(

@@ -33,7 +33,7 @@ from server_app.results import Recorder, atomic_write_bytes
 from strategies import METHODS
 from strategies import records as rk
 from task.config import RunConfig, check_examples, check_writable
-from task.federated_data import dataset_of
+from task.federated_data import dataset_of, partition_sizes
 from task.models import build_model, get_weights, set_weights
 
 
@@ -100,6 +100,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     node_of = discover_clients(grid, cfg)
     refused: set[int] = set()  # nodes whose partition claim was refused
     strategy = METHODS[cfg.method].server(cfg, node_of)
+    strategy.expect_examples(partition_sizes(cfg))
     strategy.summary()
 
     first = 1

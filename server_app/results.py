@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 ROUND_FIELDS = ("round", "test-acc", "test-loss", "train-loss", "divergence", "lr",
-                "num-replies", "num-rejected", "num-missing", "state-fallbacks", "round-seconds",
-                "elapsed-seconds", "collect-seconds", "client-seconds-max")
+                "num-replies", "num-rejected", "num-missing", "state-fallbacks", "norm-limit-used",
+                "round-seconds", "elapsed-seconds", "collect-seconds", "client-seconds-max")
 TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
                            "client-seconds-max"})
 """Round fields measured in wall time: they differ between two runs of the same config."""

@@ -13,7 +13,7 @@ correction, ``finish`` to update its per-client state and return its extra uploa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import WARNING
 from typing import TYPE_CHECKING
 
@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from strategies import records as rk
 from strategies.ri import Weights, aggregate_update, divergence
-from strategies.robust import combine, update_norms
+from strategies.robust import combine, update_norms, vector_norm
 from strategies.sampling import sample_clients
 
 if TYPE_CHECKING:
@@ -34,6 +34,18 @@ if TYPE_CHECKING:
 
 GradientHook = Callable[[list[torch.Tensor]], None]
 """Called after ``backward`` and before clipping with the model's parameters (grads set)."""
+
+NORM_HISTORY = 64
+"""Accepted upload norms kept per uploaded vector: the norm filter's reference in rounds with
+few replies. Part of the server state (checkpointed), so a resumed run filters identically."""
+MIN_ROUND_NORMS = 3
+"""Fewest norms of this round alone that make a median reference without any history."""
+FIRST_ROUND_FACTOR = 5.0
+"""With no history and fewer than MIN_ROUND_NORMS replies, an upload may move the model by at
+most this times ||w_t||. Honest round-1 moves measured 0.015-0.33 x ||w_0|| (all 100 clients,
+full Fashion-MNIST, Dir-0.1, defaults; docs/faults.md): 15x headroom."""
+NORMS_STATE = "norms:"
+"""Server-state name prefix of a vector's norm history (``norms:<record name>``)."""
 
 
 # ====================================================================== client half
@@ -94,6 +106,16 @@ class RIStrategy(FedAvg):
         self.node_of_partition = dict(node_of_partition)
         self._w_t: Weights = []
         self._sent_to: dict[int, int] = {}
+        self.norm_history: dict[str, list[float]] = {}
+        self.expected_examples: tuple[int, ...] | None = None
+
+    def expect_examples(self, sizes: Sequence[int] | None) -> None:
+        """Set each partition's true example count; a reply claiming another is rejected.
+
+        None leaves the claim unchecked (tests with hand-made data; the ServerApp always sets
+        it, from ``task.federated_data.partition_sizes``).
+        """
+        self.expected_examples = None if sizes is None else tuple(int(n) for n in sizes)
 
     # ---------------------------------------------------------------- hooks for methods
     def down_records(self, server_round: int) -> dict[str, ArrayRecord]:
@@ -157,20 +179,11 @@ class RIStrategy(FedAvg):
         # Replies arrive in any order; sum them in client order so that a deployment and a
         # simulation of the same seed aggregate bit for bit alike.
         good.sort(key=lambda item: self._sent_to[item[0]])
+        good, outliers, used = self._norm_filter(server_round, good)
+        rejected += outliers
         uploads = [rd[rk.ARRAYS].to_numpy_ndarrays() for _, rd in good]
-        if c.max_update_norm_ratio > 0 and len(good) >= 3:
-            norms = update_norms(self._w_t, uploads, c.ri_aggregation)
-            median = float(np.median(norms))
-            limit = c.max_update_norm_ratio * median
-            keep = [i for i, n in enumerate(norms) if n <= limit or median == 0.0]
-            for i in sorted(set(range(len(good))) - set(keep)):
-                rejected += 1
-                self._reject(server_round, good[i][0],
-                             f"update norm {norms[i]:.3g} > max-update-norm-ratio "
-                             f"{c.max_update_norm_ratio:g} x the round's median {median:.3g}")
-            good = [good[i] for i in keep]
-            uploads = [uploads[i] for i in keep]
-        counts = {"num-replies": len(good), "num-rejected": rejected, "num-missing": missing}
+        counts = {"num-replies": len(good), "num-rejected": rejected, "num-missing": missing,
+                  "norm-limit-used": used}
         if len(good) < c.min_replies:
             log(WARNING, "round %d: %d usable replies < min-replies=%d; the global model is "
                 "unchanged", server_round, len(good), c.min_replies)
@@ -190,6 +203,71 @@ class RIStrategy(FedAvg):
         }
         return ArrayRecord(w_next), MetricRecord(metrics)
 
+    # ---------------------------------------------------------------- norm filter
+    def _norm_filter(
+        self, server_round: int, good: list[tuple[int, RecordDict]]
+    ) -> tuple[list[tuple[int, RecordDict]], int, float]:
+        """Drop replies with any uploaded vector above its norm limit; remember the rest.
+
+        Returns the kept replies, how many were dropped, and the largest norm / limit seen
+        (a round metric: how close honest replies come to the limit).
+        """
+        if self.cfg.max_update_norm_ratio == 0.0 or not good:
+            return good, 0, 0.0
+        keys = (rk.ARRAYS, *self.up_keys)
+        contents = [rd for _, rd in good]
+        norms = {key: self.upload_norms(key, contents) for key in keys}
+        limits = {key: self._norm_limit(server_round, key, norms[key]) for key in keys}
+        keep, used = [], 0.0
+        for i, (node, _) in enumerate(good):
+            over = [f"{key!r} norm {norms[key][i]:.3g} > {limits[key][1]}" for key in keys
+                    if norms[key][i] > limits[key][0]]
+            used = max([used, *(norms[key][i] / limits[key][0] for key in keys)])
+            if over:
+                self._reject(server_round, node, "; ".join(over))
+            else:
+                keep.append(i)
+        for key in keys:
+            self._remember(key, [norms[key][i] for i in keep])
+        return [good[i] for i in keep], len(good) - len(keep), used
+
+    def upload_norms(self, key: str, contents: list[RecordDict]) -> list[float]:
+        """Norm of each reply's record ``key``: the move ||w_iK - w_t|| or ||Delta_i|| for
+        the model upload, the plain norm for a method's extra upload (e.g. Delta_c_i)."""
+        variant = self.cfg.ri_aggregation if key == rk.ARRAYS else "update"
+        return update_norms(self._w_t, [rd[key].to_numpy_ndarrays() for rd in contents],
+                            variant)
+
+    def _norm_limit(self, server_round: int, key: str,
+                    round_norms: list[float]) -> tuple[float, str]:
+        """The largest acceptable norm of ``key`` this round, and how it was set (for logs).
+
+        Reference: the median of this round's norms and the recent accepted ones, so one
+        reply cannot set its own bar. Without history and with fewer than MIN_ROUND_NORMS
+        replies (round 1 of a small federation) the method's ``fallback_limit`` applies.
+        """
+        history = self.norm_history.get(key, [])
+        ratio = self.cfg.max_update_norm_ratio
+        if history or len(round_norms) >= MIN_ROUND_NORMS:
+            ref = float(np.median([*round_norms, *history]))
+            limit = ratio * ref if ref > 0.0 else math.inf
+            return limit, (f"max-update-norm-ratio {ratio:g} x median {ref:.3g} of "
+                           f"{len(round_norms)} norms this round and {len(history)} accepted "
+                           "before")
+        limit = self.fallback_limit(key, server_round)
+        return (limit if limit > 0.0 else math.inf), (
+            f"{limit:.3g}, the first-round bound (no accepted norms yet)")
+
+    def fallback_limit(self, key: str, server_round: int) -> float:
+        """Bound without any reference norm: FIRST_ROUND_FACTOR x ||w_t|| (a move of the
+        model); methods whose extra uploads have other units override it."""
+        return FIRST_ROUND_FACTOR * vector_norm(self._w_t)
+
+    def _remember(self, key: str, norms: list[float]) -> None:
+        """Append accepted norms to ``key``'s history, keeping the last NORM_HISTORY."""
+        if norms:
+            self.norm_history[key] = [*self.norm_history.get(key, []), *norms][-NORM_HISTORY:]
+
     def reply_weights(self, contents: list[RecordDict]) -> list[float]:
         """Each reply's weight in the round's mean (``weighting``): its examples, or 1."""
         if self.cfg.weighting == "uniform":
@@ -203,17 +281,24 @@ class RIStrategy(FedAvg):
     # ---------------------------------------------------------------- server state
     def server_state(self) -> dict[str, Weights]:
         """The method's server state (``state_attrs``) for a checkpoint."""
-        return {name: list(getattr(self, name)) for name in self.state_attrs
-                if getattr(self, name)}
+        state = {name: list(getattr(self, name)) for name in self.state_attrs
+                 if getattr(self, name)}
+        for key, norms in self.norm_history.items():
+            state[NORMS_STATE + key] = [np.asarray(norms, dtype=np.float64)]
+        return state
 
     def load_server_state(self, state: dict[str, Weights]) -> None:
         """Restore what ``server_state`` returned; unknown names are a checkpoint error."""
-        unknown = set(state) - set(self.state_attrs)
+        norms = {n for n in state if n.startswith(NORMS_STATE)}
+        unknown = set(state) - set(self.state_attrs) - norms
         if unknown:
             raise ValueError(f"checkpoint holds server state {sorted(unknown)} that "
                              f"{type(self).__name__} does not have")
+        self.norm_history = {n.removeprefix(NORMS_STATE): [float(x) for x in state[n][0]]
+                             for n in sorted(norms)}
         for name, arrays in state.items():
-            setattr(self, name, list(arrays))
+            if name not in norms:
+                setattr(self, name, list(arrays))
 
     # ---------------------------------------------------------------- reply validation
     def reply_problem(self, msg: Message) -> str | None:
@@ -232,6 +317,9 @@ class RIStrategy(FedAvg):
         n = metrics[rk.NUM_EXAMPLES]
         if not isinstance(n, int) or n <= 0:
             return f"num-examples={n!r} is not a positive integer"
+        problem = self.examples_problem(self._sent_to[msg.metadata.src_node_id], n)
+        if problem is not None:
+            return problem
         if not math.isfinite(float(metrics[rk.TRAIN_LOSS])):  # type: ignore[arg-type]
             return f"train-loss={metrics[rk.TRAIN_LOSS]!r} is not finite"
         for key in (rk.ARRAYS, *self.up_keys):
@@ -242,6 +330,27 @@ class RIStrategy(FedAvg):
             if problem is not None:
                 return problem
         return None
+
+    def examples_problem(self, partition_id: int, n: int) -> str | None:
+        """Why a claimed example count (the reply's weight) cannot be true, or None.
+
+        ``max-examples-per-client`` > 0 (clients with their own data) only caps the claim;
+        otherwise it must equal the partition's size, which the server derives from the
+        run config exactly as the client does.
+        """
+        ceiling = self.cfg.max_examples_per_client
+        if ceiling > 0:
+            return None if n <= ceiling else (
+                f"num-examples={n} > max-examples-per-client={ceiling}")
+        want = self.true_examples(partition_id)
+        return None if want is None or n == want else (
+            f"num-examples={n}, but partition {partition_id} holds {want} examples")
+
+    def true_examples(self, partition_id: int) -> int | None:
+        """The partition's example count when the server knows it (exact-count mode)."""
+        if self.expected_examples is None or self.cfg.max_examples_per_client > 0:
+            return None
+        return self.expected_examples[partition_id]
 
 
 def _arrays_problem(key: str, arrays: list[np.ndarray], reference: Weights) -> str | None:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 
+from client_app.trainer import num_steps
 from strategies import records as rk
 from strategies.base import ClientRule, GradientHook, RIStrategy
 from strategies.ri import Weights
@@ -63,6 +64,13 @@ class FedCmServer(RIStrategy):
         steps = msg.content.metric_records[rk.METRICS].get(rk.NUM_STEPS)
         if not isinstance(steps, int) or steps <= 0:
             return f"{rk.NUM_STEPS}={steps!r} is not a positive integer"
+        # K scales d = -D / (K eta): a client under-reporting its steps inflates the momentum
+        pid = self._sent_to[msg.metadata.src_node_id]
+        n = self.true_examples(pid)
+        c = self.cfg
+        want = None if n is None else num_steps(n, c.local_epochs, c.batch_size)
+        if want is not None and steps != want:
+            return f"{rk.NUM_STEPS}={steps}, but partition {pid} takes {want} steps"
         return None
 
 

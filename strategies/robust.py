@@ -41,13 +41,14 @@ def combine(vectors: Sequence[Weights], weights: Sequence[float], kind: str,
     return weighted_mean(vectors, weights)
 
 
+def vector_norm(vector: Weights) -> float:
+    """Euclidean norm of a model-shaped vector, accumulated in float64."""
+    return sum(float(np.sum(a.astype(np.float64) ** 2)) for a in vector) ** 0.5
+
+
 def update_norms(w_t: Weights, uploads: Sequence[Weights], variant: str) -> list[float]:
     """Norm of each client's move: ||w_iK - w_t|| (model variant) or ||Delta_i|| (update)."""
-    norms = []
-    for up in uploads:
-        sq = 0.0
-        for u, w in zip(up, w_t, strict=True):
-            d = u.astype(np.float64) - w if variant == "model" else u.astype(np.float64)
-            sq += float(np.sum(d * d))
-        norms.append(sq ** 0.5)
-    return norms
+    if variant != "model":
+        return [vector_norm(up) for up in uploads]
+    return [vector_norm([u.astype(np.float64) - w for u, w in zip(up, w_t, strict=True)])
+            for up in uploads]

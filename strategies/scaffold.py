@@ -18,6 +18,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from strategies.base import ClientRule, GradientHook, RIStrategy
 from strategies.ri import Weights
+from strategies.robust import vector_norm
 
 if TYPE_CHECKING:
     from task.config import RunConfig
@@ -45,6 +46,14 @@ class ScaffoldServer(RIStrategy):
         if not self.c:
             self.c = [np.zeros_like(w) for w in self._w_t]
         return {C_GLOBAL: ArrayRecord(self.c)}
+
+    def fallback_limit(self, key: str, server_round: int) -> float:
+        """Delta_c_i = -c + (s_i - y_K) / (K eta_t) with K >= 1 steps, so an honest one is at
+        most ||c|| + ||model move|| / eta_t: the model's first-round bound carried over."""
+        move = super().fallback_limit(key, server_round)
+        if key != DELTA_C:
+            return move
+        return vector_norm(self.c) + move / self.cfg.lr_at(server_round)
 
     def server_step(
         self, server_round: int, w_t: Weights, update: Weights, replies: list[RecordDict]

@@ -80,6 +80,7 @@ class RunConfig:
     aggregation: str
     trim_fraction: float
     max_update_norm_ratio: float
+    max_examples_per_client: int
     resume_dir: str
     client_state_dir: str
     node_registry: str
@@ -242,7 +243,7 @@ def _check_ranges(c: RunConfig) -> None:
         raise _bad("min-replies", c.min_replies,
                    f"at most the clients per round ({c.clients_per_round})")
     non_negative = {
-        "max-update-norm-ratio": c.max_update_norm_ratio,
+        "max-examples-per-client": c.max_examples_per_client,
         "weight-decay": c.weight_decay,
         "clip-norm": c.clip_norm,
         "channel-noise": c.channel_noise,
@@ -259,6 +260,9 @@ def _check_ranges(c: RunConfig) -> None:
             raise _bad(key, value, f"0 <= {key} < 1")
     if not 0.0 < c.fedcm_alpha <= 1.0:
         raise _bad("fedcm-alpha", c.fedcm_alpha, "0 < fedcm-alpha <= 1 (1 ignores the momentum)")
+    if not 0.0 <= c.max_update_norm_ratio < math.inf:  # NaN would turn the filter off
+        raise _bad("max-update-norm-ratio", c.max_update_norm_ratio,
+                   "a finite number >= 0 (0 disables the norm filter)")
     if c.seed < 0:
         raise _bad("seed", c.seed, "an integer >= 0")
     if not c.output_dir:

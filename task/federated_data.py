@@ -50,6 +50,11 @@ def client_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
     return parts[partition_id]
 
 
+def partition_sizes(cfg: RunConfig) -> tuple[int, ...]:
+    """Every client's example count (what its replies must claim), from the indices alone."""
+    return tuple(len(client_indices(cfg, pid)) for pid in range(cfg.num_clients))
+
+
 def client_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
     """One client's (images uint8 NHWC, labels), with the paper's optional noise applied."""
     data = dataset_of(cfg)

@@ -124,6 +124,7 @@ class Federation:
         self.cfg = RunConfig.parse(full)
         self.strategy = METHODS[self.cfg.method].server(
             self.cfg, {pid: NODE_BASE + pid for pid in range(n)})
+        self.strategy.expect_examples([len(y) for y in self.problem.ys])
         self.states = {pid: RecordDict() for pid in range(n)}
         self.arrays = ArrayRecord([self.problem.w0.copy()])
         self.metrics: list[dict[str, Any]] = []

@@ -22,10 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.grid import Cell, Grid, GridError, load_grid, matches  # noqa: E402
-from server_app.results import smoothed_peak  # noqa: E402
+from scripts.grid import Cell, Grid, GridError, load_grid, matches
+from server_app.results import smoothed_peak
 
 METHOD_LABELS: dict[str, str] = {
     "fedavg": "FedAvg", "fedadam": "FedAdam", "fedsam": "FedSAM", "scaffold": "SCAFFOLD",

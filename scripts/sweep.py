@@ -1,9 +1,9 @@
 """Run an experiment grid (experiments/*.yaml), one `flwr run` per cell, resumable.
 
-    .venv/bin/python scripts/sweep.py experiments/fmnist-table6.yaml
-    .venv/bin/python scripts/sweep.py experiments/fmnist-table6.yaml --dry-run
-    .venv/bin/python scripts/sweep.py experiments/fmnist-table6.yaml --only 'fedavg-*'
-    .venv/bin/python scripts/sweep.py GRID --connection fedinit-local   # a running deployment
+    .venv/bin/fedinit-sweep experiments/fmnist-table6.yaml
+    .venv/bin/fedinit-sweep experiments/fmnist-table6.yaml --dry-run
+    .venv/bin/fedinit-sweep experiments/fmnist-table6.yaml --only 'fedavg-*'
+    .venv/bin/fedinit-sweep GRID --connection fedinit-local   # a running deployment
 
 Every cell is validated before the first one runs. Each runs through scripts/simulate.py
 (Flower's simulation engine) or, with --connection, `flwr run . NAME` against a running
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cells:
         print(f"sweep: no cell id matches {args.only!r}", file=sys.stderr)
         return 2
-    command = " ".join(["python scripts/sweep.py", str(args.grid),
+    command = " ".join(["fedinit-sweep", str(args.grid),
                         *(f"--{k} {v}" for k, v in (("out", args.out), ("cells", args.cells))
                           if v is not None),
                         *(f"--set {s}" for s in args.set)])

@@ -1,0 +1,119 @@
+"""The newcomer's path: idempotent setup, Flower's offline settings for plain `flwr run .`,
+this checkout's own SuperLink ports, clean streamed logs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from scripts.flower_env import OFFLINE_ENV, REPO, flower_env
+from scripts.flower_output import clean_line
+from scripts.flower_setup import (
+    BEGIN,
+    CONNECTION,
+    activate_block,
+    flower_config,
+    install,
+    with_block,
+)
+from scripts.superlink_port import (
+    CONTROL_PORT_ENV,
+    HTTP_PORT_ENV,
+    checkout_ports,
+    foreign_superlink,
+)
+from task.config import load_defaults
+
+SETUP = REPO / "scripts" / "setup.sh"
+STAMP = REPO / ".venv" / ".fedinit-installed"
+
+
+def _digest(paths: list[Path]) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() + f"@{p.stat().st_mtime_ns}"
+            for p in paths if p.is_file()}
+
+
+@pytest.mark.skipif(not STAMP.is_file(), reason="scripts/setup.sh has not run in this checkout")
+def test_second_setup_changes_nothing_and_is_fast() -> None:
+    """What .ci/run and the quick start rely on: setup can be run again at no cost."""
+    subprocess.run([str(SETUP)], check=True, capture_output=True, timeout=600)
+    watched = [STAMP, REPO / ".venv" / "bin" / "activate", REPO / ".flwr" / "config.toml"]
+    before = _digest(watched)
+    t0 = time.monotonic()
+    proc = subprocess.run([str(SETUP)], check=True, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 10.0
+    assert _digest(watched) == before
+    assert "wrote" not in proc.stdout
+
+
+def test_activate_block_is_replaced_not_repeated() -> None:
+    text = "# venv activate\n"
+    once = with_block(text, activate_block())
+    assert with_block(once, activate_block()) == once
+    assert once.count(BEGIN) == 1
+    for key, value in OFFLINE_ENV.items():
+        assert f"export {key}={value}" in once
+
+
+def test_flower_config_sizes_plain_flwr_run_to_num_clients(tmp_path: Path) -> None:
+    config = tomllib.loads(flower_config(int(load_defaults()["num-clients"])))
+    assert config["superlink"]["default"] == CONNECTION
+    conn = config["superlink"][CONNECTION]
+    assert conn["address"] == ":local:"
+    assert conn["options"]["num-supernodes"] == load_defaults()["num-clients"]
+    assert config["superlink"]["local"] == {"address": ":local:"}  # what fedinit-simulate uses
+
+
+def test_install_leaves_a_foreign_flower_config_alone(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("# activate\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text("[superlink]\ndefault = \"mine\"\n")
+    assert install(venv, home) == [str(venv / "bin" / "activate")]
+    assert (home / "config.toml").read_text() == "[superlink]\ndefault = \"mine\"\n"
+    assert install(venv, home) == []
+
+
+def test_checkout_ports_are_its_own() -> None:
+    http, control = checkout_ports(REPO)
+    assert (http, control) == checkout_ports(REPO)
+    assert {http, control}.isdisjoint({"39091", "39093"})  # Flower's defaults, shared by all
+    assert checkout_ports(REPO.parent / "another-checkout") != (http, control)
+    env = {k: v for k, v in os.environ.items() if k not in (HTTP_PORT_ENV, CONTROL_PORT_ENV)}
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        assert flower_env()[HTTP_PORT_ENV] == http
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_a_port_held_by_something_else_is_refused(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = str(sock.getsockname()[1])
+        env = {HTTP_PORT_ENV: port, "FLWR_HOME": str(tmp_path)}
+        problem = foreign_superlink(env, OFFLINE_ENV)
+    assert problem is not None and f"127.0.0.1:{port}" in problem
+    assert foreign_superlink(env, OFFLINE_ENV) is None  # closed again: free
+
+
+def test_streamed_log_lines_are_cleaned() -> None:
+    line = "\x1b[92mINFO \x1b[0m:      [round 1/2] acc 19.54%\n"
+    assert clean_line(line, colour=False) == "INFO :      [round 1/2] acc 19.54%\n"
+    assert clean_line(line, colour=True) == line
+    warning = "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes " \
+              "changed from 10 to 2.\n"
+    assert clean_line(warning, colour=False) is None

@@ -117,3 +117,33 @@ def test_streamed_log_lines_are_cleaned() -> None:
     warning = "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes " \
               "changed from 10 to 2.\n"
     assert clean_line(warning, colour=False) is None
+
+
+def readme_quick_start() -> list[str]:
+    """The two commands of the README's quick start block."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.strip().splitlines()]
+
+
+def test_readme_quick_start_is_two_commands_and_ci_runs_the_second() -> None:
+    setup_and_run, tests = readme_quick_start()
+    assert setup_and_run == "scripts/setup.sh && .venv/bin/fedinit-simulate"
+    assert tests == "scripts/test.sh"
+    assert "scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (REPO / ".venv" / "bin" / "fedinit-simulate").is_file(),
+                    reason="scripts/setup.sh has not run in this checkout")
+def test_readme_run_command_with_a_tiny_override(sim_env: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    run = readme_quick_start()[0].split("&&")[1].split()
+    proc = subprocess.run([*run, "num-clients=4", "fraction-train=0.5", "num-server-rounds=1",
+                           "train-limit=400", f"output-dir={tmp_path}"], cwd=REPO,
+                          env=sim_env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[round 1/1] acc" in proc.stdout
+    assert "\x1b[" not in proc.stdout  # no colour codes in captured output
+    assert "changed from 10 to 2" not in proc.stdout

@@ -17,7 +17,7 @@ import pytest
 
 from scripts.flower_env import REPO, flower_env
 from scripts.flower_setup import flower_config, shell_env
-from scripts.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, superlinks_on
+from scripts.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, listening, superlinks_on
 from task.config import load_defaults
 from tests.conftest import SIM_CONTROL_PORT, SIM_HTTP_PORT, kill_local_superlink
 
@@ -88,6 +88,10 @@ def test_a_foreign_superlink_on_the_port_gets_no_run(tmp_path: Path) -> None:
     for key in ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION",):
         foreign.pop(key)  # as plain `flwr run` from an unconfigured shell starts it
     kill_local_superlink(SIM_HTTP_PORT)
+    deadline = time.monotonic() + 60
+    while listening(int(SIM_HTTP_PORT)):  # the last test's SuperLink may still be stopping
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
     link = subprocess.Popen(
         ["flower-superlink", "--insecure", "--simulation", "--control-api-address",
          f"127.0.0.1:{SIM_CONTROL_PORT}", "--host", "127.0.0.1", "--port", SIM_HTTP_PORT,
@@ -96,7 +100,7 @@ def test_a_foreign_superlink_on_the_port_gets_no_run(tmp_path: Path) -> None:
         start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while not superlinks_on(SIM_HTTP_PORT) or not _health(SIM_HTTP_PORT):
+        while str(link.pid) not in superlinks_on(SIM_HTTP_PORT) or not _health(SIM_HTTP_PORT):
             assert time.monotonic() < deadline and link.poll() is None
             time.sleep(0.5)
         ours = flower_env(tmp_path / "ours", **{HTTP_PORT_ENV: SIM_HTTP_PORT,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tomllib
 from pathlib import Path
 
 from scripts.flower_env import OFFLINE_ENV, RAY_SINGLE_MACHINE, REPO
@@ -92,6 +93,20 @@ def write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
+def replaceable(text: str) -> bool:
+    """Whether a config.toml is ours or the default Flower writes on first use (a `local`
+    connection without options and `supergrid`), so setup may replace it; any other is the
+    user's and is left alone."""
+    if CONFIG_MARK in text:
+        return True
+    try:
+        links = tomllib.loads(text).get("superlink", {})
+    except tomllib.TOMLDecodeError:
+        return False
+    return (set(links) <= {"default", "local", "supergrid"} and links.get("default") == "local"
+            and links.get("local") == {"address": ":local:"})
+
+
 def install(venv: Path, flwr_home: Path) -> list[str]:
     """Write the activate block and the Flower config; the paths that changed."""
     changed = []
@@ -99,7 +114,7 @@ def install(venv: Path, flwr_home: Path) -> list[str]:
     if write_if_changed(activate, with_block(activate.read_text(), activate_block())):
         changed.append(str(activate))
     config = flwr_home / "config.toml"
-    if config.is_file() and CONFIG_MARK not in config.read_text():
+    if config.is_file() and not replaceable(config.read_text()):
         print(f"flower_setup: {config} was not written by setup; left as it is", file=sys.stderr)
     elif write_if_changed(config, flower_config(int(load_defaults()["num-clients"]))):
         changed.append(str(config))

@@ -83,6 +83,19 @@ def test_install_leaves_a_foreign_flower_config_alone(tmp_path: Path) -> None:
     assert install(venv, home) == []
 
 
+def test_install_replaces_the_default_flower_writes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("# activate\n")
+    (home / "config.toml").write_text(  # flwr/cli/constant.py DEFAULT_FLOWER_CONFIG_TOML
+        '[superlink]\ndefault = "local"\n\n[superlink.supergrid]\naddress = "api.flower.ai"\n'
+        '\n[superlink.local]\naddress = ":local:"\n')
+    assert str(home / "config.toml") in install(venv, home)
+    assert CONNECTION in (home / "config.toml").read_text()
+
+
 def test_checkout_ports_are_its_own() -> None:
     http, control = checkout_ports(REPO)
     assert (http, control) == checkout_ports(REPO)

@@ -82,9 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataNotFoundError) as err:
         print(f"simulate: {err}", file=sys.stderr)
         return 2
-    # Absolute paths: the apps run from Flower's install of the FAB, not from this checkout.
+    # Absolute paths: the apps run from Flower's install of the FAB, not from this checkout,
+    # so a default found next to the checkout is passed too (a system default is left "", as
+    # a checkpoint made without it must still match on resume).
     overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
-    overrides["data-dir"] = str(data_dir)
+    if cfg.data_dir or data_dir.is_relative_to(REPO.parent):
+        overrides["data-dir"] = str(data_dir)
 
     env = flower_env()
     problem = foreign_superlink(env, OFFLINE_ENV)

@@ -1,7 +1,7 @@
 """ResNet-18-GN on CIFAR-10 at the paper's per-round work: seconds per round and samples/s.
 
     .venv/bin/python bench/gpu_resnet.py --data-dir data/cifar10               # GPU host
-    .venv/bin/python bench/gpu_resnet.py --data-dir /work/shared/data/cifar10-jpg.tar.gz \\
+    .venv/bin/python bench/gpu_resnet.py --data-dir ../shared/data/cifar10-jpg.tar.gz \\
         --rounds 1 --clients 2 --samples 100 --epochs 1                        # CPU, quick
     .venv/bin/python bench/gpu_resnet.py --data-dir DIR --flower --num-gpus-per-client 0.25
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.scale_clients import stop_superlinks  # noqa: E402
 from client_app.trainer import local_sgd  # noqa: E402
-from scripts.flower_env import REPO, flower_env  # noqa: E402
+from scripts.flower_env import flower_env  # noqa: E402
 from strategies.ri import relaxed_start, weighted_mean  # noqa: E402
 from task.datasets import load_dataset, to_tensor  # noqa: E402
 from task.device import device  # noqa: E402
@@ -123,7 +123,7 @@ def flower(args: argparse.Namespace) -> None:
                  "beta": 0.1, "output-dir": str(out)}
     env = flower_env(out / "flwr-home", FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=HTTP_PORT,
                      FLWR_LOCAL_CONTROL_API_PORT=CONTROL_PORT)
-    cmd = [sys.executable, str(REPO / "scripts" / "simulate.py"),
+    cmd = [sys.executable, "-m", "scripts.simulate",
            f"--num-gpus-per-client={args.num_gpus_per_client:g}",
            f"--num-cpus-per-client={args.num_cpus_per_client:g}",
            *(f"{k}={v}" for k, v in overrides.items())]

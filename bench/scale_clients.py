@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.flower_env import REPO, flower_env  # noqa: E402
+from scripts.flower_env import flower_env  # noqa: E402
 from strategies.sampling import sample_clients  # noqa: E402
 
 HTTP_PORT, CONTROL_PORT = "39691", "39693"  # private: not conftest's, not the sweep tests'
@@ -137,7 +137,7 @@ def run_one(n: int, rounds: int, per_round: int, home: Path, out: Path) -> dict[
                  "node-wait-timeout": 1800.0}
     env = flower_env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=HTTP_PORT,
                      FLWR_LOCAL_CONTROL_API_PORT=CONTROL_PORT)
-    cmd = [sys.executable, str(REPO / "scripts" / "simulate.py"),
+    cmd = [sys.executable, "-m", "scripts.simulate",
            *(f"{k}={v}" for k, v in overrides.items())]
     t0 = time.monotonic()
     first_round = None

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.plain_loop import plain_fedinit  # noqa: E402
-from scripts.flower_env import REPO, flower_env  # noqa: E402
+from scripts.flower_env import flower_env  # noqa: E402
 from scripts.simulate import parse_value  # noqa: E402
 from task.config import RunConfig  # noqa: E402
 
@@ -34,7 +34,7 @@ def main() -> None:
                      FLWR_LOCAL_SUPERLINK_HTTP_API_PORT="39291",
                      FLWR_LOCAL_CONTROL_API_PORT="39293")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "simulate.py"), *args],
+    proc = subprocess.run([sys.executable, "-m", "scripts.simulate", *args],
                           env=env, capture_output=True, text=True, check=False)
     sim_wall = time.monotonic() - t0
     subprocess.run(["pkill", "-f", "flower-superlink.*--port 39291"], check=False)

@@ -17,6 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+from scripts.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, checkout_ports
+
 REPO = Path(__file__).resolve().parents[1]
 
 OFFLINE_ENV = {
@@ -33,12 +35,16 @@ node address loopback, so its services listen on 127.0.0.1 only."""
 
 
 def flower_env(flwr_home: Path | None = None, **extra: str) -> dict[str, str]:
-    """A copy of os.environ with the offline settings, the venv on PATH and FLWR_HOME set."""
+    """A copy of os.environ with the offline settings, the venv on PATH, FLWR_HOME set and
+    this checkout's own local SuperLink ports (unless the caller's environment sets ports)."""
     env = dict(os.environ)
     env.update(OFFLINE_ENV)
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["FLWR_HOME"] = str(flwr_home or Path(env.get("FLWR_HOME", REPO / ".flwr")))
+    http, control = checkout_ports(REPO)
+    env.setdefault(HTTP_PORT_ENV, http)
+    env.setdefault(CONTROL_PORT_ENV, control)
     env.update(extra)
     if not env.get("RAY_ADDRESS"):
         env.setdefault(RAY_SINGLE_MACHINE, "0")

@@ -156,7 +156,7 @@ def _check_value(loc: _Located, path: Path_, key: str, value: Any,
                         f"{', '.join(sorted(defaults))}")
     if key in SWEEP_OWNED:
         raise loc.error(path, f"{key} is set by the sweep (one directory per cell); "
-                        "use scripts/sweep.py --out")
+                        "use fedinit-sweep --out")
     kind = type(defaults[key])
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

@@ -5,7 +5,7 @@ and each entry is the mean +- std over seeds of the paper's metric (the smoothed
 accuracy). Only finished cells count; a cell is finished when its run directory has a
 summary.json whose config matches the cell (so a changed grid never reports stale runs).
 
-    .venv/bin/python scripts/report.py experiments/fmnist-table6.yaml --out DIR
+    .venv/bin/fedinit-report experiments/fmnist-table6.yaml --out DIR
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.grid import Cell, Grid, GridError, load_grid, matches  # noqa: E402
-from server_app.results import smoothed_peak  # noqa: E402
+from scripts.grid import Cell, Grid, GridError, load_grid, matches
+from server_app.results import ACCURACY_LABEL, DIVERGENCE_LABEL, smoothed_peak
 
 METHOD_LABELS: dict[str, str] = {
     "fedavg": "FedAvg", "fedadam": "FedAdam", "fedsam": "FedSAM", "scaffold": "SCAFFOLD",
@@ -354,8 +352,8 @@ def plot_curves(grid: Grid, results: Sequence[CellResult], out_dir: Path) -> lis
             if not drawn:
                 plt.close(fig)
                 continue
-            ax_acc.set_ylabel("test accuracy (%)")
-            ax_div.set_ylabel("divergence term")
+            ax_acc.set_ylabel(ACCURACY_LABEL)
+            ax_div.set_ylabel(DIVERGENCE_LABEL)
             ax_div.set_yscale("log")
             for ax in (ax_acc, ax_div):
                 ax.set_xlabel("round")
@@ -397,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("outputs/sweeps") / grid.name
     results = collect(grid, args.cells or out / "cells")
     cells = f" --cells {args.cells}" if args.cells else ""
-    write_report(grid, results, out, f"python scripts/sweep.py {args.grid} --out {out}{cells}")
+    write_report(grid, results, out, f"fedinit-sweep {args.grid} --out {out}{cells}")
     print(f"report: {sum(r.done for r in results)}/{len(results)} cells; {out / 'results.md'}")
     return 0
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# One-time setup: the Fashion-MNIST Debian package and the Python environment in .venv.
+# Set up, idempotently: the Fashion-MNIST Debian package, the Python environment in .venv
+# (reinstalled only when pyproject.toml changed) and Flower's offline settings for plain
+# `flwr run .` (.venv/bin/activate, .flwr/config.toml). A second run changes nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
@@ -8,6 +10,13 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist
 fi
 [ -x .venv/bin/python ] || python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
-.venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q -e ".[dev]"
-echo "setup done: .venv ready, Fashion-MNIST in /usr/share/datasets/fashion-mnist"
+stamp=.venv/.fedinit-installed
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
+.venv/bin/python -m scripts.flower_setup
+echo "setup done: .venv ready, Fashion-MNIST in /usr/share/datasets/fashion-mnist;" \
+  "for plain \`flwr run .\`: source .venv/bin/activate"

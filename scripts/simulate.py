@@ -1,12 +1,14 @@
 """Run one experiment in Flower's simulation engine through ``flwr run``.
 
-    .venv/bin/python scripts/simulate.py                      # the default experiment
-    .venv/bin/python scripts/simulate.py beta=0 num-server-rounds=20 seed=1
+    .venv/bin/fedinit-simulate                                # the default experiment
+    .venv/bin/fedinit-simulate beta=0 num-server-rounds=20 seed=1
 
-Arguments are run-config overrides ``key=value`` (strings need no quotes). The config is
-validated here first, so a bad value fails in a second with one line; then the federation is
-sized to ``num-clients`` and the run streams its per-round log. The exit status is 0 only if
-Flower reports the run ``finished:completed`` (``flwr run --stream`` alone exits 0 on failure).
+Arguments are run-config overrides ``key=value`` (strings need no quotes). The config and the
+data set's presence are checked here first, with the standard library only, so a bad value
+fails in well under a second with one line; then the federation is sized to ``num-clients``,
+the run goes to this checkout's own local SuperLink, and its per-round log is streamed. The
+exit status is 0 only if Flower reports the run ``finished:completed`` (``flwr run --stream``
+alone exits 0 on failure).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.flower_env import REPO, flower_env  # noqa: E402
-from task.config import ConfigError, RunConfig, check_writable  # noqa: E402
+from scripts.flower_env import OFFLINE_ENV, REPO, flower_env
+from scripts.flower_output import clean_line
+from scripts.superlink_port import foreign_superlink
+from task.config import ConfigError, RunConfig, check_writable
+from task.data_paths import DataNotFoundError, check_present
 
 RUN_ID = re.compile(r"Successfully started run (\d+)")
 
@@ -48,6 +51,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def toml_line(key: str, value: Any) -> str:
+    """``key = value`` in TOML, as ``flwr run --run-config FILE`` reads it."""
     if isinstance(value, bool):
         return f"{key} = {str(value).lower()}"
     if isinstance(value, str):
@@ -73,14 +77,23 @@ def main(argv: list[str] | None = None) -> int:
         cfg = RunConfig.parse(overrides)
         if not cfg.resume_dir:
             check_writable("output-dir", Path(cfg.output_dir).resolve())
-    except ConfigError as err:
+        data_dir = Path(cfg.resolved_data_dir).resolve()
+        check_present(cfg.dataset, data_dir)
+    except (ConfigError, DataNotFoundError) as err:
         print(f"simulate: {err}", file=sys.stderr)
         return 2
+    # Absolute paths: the apps run from Flower's install of the FAB, not from this checkout,
+    # so a default found next to the checkout is passed too (a system default is left "", as
+    # a checkpoint made without it must still match on resume).
     overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
-    if cfg.data_dir:
-        overrides["data-dir"] = str(Path(cfg.data_dir).resolve())
+    if cfg.data_dir or data_dir.is_relative_to(REPO.parent):
+        overrides["data-dir"] = str(data_dir)
 
     env = flower_env()
+    problem = foreign_superlink(env, OFFLINE_ENV)
+    if problem:
+        print(f"simulate: {problem}", file=sys.stderr)
+        return 2
     home = Path(env["FLWR_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     run_cfg_file = home / "last-run-config.toml"
@@ -101,10 +114,14 @@ def stream_run(cmd: list[str], env: dict[str, str]) -> tuple[str | None, str]:
     """Run ``flwr run --stream``, echoing its output; return (run id, the whole output)."""
     run_id = None
     lines: list[str] = []
+    colour = sys.stdout.isatty()
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, bufsize=1) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
+        for raw in proc.stdout:
+            line = clean_line(raw, colour)
+            if line is None:
+                continue
             sys.stdout.write(line)
             lines.append(line)
             match = RUN_ID.search(line)

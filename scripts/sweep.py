@@ -1,9 +1,9 @@
 """Run an experiment grid (experiments/*.yaml), one `flwr run` per cell, resumable.
 
-    .venv/bin/python scripts/sweep.py experiments/fmnist-table6.yaml
-    .venv/bin/python scripts/sweep.py experiments/fmnist-table6.yaml --dry-run
-    .venv/bin/python scripts/sweep.py experiments/fmnist-table6.yaml --only 'fedavg-*'
-    .venv/bin/python scripts/sweep.py GRID --connection fedinit-local   # a running deployment
+    .venv/bin/fedinit-sweep experiments/fmnist-table6.yaml
+    .venv/bin/fedinit-sweep experiments/fmnist-table6.yaml --dry-run
+    .venv/bin/fedinit-sweep experiments/fmnist-table6.yaml --only 'fedavg-*'
+    .venv/bin/fedinit-sweep GRID --connection fedinit-local   # a running deployment
 
 Every cell is validated before the first one runs. Each runs through scripts/simulate.py
 (Flower's simulation engine) or, with --connection, `flwr run . NAME` against a running
@@ -28,12 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.flower_env import REPO, flower_env  # noqa: E402
-from scripts.grid import Cell, Grid, GridError, load_grid  # noqa: E402
-from scripts.report import collect, finished_run, run_dirs, write_report  # noqa: E402
-from scripts.simulate import (  # noqa: E402
+from scripts.flower_env import REPO, flower_env
+from scripts.grid import Cell, Grid, GridError, load_grid
+from scripts.report import collect, finished_run, run_dirs, write_report
+from scripts.simulate import (
     RUN_ID,
     parse_overrides,
     run_status,
@@ -41,7 +39,6 @@ from scripts.simulate import (  # noqa: E402
 )
 
 ROUND_LINE = re.compile(r"\[round (\d+)/(\d+)\] acc ([0-9.]+)%")
-SIMULATE = REPO / "scripts" / "simulate.py"
 
 
 def hms(seconds: float) -> str:
@@ -128,7 +125,7 @@ def command_for(cell: Cell, cell_dir: Path, connection: str | None,
     if connection is None:
         res = [f"--num-cpus-per-client={resources.get('num-cpus-per-client', 1.0):g}",
                f"--num-gpus-per-client={resources.get('num-gpus-per-client', 0.0):g}"]
-        return [sys.executable, str(SIMULATE), *res,
+        return [sys.executable, "-m", "scripts.simulate", *res,
                 *(f"{k}={_arg(v)}" for k, v in overrides.items())]
     cfg_file = cell_dir / "run-config.toml"
     cfg_file.write_text("\n".join(toml_line(k, v) for k, v in overrides.items()) + "\n")
@@ -295,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cells:
         print(f"sweep: no cell id matches {args.only!r}", file=sys.stderr)
         return 2
-    command = " ".join(["python scripts/sweep.py", str(args.grid),
+    command = " ".join(["fedinit-sweep", str(args.grid),
                         *(f"--{k} {v}" for k, v in (("out", args.out), ("cells", args.cells))
                           if v is not None),
                         *(f"--set {s}" for s in args.set)])

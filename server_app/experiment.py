@@ -33,6 +33,7 @@ from server_app.results import Recorder, atomic_write_bytes
 from strategies import METHODS
 from strategies import records as rk
 from task.config import RunConfig, check_examples, check_writable
+from task.data_paths import check_present
 from task.federated_data import dataset_of, partition_sizes
 from task.models import build_model, get_weights, set_weights
 
@@ -85,19 +86,22 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     """Run all rounds of ``cfg`` on ``grid`` and return the summary written to disk."""
     if not cfg.resume_dir:
         check_writable("output-dir", out_dir or Path(cfg.output_dir).resolve())
-    data = dataset_of(cfg)  # fails first, with the install hint, if the data is missing
-    check_examples(cfg, len(data.train_y))
+    # Cheap checks first, so that a missing data set or a wrong-sized federation fails in
+    # seconds, before the data is decoded; "results:" is printed once the run really starts.
+    check_present(cfg.dataset, Path(cfg.resolved_data_dir))
     resume = resume_point(cfg)
     if resume:
         check_writable("resume-dir", resume[0])
+    node_of = discover_clients(grid, cfg)
+    data = dataset_of(cfg)
+    check_examples(cfg, len(data.train_y))
     out = resume[0] if resume else (out_dir or Path(cfg.output_dir).resolve() / run_name(cfg))
-    log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
-        if resume else "")
     evaluator = CentralEvaluator(cfg)
     model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
                         data.image_size)
     weights = get_weights(model)
-    node_of = discover_clients(grid, cfg)
+    log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
+        if resume else "")
     refused: set[int] = set()  # nodes whose partition claim was refused
     strategy = METHODS[cfg.method].server(cfg, node_of)
     strategy.expect_examples(partition_sizes(cfg))

@@ -17,6 +17,11 @@ from typing import Any
 
 import numpy as np
 
+ACCURACY_LABEL = "test accuracy (%)"
+DIVERGENCE_LABEL = r"divergence $\frac{1}{|S|}\sum_{i \in S} \|w_{i,K} - w_{t+1}\|^2$"
+"""The paper's consistency term, as ``strategies.ri.divergence`` computes it each round: the
+mean squared distance of the selected clients' final local models from the new global model."""
+
 ROUND_FIELDS = ("round", "test-acc", "test-loss", "train-loss", "divergence", "lr",
                 "num-replies", "num-rejected", "num-missing", "state-fallbacks", "norm-limit-used",
                 "round-seconds", "elapsed-seconds", "collect-seconds", "client-seconds-max")
@@ -145,9 +150,10 @@ class Recorder:
 
         rounds = [r["round"] for r in self.rows]
         title = method_label(self.config)
-        for key, fname, label in (("test-acc", "accuracy.png", "test accuracy"),
-                                  ("divergence", "divergence.png", "divergence term")):
-            pts = [(x, r[key]) for x, r in zip(rounds, self.rows, strict=True)
+        for key, fname, label, scale in (
+                ("test-acc", "accuracy.png", ACCURACY_LABEL, 100.0),
+                ("divergence", "divergence.png", DIVERGENCE_LABEL, 1.0)):
+            pts = [(x, scale * r[key]) for x, r in zip(rounds, self.rows, strict=True)
                    if r[key] is not None]
             fig, ax = plt.subplots(figsize=(6, 4))
             if pts:

@@ -9,26 +9,25 @@ bad key, its value and what is allowed. Nothing else in the project reads raw co
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import tempfile
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strategies.names import (
-    AGGREGATIONS,
-    METHOD_NAMES,
-    RI_AGGREGATION_AUTO,
-    RI_AGGREGATIONS,
-    SERVER_LR_AUTO,
-    WEIGHTINGS,
-)
-from task.datasets import DATASET_NAMES, DEFAULT_DATA_DIRS, IMAGE_SIZES
-from task.models import MODEL_NAMES, check_model_input
-from task.partition import PARTITION_NAMES
+from task.choices import METHODS_TABLES, MODEL_NAMES, PARTITION_NAMES, check_model_input
+from task.data_paths import DATASET_NAMES, IMAGE_SIZES, default_data_dir
+
+METHOD_NAMES: tuple[str, ...] = METHODS_TABLES.METHOD_NAMES
+RI_AGGREGATIONS: tuple[str, ...] = METHODS_TABLES.RI_AGGREGATIONS
+RI_AGGREGATION_AUTO: dict[str, str] = METHODS_TABLES.RI_AGGREGATION_AUTO
+WEIGHTINGS: tuple[str, ...] = METHODS_TABLES.WEIGHTINGS
+AGGREGATIONS: tuple[str, ...] = METHODS_TABLES.AGGREGATIONS
+SERVER_LR_AUTO: dict[str, float] = METHODS_TABLES.SERVER_LR_AUTO
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
@@ -105,8 +104,8 @@ class RunConfig:
 
     @property
     def resolved_data_dir(self) -> str:
-        """The data location: the configured one or the dataset's default."""
-        return self.data_dir or DEFAULT_DATA_DIRS[self.dataset]
+        """The data location: the configured one or the dataset's first default that holds it."""
+        return self.data_dir or str(default_data_dir(self.dataset))
 
     def to_dict(self) -> dict[str, Any]:
         """The config with its original (dashed) key names, for summaries."""
@@ -119,9 +118,9 @@ class RunConfig:
         defaults = load_defaults()
         unknown = sorted(set(raw) - set(defaults))
         if unknown:
-            raise ConfigError(
-                f"run config: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(defaults))}"
-            )
+            raise ConfigError(f"run config: unknown key {unknown[0]!r}"
+                              f"{did_you_mean(unknown[0], defaults)}; known keys: "
+                              f"{', '.join(sorted(defaults))}")
         merged = {**defaults, **raw}
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
@@ -147,6 +146,12 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
             f"run config: {key}={value!r} has type {type(value).__name__}; expected {kind.__name__}"
         )
     return value
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of ``choices``, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _bad(key: str, value: Any, allowed: str) -> ConfigError:
@@ -199,7 +204,8 @@ def _check_ranges(c: RunConfig) -> None:
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
-            raise _bad(key, value, " | ".join(allowed))
+            raise ConfigError(f"run config: {key}={value!r} is not allowed"
+                              f"{did_you_mean(value, allowed)}; allowed: {' | '.join(allowed)}")
     try:
         check_model_input(c.model, IMAGE_SIZES[c.dataset])
     except ValueError as err:

@@ -25,17 +25,19 @@ from typing import Any
 import numpy as np
 import torch
 
-DATASET_NAMES: tuple[str, ...] = ("fashion-mnist", "cifar10", "cifar100")
-IMAGE_SIZES: dict[str, int] = {"fashion-mnist": 28, "cifar10": 32, "cifar100": 32}
-"""Side of each data set's square images (what a model must accept; checked by the config)."""
-
-# Relative defaults resolve against the current directory: the CIFAR copies live in different
-# places on different machines (here: /work/shared/data/cifar10-jpg.tar.gz), so pass data_dir.
-DEFAULT_DATA_DIRS: dict[str, str] = {
-    "fashion-mnist": "/usr/share/datasets/fashion-mnist",
-    "cifar10": "data/cifar10",
-    "cifar100": "data/cifar100",
-}
+from task.data_paths import (
+    CIFAR10_HINT,
+    CIFAR10_JPEG_TARBALL,
+    CIFAR100_HINT,
+    DATASET_NAMES,
+    FASHION_FILES,
+    FASHION_HINT,
+    DataNotFoundError,
+    fashion_folders,
+    find_idx_file,
+    find_jpeg_root,
+    find_pickle_dir,
+)
 
 FASHION_MNIST_MEAN: tuple[float, ...] = (0.2860,)
 FASHION_MNIST_STD: tuple[float, ...] = (0.3530,)
@@ -45,31 +47,10 @@ CIFAR10_STD: tuple[float, ...] = (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN: tuple[float, ...] = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD: tuple[float, ...] = (0.2673, 0.2564, 0.2762)
 
-CIFAR10_JPEG_TARBALL = "cifar10-jpg.tar.gz"
 CACHE_ENV = "FEDINIT_CACHE_DIR"
 _CACHE_VERSION = 1
 
-_FASHION_FILES = {
-    "train_x": "train-images-idx3-ubyte",
-    "train_y": "train-labels-idx1-ubyte",
-    "test_x": "t10k-images-idx3-ubyte",
-    "test_y": "t10k-labels-idx1-ubyte",
-}
-_FASHION_HINT = "install it with: apt-get install -y dataset-fashion-mnist"
-_CIFAR10_HINT = (
-    f"pass the JPEG tarball {CIFAR10_JPEG_TARBALL} (or a folder holding it or its extracted "
-    "train/ and test/ folders), or download it with "
-    "torchvision.datasets.CIFAR10(root=DIR, download=True) and pass DIR"
-)
-_CIFAR100_HINT = (
-    "download it with torchvision.datasets.CIFAR100(root=DIR, download=True) and pass DIR "
-    "(no offline copy exists)"
-)
 _JPEG_MEMBER = re.compile(r"(?:^|/)(train|test)/([^/]+)/([^/]+\.jpe?g)$", re.IGNORECASE)
-
-
-class DataNotFoundError(FileNotFoundError):
-    """The dataset is not at the given path; the message says how to get it."""
 
 
 class DataFormatError(ValueError):
@@ -142,14 +123,14 @@ def to_tensor(
 def _load_fashion_mnist(path: Path) -> DataSplits:
     """Read the four IDX files, gzipped or not, from `path` (or torchvision's FashionMNIST/raw)."""
     if not path.is_dir():
-        raise DataNotFoundError(f"fashion-mnist not found: no directory {path}; {_FASHION_HINT}")
-    folders = [path, path / "FashionMNIST" / "raw"]
+        raise DataNotFoundError(f"fashion-mnist not found: no directory {path}; {FASHION_HINT}")
+    folders = fashion_folders(path)
     arrays: dict[str, np.ndarray] = {}
-    for key, stem in _FASHION_FILES.items():
-        file = _find_idx_file(folders, stem)
+    for key, stem in FASHION_FILES.items():
+        file = find_idx_file(folders, stem)
         if file is None:
             raise DataNotFoundError(
-                f"fashion-mnist not found: {path / (stem + '.gz')} is missing; {_FASHION_HINT}"
+                f"fashion-mnist not found: {path / (stem + '.gz')} is missing; {FASHION_HINT}"
             )
         arrays[key] = _read_idx(file, expected_ndim=3 if key.endswith("_x") else 1)
     for split in ("train", "test"):
@@ -173,15 +154,6 @@ def _load_fashion_mnist(path: Path) -> DataSplits:
         mean=FASHION_MNIST_MEAN,
         std=FASHION_MNIST_STD,
     )
-
-
-def _find_idx_file(folders: list[Path], stem: str) -> Path | None:
-    """Return the first existing `stem.gz` or `stem` in `folders`."""
-    for folder in folders:
-        for candidate in (folder / f"{stem}.gz", folder / stem):
-            if candidate.is_file():
-                return candidate
-    return None
 
 
 def _read_idx(file: Path, expected_ndim: int) -> np.ndarray:
@@ -217,12 +189,12 @@ def _read_idx(file: Path, expected_ndim: int) -> np.ndarray:
 def _load_cifar10(path: Path) -> DataSplits:
     """Find CIFAR-10 at `path`: the JPEG tarball, a folder with it or its extraction, or pickles."""
     if not path.exists():
-        raise DataNotFoundError(f"cifar10 not found: no file or directory {path}; {_CIFAR10_HINT}")
+        raise DataNotFoundError(f"cifar10 not found: no file or directory {path}; {CIFAR10_HINT}")
     if path.is_file():
         arrays = _cached_jpeg_decode(path)
     else:
-        pickle_dir = _find_pickle_dir(path, "cifar-10-batches-py", "data_batch_1")
-        jpeg_root = _find_jpeg_root(path)
+        pickle_dir = find_pickle_dir(path, "cifar-10-batches-py", "data_batch_1")
+        jpeg_root = find_jpeg_root(path)
         if pickle_dir is not None:
             arrays = _read_cifar10_pickles(pickle_dir)
         elif (path / CIFAR10_JPEG_TARBALL).is_file():
@@ -232,7 +204,7 @@ def _load_cifar10(path: Path) -> DataSplits:
         else:
             raise DataNotFoundError(
                 f"cifar10 not found: {path} holds neither {CIFAR10_JPEG_TARBALL}, train/ and "
-                f"test/ folders, nor cifar-10-batches-py; {_CIFAR10_HINT}"
+                f"test/ folders, nor cifar-10-batches-py; {CIFAR10_HINT}"
             )
     train_x, train_y, test_x, test_y = arrays
     return DataSplits(train_x, train_y, test_x, test_y, 10, 3, CIFAR10_MEAN, CIFAR10_STD)
@@ -242,25 +214,17 @@ def _load_cifar100(path: Path) -> DataSplits:
     """Read torchvision's cifar-100-python pickles (fine labels) from `path`."""
     if not path.exists():
         raise DataNotFoundError(
-            f"cifar100 not found: no file or directory {path}; {_CIFAR100_HINT}"
+            f"cifar100 not found: no file or directory {path}; {CIFAR100_HINT}"
         )
-    folder = _find_pickle_dir(path, "cifar-100-python", "train") if path.is_dir() else None
+    folder = find_pickle_dir(path, "cifar-100-python", "train") if path.is_dir() else None
     if folder is None:
         raise DataNotFoundError(
-            f"cifar100 not found: {path} holds no cifar-100-python folder; {_CIFAR100_HINT}"
+            f"cifar100 not found: {path} holds no cifar-100-python folder; {CIFAR100_HINT}"
         )
     train_x, train_y = _read_cifar_pickle(folder / "train", "fine_labels")
     test_x, test_y = _read_cifar_pickle(folder / "test", "fine_labels")
     _check_label_range([train_y, test_y], 100, folder)
     return DataSplits(train_x, train_y, test_x, test_y, 100, 3, CIFAR100_MEAN, CIFAR100_STD)
-
-
-def _find_pickle_dir(path: Path, folder_name: str, marker: str) -> Path | None:
-    """Accept either torchvision's root (holding `folder_name`) or that folder itself."""
-    for candidate in (path / folder_name, path):
-        if (candidate / marker).is_file():
-            return candidate
-    return None
 
 
 def _read_cifar10_pickles(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -269,11 +233,11 @@ def _read_cifar10_pickles(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndar
     for index in range(1, 6):
         file = folder / f"data_batch_{index}"
         if not file.is_file():
-            raise DataNotFoundError(f"cifar10 not found: {file} is missing; {_CIFAR10_HINT}")
+            raise DataNotFoundError(f"cifar10 not found: {file} is missing; {CIFAR10_HINT}")
         parts.append(_read_cifar_pickle(file, "labels"))
     test_file = folder / "test_batch"
     if not test_file.is_file():
-        raise DataNotFoundError(f"cifar10 not found: {test_file} is missing; {_CIFAR10_HINT}")
+        raise DataNotFoundError(f"cifar10 not found: {test_file} is missing; {CIFAR10_HINT}")
     test_x, test_y = _read_cifar_pickle(test_file, "labels")
     train_x = np.concatenate([x for x, _ in parts])
     train_y = np.concatenate([y for _, y in parts])
@@ -327,16 +291,6 @@ def _check_label_range(label_arrays: list[np.ndarray], num_classes: int, where: 
 def cache_dir() -> Path:
     """Where decoded datasets are cached: $FEDINIT_CACHE_DIR or ~/.cache/fedinit."""
     return Path(os.environ.get(CACHE_ENV, "~/.cache/fedinit")).expanduser()
-
-
-def _find_jpeg_root(path: Path) -> Path | None:
-    """Return the folder holding train/ and test/ (itself or its only subfolder)."""
-    if (path / "train").is_dir() and (path / "test").is_dir():
-        return path
-    subfolders = [p for p in path.iterdir() if p.is_dir()]
-    if len(subfolders) == 1 and (subfolders[0] / "train").is_dir():
-        return subfolders[0] if (subfolders[0] / "test").is_dir() else None
-    return None
 
 
 def _source_fingerprint(source: Path) -> str:

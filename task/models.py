@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-MODEL_NAMES: tuple[str, ...] = ("cnn", "resnet18-gn", "vgg11")
+from task.choices import MODEL_NAMES, check_model_input
 
 # Small CNN widths, kept in one place so CPU cost can be tuned (about 54k parameters with these).
 CNN_CONV1_CHANNELS = 8
@@ -132,18 +132,6 @@ _BUILDERS: dict[str, Callable[[int, int, int], nn.Module]] = {
     "resnet18-gn": _resnet18_gn,
     "vgg11": VGG11,
 }
-
-
-def check_model_input(name: str, image_size: int) -> None:
-    """Raise ValueError when model ``name`` cannot take square images of side ``image_size``."""
-    if name == "cnn" and (image_size < 4 or image_size % 4):
-        raise ValueError(f"model 'cnn' needs an image side that is a multiple of 4, "
-                         f"got {image_size}")
-    if name == "vgg11" and image_size != 32:
-        raise ValueError(f"model 'vgg11' needs 32x32 images (cifar10, cifar100), "
-                         f"got {image_size}x{image_size}")
-    if name == "resnet18-gn" and image_size < 28:
-        raise ValueError(f"model 'resnet18-gn' needs images of side >= 28, got {image_size}")
 
 
 NATIVE_IMAGE_SIZES: dict[str, int] = {"cnn": CNN_INPUT_SIZE, "resnet18-gn": 32, "vgg11": 32}

@@ -16,7 +16,7 @@ from scripts.deploy_local import stop_pids
 from scripts.flower_env import REPO, flower_env
 
 DEPLOY_LOCAL = [sys.executable, str(REPO / "scripts" / "deploy_local.py")]
-SIMULATE = [sys.executable, str(REPO / "scripts" / "simulate.py")]
+SIMULATE = [sys.executable, "-m", "scripts.simulate"]
 # The simulation's local SuperLink on ports of our own (not 39091/39093 nor conftest's).
 SIM_HTTP_PORT, SIM_CONTROL_PORT = "39291", "39293"
 COMPARED = ("test-acc", "test-loss", "divergence", "train-loss")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.flower_env import REPO, flower_env
+from scripts.flower_env import flower_env
 from tests.conftest import kill_local_superlink
 
 HTTP_PORT, CONTROL_PORT = "39591", "39593"
@@ -119,7 +119,7 @@ def test_simulation_runs_on_an_existing_ray_cluster(
     kill_local_superlink(HTTP_PORT)  # the SuperLink must start with RAY_ADDRESS in its env
     try:
         proc = subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "simulate.py"), "num-clients=4",
+            [sys.executable, "-m", "scripts.simulate", "num-clients=4",
              "fraction-train=0.5", "num-server-rounds=2", "train-limit=2000",
              f"output-dir={out}"], env=env, capture_output=True, text=True, timeout=900,
             check=False)

@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts.flower_env import REPO
 from tests.conftest import SIM_HTTP_PORT
 
-SIMULATE = [sys.executable, str(REPO / "scripts" / "simulate.py")]
+SIMULATE = [sys.executable, "-m", "scripts.simulate"]
 CONFIG = ["num-clients=4", "fraction-train=0.5", "num-server-rounds=6", "train-limit=2000",
           "local-epochs=1", "method=scaffold"]
 

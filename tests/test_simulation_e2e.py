@@ -13,7 +13,7 @@ import pytest
 from scripts.flower_env import REPO
 from scripts.simulate import run_status, stream_run
 
-SIMULATE = [sys.executable, str(REPO / "scripts" / "simulate.py")]
+SIMULATE = [sys.executable, "-m", "scripts.simulate"]
 
 
 @pytest.mark.slow

@@ -199,7 +199,7 @@ def test_a_sweep_with_every_cell_finished_runs_nothing(tmp_path: Path) -> None:
     grid = load_grid(path)
     for cell in grid.cells:
         fake_run(tmp_path / "out" / "cells" / cell.id, cell, [0.4, 0.5])
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep.py"), str(path),
+    proc = subprocess.run([sys.executable, "-m", "scripts.sweep", str(path),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -210,7 +210,7 @@ def test_a_sweep_with_every_cell_finished_runs_nothing(tmp_path: Path) -> None:
 
 def test_bad_grid_fails_before_running_anything(tmp_path: Path) -> None:
     path = write(tmp_path, "grid:\n  beta: [0.0, 2.0]\n")
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep.py"), str(path),
+    proc = subprocess.run([sys.executable, "-m", "scripts.sweep", str(path),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 2
@@ -289,7 +289,7 @@ def test_two_cell_sweep_end_to_end_and_resume(tmp_path: Path) -> None:
     """)
     env = flower_env(tmp_path / "flwr-home", FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=SWEEP_HTTP_PORT,
                      FLWR_LOCAL_CONTROL_API_PORT=SWEEP_CONTROL_PORT)
-    cmd = [sys.executable, str(REPO / "scripts" / "sweep.py"), str(path),
+    cmd = [sys.executable, "-m", "scripts.sweep", str(path),
            "--out", str(tmp_path / "out")]
     kill_local_superlink(SWEEP_HTTP_PORT)
     try:

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 
+from task.data_paths import CIFAR10_JPEG_TARBALL, default_data_dir
 from task.datasets import (
-    DEFAULT_DATA_DIRS,
     DataFormatError,
     DataNotFoundError,
     load_dataset,
     to_tensor,
 )
 
-FMNIST_DIR = Path(DEFAULT_DATA_DIRS["fashion-mnist"])
-CIFAR10_TARBALL = Path("/work/shared/data/cifar10-jpg.tar.gz")
+FMNIST_DIR = default_data_dir("fashion-mnist")
+CIFAR10_TARBALL = default_data_dir("cifar10") / CIFAR10_JPEG_TARBALL
 FMNIST_FILES = (
     "train-images-idx3-ubyte",
     "train-labels-idx1-ubyte",

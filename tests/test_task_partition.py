@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from task.datasets import DEFAULT_DATA_DIRS, load_dataset
+from task.data_paths import default_data_dir
+from task.datasets import load_dataset
 from task.partition import (
     PARTITION_NAMES,
     dirichlet_equal_split,
@@ -17,7 +18,7 @@ from task.partition import (
     split,
 )
 
-FMNIST_DIR = DEFAULT_DATA_DIRS["fashion-mnist"]
+FMNIST_DIR = str(default_data_dir("fashion-mnist"))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,46 @@
+"""The server's cheap checks come first: a missing data set or a wrong-sized federation
+fails before the data is decoded, and `results: <dir>` is printed only for a run that starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import server_app.experiment as experiment
+from server_app.clients import FederationError
+from task.config import RunConfig
+from task.data_paths import DataNotFoundError
+from tests.inprocess_grid import InProcessGrid
+
+
+def config(tmp: Path, **over: Any) -> RunConfig:
+    return RunConfig.parse({"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 1,
+                            "train-limit": 400, "output-dir": str(tmp / "out"), **over})
+
+
+@pytest.fixture
+def logged(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    lines: list[str] = []
+    monkeypatch.setattr(experiment, "log", lambda _lvl, fmt, *a: lines.append(fmt % a))
+    return lines
+
+
+def test_missing_data_fails_before_waiting_for_nodes(tmp_path: Path, logged: list[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = config(tmp_path, dataset="cifar10", **{"data-dir": str(tmp_path / "none")})
+    grid = InProcessGrid(4, cfg.to_dict())
+    monkeypatch.setattr(grid, "get_node_ids", lambda: pytest.fail("waited for nodes"))
+    with pytest.raises(DataNotFoundError, match="cifar10 not found"):
+        experiment.run_experiment(grid, cfg)
+    assert not any(line.startswith("results:") for line in logged)
+
+
+def test_wrong_federation_fails_before_the_data_is_loaded(tmp_path: Path, logged: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = config(tmp_path)
+    monkeypatch.setattr(experiment, "dataset_of", lambda _c: pytest.fail("data loaded"))
+    with pytest.raises(FederationError, match="num-supernodes=4"):
+        experiment.run_experiment(InProcessGrid(3, cfg.to_dict()), cfg)
+    assert not any(line.startswith("results:") for line in logged)

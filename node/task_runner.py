@@ -46,6 +46,10 @@ OBJECT_BACKOFF = (0.02, 0.2)
 """First and longest pause (s) while the node still fetches the message's arrays from the
 SuperLink. A warm task starts that early; Flower's 1 s / 10 s suit a cold process, which
 only asks after its imports."""
+OBJECT_MAX_SECONDS = 900.0
+"""Give up on a message whose arrays never arrive (a run stopped while the node fetched
+them leaves such a task behind) after this long, instead of Flower's two hours: each such
+task holds a worker."""
 
 Notify = Callable[[Message, int, int], None]
 """Called once the task's message is pulled: (error reply to send if the worker dies,
@@ -93,7 +97,8 @@ def pull_input(client: RuntimeHttpClient) -> tuple[Message, Context, Run, Fab]:
         tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
         make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node,
                                                   context.run_id),
-        return_type=Message, initial_backoff=OBJECT_BACKOFF[0], backoff_cap=OBJECT_BACKOFF[1])
+        return_type=Message, initial_backoff=OBJECT_BACKOFF[0], backoff_cap=OBJECT_BACKOFF[1],
+        max_time=OBJECT_MAX_SECONDS)
     message.metadata.__dict__["_message_id"] = tree.object_id  # not part of the pulled tree
     return message, context, run, fab
 

@@ -136,6 +136,7 @@ class Worker:
         self.process.start()
         child.close()
         self.task: InFlight | None = None
+        self.tasks_done = 0
 
     def alive(self) -> bool:
         return self.process.is_alive()
@@ -152,15 +153,23 @@ class Worker:
 
 
 class WarmExecutor:
-    """Poll the Runtime API; hand each ClientApp task to the warm worker of its FAB."""
+    """Poll the Runtime API; hand each ClientApp task to a warm worker of its FAB.
+
+    Usually one worker per node does everything. A task that cannot finish (e.g. one left by
+    a stopped run, whose message never fully arrives) must not hold up the next one, so a
+    task that finds every worker of its FAB busy gets a freshly forked worker, up to
+    ``max_workers``; surplus idle workers are stopped, keeping the one with the warmest
+    caches (the most tasks done).
+    """
 
     def __init__(self, address: str, insecure: bool, certificates: bytes | None,
-                 poll: float, status_file: Path | None) -> None:
+                 poll: float, status_file: Path | None, max_workers: int = 4) -> None:
         self.address, self.insecure, self.certificates = address, insecure, certificates
         self.poll = poll
         self.status_file = status_file
+        self.max_workers = max_workers
         self.stats = Stats()
-        self.worker: Worker | None = None
+        self.workers: list[Worker] = []
 
     def preload(self) -> None:
         """Import what every task needs, once, in the process the workers fork from."""
@@ -188,42 +197,53 @@ class WarmExecutor:
         request = AcquireTaskRequest(supported_task_types=[CLIENT_APP_TASK])
         try:
             while True:
-                self.check_worker()
-                if self.worker is None or self.worker.task is None:
+                for w in list(self.workers):
+                    self.check_worker(w)
+                if len(self.workers) < self.max_workers or self.idle_worker(None):
                     res = client.AcquireTask(request)
                     if res.HasField("task") and res.token:
                         self.dispatch(res.token, res.task.task_id, res.task.fab_hash)
                         continue
                 time.sleep(self.poll)
         finally:
-            if self.worker is not None:
-                self.worker.stop()
+            for w in self.workers:
+                w.stop()
             client.close()
 
+    def idle_worker(self, fab_hash: str | None) -> Worker | None:
+        """The idle worker (of ``fab_hash``, or any) with the most tasks done."""
+        idle = [w for w in self.workers if w.task is None
+                and (fab_hash is None or w.fab_hash == fab_hash)]
+        return max(idle, key=lambda w: w.tasks_done, default=None)
+
     def dispatch(self, token: str, task_id: int, fab_hash: str) -> None:
-        """Send the task to the warm worker of its FAB, forking one if there is none."""
+        """Send the task to an idle warm worker of its FAB, forking one if there is none."""
         from flwr.supercore import log
 
-        if self.worker is not None and self.worker.fab_hash != fab_hash:
-            log(INFO, "warm executor: new FAB %s, retiring the worker of FAB %s",
-                fab_hash[:8], self.worker.fab_hash[:8])
-            self.worker.stop()
-            self.worker = None
-        if self.worker is None:
-            self.worker = Worker(fab_hash, self.address, self.insecure, self.certificates)
+        for old in [w for w in self.workers if w.fab_hash != fab_hash and w.task is None]:
+            log(INFO, "warm executor: FAB %s, retiring a worker of FAB %s", fab_hash[:8],
+                old.fab_hash[:8])
+            self.retire(old)
+        worker = self.idle_worker(fab_hash)
+        if worker is None:  # run() acquires only with a worker to spare
+            worker = Worker(fab_hash, self.address, self.insecure, self.certificates)
+            self.workers.append(worker)
             self.stats.worker_starts += 1
             self.stats.cold_workers += "torch" not in sys.modules
-            self.stats.worker_pid = self.worker.process.pid
-        self.worker.task = InFlight(task_id, token, time.monotonic())
-        self.worker.conn.send((task_id, token))
+            self.stats.worker_pid = worker.process.pid
+            if len(self.workers) > 1:
+                log(INFO, "warm executor: %d workers (the others are busy)", len(self.workers))
+        worker.task = InFlight(task_id, token, time.monotonic())
+        worker.conn.send((task_id, token))
 
-    def check_worker(self) -> None:
-        """Collect the worker's reports; answer for a task whose worker died."""
+    def retire(self, w: Worker) -> None:
+        self.workers.remove(w)
+        w.stop()
+
+    def check_worker(self, w: Worker) -> None:
+        """Collect a worker's reports; answer for a task whose worker died."""
         from flwr.supercore import log
 
-        w = self.worker
-        if w is None:
-            return
         try:
             while w.conn.poll():
                 self.on_report(w, w.conn.recv())
@@ -233,7 +253,7 @@ class WarmExecutor:
             return
         w.process.join()
         code = w.process.exitcode
-        self.worker = None
+        self.workers.remove(w)
         if w.task is None:
             log(WARNING, "warm executor: idle worker exited with %s", code)
             return
@@ -279,6 +299,10 @@ class WarmExecutor:
             "%.0f MiB", task_id, "done" if completed else "failed", start,
             ", ".join(f"{k} {v:.3f}" for k, v in phases.items()), app_seconds, worker_rss or 0)
         w.task = None
+        w.tasks_done += 1
+        keep = self.idle_worker(w.fab_hash)
+        for extra in [x for x in self.workers if x.task is None and x is not keep]:
+            self.retire(extra)  # one idle worker per node is enough
         s.write(self.status_file)
 
 
@@ -291,11 +315,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     tls.add_argument("--root-certificates", help="CA of the Runtime API's TLS certificate")
     p.add_argument("--poll", type=float, default=0.1,
                    help="seconds between task polls when idle (default 0.1)")
+    p.add_argument("--max-workers", type=int, default=4,
+                   help="workers at most, for tasks that overlap (default 4)")
     p.add_argument("--parent-pid", type=int, help="exit when this process exits")
     p.add_argument("--status-file", type=Path, help="write counters here after each task")
     args = p.parse_args(argv)
     if not 0.01 <= args.poll <= 60:
         p.error(f"--poll {args.poll} is not allowed; allowed: 0.01 to 60 seconds")
+    if args.max_workers < 1:
+        p.error(f"--max-workers {args.max_workers} is not allowed; allowed: 1 or more")
     return args
 
 
@@ -306,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     certificates = (None if args.insecure
                     else Path(args.root_certificates).read_bytes())
     executor = WarmExecutor(args.runtime_api_address, args.insecure, certificates, args.poll,
-                            args.status_file)
+                            args.status_file, args.max_workers)
     executor.preload()
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)

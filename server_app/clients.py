@@ -128,9 +128,10 @@ def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
                 + _size_hint(cfg))
         new = [n for n in nodes if n not in seen]
         if new:
-            seen.update(new)
+            claims = _identify(grid, cfg, new)
+            seen.update(claims)  # a node that did not answer yet is asked again
             held = {p: n for n, p in pid_of.items()}
-            pid_of.update(_allowed(_identify(grid, cfg, new), registry, held, set(nodes)))
+            pid_of.update(_allowed(claims, registry, held, set(nodes)))
         if len(pid_of) == cfg.num_clients:
             break
         if time.monotonic() > deadline:

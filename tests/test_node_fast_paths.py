@@ -112,3 +112,45 @@ def test_executor_preload_imports_torch_but_never_starts_cuda() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.split()[-2:] == ["True", "False"], out.stdout + out.stderr
+
+
+class FakeWorker:
+    """Stands in for a forked worker: records what it was sent."""
+
+    started: list[FakeWorker] = []
+
+    def __init__(self, fab_hash: str, *_: object) -> None:
+        self.fab_hash, self.task, self.tasks_done, self.stopped = fab_hash, None, 0, False
+        self.sent: list[object] = []
+        self.conn = self
+        self.process = self
+        self.pid = len(FakeWorker.started)
+        FakeWorker.started.append(self)
+
+    def send(self, item: object) -> None:
+        self.sent.append(item)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_a_stuck_task_does_not_hold_up_the_next_and_idle_extras_are_retired(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from node import warm_executor as we
+
+    FakeWorker.started = []
+    monkeypatch.setattr(we, "Worker", FakeWorker)
+    ex = we.WarmExecutor("127.0.0.1:1", True, None, 0.1, None)
+    ex.dispatch("t1", 1, "fabA")  # e.g. a task left by a stopped run: it never finishes
+    ex.dispatch("t2", 2, "fabA")  # the next task gets a second worker, not a queue
+    first, second = FakeWorker.started
+    assert [w.sent for w in (first, second)] == [[(1, "t1")], [(2, "t2")]]
+    ex.on_report(second, ("done", 2, True, 0.01, 0.5, 100.0, {}))  # type: ignore[arg-type]
+    ex.dispatch("t3", 3, "fabA")  # the idle warm worker is reused
+    assert len(FakeWorker.started) == 2 and second.sent[-1] == (3, "t3")
+    ex.on_report(second, ("done", 3, True, 0.01, 0.5, 100.0, {}))  # type: ignore[arg-type]
+    # The stuck one finally ends: two idle workers, the warmer one stays.
+    ex.on_report(first, ("done", 1, False, 0.0, 0.0, 100.0, {}))  # type: ignore[arg-type]
+    assert first.stopped and not second.stopped and ex.workers == [second]
+    ex.dispatch("t4", 4, "fabB")  # another FAB: the idle worker of the old one is retired
+    assert second.stopped and len(ex.workers) == 1 and ex.workers[0].fab_hash == "fabB"

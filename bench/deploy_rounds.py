@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from node.warm_executor import rss_mib  # noqa: E402
 from scripts.deploy_local import descendants, stop_pids  # noqa: E402
 from scripts.flower_env import REPO, flower_env  # noqa: E402
 
@@ -118,18 +119,8 @@ class MemorySampler:
             for i in range(3):
                 roots = pids_with(f"partition-id={i} ")
                 tree = descendants(roots) if roots else []
-                total = sum(rss_mib(p) for p in tree)
+                total = sum(rss_mib(p) or 0.0 for p in tree)
                 self.peaks[i] = max(self.peaks.get(i, 0.0), total)
-
-
-def rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError):
-        pass
-    return 0.0
 
 
 def pids_with(text: str) -> list[int]:

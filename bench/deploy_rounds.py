@@ -65,8 +65,9 @@ def run_simulation(tmp: Path, args: list[str]) -> Path:
                      FLWR_LOCAL_CONTROL_API_PORT="39393")
     out = tmp / "sim-out"
     try:
-        subprocess.run([sys.executable, str(REPO / "scripts" / "simulate.py"), "num-clients=3",
-                        *args, f"output-dir={out}"], env=env, check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "scripts.simulate", "num-clients=3", *args,
+                        f"output-dir={out}"], env=env, check=True, capture_output=True,
+                       cwd=REPO)
     finally:  # the local SuperLink outlives `flwr run`
         stop_pids(pids_with(str(home / "local-superlink")))
     return out
@@ -75,10 +76,11 @@ def run_simulation(tmp: Path, args: list[str]) -> Path:
 def run_process(tmp: Path, name: str, args: list[str], flags: list[str],
                 sampler: MemorySampler | None = None) -> Path:
     out, work = tmp / f"{name}-out", tmp / name
-    cmd = [sys.executable, str(REPO / "scripts" / "deploy_local.py"), "--num-nodes", "3",
+    cmd = [sys.executable, "-m", "scripts.deploy_local", "--num-nodes", "3",
            "--work-dir", str(work), "--base-port", "29700", *flags, *args,
            f"output-dir={out}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO)
     if sampler is not None:
         sampler.start(work)
     text, _ = proc.communicate()

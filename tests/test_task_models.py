@@ -155,6 +155,7 @@ def test_resnet18_gn_matches_torchvision(channels: int, side: int, classes: int)
 
 
 def test_models_build_and_run_without_torchvision() -> None:
+    """The CPU images carry no torchvision: every model and app module must do without it."""
     code = (
         "import sys; sys.modules['torchvision'] = None\n"
         "import torch; torch.set_num_threads(1)\n"
@@ -166,6 +167,10 @@ def test_models_build_and_run_without_torchvision() -> None:
         "        with torch.no_grad():\n"
         "            out = model(torch.zeros(2, channels, side, side))\n"
         "        assert out.shape == (2, 10), (name, out.shape)\n"
+        "import importlib, pkgutil\n"  # and every module of the apps imports without it
+        "for pkg in ('task', 'client_app', 'server_app', 'strategies'):\n"
+        "    for info in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + '.'):\n"
+        "        importlib.import_module(info.name)\n"
         "assert 'torchvision' not in sys.modules or sys.modules['torchvision'] is None\n"
         "print('ok')\n"
     )

@@ -100,36 +100,103 @@ class VGG11(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
-def _group_norm(channels: int) -> nn.Module:
-    """Norm layer factory for torchvision's ResNet: GroupNorm keeps no running buffers."""
+def _group_norm(channels: int) -> nn.GroupNorm:
+    """The ResNet norm: GroupNorm keeps no running buffers (unlike BatchNorm)."""
     return nn.GroupNorm(RESNET_GN_GROUPS, channels)
 
 
-def _resnet18_gn(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
-    """torchvision ResNet-18 with GroupNorm(2, C) and the 7x7 stem, as the authors used."""
-    # Imported here: the slim CPU client images carry no torchvision (no CPU build of it
-    # exists offline for their torch), and only this model needs it.
-    from torchvision.models import resnet18
+def _conv(in_channels: int, out_channels: int, kernel: int, stride: int = 1) -> nn.Conv2d:
+    """A bias-free square conv padded to keep the side at stride 1 (3x3: 1, 1x1: 0, 7x7: 3)."""
+    return nn.Conv2d(in_channels, out_channels, kernel, stride=stride, padding=kernel // 2,
+                     bias=False)
 
-    del image_size  # any size >= 32 after its adaptive pool; checked by check_model_input
-    model = resnet18(num_classes=num_classes, norm_layer=_group_norm)
-    if in_channels != model.conv1.in_channels:
-        old = model.conv1
-        model.conv1 = nn.Conv2d(
-            in_channels,
-            old.out_channels,
-            kernel_size=old.kernel_size,  # type: ignore[arg-type]
-            stride=old.stride,  # type: ignore[arg-type]
-            padding=old.padding,  # type: ignore[arg-type]
-            bias=False,
-        )
-        nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
-    return model
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convs with a residual; `downsample` (1x1 conv + norm) maps the input to the
+    output's shape when the stride or the width changes.
+
+    The attribute names and their registration order are torchvision's (conv1, bn1, conv2, bn2,
+    downsample.0/.1): they fix the state-dict and parameter order and the order in which
+    ResNet18GN He-initialises the convs, so seeded weights match torchvision's.
+    """
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1,
+                 downsample: nn.Module | None = None) -> None:
+        super().__init__()
+        self.conv1 = _conv(in_channels, channels, 3, stride)
+        self.bn1 = _group_norm(channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = _conv(channels, channels, 3)
+        self.bn2 = _group_norm(channels)
+        self.downsample = downsample
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """conv-norm-relu-conv-norm, plus the (downsampled) input, then relu."""
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ResNet18GN(nn.Module):
+    """ResNet-18 with GroupNorm(2, C) and the ImageNet 7x7 stem, as the paper's authors used.
+
+    Plain torch, so every image (CPU ones without torchvision included) can build it. Module
+    names, parameter order and, for a given seed, the initial weights are those of
+    ``torchvision.models.resnet18(num_classes, norm_layer=GroupNorm(2, C))`` whose ``conv1`` is
+    replaced (and He-initialised) for in_channels != 3, which this project built before;
+    tests/test_task_models.py checks this bit for bit against torchvision.
+    """
+
+    STAGES: tuple[tuple[int, int], ...] = ((64, 1), (128, 2), (256, 2), (512, 2))
+    BLOCKS_PER_STAGE = 2
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: int = 32) -> None:
+        super().__init__()
+        del image_size  # any side >= 28 after the adaptive pool; checked by check_model_input
+        width = self.STAGES[0][0]
+        # The stem is built for 3 channels first whatever in_channels is: its default init
+        # draws from the RNG like torchvision's, so every later layer gets the same weights.
+        self.conv1 = _conv(3, width, 7, stride=2)
+        self.bn1 = _group_norm(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        for index, (channels, stride) in enumerate(self.STAGES, start=1):
+            self.add_module(f"layer{index}", self._stage(width, channels, stride))
+            width = channels
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(width, num_classes)  # keeps nn.Linear's default init
+        for module in self.modules():  # registration order, as torchvision
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(module, nn.GroupNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        if in_channels != 3:
+            self.conv1 = _conv(in_channels, self.STAGES[0][0], 7, stride=2)
+            nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")
+
+    def _stage(self, in_channels: int, channels: int, stride: int) -> nn.Sequential:
+        """BLOCKS_PER_STAGE blocks; the first one strides and, if needed, downsamples."""
+        downsample = None
+        if stride != 1 or in_channels != channels:
+            downsample = nn.Sequential(_conv(in_channels, channels, 1, stride),
+                                       _group_norm(channels))
+        blocks = [BasicBlock(in_channels, channels, stride, downsample)]
+        blocks += [BasicBlock(channels, channels) for _ in range(1, self.BLOCKS_PER_STAGE)]
+        return nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map (N, C, S, S) images to (N, num_classes) logits."""
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
 _BUILDERS: dict[str, Callable[[int, int, int], nn.Module]] = {
     "cnn": SmallCNN,
-    "resnet18-gn": _resnet18_gn,
+    "resnet18-gn": ResNet18GN,
     "vgg11": VGG11,
 }
 

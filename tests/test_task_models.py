@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from task.models import MODEL_NAMES, build_model, get_weights, set_weights
+from task.models import MODEL_NAMES, RESNET_GN_GROUPS, build_model, get_weights, set_weights
+
+REPO = Path(__file__).resolve().parents[1]
 
 # (name, in_channels, image side, num_classes)
 CASES = [
@@ -99,3 +105,75 @@ def test_set_weights_errors() -> None:
         set_weights(model, bad)
     with pytest.raises(ValueError, match=f"expected {len(weights)} weight arrays, got 1"):
         set_weights(model, weights[:1])
+
+
+# resnet18-gn is plain torch, built to match torchvision's resnet18 with GroupNorm(2, C) and this
+# project's former conv1 replacement: names, shapes, seeded initial weights and outputs.
+TV_CASES = [(c, side, classes) for c in (3, 1) for side in (32, 28) for classes in (10, 100)]
+
+
+def _torchvision_resnet18_gn(num_classes: int, in_channels: int, seed: int) -> torch.nn.Module:
+    """The model task.models built before it stopped using torchvision, on the same RNG fork."""
+    resnet18 = pytest.importorskip(
+        "torchvision.models", reason="torchvision is needed only as the reference").resnet18
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        model = resnet18(num_classes=num_classes,
+                         norm_layer=lambda c: torch.nn.GroupNorm(RESNET_GN_GROUPS, c))
+        if in_channels != 3:
+            model.conv1 = torch.nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3,
+                                          bias=False)
+            torch.nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out",
+                                          nonlinearity="relu")
+    return model
+
+
+@pytest.mark.parametrize(("channels", "side", "classes"), TV_CASES)
+def test_resnet18_gn_matches_torchvision(channels: int, side: int, classes: int) -> None:
+    reference = _torchvision_resnet18_gn(classes, channels, seed=5)
+    model = build_model("resnet18-gn", classes, channels, seed=5, image_size=side)
+    ours, theirs = model.state_dict(), reference.state_dict()
+    # Same keys in the same order (the wire order is parameters() order) and the same shapes.
+    assert list(ours) == list(theirs)
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in reference.named_parameters()]
+    assert {k: v.shape for k, v in ours.items()} == {k: v.shape for k, v in theirs.items()}
+    # Bit-identical initial weights for the same seed.
+    for key, value in ours.items():
+        assert value.dtype == theirs[key].dtype and torch.equal(value, theirs[key]), key
+    # The same function: perturb the weights (so the norms' affine parts are not just 1/0),
+    # load them into both and compare outputs in eval mode.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        perturbed = {k: v + 0.05 * torch.randn_like(v) for k, v in theirs.items()}
+        x = torch.randn(3, channels, side, side)
+    model.load_state_dict(perturbed)
+    reference.load_state_dict(perturbed)
+    model.eval()
+    reference.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-6, atol=1e-6)
+
+
+def test_models_build_and_run_without_torchvision() -> None:
+    """The CPU images carry no torchvision: every model and app module must do without it."""
+    code = (
+        "import sys; sys.modules['torchvision'] = None\n"
+        "import torch; torch.set_num_threads(1)\n"
+        "from task.models import MODEL_NAMES, NATIVE_IMAGE_SIZES, build_model\n"
+        "for name in MODEL_NAMES:\n"
+        "    for channels in (1, 3):\n"
+        "        side = NATIVE_IMAGE_SIZES[name]\n"
+        "        model = build_model(name, 10, channels, seed=0)\n"
+        "        with torch.no_grad():\n"
+        "            out = model(torch.zeros(2, channels, side, side))\n"
+        "        assert out.shape == (2, 10), (name, out.shape)\n"
+        "import importlib, pkgutil\n"  # and every module of the apps imports without it
+        "for pkg in ('task', 'client_app', 'server_app', 'strategies'):\n"
+        "    for info in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + '.'):\n"
+        "        importlib.import_module(info.name)\n"
+        "assert 'torchvision' not in sys.modules or sys.modules['torchvision'] is None\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr

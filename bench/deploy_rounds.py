@@ -77,7 +77,7 @@ def run_process(tmp: Path, name: str, args: list[str], flags: list[str],
                 sampler: MemorySampler | None = None) -> Path:
     out, work = tmp / f"{name}-out", tmp / name
     cmd = [sys.executable, "-m", "scripts.deploy_local", "--num-nodes", "3",
-           "--work-dir", str(work), "--base-port", "29700", *flags, *args,
+           "--work-dir", str(work), "--base-port", "29900", *flags, *args,
            f"output-dir={out}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO)

@@ -100,10 +100,13 @@ def run_compose(tmp: Path, args: list[str]) -> Path:
 
 
 class MemorySampler:
-    """Peak RSS (MiB) of each node's process tree, sampled every 0.5 s."""
+    """Peak memory (MiB) of each node's process tree, sampled every 0.5 s: the sum of PSS
+    (shared pages split between the processes that map them, so torch's libraries shared by
+    the executor and its forked worker count once) and, for comparison, of RSS."""
 
     def __init__(self) -> None:
         self.peaks: dict[int, float] = {}
+        self.rss_peaks: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -121,8 +124,10 @@ class MemorySampler:
             for i in range(3):
                 roots = pids_with(f"partition-id={i} ")
                 tree = descendants(roots) if roots else []
-                total = sum(rss_mib(p) or 0.0 for p in tree)
-                self.peaks[i] = max(self.peaks.get(i, 0.0), total)
+                pss = sum(rss_mib(p, pss=True) or 0.0 for p in tree)
+                rss = sum(rss_mib(p) or 0.0 for p in tree)
+                self.peaks[i] = max(self.peaks.get(i, 0.0), pss)
+                self.rss_peaks[i] = max(self.rss_peaks.get(i, 0.0), rss)
 
 
 def pids_with(text: str) -> list[int]:
@@ -219,9 +224,10 @@ def main() -> int:
             hist = [json.loads((tmp / "memory" / f"node-{i}" / "executor.json").read_text())
                     ["worker_rss_history"] for i in range(3)]
             s = summarize(results_rows(out))
-            print(f"memory over {args.memory_rounds} rounds (warm, process): peak RSS per node "
-                  f"(launcher + SuperNode + executor + worker, shared pages counted in each) "
-                  f"{ {i: round(v) for i, v in sorted(sampler.peaks.items())} } MiB; worker "
+            print(f"memory over {args.memory_rounds} rounds (warm, process): peak per node "
+                  f"(launcher + SuperNode + executor + worker) PSS "
+                  f"{ {i: round(v) for i, v in sorted(sampler.peaks.items())} } MiB, RSS "
+                  f"{ {i: round(v) for i, v in sorted(sampler.rss_peaks.items())} } MiB; worker "
                   f"RSS first/last task {[(round(h[1]), round(h[-1])) for h in hist]} MiB; "
                   f"overhead mean {s['overhead']:.2f} s")
     return 0

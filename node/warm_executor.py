@@ -75,11 +75,14 @@ class Stats:
         os.replace(tmp, path)
 
 
-def rss_mib(pid: int | None) -> float | None:
-    """Resident memory of a process from /proc (None where there is no /proc)."""
+def rss_mib(pid: int | None, pss: bool = False) -> float | None:
+    """Resident memory of a process from /proc, or with ``pss`` its proportional share
+    (pages shared with other processes counted by fraction); None where there is no /proc."""
+    path, key = (f"/proc/{pid}/smaps_rollup", "Pss:") if pss else (f"/proc/{pid}/status",
+                                                                    "VmRSS:")
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
                 return int(line.split()[1]) / 1024
     except (OSError, ValueError):
         pass

@@ -1,8 +1,9 @@
 """Run one experiment as a real Flower deployment on this machine (gRPC Fleet API, TLS, auth).
 
-    .venv/bin/python scripts/deploy_local.py --num-nodes 3 num-server-rounds=3 train-limit=3000
-    .venv/bin/python scripts/deploy_local.py --insecure --keep-running beta=0
-    .venv/bin/python scripts/deploy_local.py --stop          # stop what --keep-running left
+    .venv/bin/fedinit-deploy --num-nodes 3 num-server-rounds=3 train-limit=3000
+    .venv/bin/fedinit-deploy --insecure --keep-running beta=0
+    .venv/bin/fedinit-deploy --stop          # stop what --keep-running left
+    (or python -m scripts.deploy_local ... from the checkout)
 
 One command does what an operator would: TLS material (deploy/make_certs.sh), a SuperLink
 (TLS, --enable-supernode-auth, Fleet API on 127.0.0.1, no runtime dependency installation),
@@ -34,11 +35,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.flower_env import REPO, flower_env  # noqa: E402
-from scripts.simulate import RUN_ID, parse_overrides, run_status, toml_line  # noqa: E402
-from task.config import ConfigError, RunConfig  # noqa: E402
+from scripts.flower_env import REPO, flower_env
+from scripts.simulate import RUN_ID, parse_overrides, run_status, toml_line
+from task.config import ConfigError, RunConfig
 
 MAKE_CERTS = REPO / "deploy" / "make_certs.sh"
 CONNECTION = "fedinit-local"

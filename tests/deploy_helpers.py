@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from scripts.deploy_local import stop_pids
-from scripts.flower_env import REPO, flower_env
+from scripts.flower_env import flower_env
 
-DEPLOY_LOCAL = [sys.executable, str(REPO / "scripts" / "deploy_local.py")]
+DEPLOY_LOCAL = [sys.executable, "-m", "scripts.deploy_local"]
 SIMULATE = [sys.executable, "-m", "scripts.simulate"]
 # The simulation's local SuperLink on ports of our own (not 39091/39093 nor conftest's).
 SIM_HTTP_PORT, SIM_CONTROL_PORT = "39291", "39293"

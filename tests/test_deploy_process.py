@@ -45,13 +45,16 @@ def sim_home(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("executor", ["warm", "flower"])
 def test_tls_auth_deployment_completes_and_equals_simulation(
-        tmp_path: Path, sim_home: Path) -> None:
+        tmp_path: Path, sim_home: Path, executor: str) -> None:
+    """With the warm executor and with Flower's own (a process per message) alike."""
     work, dep_out, sim_out = tmp_path / "deploy", tmp_path / "dep-out", tmp_path / "sim-out"
     t0 = time.monotonic()
     dep = subprocess.run(
         [*DEPLOY_LOCAL, "--num-nodes", "3", "--work-dir", str(work), "--base-port", "29500",
-         "--run-timeout", "600", *EXPERIMENT, f"output-dir={dep_out}"],
+         "--executor", executor, "--run-timeout", "600", *EXPERIMENT,
+         f"output-dir={dep_out}"],
         capture_output=True, text=True, timeout=900, check=False)
     dep_wall = time.monotonic() - t0
     assert dep.returncode == 0, dep.stdout[-4000:] + dep.stderr[-3000:]
@@ -75,7 +78,8 @@ def test_tls_auth_deployment_completes_and_equals_simulation(
 
     dep_rows, sim_rows = rounds(run), rounds(run_dir(sim_out))
     diff = diffs(dep_rows, sim_rows)
-    print(f"\ndeployment vs simulation over {len(dep_rows)} rounds: max relative diff "
+    print(f"\n{executor} executor: deployment vs simulation over {len(dep_rows)} rounds: "
+          "max relative diff "
           f"{ {k: float(f'{v:.3g}') for k, v in diff.items()} } (test-acc absolute); "
           f"deploy_local.py {dep_wall:.0f}s, simulate.py {sim_wall:.0f}s; round seconds "
           f"deploy {[round(r['round-seconds'], 1) for r in dep_rows]}, "

@@ -83,8 +83,17 @@ def executor_command(args: argparse.Namespace, address: str) -> list[str]:
     return cmd + (["--status-file", str(args.status_file)] if args.status_file else [])
 
 
+def plain_logs_off_terminal() -> None:
+    """Flower colours every log line; a log file (not a terminal) gets them plain."""
+    if not sys.stderr.isatty():
+        from flwr.supercore.logger import update_console_handler
+
+        update_console_handler(colored=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     args, node_args = parse_args(sys.argv[1:] if argv is None else argv)
+    plain_logs_off_terminal()
     node_args, address = runtime_address(node_args)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(

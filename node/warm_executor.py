@@ -334,6 +334,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from flwr.supercore.app_utils import start_parent_process_monitor
 
+    from node.launch import plain_logs_off_terminal
+
+    plain_logs_off_terminal()
     certificates = (None if args.insecure
                     else Path(args.root_certificates).read_bytes())
     executor = WarmExecutor(args.runtime_api_address, args.insecure, certificates, args.poll,

@@ -95,6 +95,7 @@ def test_warm_executor_survives_faults_and_picks_up_a_new_fab(tmp_path: Path) ->
     assert rows1[2]["round-seconds"] < 30, rows1[2]
     link = (work / "logs" / "supernode-1.log").read_text()
     assert "worker died" in link and "error reply sent" in link
+    assert "\x1b[" not in link  # a log file gets no colour codes
     raised, killed = after_first[0], after_first[1]
     assert raised["worker_starts"] == 1 and raised["tasks_failed"] == 1
     assert killed["worker_crashes"] == 1 and killed["worker_starts"] == 2

@@ -17,8 +17,8 @@ from flwr.common.logger import log
 from client_app.model_cache import client_tensors, fresh_model, initial_weights
 from client_app.round import client_round
 from client_app.state import ClientState, StateMirror
-from strategies import METHODS
 from strategies import records as rk
+from strategies.registry import METHODS
 from task.config import RunConfig
 from task.evaluation import evaluate as evaluate_model
 from task.models import set_weights

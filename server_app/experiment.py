@@ -30,8 +30,8 @@ from server_app.checkpoint import (
 )
 from server_app.clients import discover_clients, refresh_clients
 from server_app.results import Recorder, atomic_write_bytes
-from strategies import METHODS
 from strategies import records as rk
+from strategies.registry import METHODS
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present
 from task.federated_data import dataset_of, partition_sizes

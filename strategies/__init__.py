@@ -1,37 +1,7 @@
 """One module per federated algorithm, each holding its server half and its client half.
 
-``METHODS`` maps a run-config ``method`` name to its pair; RI (relaxed initialization) lives
-in ``strategies.ri`` and composes with all of them.
+``strategies.registry.METHODS`` maps a run-config ``method`` name to its pair; RI (relaxed
+initialization) lives in ``strategies.ri`` and composes with all of them. The package itself
+imports nothing, so the config check reads the light tables in ``strategies.names`` without
+importing torch or Flower.
 """
-
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-from strategies.base import ClientRule, RIStrategy
-from strategies.fedadam import FedAdamClient, FedAdamServer
-from strategies.fedavg import FedAvgClient, FedAvgServer
-from strategies.fedcm import FedCmClient, FedCmServer
-from strategies.feddyn import FedDynClient, FedDynServer
-from strategies.fedprox import FedProxClient, FedProxServer
-from strategies.fedsam import FedSamClient, FedSamServer
-from strategies.scaffold import ScaffoldClient, ScaffoldServer
-
-
-@dataclass(frozen=True)
-class Method:
-    """A method's two halves: the server strategy class and the client rule class."""
-
-    server: type[RIStrategy]
-    client: type[ClientRule]
-
-
-METHODS: dict[str, Method] = {
-    "fedavg": Method(FedAvgServer, FedAvgClient),
-    "fedprox": Method(FedProxServer, FedProxClient),
-    "fedadam": Method(FedAdamServer, FedAdamClient),
-    "scaffold": Method(ScaffoldServer, ScaffoldClient),
-    "feddyn": Method(FedDynServer, FedDynClient),
-    "fedcm": Method(FedCmServer, FedCmClient),
-    "fedsam": Method(FedSamServer, FedSamClient),
-}

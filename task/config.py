@@ -19,15 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from task.choices import METHODS_TABLES, MODEL_NAMES, PARTITION_NAMES, check_model_input
+from strategies.names import (
+    AGGREGATIONS,
+    METHOD_NAMES,
+    RI_AGGREGATION_AUTO,
+    RI_AGGREGATIONS,
+    SERVER_LR_AUTO,
+    WEIGHTINGS,
+)
+from task.choices import MODEL_NAMES, PARTITION_NAMES, check_model_input
 from task.data_paths import DATASET_NAMES, IMAGE_SIZES, default_data_dir
-
-METHOD_NAMES: tuple[str, ...] = METHODS_TABLES.METHOD_NAMES
-RI_AGGREGATIONS: tuple[str, ...] = METHODS_TABLES.RI_AGGREGATIONS
-RI_AGGREGATION_AUTO: dict[str, str] = METHODS_TABLES.RI_AGGREGATION_AUTO
-WEIGHTINGS: tuple[str, ...] = METHODS_TABLES.WEIGHTINGS
-AGGREGATIONS: tuple[str, ...] = METHODS_TABLES.AGGREGATIONS
-SERVER_LR_AUTO: dict[str, float] = METHODS_TABLES.SERVER_LR_AUTO
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 

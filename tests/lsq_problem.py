@@ -24,7 +24,7 @@ from torch import nn
 
 from client_app.round import client_round
 from client_app.state import ClientState
-from strategies import METHODS
+from strategies.registry import METHODS
 from strategies.ri import Weights
 from task.config import RunConfig
 from tests.inprocess_grid import set_task_identity

@@ -2,8 +2,8 @@
 
 import pytest
 
-from strategies import METHODS
 from strategies.names import METHOD_NAMES
+from strategies.registry import METHODS
 from task.config import ConfigError, RunConfig
 
 

@@ -17,8 +17,8 @@ from flwr.app import RecordDict
 
 from client_app.state import W_PREV, ClientState
 from server_app.experiment import run_experiment
-from strategies import METHODS
 from strategies.feddyn import H_LOCAL
+from strategies.registry import METHODS
 from strategies.scaffold import C_LOCAL
 from task.config import RunConfig
 from tests.inprocess_grid import InProcessGrid

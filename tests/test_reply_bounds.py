@@ -18,9 +18,9 @@ from flwr.serverapp import Grid
 
 from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from server_app.experiment import run_experiment
-from strategies import METHODS
 from strategies import records as rk
 from strategies.base import RIStrategy
+from strategies.registry import METHODS
 from strategies.ri import Weights
 from strategies.scaffold import DELTA_C
 from task.config import ConfigError, RunConfig

@@ -65,7 +65,6 @@ class TaskOutcome:
     """From the token reaching the worker to the ClientApp being called: the per-message
     start cost (a cold ``flwr-clientapp`` pays the interpreter, torch and app imports here)."""
     app_seconds: float
-    details: str
     phases: dict[str, float]
     """Seconds of each start step (pull, install, load): where a slow start went."""
 
@@ -152,7 +151,7 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
             completed = False
         heartbeat.stop()
         client.close()
-    return TaskOutcome(completed, start, app_seconds, details, phases)
+    return TaskOutcome(completed, start, app_seconds, phases)
 
 
 def report_crash(address: str, token: str, insecure: bool, certificates: bytes | None,

@@ -58,10 +58,8 @@ class Stats:
     worker_crashes: int = 0
     cold_workers: int = 0
     """Workers that had to import torch themselves (should stay 0: the fork inherits it)."""
-    last_start_seconds: float | None = None
     start_seconds: list[float] = field(default_factory=list)
     worker_pid: int | None = None
-    worker_rss_mib: float | None = None
     worker_rss_history: list[float] = field(default_factory=list)
     """The worker's RSS after each task (last 1000): flat means no leak across rounds."""
     supervisor_rss_mib: float | None = None
@@ -120,7 +118,6 @@ class InFlight:
 
     task_id: int
     token: str
-    acquired: float
     crash_reply: Any = None
     run_id: int = 0
     node_id: int = 0
@@ -236,7 +233,7 @@ class WarmExecutor:
             self.stats.worker_pid = worker.process.pid
             if len(self.workers) > 1:
                 log(INFO, "warm executor: %d workers (the others are busy)", len(self.workers))
-        worker.task = InFlight(task_id, token, time.monotonic())
+        worker.task = InFlight(task_id, token)
         worker.conn.send((task_id, token))
 
     def retire(self, w: Worker) -> None:
@@ -293,9 +290,7 @@ class WarmExecutor:
         s = self.stats
         s.tasks += 1
         s.tasks_failed += 0 if completed else 1
-        s.last_start_seconds = start
         s.start_seconds = [*s.start_seconds[-99:], round(start, 4)]
-        s.worker_rss_mib = worker_rss
         if worker_rss is not None:
             s.worker_rss_history = [*s.worker_rss_history[-999:], round(worker_rss, 1)]
         log(INFO, "warm executor: task %d %s: start %.3f s (%s), app %.2f s, worker RSS "

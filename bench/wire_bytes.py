@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict  # noqa: E402
 
 from strategies.registry import METHODS  # noqa: E402
+from strategies.shell import MethodStrategy  # noqa: E402
 from task.config import RunConfig  # noqa: E402
 from task.federated_data import dataset_of  # noqa: E402
 from task.models import build_model, get_weights  # noqa: E402
@@ -37,9 +38,10 @@ def measure(raw: dict[str, object]) -> dict[str, tuple[int, int]]:
     cfg = RunConfig.parse(raw)
     data = dataset_of(cfg)
     grid = InProcessGrid(cfg.num_clients, raw)
-    strategy = METHODS[cfg.method].server(cfg, {p: 1000 + p for p in range(cfg.num_clients)})
-    arrays = ArrayRecord(get_weights(build_model(cfg.model, data.num_classes, data.in_channels,
-                                                 cfg.seed, data.image_size)))
+    w0 = get_weights(build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
+                                 data.image_size))
+    strategy = MethodStrategy(cfg, {p: 1000 + p for p in range(cfg.num_clients)}, w0)
+    arrays = ArrayRecord(w0)
     down: list[RecordDict] = []
     up: list[RecordDict] = []
     for rnd in (1, 2):

@@ -18,7 +18,6 @@ from client_app.model_cache import client_tensors, fresh_model, initial_weights
 from client_app.round import client_round
 from client_app.state import ClientState, StateMirror
 from strategies import records as rk
-from strategies.registry import METHODS
 from task.config import RunConfig
 from task.evaluation import evaluate as evaluate_model
 from task.models import set_weights
@@ -81,7 +80,7 @@ def train_fn(msg: Message, context: Context) -> Message:
     fell_back = restore_state(state, mirror, experiment, server_round,
                               msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
     x, y = client_tensors(cfg, pid)
-    content = client_round(cfg, METHODS[cfg.method].client(cfg), msg.content, state,
+    content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            fresh_model(cfg), x, y, initial=lambda: initial_weights(cfg),
                            partition_id=pid)
     content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)

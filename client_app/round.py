@@ -18,7 +18,7 @@ from torch import nn
 from client_app.state import W_PREV, ClientState
 from client_app.trainer import LossFn, local_sgd
 from strategies import records as rk
-from strategies.base import ClientRule
+from strategies.method import ClientRule
 from strategies.ri import relaxed_start, upload_vector
 from task.config import RunConfig
 from task.models import get_weights, set_weights
@@ -65,10 +65,10 @@ def client_round(
                        generator=local_generator(cfg.seed, server_round, partition_id),
                        hook=hook, loss_fn=loss_fn, sam_rho=rule.sam_rho)
     final = get_weights(model)
-    extras = rule.finish(start, final, result.num_steps, lr, method_state)
+    new_state, extras = rule.finish(start, final, result.num_steps, lr, down, method_state)
 
     state.put(W_PREV, final)
-    for key, arrays in method_state.items():
+    for key, arrays in new_state.items():
         state.put(key, arrays)
     metrics = MetricRecord({rk.NUM_EXAMPLES: result.num_examples,
                             rk.TRAIN_LOSS: result.mean_loss, rk.NUM_STEPS: result.num_steps,

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # at runtime strategies.fedcm imports this module (num_steps)
-    from strategies.base import GradientHook
+if TYPE_CHECKING:
+    from strategies.method import GradientHook
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """loss_fn(model output, targets) -> scalar loss; cross-entropy for the image tasks."""

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from scripts.flower_env import REPO
-from strategies.names import METHOD_NAMES
+from strategies.registry import METHOD_NAMES
 from task.config import ConfigError, RunConfig, load_defaults
 
 # Axes that take a list of values; their cartesian product gives the cells.

@@ -24,11 +24,8 @@ from typing import Any
 
 from scripts.grid import Cell, Grid, GridError, load_grid, matches
 from server_app.results import ACCURACY_LABEL, DIVERGENCE_LABEL, smoothed_peak
+from strategies.registry import METHODS
 
-METHOD_LABELS: dict[str, str] = {
-    "fedavg": "FedAvg", "fedadam": "FedAdam", "fedsam": "FedSAM", "scaffold": "SCAFFOLD",
-    "feddyn": "FedDyn", "fedcm": "FedCM", "fedprox": "FedProx",
-}
 SECTION_KEYS: tuple[str, ...] = ("model", "dataset", "local-epochs")
 CSV_FIELDS: tuple[str, ...] = (
     "cell-id", "status", "method", "beta", "model", "dataset", "partition", "dirichlet-alpha",
@@ -137,9 +134,8 @@ def row_labels(keys: Iterable[tuple[str, float]]) -> dict[tuple[str, float], str
         betas.setdefault(method, set()).add(beta)
     labels = {}
     for method, beta in keys:
-        name = METHOD_LABELS.get(method, method)
-        if beta:
-            name = "FedInit" if method == "fedavg" else f"{name}+RI"
+        spec = METHODS.get(method)
+        name = spec.label_with(beta) if spec else method
         nonzero = {b for b in betas[method] if b}
         if len(nonzero) > 1:
             name += f" (β={beta:g})"

@@ -31,7 +31,7 @@ from server_app.checkpoint import (
 from server_app.clients import discover_clients, refresh_clients
 from server_app.results import Recorder, atomic_write_bytes
 from strategies import records as rk
-from strategies.registry import METHODS
+from strategies.shell import MethodStrategy
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present
 from task.federated_data import dataset_of, partition_sizes
@@ -103,7 +103,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
         if resume else "")
     refused: set[int] = set()  # nodes whose partition claim was refused
-    strategy = METHODS[cfg.method].server(cfg, node_of)
+    strategy = MethodStrategy(cfg, node_of, weights)
     strategy.expect_examples(partition_sizes(cfg))
     strategy.summary()
 
@@ -119,7 +119,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     failed = 0
     for rnd in range(first, n + 1):
         t0 = time.monotonic()
-        refresh_clients(grid, cfg, strategy.node_of_partition, refused)
+        refresh_clients(grid, cfg, node_of, refused)
         messages = strategy.configure_train(rnd, arrays, round_config, grid)
         t_send = time.monotonic()
         replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))

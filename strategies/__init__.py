@@ -1,7 +1,14 @@
-"""One module per federated algorithm, each holding its server half and its client half.
+"""The federated methods: one module per method holding its parameters, its typed server
+state, its pure server update and its client rule, plus the pieces they share.
 
-``strategies.registry.METHODS`` maps a run-config ``method`` name to its pair; RI (relaxed
-initialization) lives in ``strategies.ri`` and composes with all of them. The package itself
-imports nothing, so the config check reads the light tables in ``strategies.names`` without
-importing torch or Flower.
+- ``method.py``: the shape every method has (``Params``, ``ServerState``, ``ServerRule``,
+  ``ClientRule``, ``MethodSpec``) and what a round hands in (``ClientUpdate``, ``RoundInput``).
+- ``registry.py``: the one list of methods, from which the run config is built.
+- ``ri.py``: relaxed initialization, which composes with every method; ``robust.py``,
+  ``sampling.py``: aggregation statistics and seeded client sampling; ``records.py``: wire names.
+- ``shell.py``: the one Flower strategy all methods run in (the only module here that imports
+  Flower).
+
+The method modules import numpy only (torch inside a client hook), so the config check stays
+fast. The package itself imports nothing.
 """

@@ -10,45 +10,67 @@ Clients run plain local SGD; the wire cost is FedAvg's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import RecordDict
 
-from strategies.base import ClientRule, RIStrategy
+from strategies.method import (
+    ClientRule,
+    MethodSpec,
+    Params,
+    RoundInput,
+    ServerRule,
+    ServerState,
+    check_range,
+    zeros_like,
+)
 from strategies.ri import Weights
 
-if TYPE_CHECKING:
-    from task.config import RunConfig
+
+@dataclass(frozen=True)
+class FedAdamParams(Params):
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+
+    def check(self) -> None:
+        for key, value in (("adam-beta1", self.adam_beta1), ("adam-beta2", self.adam_beta2)):
+            check_range(key, value, 0.0 <= value < 1.0, f"0 <= {key} < 1")
+        check_range("adam-eps", self.adam_eps, self.adam_eps > 0, "a number > 0")
 
 
-class FedAdamServer(RIStrategy):
-    """FedAdam's server half: Adam moments m, v kept on the strategy (zeros at start)."""
+@dataclass(frozen=True)
+class FedAdamState(ServerState):
+    m: Weights
+    """First moment of D (float64), zeros before round 1."""
+    v: Weights
+    """Second moment of D (float64), zeros before round 1."""
 
-    state_attrs = ("m", "v")
 
-    def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int]) -> None:
-        super().__init__(cfg, node_of_partition)
-        self.m: Weights = []
-        self.v: Weights = []
+class FedAdamServer(ServerRule[FedAdamParams, FedAdamState]):
+    """FedAdam's server half: the Adam step on D."""
 
-    def server_step(
-        self, server_round: int, w_t: Weights, update: Weights, replies: list[RecordDict]
-    ) -> Weights:
-        c = self.cfg
-        if not self.m:
-            self.m = [np.zeros(w.shape, dtype=np.float64) for w in w_t]
-            self.v = [np.zeros(w.shape, dtype=np.float64) for w in w_t]
-        out = []
-        for i, (w, d) in enumerate(zip(w_t, update, strict=True)):
+    state_type = FedAdamState
+
+    def init(self, w0: Weights) -> FedAdamState:
+        return FedAdamState(m=zeros_like(w0, np.float64), v=zeros_like(w0, np.float64))
+
+    def update(self, state: FedAdamState, w_t: Weights,
+               rnd: RoundInput) -> tuple[Weights, FedAdamState]:
+        b1, b2, eps = self.params.adam_beta1, self.params.adam_beta2, self.params.adam_eps
+        m, v, out = [], [], []
+        for w, d, m_i, v_i in zip(w_t, rnd.aggregate, state.m, state.v, strict=True):
             d64 = d.astype(np.float64)
-            self.m[i] = c.adam_beta1 * self.m[i] + (1.0 - c.adam_beta1) * d64
-            self.v[i] = c.adam_beta2 * self.v[i] + (1.0 - c.adam_beta2) * d64**2
-            step = c.server_lr * self.m[i] / (np.sqrt(self.v[i]) + c.adam_eps)
+            m.append(b1 * m_i + (1.0 - b1) * d64)
+            v.append(b2 * v_i + (1.0 - b2) * d64**2)
+            step = rnd.server_lr * m[-1] / (np.sqrt(v[-1]) + eps)
             out.append((w.astype(np.float64) + step).astype(np.float32))
-        return out
+        return out, FedAdamState(m=m, v=v)
 
 
-class FedAdamClient(ClientRule):
+class FedAdamClient(ClientRule[FedAdamParams]):
     """FedAdam's client half: plain local SGD (the method lives on the server)."""
+
+
+SPEC = MethodSpec(name="fedadam", label="FedAdam", params=FedAdamParams, server=FedAdamServer,
+                  client=FedAdamClient, ri_aggregation="update", server_lr=0.1)

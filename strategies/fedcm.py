@@ -14,80 +14,86 @@ Down: twice FedAvg's bytes; up: FedAvg's.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from flwr.app import ArrayRecord, Message, RecordDict
 
-from client_app.trainer import num_steps
-from strategies import records as rk
-from strategies.base import ClientRule, GradientHook, RIStrategy
+from strategies.method import (
+    ClientRule,
+    ClientUpdate,
+    GradientHook,
+    MethodSpec,
+    Params,
+    RoundInput,
+    ServerRule,
+    ServerState,
+    apply_step,
+    check_range,
+    zeros_like,
+)
 from strategies.ri import Weights
 
 if TYPE_CHECKING:
-    from task.config import RunConfig
+    import torch
 
 MOMENTUM = "fedcm-d"
 """Down: the global momentum d (a gradient-like direction)."""
 
 
-class FedCmServer(RIStrategy):
+@dataclass(frozen=True)
+class FedCmParams(Params):
+    fedcm_alpha: float
+    """alpha: the local gradient's share; 1 ignores the momentum."""
+
+    def check(self) -> None:
+        check_range("fedcm-alpha", self.fedcm_alpha, 0.0 < self.fedcm_alpha <= 1.0,
+                    "0 < fedcm-alpha <= 1 (1 ignores the momentum)")
+
+
+@dataclass(frozen=True)
+class FedCmState(ServerState):
+    d: Weights
+    """The momentum d sent down next round (float32), zeros before round 1."""
+
+
+class FedCmServer(ServerRule[FedCmParams, FedCmState]):
     """FedCM's server half: turns each round's D into the next round's momentum d."""
 
-    state_attrs = ("d",)
+    state_type = FedCmState
 
-    def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int]) -> None:
-        super().__init__(cfg, node_of_partition)
-        self.d: Weights = []
+    def init(self, w0: Weights) -> FedCmState:
+        return FedCmState(d=zeros_like(w0))
 
-    def down_records(self, server_round: int) -> dict[str, ArrayRecord]:
-        if not self.d:
-            self.d = [np.zeros_like(w) for w in self._w_t]
-        return {MOMENTUM: ArrayRecord(self.d)}
+    def down(self, state: FedCmState) -> dict[str, Weights]:
+        return {MOMENTUM: state.d}
 
-    def server_step(
-        self, server_round: int, w_t: Weights, update: Weights, replies: list[RecordDict]
-    ) -> Weights:
-        steps = [rd.metric_records[rk.METRICS][rk.NUM_STEPS] for rd in replies]
-        # reply_problem guarantees positive int steps; weights as in D's mean
-        k = float(np.average(np.asarray(steps, dtype=np.float64),
-                             weights=self.reply_weights(replies)))
-        scale = -1.0 / (k * self.cfg.lr_at(server_round))
-        self.d = [(scale * u.astype(np.float64)).astype(np.float32) for u in update]
-        return super().server_step(server_round, w_t, update, replies)
+    def update(self, state: FedCmState, w_t: Weights,
+               rnd: RoundInput) -> tuple[Weights, FedCmState]:
+        steps = np.asarray([u.num_steps for u in rnd.updates], dtype=np.float64)
+        k = float(np.average(steps, weights=list(rnd.weights)))  # weights as in D's mean
+        scale = -1.0 / (k * rnd.lr)
+        d = [(scale * u.astype(np.float64)).astype(np.float32) for u in rnd.aggregate]
+        return apply_step(w_t, rnd.aggregate, rnd.server_lr), FedCmState(d=d)
 
-    def reply_problem(self, msg: Message) -> str | None:
-        problem = super().reply_problem(msg)
-        if problem is not None:
-            return problem
-        steps = msg.content.metric_records[rk.METRICS].get(rk.NUM_STEPS)
-        if not isinstance(steps, int) or steps <= 0:
-            return f"{rk.NUM_STEPS}={steps!r} is not a positive integer"
-        # K scales d = -D / (K eta): a client under-reporting its steps inflates the momentum
-        pid = self._sent_to[msg.metadata.src_node_id]
-        n = self.true_examples(pid)
-        c = self.cfg
-        want = None if n is None else num_steps(n, c.local_epochs, c.batch_size)
-        if want is not None and steps != want:
-            return f"{rk.NUM_STEPS}={steps}, but partition {pid} takes {want} steps"
+    def reply_problem(self, update: ClientUpdate, expected_steps: int | None) -> str | None:
+        """K scales d = -D / (K eta): a client under-reporting its steps inflates it."""
+        if expected_steps is not None and update.num_steps != expected_steps:
+            return (f"num-steps={update.num_steps}, but partition {update.partition_id} takes "
+                    f"{expected_steps} steps")
         return None
 
 
-class FedCmClient(ClientRule):
+class FedCmClient(ClientRule[FedCmParams]):
     """FedCM's client half: mixes the local gradient with the server's momentum."""
 
     down_keys = (MOMENTUM,)
 
-    def begin(
-        self,
-        start: Weights,
-        down: Mapping[str, Weights],
-        state: Mapping[str, Weights],
-        lr: float,
-        device: torch.device,
-    ) -> GradientHook | None:
-        alpha = self.cfg.fedcm_alpha
+    def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
+              lr: float, device: torch.device) -> GradientHook | None:
+        import torch
+
+        alpha = self.params.fedcm_alpha
         md = [torch.from_numpy((1.0 - alpha) * d).to(device) for d in down[MOMENTUM]]
 
         def hook(params: list[torch.Tensor]) -> None:
@@ -97,3 +103,7 @@ class FedCmClient(ClientRule):
                 g.mul_(alpha).add_(k)
 
         return hook
+
+
+SPEC = MethodSpec(name="fedcm", label="FedCM", params=FedCmParams, server=FedCmServer,
+                  client=FedCmClient, ri_aggregation="update")

@@ -16,61 +16,76 @@ The rule has no server learning rate: ``server-lr`` is ignored.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from flwr.app import RecordDict
 
-from strategies import records as rk
-from strategies.base import ClientRule, GradientHook, RIStrategy
+from strategies.method import (
+    ClientRule,
+    GradientHook,
+    MethodSpec,
+    Params,
+    RoundInput,
+    ServerRule,
+    ServerState,
+    check_range,
+    zeros_like,
+)
 from strategies.ri import Weights
 
 if TYPE_CHECKING:
-    from task.config import RunConfig
+    import torch
 
 H_LOCAL = "feddyn-h-i"
 """Client state: h_i, the running sum of its own Delta_i."""
 
 
-class FedDynServer(RIStrategy):
+@dataclass(frozen=True)
+class FedDynParams(Params):
+    feddyn_alpha: float
+    """alpha: the weight of the proximal and the dual term."""
+
+    def check(self) -> None:
+        check_range("feddyn-alpha", self.feddyn_alpha, self.feddyn_alpha > 0, "a number > 0")
+
+
+@dataclass(frozen=True)
+class FedDynState(ServerState):
+    h_sum: Weights
+    """H = sum over all clients of h_j (float64), zeros before round 1."""
+
+
+class FedDynServer(ServerRule[FedDynParams, FedDynState]):
     """FedDyn's server half: keeps H = sum_j h_j and adds H / N to the averaged models."""
 
-    state_attrs = ("h_sum",)
+    state_type = FedDynState
 
-    def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int]) -> None:
-        super().__init__(cfg, node_of_partition)
-        self.h_sum: Weights = []
+    def init(self, w0: Weights) -> FedDynState:
+        return FedDynState(h_sum=zeros_like(w0, np.float64))
 
-    def server_step(
-        self, server_round: int, w_t: Weights, update: Weights, replies: list[RecordDict]
-    ) -> Weights:
-        if not self.h_sum:
-            self.h_sum = [np.zeros(w.shape, dtype=np.float64) for w in w_t]
-        by_update = self.cfg.ri_aggregation == "update"
-        for rd in replies:
-            up = rd.array_records[rk.ARRAYS].to_numpy_ndarrays()
-            for acc, u, w in zip(self.h_sum, up, w_t, strict=True):
-                acc += u if by_update else u.astype(np.float64) - w
-        n = self.cfg.num_clients
-        return [(w.astype(np.float64) + d + h / n).astype(np.float32)
-                for w, d, h in zip(w_t, update, self.h_sum, strict=True)]
+    def update(self, state: FedDynState, w_t: Weights,
+               rnd: RoundInput) -> tuple[Weights, FedDynState]:
+        h_sum = [h.astype(np.float64).copy() for h in state.h_sum]
+        for move in rnd.moves(w_t):
+            for acc, d in zip(h_sum, move, strict=True):
+                acc += d
+        n = rnd.num_clients
+        w_next = [(w.astype(np.float64) + d + h / n).astype(np.float32)
+                  for w, d, h in zip(w_t, rnd.aggregate, h_sum, strict=True)]
+        return w_next, FedDynState(h_sum=h_sum)
 
 
-class FedDynClient(ClientRule):
+class FedDynClient(ClientRule[FedDynParams]):
     """FedDyn's client half: the prox and dual gradient terms and the h_i update."""
 
     state_keys = (H_LOCAL,)
 
-    def begin(
-        self,
-        start: Weights,
-        down: Mapping[str, Weights],
-        state: Mapping[str, Weights],
-        lr: float,
-        device: torch.device,
-    ) -> GradientHook | None:
-        alpha = self.cfg.feddyn_alpha
+    def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
+              lr: float, device: torch.device) -> GradientHook | None:
+        import torch
+
+        alpha = self.params.feddyn_alpha
         s = [torch.from_numpy(a).to(device) for a in start]
         ah = [torch.from_numpy(alpha * h).to(device) for h in state[H_LOCAL]]
 
@@ -82,14 +97,13 @@ class FedDynClient(ClientRule):
 
         return hook
 
-    def finish(
-        self,
-        start: Weights,
-        final: Weights,
-        num_steps: int,
-        lr: float,
-        state: dict[str, Weights],
-    ) -> dict[str, Weights]:
-        state[H_LOCAL] = [(h.astype(np.float64) + f - s).astype(np.float32)
-                          for h, f, s in zip(state[H_LOCAL], final, start, strict=True)]
-        return {}
+    def finish(self, start: Weights, final: Weights, num_steps: int, lr: float,
+               down: Mapping[str, Weights], state: Mapping[str, Weights],
+               ) -> tuple[dict[str, Weights], dict[str, Weights]]:
+        h = [(h.astype(np.float64) + f - s).astype(np.float32)
+             for h, f, s in zip(state[H_LOCAL], final, start, strict=True)]
+        return {**state, H_LOCAL: h}, {}
+
+
+SPEC = MethodSpec(name="feddyn", label="FedDyn", params=FedDynParams, server=FedDynServer,
+                  client=FedDynClient, ri_aggregation="update")

@@ -8,29 +8,45 @@ centre is the client's start point s_i. The server half is FedAvg's; the wire co
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from strategies.base import ClientRule, GradientHook, RIStrategy
+from strategies.method import (
+    ClientRule,
+    GradientHook,
+    MethodSpec,
+    Params,
+    ServerRule,
+    ServerState,
+    check_range,
+)
 from strategies.ri import Weights
 
+if TYPE_CHECKING:
+    import torch
 
-class FedProxServer(RIStrategy):
-    """FedProx's server half: FedAvg's aggregation (the method lives on the client)."""
+
+@dataclass(frozen=True)
+class FedProxParams(Params):
+    prox_mu: float
+    """mu: the proximal weight; 0 turns FedProx into FedAvg."""
+
+    def check(self) -> None:
+        check_range("prox-mu", self.prox_mu, self.prox_mu >= 0, "a number >= 0 (0 disables it)")
 
 
-class FedProxClient(ClientRule):
-    """FedProx's client half: the proximal gradient term."""
+class FedProxServer(ServerRule[FedProxParams, ServerState]):
+    """FedProx's server half: FedAvg's (the method lives on the client)."""
 
-    def begin(
-        self,
-        start: Weights,
-        down: Mapping[str, Weights],
-        state: Mapping[str, Weights],
-        lr: float,
-        device: torch.device,
-    ) -> GradientHook | None:
-        mu = self.cfg.prox_mu
+
+class FedProxClient(ClientRule[FedProxParams]):
+    """FedProx's client half: the proximal gradient term, centred on the start point."""
+
+    def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
+              lr: float, device: torch.device) -> GradientHook | None:
+        import torch
+
+        mu = self.params.prox_mu
         if mu == 0.0:
             return None
         s = [torch.from_numpy(a).to(device) for a in start]
@@ -42,3 +58,7 @@ class FedProxClient(ClientRule):
                 g.add_(p.detach() - si, alpha=mu)
 
         return hook
+
+
+SPEC = MethodSpec(name="fedprox", label="FedProx", params=FedProxParams, server=FedProxServer,
+                  client=FedProxClient, ri_aggregation="model")

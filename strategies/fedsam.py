@@ -7,21 +7,38 @@ The server half is FedAvg's; the wire cost is FedAvg's; a step costs two forward
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from strategies.base import ClientRule, RIStrategy
+from strategies.method import (
+    ClientRule,
+    MethodSpec,
+    Params,
+    ServerRule,
+    ServerState,
+    check_range,
+)
 
-if TYPE_CHECKING:
-    from task.config import RunConfig
+
+@dataclass(frozen=True)
+class FedSamParams(Params):
+    sam_rho: float
+    """rho: the SAM ascent radius; 0 is plain SGD."""
+
+    def check(self) -> None:
+        check_range("sam-rho", self.sam_rho, self.sam_rho >= 0, "a number >= 0 (0 disables it)")
 
 
-class FedSamServer(RIStrategy):
-    """FedSAM's server half: FedAvg's aggregation (the method lives on the client)."""
+class FedSamServer(ServerRule[FedSamParams, ServerState]):
+    """FedSAM's server half: FedAvg's (the method lives on the client)."""
 
 
-class FedSamClient(ClientRule):
+class FedSamClient(ClientRule[FedSamParams]):
     """FedSAM's client half: switches the local optimizer to SAM."""
 
-    def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg)
-        self.sam_rho = cfg.sam_rho
+    @property
+    def sam_rho(self) -> float:
+        return self.params.sam_rho
+
+
+SPEC = MethodSpec(name="fedsam", label="FedSAM", params=FedSamParams, server=FedSamServer,
+                  client=FedSamClient, ri_aggregation="model")

@@ -1,34 +1,31 @@
-"""The method registry: a run-config ``method`` name -> its server half and client half."""
+"""The method registry: every method's spec, by its run-config ``method`` name.
 
+The one list of methods. The run config (``task.config``) takes the method names, their
+parameters and their ``auto`` defaults from here; the apps take the two halves; reports take
+the labels. Adding a method is one module with a ``SPEC`` and one line below.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from strategies import fedadam, fedavg, fedcm, feddyn, fedprox, fedsam, scaffold
+from strategies.method import MethodSpec
 
-from strategies.base import ClientRule, RIStrategy
-from strategies.fedadam import FedAdamClient, FedAdamServer
-from strategies.fedavg import FedAvgClient, FedAvgServer
-from strategies.fedcm import FedCmClient, FedCmServer
-from strategies.feddyn import FedDynClient, FedDynServer
-from strategies.fedprox import FedProxClient, FedProxServer
-from strategies.fedsam import FedSamClient, FedSamServer
-from strategies.scaffold import ScaffoldClient, ScaffoldServer
-
-
-@dataclass(frozen=True)
-class Method:
-    """A method's two halves: the server strategy class and the client rule class."""
-
-    server: type[RIStrategy]
-    client: type[ClientRule]
-
-
-METHODS: dict[str, Method] = {
-    "fedavg": Method(FedAvgServer, FedAvgClient),
-    "fedprox": Method(FedProxServer, FedProxClient),
-    "fedadam": Method(FedAdamServer, FedAdamClient),
-    "scaffold": Method(ScaffoldServer, ScaffoldClient),
-    "feddyn": Method(FedDynServer, FedDynClient),
-    "fedcm": Method(FedCmServer, FedCmClient),
-    "fedsam": Method(FedSamServer, FedSamClient),
+METHODS: dict[str, MethodSpec] = {
+    spec.name: spec for spec in (fedavg.SPEC, fedprox.SPEC, fedadam.SPEC, scaffold.SPEC,
+                                 feddyn.SPEC, fedcm.SPEC, fedsam.SPEC)
 }
+METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
+
+RI_AGGREGATIONS: tuple[str, ...] = ("auto", "model", "update")
+"""``auto`` is each method's own default (``MethodSpec.ri_aggregation``): ``model`` is
+Algorithm 1 (FedInit). The methods whose server state is built from the aggregate update D
+(Adam's moments, FedCM's momentum, FedDyn's H) get ``update``: under ``model`` the RI offset
+beta (w_t - w_prev_i) enters D, that state replays it into the next rounds, and the loop gains
+> 1 (measured: FedAdam + RI -18/-20 points, FedCM + RI to chance; docs/reproduction.md)."""
+WEIGHTINGS: tuple[str, ...] = ("examples", "uniform")
+AGGREGATIONS: tuple[str, ...] = ("mean", "median", "trimmed-mean")
+
+
+def method_param_keys() -> frozenset[str]:
+    """Every run-config key that belongs to one method's parameters."""
+    return frozenset(key for spec in METHODS.values() for key in spec.params.config_keys())

@@ -2,7 +2,7 @@
 
 Median and trimmed mean work coordinate by coordinate and ignore the example weights (a
 client cannot buy influence by claiming more examples). They bound what a few bad but
-well-formed replies can do that the reply checks in ``base.RIStrategy`` cannot catch.
+well-formed replies can do that the reply checks in ``shell.MethodStrategy`` cannot catch.
 """
 
 from __future__ import annotations

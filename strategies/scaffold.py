@@ -10,18 +10,27 @@ Control variates start at zero. Wire: twice FedAvg's bytes in each direction.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from flwr.app import ArrayRecord, RecordDict
 
-from strategies.base import ClientRule, GradientHook, RIStrategy
+from strategies.method import (
+    ClientRule,
+    GradientHook,
+    MethodSpec,
+    Params,
+    RoundInput,
+    ServerRule,
+    ServerState,
+    apply_step,
+    zeros_like,
+)
 from strategies.ri import Weights
 from strategies.robust import vector_norm
 
 if TYPE_CHECKING:
-    from task.config import RunConfig
+    import torch
 
 C_GLOBAL = "scaffold-c"
 """Down: the server's control variate c."""
@@ -31,61 +40,53 @@ C_LOCAL = "scaffold-c-i"
 """Client state: its control variate c_i."""
 
 
-class ScaffoldServer(RIStrategy):
+@dataclass(frozen=True)
+class ScaffoldState(ServerState):
+    c: Weights
+    """The server control variate c (float32), zeros before round 1."""
+
+
+class ScaffoldServer(ServerRule[Params, ScaffoldState]):
     """SCAFFOLD's server half: keeps c, sends it down, folds in the clients' Delta_c_i."""
 
-    state_attrs = ("c",)
-
+    state_type = ScaffoldState
     up_keys = (DELTA_C,)
 
-    def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int]) -> None:
-        super().__init__(cfg, node_of_partition)
-        self.c: Weights = []
+    def init(self, w0: Weights) -> ScaffoldState:
+        return ScaffoldState(c=zeros_like(w0))
 
-    def down_records(self, server_round: int) -> dict[str, ArrayRecord]:
-        if not self.c:
-            self.c = [np.zeros_like(w) for w in self._w_t]
-        return {C_GLOBAL: ArrayRecord(self.c)}
+    def down(self, state: ScaffoldState) -> dict[str, Weights]:
+        return {C_GLOBAL: state.c}
 
-    def fallback_limit(self, key: str, server_round: int) -> float:
+    def update(self, state: ScaffoldState, w_t: Weights,
+               rnd: RoundInput) -> tuple[Weights, ScaffoldState]:
+        total = [np.zeros(a.shape, dtype=np.float64) for a in state.c]
+        for up in rnd.updates:
+            for acc, d in zip(total, up.extras[DELTA_C], strict=True):
+                acc += d
+        c = [(c.astype(np.float64) + t / rnd.num_clients).astype(np.float32)
+             for c, t in zip(state.c, total, strict=True)]
+        return apply_step(w_t, rnd.aggregate, rnd.server_lr), ScaffoldState(c=c)
+
+    def extra_fallback_limit(self, key: str, state: ScaffoldState, move_limit: float,
+                             lr: float) -> float:
         """Delta_c_i = -c + (s_i - y_K) / (K eta_t) with K >= 1 steps, so an honest one is at
         most ||c|| + ||model move|| / eta_t: the model's first-round bound carried over."""
-        move = super().fallback_limit(key, server_round)
-        if key != DELTA_C:
-            return move
-        return vector_norm(self.c) + move / self.cfg.lr_at(server_round)
-
-    def server_step(
-        self, server_round: int, w_t: Weights, update: Weights, replies: list[RecordDict]
-    ) -> Weights:
-        w_next = super().server_step(server_round, w_t, update, replies)
-        total = [np.zeros(a.shape, dtype=np.float64) for a in self.c]
-        for rd in replies:
-            for acc, d in zip(total, rd.array_records[DELTA_C].to_numpy_ndarrays(), strict=True):
-                acc += d
-        n = self.cfg.num_clients
-        self.c = [(c.astype(np.float64) + t / n).astype(np.float32)
-                  for c, t in zip(self.c, total, strict=True)]
-        return w_next
+        return vector_norm(state.c) + move_limit / lr
 
 
-class ScaffoldClient(ClientRule):
+class ScaffoldClient(ClientRule[Params]):
     """SCAFFOLD's client half: the gradient correction c - c_i and the c_i update."""
 
     state_keys = (C_LOCAL,)
     down_keys = (C_GLOBAL,)
 
-    def begin(
-        self,
-        start: Weights,
-        down: Mapping[str, Weights],
-        state: Mapping[str, Weights],
-        lr: float,
-        device: torch.device,
-    ) -> GradientHook | None:
-        self._c = down[C_GLOBAL]
+    def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
+              lr: float, device: torch.device) -> GradientHook | None:
+        import torch
+
         corr = [torch.from_numpy(c - ci).to(device)
-                for c, ci in zip(self._c, state[C_LOCAL], strict=True)]
+                for c, ci in zip(down[C_GLOBAL], state[C_LOCAL], strict=True)]
 
         def hook(params: list[torch.Tensor]) -> None:
             for p, k in zip(params, corr, strict=True):
@@ -95,20 +96,18 @@ class ScaffoldClient(ClientRule):
 
         return hook
 
-    def finish(
-        self,
-        start: Weights,
-        final: Weights,
-        num_steps: int,
-        lr: float,
-        state: dict[str, Weights],
-    ) -> dict[str, Weights]:
+    def finish(self, start: Weights, final: Weights, num_steps: int, lr: float,
+               down: Mapping[str, Weights], state: Mapping[str, Weights],
+               ) -> tuple[dict[str, Weights], dict[str, Weights]]:
         scale = 1.0 / (num_steps * lr)
         c_i = state[C_LOCAL]
         new = [(ci.astype(np.float64) - c + scale * (s.astype(np.float64) - f))
                .astype(np.float32)
-               for ci, c, s, f in zip(c_i, self._c, start, final, strict=True)]
+               for ci, c, s, f in zip(c_i, down[C_GLOBAL], start, final, strict=True)]
         delta = [(n.astype(np.float64) - ci).astype(np.float32)
                  for n, ci in zip(new, c_i, strict=True)]
-        state[C_LOCAL] = new
-        return {DELTA_C: delta}
+        return {**state, C_LOCAL: new}, {DELTA_C: delta}
+
+
+SPEC = MethodSpec(name="scaffold", label="SCAFFOLD", params=Params, server=ScaffoldServer,
+                  client=ScaffoldClient, ri_aggregation="model")

@@ -9,32 +9,30 @@ bad key, its value and what is allowed. Nothing else in the project reads raw co
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import math
 import tempfile
 import tomllib
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strategies.names import (
+from strategies.method import MethodSpec, Params
+from strategies.registry import (
     AGGREGATIONS,
     METHOD_NAMES,
-    RI_AGGREGATION_AUTO,
+    METHODS,
     RI_AGGREGATIONS,
-    SERVER_LR_AUTO,
     WEIGHTINGS,
+    method_param_keys,
 )
 from task.choices import MODEL_NAMES, PARTITION_NAMES, check_model_input
+from task.config_checks import ConfigError, bad_value, did_you_mean
 from task.data_paths import DATASET_NAMES, IMAGE_SIZES, default_data_dir
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
-
-
-class ConfigError(ValueError):
-    """A run-config value that cannot be used; the message is one line naming the key."""
+__all__ = ["ConfigError", "RunConfig", "check_examples", "check_writable", "load_defaults"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -84,14 +82,11 @@ class RunConfig:
     resume_dir: str
     client_state_dir: str
     node_registry: str
-    # method-specific (read only by the method that names them)
-    feddyn_alpha: float
-    prox_mu: float
-    adam_beta1: float
-    adam_beta2: float
-    adam_eps: float
-    fedcm_alpha: float
-    sam_rho: float
+    params: Params = field(default_factory=Params)
+    """The chosen method's own keys, checked by the method (``strategies.<method>``)."""
+    method_values: tuple[tuple[str, Any], ...] = ()
+    """Every method's keys as given (all are checked, whichever method runs), for
+    ``to_dict``: a summary or checkpoint records the whole config."""
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -108,9 +103,16 @@ class RunConfig:
         """The data location: the configured one or the dataset's first default that holds it."""
         return self.data_dir or str(default_data_dir(self.dataset))
 
+    @property
+    def spec(self) -> MethodSpec:
+        """The method's registry entry: its halves, labels and defaults."""
+        return METHODS[self.method]
+
     def to_dict(self) -> dict[str, Any]:
         """The config with its original (dashed) key names, for summaries."""
-        return {f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self)}
+        general = {f.name.replace("_", "-"): getattr(self, f.name)
+                   for f in dataclasses.fields(self) if f.name not in _DERIVED}
+        return {**general, **dict(self.method_values)}
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -124,18 +126,29 @@ class RunConfig:
                               f"{', '.join(sorted(defaults))}")
         merged = {**defaults, **raw}
         values: dict[str, Any] = {}
-        for field in dataclasses.fields(cls):
-            key = field.name.replace("_", "-")
-            values[field.name] = _coerce(key, merged[key], type(defaults[key]))
-        cfg = cls(**values)
+        for f in dataclasses.fields(cls):
+            if f.name not in _DERIVED:
+                key = f.name.replace("_", "-")
+                values[f.name] = _coerce(key, merged[key], type(defaults[key]))
+        method_values = {key: _coerce(key, merged[key], type(defaults[key]))
+                         for key in sorted(method_param_keys())}
+        cfg = cls(**values, method_values=tuple(method_values.items()))
         _check_finite(cfg)
         _check_ranges(cfg)
         check_examples(cfg)
-        if cfg.ri_aggregation == "auto":  # resolved here, so the rest sees model | update
-            cfg = dataclasses.replace(cfg, ri_aggregation=RI_AGGREGATION_AUTO[cfg.method])
-        if cfg.server_lr == 0.0:  # resolved here, so the rest sees the method's eta_g
-            cfg = dataclasses.replace(cfg, server_lr=SERVER_LR_AUTO.get(cfg.method, 1.0))
-        return cfg
+        # every method checks its keys (a typo in another method's key still fails fast)
+        chosen = {name: spec.params.from_config(method_values) for name, spec in METHODS.items()}
+        spec = METHODS[cfg.method]
+        # ``auto`` and 0 are resolved here, so the rest sees model | update and the method's eta_g
+        return dataclasses.replace(
+            cfg, params=chosen[cfg.method],
+            ri_aggregation=(spec.ri_aggregation if cfg.ri_aggregation == "auto"
+                            else cfg.ri_aggregation),
+            server_lr=cfg.server_lr or spec.server_lr)
+
+
+_DERIVED = frozenset({"params", "method_values"})
+"""RunConfig fields that are not run-config keys of their own."""
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
@@ -149,24 +162,16 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
     return value
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the closest of ``choices``, or '' when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _bad(key: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"run config: {key}={value!r} is not allowed; allowed: {allowed}")
+_bad = bad_value
 
 
 def _check_finite(c: RunConfig) -> None:
     """NaN and infinities pass every range test below (NaN compares False), so refuse them
     first, for every float key at once; a NaN left in the run config would also break
     Flower's simulation engine, which compares run configs with ``==``."""
-    for field in dataclasses.fields(c):
-        value = getattr(c, field.name)
+    for key, value in c.to_dict().items():
         if isinstance(value, float) and not math.isfinite(value):
-            raise _bad(field.name.replace("_", "-"), value, "a finite number")
+            raise _bad(key, value, "a finite number")
 
 
 def check_examples(c: RunConfig, available: int | None = None) -> None:
@@ -233,8 +238,6 @@ def _check_ranges(c: RunConfig) -> None:
         "dirichlet-alpha": c.dirichlet_alpha,
         "round-timeout": c.round_timeout,
         "node-wait-timeout": c.node_wait_timeout,
-        "feddyn-alpha": c.feddyn_alpha,
-        "adam-eps": c.adam_eps,
     }
     for key, value in positive.items():
         if not value > 0.0:
@@ -256,17 +259,10 @@ def _check_ranges(c: RunConfig) -> None:
         "channel-noise": c.channel_noise,
         "brightness-noise": c.brightness_noise,
         "train-limit": c.train_limit,
-        "prox-mu": c.prox_mu,
-        "sam-rho": c.sam_rho,
     }
     for key, value in non_negative.items():
         if value < 0:
             raise _bad(key, value, "a number >= 0 (0 disables it)")
-    for key, value in {"adam-beta1": c.adam_beta1, "adam-beta2": c.adam_beta2}.items():
-        if not 0.0 <= value < 1.0:
-            raise _bad(key, value, f"0 <= {key} < 1")
-    if not 0.0 < c.fedcm_alpha <= 1.0:
-        raise _bad("fedcm-alpha", c.fedcm_alpha, "0 < fedcm-alpha <= 1 (1 ignores the momentum)")
     if not 0.0 <= c.max_update_norm_ratio < math.inf:  # NaN would turn the filter off
         raise _bad("max-update-norm-ratio", c.max_update_norm_ratio,
                    "a finite number >= 0 (0 disables the norm filter)")

@@ -24,8 +24,8 @@ from torch import nn
 
 from client_app.round import client_round
 from client_app.state import ClientState
-from strategies.registry import METHODS
 from strategies.ri import Weights
+from strategies.shell import MethodStrategy
 from task.config import RunConfig
 from tests.inprocess_grid import set_task_identity
 
@@ -122,8 +122,8 @@ class Federation:
                 "beta": 0.0, "output-dir": "/tmp/unused", "max-update-norm-ratio": 0.0,
                 **self.raw}
         self.cfg = RunConfig.parse(full)
-        self.strategy = METHODS[self.cfg.method].server(
-            self.cfg, {pid: NODE_BASE + pid for pid in range(n)})
+        self.strategy = MethodStrategy(
+            self.cfg, {pid: NODE_BASE + pid for pid in range(n)}, [self.problem.w0.copy()])
         self.strategy.expect_examples([len(y) for y in self.problem.ys])
         self.states = {pid: RecordDict() for pid in range(n)}
         self.arrays = ArrayRecord([self.problem.w0.copy()])
@@ -145,7 +145,7 @@ class Federation:
         p = self.problem
         model = VectorModel(p.w0, p.linear)
         content = client_round(
-            self.cfg, METHODS[self.cfg.method].client(self.cfg), msg.content,
+            self.cfg, self.cfg.spec.client(self.cfg.params), msg.content,
             ClientState(self.states[pid]), model, p.xs[pid], p.ys[pid],
             initial=lambda: [p.w0], partition_id=pid, loss_fn=p.loss_fn)
         return Message(content=content, reply_to=msg)

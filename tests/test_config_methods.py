@@ -2,8 +2,7 @@
 
 import pytest
 
-from strategies.names import METHOD_NAMES
-from strategies.registry import METHODS
+from strategies.registry import METHOD_NAMES, METHODS
 from task.config import ConfigError, RunConfig
 
 
@@ -14,9 +13,10 @@ def test_every_method_is_registered_under_its_config_name() -> None:
 
 
 def test_defaults_follow_the_authors_code() -> None:
-    c = RunConfig.parse({})
-    assert (c.feddyn_alpha, c.prox_mu, c.fedcm_alpha, c.sam_rho) == (0.1, 0.1, 0.1, 0.1)
-    assert (c.adam_beta1, c.adam_beta2, c.adam_eps) == (0.9, 0.99, 0.01)
+    c = RunConfig.parse({}).to_dict()
+    assert [c[k] for k in ("feddyn-alpha", "prox-mu", "fedcm-alpha", "sam-rho")] == [0.1] * 4
+    assert [c[k] for k in ("adam-beta1", "adam-beta2", "adam-eps")] == [0.9, 0.99, 0.01]
+    assert RunConfig.parse({"method": "feddyn"}).params.feddyn_alpha == 0.1  # type: ignore[attr-defined]
 
 
 GOOD = [("prox-mu", 0.0), ("sam-rho", 0.0), ("adam-beta1", 0.0), ("fedcm-alpha", 1.0),

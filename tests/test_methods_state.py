@@ -76,13 +76,13 @@ def test_scaffold_server_c_is_the_mean_of_all_client_c_i() -> None:
     f = run_checked("scaffold")
     c_i = [f.state_of(pid, C_LOCAL) or [np.zeros(4, np.float32)] for pid in range(N)]
     mean = np.sum([c[0] for c in c_i], axis=0) / N  # absent clients count as zeros
-    np.testing.assert_allclose(f.strategy.c[0], mean, atol=1e-5)  # type: ignore[attr-defined]
+    np.testing.assert_allclose(f.strategy.state.c[0], mean, atol=1e-5)  # type: ignore[attr-defined]
 
 
 def test_feddyn_server_h_is_the_sum_of_all_client_h_i() -> None:
     f = run_checked("feddyn")
     h = np.sum([(f.state_of(pid, H_LOCAL) or [np.zeros(4)])[0] for pid in range(N)], axis=0)
-    np.testing.assert_allclose(f.strategy.h_sum[0], h, atol=1e-5)  # type: ignore[attr-defined]
+    np.testing.assert_allclose(f.strategy.state.h_sum[0], h, atol=1e-5)  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow

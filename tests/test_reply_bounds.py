@@ -19,10 +19,9 @@ from flwr.serverapp import Grid
 from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from server_app.experiment import run_experiment
 from strategies import records as rk
-from strategies.base import RIStrategy
-from strategies.registry import METHODS
 from strategies.ri import Weights
 from strategies.scaffold import DELTA_C
+from strategies.shell import MethodStrategy
 from task.config import ConfigError, RunConfig
 from tests.inprocess_grid import InProcessGrid, set_task_identity
 
@@ -33,18 +32,18 @@ W_T: Weights = [RNG.standard_normal((4, 3)).astype(np.float32),
                 RNG.standard_normal(3).astype(np.float32)]
 
 
-def server(method: str = "fedavg", n: int = 4, fraction: float = 1.0, **raw: Any) -> RIStrategy:
+def server(method: str = "fedavg", n: int = 4, fraction: float = 1.0, **raw: Any) -> MethodStrategy:
     """A method's server half with the default reply checks, beta 0 and model aggregation."""
     set_task_identity()
     cfg = RunConfig.parse({"method": method, "num-clients": n, "fraction-train": fraction,
                            "beta": 0.0, "ri-aggregation": "model", "output-dir": "/tmp/x",
                            **raw})
-    strategy = METHODS[method].server(cfg, {p: 1000 + p for p in range(n)})
+    strategy = MethodStrategy(cfg, {p: 1000 + p for p in range(n)}, W_T)
     strategy.expect_examples(SIZES[:n])
     return strategy
 
 
-def send(strategy: RIStrategy, rnd: int, w_t: Weights = W_T) -> list[Message]:
+def send(strategy: MethodStrategy, rnd: int, w_t: Weights = W_T) -> list[Message]:
     return list(strategy.configure_train(rnd, ArrayRecord(w_t), ConfigRecord(),
                                          cast(Grid, None)))
 
@@ -187,7 +186,7 @@ def test_scaffold_delta_c_scaled_by_1e6_is_rejected_with_an_honest_model(
     # c = (1/N) sum of the honest Delta_c (zero when the attacker was the only one)
     want = [sum((delta_c(i)[k].astype(np.float64) for i in honest), np.zeros(a.shape)) / n
             for k, a in enumerate(W_T)]
-    for a, b in zip(s.c, want, strict=True):
+    for a, b in zip(s.state.c, want, strict=True):  # type: ignore[attr-defined]
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 

@@ -19,7 +19,7 @@ from server_app.checkpoint import load_checkpoint
 from server_app.experiment import ModelDiverged, run_experiment
 from server_app.results import TIMING_FIELDS
 from strategies import records as rk
-from strategies.base import RIStrategy
+from strategies.fedavg import FedAvgServer
 from task.config import ConfigError
 from tests.inprocess_grid import InProcessGrid
 from tests.test_resume_and_faults import CrashingGrid, config, corrupt, rows
@@ -42,13 +42,14 @@ def test_unwritable_output_dir_fails_before_any_message(tmp_path: Path) -> None:
 
 def test_a_diverged_model_stops_the_run_and_keeps_the_good_checkpoint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    step = RIStrategy.server_step
+    step = FedAvgServer.update
 
-    def poisoned(self: RIStrategy, server_round: int, *args: Any) -> list[np.ndarray]:
-        w = step(self, server_round, *args)
-        return [np.full_like(a, np.nan) for a in w] if server_round == 2 else w
+    def poisoned(self: FedAvgServer, state: Any, w_t: Any, rnd: Any) -> tuple[Any, Any]:
+        w, new_state = step(self, state, w_t, rnd)
+        poison = rnd.server_round == 2
+        return ([np.full_like(a, np.nan) for a in w] if poison else w), new_state
 
-    monkeypatch.setattr(RIStrategy, "server_step", poisoned)
+    monkeypatch.setattr(FedAvgServer, "update", poisoned)
     cfg = config(tmp_path)
     run_dir = tmp_path / "run"
     with pytest.raises(ModelDiverged, match=r"round 2: .* NaN or Inf in weights\[0\]"):

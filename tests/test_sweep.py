@@ -15,7 +15,7 @@ from scripts.flower_env import REPO, flower_env
 from scripts.grid import Cell, GridError, load_grid
 from scripts.report import collect, finished_run, markdown, metric_of, write_report
 from scripts.sweep import dry_run, select, set_aside_unfinished
-from strategies.names import METHOD_NAMES
+from strategies.registry import METHOD_NAMES
 from tests.conftest import kill_local_superlink
 
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))

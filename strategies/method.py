@@ -1,0 +1,223 @@
+"""The shape every method has: parameters, a typed server state, a pure server update, a client
+rule, and the spec that names them. Pure numpy: no Flower, no torch at import time.
+
+A method module (``fedavg.py``, ``scaffold.py``, ...) declares one ``MethodSpec``; the registry
+collects them; the run config is built from the registry. The Flower shell (``shell.py``)
+decodes every reply once into a ``ClientUpdate`` and calls the method's ``ServerRule`` with the
+round's ``RoundInput``; the client app calls the ``ClientRule`` around local SGD.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+
+from strategies.ri import Weights
+from task.config_checks import ConfigError, bad_value
+
+if TYPE_CHECKING:
+    import torch
+
+GradientHook = Callable[[list["torch.Tensor"]], None]
+"""Called after ``backward`` and before clipping with the model's parameters (grads set)."""
+
+
+# ====================================================================== parameters
+@dataclass(frozen=True)
+class Params:
+    """A method's own run-config keys. Subclasses add fields (name = key with '-' -> '_') and
+    ``check``; their defaults live in pyproject.toml with every other default."""
+
+    @classmethod
+    def config_keys(cls) -> tuple[str, ...]:
+        """The run-config keys this method reads."""
+        return tuple(f.name.replace("_", "-") for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_config(cls, values: Mapping[str, Any]) -> Params:
+        """Build from already type-checked run-config values, then ``check``."""
+        params = cls(**{f.name: values[f.name.replace("_", "-")]
+                        for f in dataclasses.fields(cls)})
+        params.check()
+        return params
+
+    def check(self) -> None:
+        """Raise ConfigError (one line naming the key) for a value the method cannot use."""
+
+
+# ====================================================================== what a round hands in
+@dataclass(frozen=True)
+class ClientUpdate:
+    """One accepted reply, decoded once: what a client uploaded and reported."""
+
+    partition_id: int
+    upload: Weights
+    """The final model w_iK (``model`` variant) or the update Delta_i (``update``)."""
+    extras: Mapping[str, Weights]
+    """The method's extra uploads by record name (e.g. SCAFFOLD's Delta_c_i)."""
+    num_examples: int
+    train_loss: float
+    num_steps: int
+
+
+@dataclass(frozen=True)
+class RoundInput:
+    """Everything a server update may use about one round, besides its state and w_t."""
+
+    server_round: int
+    aggregate: Weights
+    """D: the round's aggregate update (``ri.aggregate_update`` under the RI variant)."""
+    updates: Sequence[ClientUpdate]
+    weights: Sequence[float]
+    """Each update's weight in D's mean (examples, or 1 under ``weighting=uniform``)."""
+    variant: str
+    """The RI aggregation variant: ``model`` or ``update``."""
+    num_clients: int
+    """N, all clients of the federation (SCAFFOLD and FedDyn average over all of them)."""
+    lr: float
+    """The round's local learning rate eta_t."""
+    server_lr: float
+
+    def moves(self, w_t: Weights) -> list[Weights]:
+        """Each client's move as the server sees it: Delta_i (``update``) or w_iK - w_t."""
+        if self.variant == "update":
+            return [list(u.upload) for u in self.updates]
+        return [[u.astype(np.float64) - w for u, w in zip(up.upload, w_t, strict=True)]
+                for up in self.updates]
+
+
+def apply_step(w_t: Weights, update: Weights, eta: float) -> Weights:
+    """w_t + eta * D in float64, returned as float32: FedAvg's server rule."""
+    return [(w.astype(np.float64) + eta * d.astype(np.float64)).astype(np.float32)
+            for w, d in zip(w_t, update, strict=True)]
+
+
+def zeros_like(w: Weights, dtype: type = np.float32) -> Weights:
+    return [np.zeros(a.shape, dtype=dtype) for a in w]
+
+
+# ====================================================================== server half
+@dataclass(frozen=True)
+class ServerState:
+    """A method's server state: model-shaped fields only, all checkpointed. Empty for
+    methods that keep none (FedAvg, FedProx, FedSAM)."""
+
+    def arrays(self) -> dict[str, Weights]:
+        """Field name -> arrays, for a checkpoint."""
+        return {f.name: list(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_arrays(cls, saved: Mapping[str, Weights]) -> ServerState:
+        """The state a checkpoint holds; ValueError naming what is missing or extra."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(saved) != names:
+            raise ValueError(f"checkpoint holds server state {sorted(saved)}, "
+                             f"{cls.__name__} has {sorted(names)}")
+        return cls(**{name: list(saved[name]) for name in names})
+
+
+S = TypeVar("S", bound=ServerState)
+P = TypeVar("P", bound=Params)
+
+
+class ServerRule(Generic[P, S]):
+    """A method's server half as pure functions of (params, state, round)."""
+
+    state_type: ClassVar[type[ServerState]] = ServerState
+    up_keys: ClassVar[tuple[str, ...]] = ()
+    """Extra ArrayRecords each reply must carry (model-shaped)."""
+
+    def __init__(self, params: P) -> None:
+        self.params = params
+
+    def init(self, w0: Weights) -> S:
+        """The state before round 1."""
+        return self.state_type()  # type: ignore[return-value]
+
+    def down(self, state: S) -> dict[str, Weights]:
+        """Extra arrays sent to every sampled client with the model (e.g. SCAFFOLD's c)."""
+        return {}
+
+    def update(self, state: S, w_t: Weights, rnd: RoundInput) -> tuple[Weights, S]:
+        """(w_{t+1}, the new state). FedAvg's rule: w_t + eta_g * D, state unchanged."""
+        return apply_step(w_t, rnd.aggregate, rnd.server_lr), state
+
+    def reply_problem(self, update: ClientUpdate, expected_steps: int | None) -> str | None:
+        """Why a decoded reply cannot be used by this method, or None. ``expected_steps`` is
+        the client's true local step count when the server knows its size."""
+        return None
+
+    def extra_fallback_limit(self, key: str, state: S, move_limit: float, lr: float) -> float:
+        """Norm bound of extra upload ``key`` in a round without reference norms, given the
+        model move's bound; the model's own bound unless the method knows better."""
+        return move_limit
+
+
+# ====================================================================== client half
+class ClientRule(Generic[P]):
+    """A method's client half. The base class is FedAvg's: nothing added to local SGD."""
+
+    state_keys: ClassVar[tuple[str, ...]] = ()
+    """Per-client arrays kept between participations (besides RI's w_prev); zeros at start."""
+    down_keys: ClassVar[tuple[str, ...]] = ()
+    """Extra ArrayRecords the server sends with the model."""
+
+    def __init__(self, params: P) -> None:
+        self.params = params
+
+    @property
+    def sam_rho(self) -> float:
+        """SAM radius of the local optimizer (FedSAM sets it); 0 is plain SGD."""
+        return 0.0
+
+    def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
+              lr: float, device: torch.device) -> GradientHook | None:
+        """A gradient correction for local training from ``start``, if the method has one."""
+        return None
+
+    def finish(self, start: Weights, final: Weights, num_steps: int, lr: float,
+               down: Mapping[str, Weights], state: Mapping[str, Weights],
+               ) -> tuple[dict[str, Weights], dict[str, Weights]]:
+        """(the client's new state, its extra uploads) after local training; pure."""
+        return dict(state), {}
+
+
+# ====================================================================== the spec
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method as the registry knows it."""
+
+    name: str
+    """The run-config ``method`` value."""
+    label: str
+    """How tables and plots name it (its +RI variant appends '+RI'; FedAvg's is FedInit)."""
+    params: type[Params]
+    server: type[ServerRule[Any, Any]]
+    client: type[ClientRule[Any]]
+    ri_aggregation: str
+    """What ``ri-aggregation=auto`` means for it (docs/algorithms.md, section RI)."""
+    server_lr: float = 1.0
+    """What ``server-lr=0`` (the default) means for it."""
+    ri_label: str = field(default="")
+    """The name of the method with RI (beta != 0); '' means label + '+RI'."""
+
+    def label_with(self, beta: float) -> str:
+        """The label of this method at RI coefficient ``beta``."""
+        if beta == 0.0:
+            return self.label
+        return self.ri_label or f"{self.label}+RI"
+
+
+def check_range(key: str, value: float, ok: bool, allowed: str) -> None:
+    """Raise the run config's one-line error when ``ok`` is False."""
+    if not ok:
+        raise bad_value(key, value, allowed)
+
+
+__all__ = ["ConfigError", "GradientHook", "Params", "ClientUpdate", "RoundInput",
+           "ServerState", "ServerRule", "ClientRule", "MethodSpec", "apply_step",
+           "zeros_like", "check_range"]

@@ -1,0 +1,329 @@
+"""The one Flower strategy every method runs in: the wire and the checks around a pure core.
+
+``MethodStrategy`` (a Flower ``Strategy``) samples clients by partition id, sends the model
+with the method's extra arrays, checks every reply and decodes it once into a
+``ClientUpdate``, drops bad ones and norm outliers with a logged reason, computes the round's
+aggregate update D under the RI variant, and calls the method's pure ``ServerRule.update``.
+It holds the method's typed server state and the norm filter's history; both are the
+checkpointed server state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from logging import WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from client_app.trainer import num_steps
+from strategies import records as rk
+from strategies.method import ClientUpdate, RoundInput, ServerRule, ServerState
+from strategies.ri import Weights, aggregate_update, divergence
+from strategies.robust import combine, update_norms, vector_norm
+from strategies.sampling import sample_clients
+from task.config import RunConfig
+
+NORM_HISTORY = 64
+"""Accepted upload norms kept per uploaded vector: the norm filter's reference in rounds with
+few replies. Part of the server state (checkpointed), so a resumed run filters identically."""
+MIN_ROUND_NORMS = 3
+"""Fewest norms of this round alone that make a median reference without any history."""
+FIRST_ROUND_FACTOR = 5.0
+"""With no history and fewer than MIN_ROUND_NORMS replies, an upload may move the model by at
+most this times ||w_t||. Honest round-1 moves measured 0.015-0.33 x ||w_0|| (all 100 clients,
+full Fashion-MNIST, Dir-0.1, defaults; docs/faults.md): 15x headroom."""
+NORMS_STATE = "norms:"
+"""Server-state name prefix of a vector's norm history (``norms:<record name>``)."""
+
+Accepted = tuple[int, ClientUpdate]
+"""A reply that passed the checks: (source node id, its decoded update)."""
+
+
+class MethodStrategy(Strategy):
+    """Flower's side of every method; the method's own math is ``rule`` (a ServerRule)."""
+
+    def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int],
+                 w0: Weights) -> None:
+        self.cfg = cfg
+        self.node_of_partition = node_of_partition
+        """Partition id -> node id; the experiment keeps it current between rounds."""
+        self.rule: ServerRule = cfg.spec.server(cfg.params)
+        self.state: ServerState = self.rule.init(w0)
+        self.norm_history: dict[str, list[float]] = {}
+        self.expected_examples: tuple[int, ...] | None = None
+        self._w_t: Weights = []
+        self._sent_to: dict[int, int] = {}
+
+    def expect_examples(self, sizes: Sequence[int] | None) -> None:
+        """Set each partition's true example count; a reply claiming another is rejected.
+
+        None leaves the claim unchecked (tests with hand-made data; the ServerApp always sets
+        it, from ``task.federated_data.partition_sizes``).
+        """
+        self.expected_examples = None if sizes is None else tuple(int(n) for n in sizes)
+
+    # ---------------------------------------------------------------- Flower Strategy API
+    def summary(self) -> None:
+        c = self.cfg
+        log(20, "%s: %d clients, %d per round, beta=%s (%s aggregation), server lr %s",
+            c.spec.label, c.num_clients, c.clients_per_round, c.beta, c.ri_aggregation,
+            c.server_lr)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send the model, the round's settings and the method's extras to sampled clients."""
+        c = self.cfg
+        self._w_t = arrays.to_numpy_ndarrays()
+        chosen = sample_clients(c.seed, server_round, c.num_clients, c.clients_per_round)
+        round_config = ConfigRecord(
+            {**dict(config), rk.ROUND: server_round, rk.LR: c.lr_at(server_round),
+             rk.BETA: c.beta}
+        )
+        extras = {k: ArrayRecord(v) for k, v in self.rule.down(self.state).items()}
+        messages = []
+        self._sent_to = {}
+        for pid in chosen:
+            node = self.node_of_partition[pid]
+            self._sent_to[node] = pid
+            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: round_config, **extras})
+            messages.append(
+                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
+            )
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Check and decode replies, drop bad ones and outliers, aggregate, call the method."""
+        c = self.cfg
+        good: list[Accepted] = []
+        rejected = 0
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            decoded = self.decode(msg)
+            if isinstance(decoded, str):
+                rejected += 1
+                self._reject(server_round, node, decoded)
+                continue
+            good.append((node, decoded))
+        missing = len(self._sent_to) - len(good) - rejected
+        # Replies arrive in any order; sum them in client order so that a deployment and a
+        # simulation of the same seed aggregate bit for bit alike.
+        good.sort(key=lambda item: item[1].partition_id)
+        good, outliers, used = self._norm_filter(server_round, good)
+        rejected += outliers
+        counts = {"num-replies": len(good), "num-rejected": rejected, "num-missing": missing,
+                  "norm-limit-used": used}
+        if len(good) < c.min_replies:
+            log(WARNING, "round %d: %d usable replies < min-replies=%d; the global model is "
+                "unchanged", server_round, len(good), c.min_replies)
+            return None, MetricRecord(counts)
+
+        updates = [u for _, u in good]
+        weights = self.reply_weights(updates)
+        aggregate, finals = aggregate_update(
+            self._w_t, [u.upload for u in updates], weights, c.ri_aggregation,
+            mean=lambda v, w: combine(v, w, c.aggregation, c.trim_fraction))
+        rnd = RoundInput(server_round=server_round, aggregate=aggregate, updates=updates,
+                         weights=weights, variant=c.ri_aggregation, num_clients=c.num_clients,
+                         lr=c.lr_at(server_round), server_lr=c.server_lr)
+        w_next, self.state = self.rule.update(self.state, self._w_t, rnd)
+        metrics = {
+            **counts,
+            "train-loss": float(np.average([u.train_loss for u in updates],
+                                           weights=[u.num_examples for u in updates])),
+            "divergence": divergence(finals, w_next),
+        }
+        return ArrayRecord(w_next), MetricRecord(metrics)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """No federated evaluation: the experiment evaluates the global model centrally."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int,
+                           replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    def reply_weights(self, updates: Sequence[ClientUpdate]) -> list[float]:
+        """Each reply's weight in the round's mean (``weighting``): its examples, or 1."""
+        if self.cfg.weighting == "uniform":
+            return [1.0] * len(updates)
+        return [float(u.num_examples) for u in updates]
+
+    def _reject(self, server_round: int, node: int, reason: str) -> None:
+        log(WARNING, "round %d: rejected reply of node %s (partition %s): %s",
+            server_round, node, self._sent_to.get(node, "?"), reason)
+
+    # ---------------------------------------------------------------- decoding and checks
+    def decode(self, msg: Message) -> ClientUpdate | str:
+        """The reply as a typed update, or why it cannot be aggregated (one line)."""
+        if msg.has_error():
+            return f"client error: {msg.error.reason}"
+        node = msg.metadata.src_node_id
+        if node not in self._sent_to:
+            return "reply from a node that was not sampled this round"
+        pid = self._sent_to[node]
+        content = msg.content
+        if rk.METRICS not in content.metric_records:
+            return f"missing MetricRecord {rk.METRICS!r}"
+        metrics = content.metric_records[rk.METRICS]
+        for key in (rk.NUM_EXAMPLES, rk.TRAIN_LOSS, rk.NUM_STEPS):
+            if key not in metrics:
+                return f"missing metric {key!r}"
+        n, steps, loss = (metrics[rk.NUM_EXAMPLES], metrics[rk.NUM_STEPS],
+                          metrics[rk.TRAIN_LOSS])
+        for key, value in ((rk.NUM_EXAMPLES, n), (rk.NUM_STEPS, steps)):
+            if not isinstance(value, int) or value <= 0:
+                return f"{key}={value!r} is not a positive integer"
+        assert isinstance(n, int) and isinstance(steps, int)
+        problem = self.examples_problem(pid, n)
+        if problem is not None:
+            return problem
+        if not isinstance(loss, int | float) or not math.isfinite(float(loss)):
+            return f"train-loss={loss!r} is not finite"
+        arrays: dict[str, Weights] = {}
+        for key in (rk.ARRAYS, *self.rule.up_keys):
+            if key not in content.array_records:
+                return f"missing ArrayRecord {key!r}"
+            arrays[key] = content.array_records[key].to_numpy_ndarrays()
+            problem = _arrays_problem(key, arrays[key], self._w_t)
+            if problem is not None:
+                return problem
+        update = ClientUpdate(partition_id=pid, upload=arrays.pop(rk.ARRAYS), extras=arrays,
+                              num_examples=n, train_loss=float(loss), num_steps=steps)
+        problem = self.rule.reply_problem(update, self.expected_steps(pid))
+        return update if problem is None else problem
+
+    def examples_problem(self, partition_id: int, n: int) -> str | None:
+        """Why a claimed example count (the reply's weight) cannot be true, or None.
+
+        ``max-examples-per-client`` > 0 (clients with their own data) only caps the claim;
+        otherwise it must equal the partition's size, which the server derives from the
+        run config exactly as the client does.
+        """
+        ceiling = self.cfg.max_examples_per_client
+        if ceiling > 0:
+            return None if n <= ceiling else (
+                f"num-examples={n} > max-examples-per-client={ceiling}")
+        want = self.true_examples(partition_id)
+        return None if want is None or n == want else (
+            f"num-examples={n}, but partition {partition_id} holds {want} examples")
+
+    def true_examples(self, partition_id: int) -> int | None:
+        """The partition's example count when the server knows it (exact-count mode)."""
+        if self.expected_examples is None or self.cfg.max_examples_per_client > 0:
+            return None
+        return self.expected_examples[partition_id]
+
+    def expected_steps(self, partition_id: int) -> int | None:
+        """The local SGD steps the partition takes, when the server knows its size."""
+        n = self.true_examples(partition_id)
+        c = self.cfg
+        return None if n is None else num_steps(n, c.local_epochs, c.batch_size)
+
+    # ---------------------------------------------------------------- norm filter
+    def _norm_filter(
+        self, server_round: int, good: list[Accepted]
+    ) -> tuple[list[Accepted], int, float]:
+        """Drop replies with any uploaded vector above its norm limit; remember the rest.
+
+        Returns the kept replies, how many were dropped, and the largest norm / limit seen
+        (a round metric: how close honest replies come to the limit).
+        """
+        if self.cfg.max_update_norm_ratio == 0.0 or not good:
+            return good, 0, 0.0
+        keys = (rk.ARRAYS, *self.rule.up_keys)
+        updates = [u for _, u in good]
+        norms = {key: self.upload_norms(key, updates) for key in keys}
+        limits = {key: self._norm_limit(server_round, key, norms[key]) for key in keys}
+        keep, used = [], 0.0
+        for i, (node, _) in enumerate(good):
+            over = [f"{key!r} norm {norms[key][i]:.3g} > {limits[key][1]}" for key in keys
+                    if norms[key][i] > limits[key][0]]
+            used = max([used, *(norms[key][i] / limits[key][0] for key in keys)])
+            if over:
+                self._reject(server_round, node, "; ".join(over))
+            else:
+                keep.append(i)
+        for key in keys:
+            self._remember(key, [norms[key][i] for i in keep])
+        return [good[i] for i in keep], len(good) - len(keep), used
+
+    def upload_norms(self, key: str, updates: Sequence[ClientUpdate]) -> list[float]:
+        """Norm of each reply's record ``key``: the move ||w_iK - w_t|| or ||Delta_i|| for
+        the model upload, the plain norm for a method's extra upload (e.g. Delta_c_i)."""
+        if key == rk.ARRAYS:
+            return update_norms(self._w_t, [u.upload for u in updates], self.cfg.ri_aggregation)
+        return update_norms(self._w_t, [u.extras[key] for u in updates], "update")
+
+    def _norm_limit(self, server_round: int, key: str,
+                    round_norms: list[float]) -> tuple[float, str]:
+        """The largest acceptable norm of ``key`` this round, and how it was set (for logs).
+
+        Reference: the median of this round's norms and the recent accepted ones, so one
+        reply cannot set its own bar. Without history and with fewer than MIN_ROUND_NORMS
+        replies (round 1 of a small federation) the first-round bound applies.
+        """
+        history = self.norm_history.get(key, [])
+        ratio = self.cfg.max_update_norm_ratio
+        if history or len(round_norms) >= MIN_ROUND_NORMS:
+            ref = float(np.median([*round_norms, *history]))
+            limit = ratio * ref if ref > 0.0 else math.inf
+            return limit, (f"max-update-norm-ratio {ratio:g} x median {ref:.3g} of "
+                           f"{len(round_norms)} norms this round and {len(history)} accepted "
+                           "before")
+        limit = self.fallback_limit(key, server_round)
+        return (limit if limit > 0.0 else math.inf), (
+            f"{limit:.3g}, the first-round bound (no accepted norms yet)")
+
+    def fallback_limit(self, key: str, server_round: int) -> float:
+        """Bound without any reference norm: FIRST_ROUND_FACTOR x ||w_t|| for a move of the
+        model; the method bounds its extra uploads from that (``extra_fallback_limit``)."""
+        move = FIRST_ROUND_FACTOR * vector_norm(self._w_t)
+        if key == rk.ARRAYS:
+            return move
+        return self.rule.extra_fallback_limit(key, self.state, move,
+                                              self.cfg.lr_at(server_round))
+
+    def _remember(self, key: str, norms: list[float]) -> None:
+        """Append accepted norms to ``key``'s history, keeping the last NORM_HISTORY."""
+        if norms:
+            self.norm_history[key] = [*self.norm_history.get(key, []), *norms][-NORM_HISTORY:]
+
+    # ---------------------------------------------------------------- server state
+    def server_state(self) -> dict[str, Weights]:
+        """The method's typed state and the norm history, as named arrays for a checkpoint."""
+        state = self.state.arrays()
+        for key, norms in self.norm_history.items():
+            state[NORMS_STATE + key] = [np.asarray(norms, dtype=np.float64)]
+        return state
+
+    def load_server_state(self, state: dict[str, Weights]) -> None:
+        """Restore what ``server_state`` returned; ValueError when it is another method's."""
+        norms = {n for n in state if n.startswith(NORMS_STATE)}
+        self.norm_history = {n.removeprefix(NORMS_STATE): [float(x) for x in state[n][0]]
+                             for n in sorted(norms)}
+        self.state = self.rule.state_type.from_arrays(
+            {k: v for k, v in state.items() if k not in norms})
+
+
+def _arrays_problem(key: str, arrays: list[np.ndarray], reference: Weights) -> str | None:
+    """Shape, dtype and finiteness check of one model-shaped upload against the model."""
+    if len(arrays) != len(reference):
+        return f"{key!r} has {len(arrays)} arrays, expected {len(reference)}"
+    for i, (a, r) in enumerate(zip(arrays, reference, strict=True)):
+        if a.shape != r.shape:
+            return f"{key!r}[{i}] has shape {a.shape}, expected {r.shape}"
+        if a.dtype != r.dtype:
+            return f"{key!r}[{i}] has dtype {a.dtype}, expected {r.dtype}"
+        if not np.all(np.isfinite(a)):
+            return f"{key!r}[{i}] holds NaN or Inf"
+    return None

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
 from client_app.state import W_PREV, ClientState
@@ -50,6 +50,7 @@ def client_round(
     """
     conf = received.config_records[rk.CONFIG]
     server_round, lr, beta = int(conf[rk.ROUND]), float(conf[rk.LR]), float(conf[rk.BETA])
+    delta = bool(conf[rk.UPLOAD_DELTA])
     w_t = received.array_records[rk.ARRAYS].to_numpy_ndarrays()
 
     w_prev = state.get(W_PREV) or list(initial())
@@ -73,6 +74,7 @@ def client_round(
     metrics = MetricRecord({rk.NUM_EXAMPLES: result.num_examples,
                             rk.TRAIN_LOSS: result.mean_loss, rk.NUM_STEPS: result.num_steps,
                             rk.COMPUTE_SECONDS: time.perf_counter() - t0})
-    return RecordDict({rk.ARRAYS: ArrayRecord(upload_vector(final, start, cfg.ri_aggregation)),
-                       rk.METRICS: metrics,
+    return RecordDict({rk.ARRAYS: ArrayRecord(
+                           upload_vector(final, start, "update" if delta else "model")),
+                       rk.METRICS: metrics, rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: delta}),
                        **{k: ArrayRecord(v) for k, v in extras.items()}})

@@ -2,6 +2,9 @@
 
 Every message is a ``RecordDict``: the model in ``ARRAYS``, round settings in ``CONFIG``,
 client results in ``METRICS``; a method adds its own ArrayRecords (e.g. SCAFFOLD's c).
+Settings of the round (round, lr, beta, upload kind) travel in the message; settings of the
+run (local epochs, batch size, the method's parameters) both apps read from the same run
+config, which Flower hands to each of them.
 """
 
 ARRAYS = "arrays"
@@ -12,6 +15,8 @@ METRICS = "metrics"
 ROUND = "server-round"
 LR = "lr"
 BETA = "beta"
+UPLOAD_DELTA = "upload-delta"  # bool: the model upload is Delta_i (``update``), not w_iK
+# (``model``); the round asks for one and the reply's CONFIG record says which it holds
 EXPERIMENT = "experiment-id"  # the run directory's name: stable across a resume
 
 # MetricRecord keys sent up.

@@ -83,7 +83,7 @@ class MethodStrategy(Strategy):
         chosen = sample_clients(c.seed, server_round, c.num_clients, c.clients_per_round)
         round_config = ConfigRecord(
             {**dict(config), rk.ROUND: server_round, rk.LR: c.lr_at(server_round),
-             rk.BETA: c.beta}
+             rk.BETA: c.beta, rk.UPLOAD_DELTA: c.ri_aggregation == "update"}
         )
         extras = {k: ArrayRecord(v) for k, v in self.rule.down(self.state).items()}
         messages = []
@@ -178,6 +178,11 @@ class MethodStrategy(Strategy):
         for key in (rk.NUM_EXAMPLES, rk.TRAIN_LOSS, rk.NUM_STEPS):
             if key not in metrics:
                 return f"missing metric {key!r}"
+        said = (content.config_records[rk.CONFIG].get(rk.UPLOAD_DELTA)
+                if rk.CONFIG in content.config_records else None)
+        if said is not (self.cfg.ri_aggregation == "update"):
+            return (f"the reply says {rk.UPLOAD_DELTA}={said!r}; the round asked for "
+                    f"{'Delta_i' if self.cfg.ri_aggregation == 'update' else 'w_iK'}")
         n, steps, loss = (metrics[rk.NUM_EXAMPLES], metrics[rk.NUM_STEPS],
                           metrics[rk.TRAIN_LOSS])
         for key, value in ((rk.NUM_EXAMPLES, n), (rk.NUM_STEPS, steps)):

@@ -1,15 +1,31 @@
 """The method-specific run-config keys: defaults, registration and one-line errors."""
 
+import dataclasses
+
 import pytest
 
 from strategies.registry import METHOD_NAMES, METHODS
-from task.config import ConfigError, RunConfig
+from task.config import ConfigError, RunConfig, load_defaults
 
 
 def test_every_method_is_registered_under_its_config_name() -> None:
-    assert tuple(METHODS) == METHOD_NAMES and METHOD_NAMES[0] == "fedavg"
+    assert METHOD_NAMES[0] == "fedavg"
     for name in METHOD_NAMES:
-        assert RunConfig.parse({"method": name}).method == name
+        cfg = RunConfig.parse({"method": name})
+        assert cfg.method == name and cfg.spec is METHODS[name]
+        assert isinstance(cfg.params, METHODS[name].params)
+
+
+def test_each_method_key_has_one_owner_and_one_default() -> None:
+    """Method keys are declared by their method and defaulted in pyproject only: every
+    declared key has a default there, and every pyproject key is general or a method's."""
+    defaults = set(load_defaults())
+    general = {f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)} - {
+        "params", "method-values"}
+    owned = [key for spec in METHODS.values() for key in spec.params.config_keys()]
+    assert len(owned) == len(set(owned)), owned
+    assert set(owned) <= defaults
+    assert defaults == general | set(owned)
 
 
 def test_defaults_follow_the_authors_code() -> None:

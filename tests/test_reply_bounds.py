@@ -71,6 +71,7 @@ def answer(msg: Message, up: Weights, n: int | None = None,
                             rk.TRAIN_LOSS: 0.5,
                             rk.NUM_STEPS: STEPS[pid(msg)] if steps is None else steps})
     content = RecordDict({rk.ARRAYS: ArrayRecord(up), rk.METRICS: metrics,
+                          rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: False}),
                           **{k: ArrayRecord(v) for k, v in (extra or {}).items()}})
     return Message(content=content, reply_to=msg)
 
@@ -122,6 +123,26 @@ def test_fedcm_rejects_a_false_step_count(claim: int) -> None:
     got, metrics = s.aggregate_train(1, replies)
     assert metrics is not None and metrics["num-rejected"] == 1
     for a, b in zip(weights_of((got, metrics)), numpy_mean([0, 1, 3]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("said", [True, None])
+def test_an_upload_of_another_kind_is_rejected(said: bool | None) -> None:
+    """The round asks for final models; a reply that says (or does not say) otherwise would
+    be averaged as a model while holding a delta."""
+    s = server()
+    msgs = send(s, 1)
+    assert all(m.content.config_records[rk.CONFIG][rk.UPLOAD_DELTA] is False for m in msgs)
+    replies = [answer(m, final(W_T, pid(m))) for m in msgs]
+    bad = replies[1].content
+    if said is None:
+        del bad[rk.CONFIG]
+    else:
+        bad[rk.CONFIG] = ConfigRecord({rk.UPLOAD_DELTA: said})
+    got, metrics = s.aggregate_train(1, replies)
+    assert metrics is not None and metrics["num-rejected"] == 1
+    kept = [pid(m) for i, m in enumerate(msgs) if i != 1]
+    for a, b in zip(weights_of((got, metrics)), numpy_mean(kept), strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 

@@ -11,6 +11,7 @@ import pytest
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from client_app.state import W_PREV, ClientState
+from server_app.checkpoint import load_checkpoint
 from server_app.experiment import TooFewReplies, run_experiment
 from strategies import records as rk
 from task.config import RunConfig
@@ -54,8 +55,11 @@ class CrashingGrid(InProcessGrid):
         return out
 
 
-@pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedadam", "feddyn"])
+@pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedadam", "feddyn", "fedcm"])
 def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) -> None:
+    """Guards the checkpoint of every kind of server state (SCAFFOLD's c, Adam's moments,
+    FedDyn's H, FedCM's momentum d, the norm history): a server killed after round 3's
+    training and resumed ends with the same model and the same server state, bit for bit."""
     over = {"method": method, **({"server-lr": 0.1} if method == "fedadam" else {})}
     ref_cfg = config(tmp_path / "ref", **over)
     run_experiment(InProcessGrid(4, ref_cfg.to_dict()), ref_cfg, out_dir=tmp_path / "ref-run")
@@ -72,6 +76,13 @@ def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) 
     assert [r["round"] for r in rows(run_dir)] == [1, 2, 3, 4]
     ref_acc = [r["test-acc"] for r in rows(tmp_path / "ref-run")]
     assert [r["test-acc"] for r in rows(run_dir)] == ref_acc
+    got_state = load_checkpoint(run_dir).strategy_state
+    want_state = load_checkpoint(tmp_path / "ref-run").strategy_state
+    assert set(got_state) == set(want_state)
+    assert all(bitwise_equal(got_state[k], want_state[k]) for k in want_state)
+    if method != "fedavg":  # the method's own state is there and not all zeros
+        own = [k for k in want_state if not k.startswith("norms:")]
+        assert own and any(np.any(a != 0) for k in own for a in want_state[k])
 
 
 def test_restarted_supernode_restores_its_saved_state(tmp_path: Path) -> None:

@@ -7,16 +7,15 @@ evaluate: accuracy of the received model on this client's own data.
 
 from __future__ import annotations
 
-from logging import WARNING
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.logger import log
 
 from client_app.model_cache import client_tensors, fresh_model, initial_weights
 from client_app.round import client_round
-from client_app.state import ClientState, StateMirror
+from store.client_store import ClientStore
+from store.state_dir import StateDir
 from strategies import records as rk
 from task.config import RunConfig
 from task.evaluation import evaluate as evaluate_model
@@ -39,34 +38,13 @@ def partition_of(context: Context, cfg: RunConfig) -> int:
     return pid
 
 
-def state_mirror(context: Context, cfg: RunConfig, experiment: str,
-                 pid: int) -> StateMirror | None:
-    """The node's state directory (node config ``state-dir``, else run config
-    ``client-state-dir``), or None when the state lives in memory only."""
+def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int) -> ClientStore:
+    """This client's store: memory is ``context.state``; disk is the node's state directory
+    (node config ``state-dir``, else run config ``client-state-dir``), or none when neither
+    is set or the server names no experiment."""
     root = str(context.node_config.get("state-dir", "")) or cfg.client_state_dir
-    return StateMirror(Path(root), experiment, pid) if root and experiment else None
-
-
-def restore_state(state: ClientState, mirror: StateMirror | None, experiment: str,
-                  server_round: int, model: list) -> bool:
-    """Make ``state`` the version from this client's last participation before this round.
-
-    Memory is used when it is that version; otherwise (node restarted, run resumed, or a
-    round redone after a server crash) the newest older version on disk replaces it. A
-    version that is unreadable, not this client's, wrong-shaped or not finite is skipped for
-    the one before it, or w_0 (empty state): returns True then, so the reply can say so.
-    """
-    tag = state.tag()
-    if mirror is None or (tag is not None and tag[0] == experiment and tag[1] < server_round):
-        return False
-    saved, problems = mirror.load_usable_before(server_round, model)
-    used = f"the state of round {saved[0]}" if saved else "w_0 (empty state)"
-    for problem in problems:
-        log(WARNING, "%s; falling back to %s", problem, used)
-    state.replace(saved[1] if saved else {})
-    if saved:
-        state.set_tag(experiment, saved[0])
-    return bool(problems)
+    disk = StateDir(Path(root), experiment, pid) if root and experiment else None
+    return ClientStore(memory=context.state, disk=disk)
 
 
 def train_fn(msg: Message, context: Context) -> Message:
@@ -75,18 +53,15 @@ def train_fn(msg: Message, context: Context) -> Message:
     pid = partition_of(context, cfg)
     conf = msg.content.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
-    state = ClientState(context.state)
-    mirror = state_mirror(context, cfg, experiment, pid)
-    fell_back = restore_state(state, mirror, experiment, server_round,
+    state = client_store(context, cfg, experiment, pid)
+    fell_back = state.restore(experiment, server_round,
                               msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
     x, y = client_tensors(cfg, pid)
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            fresh_model(cfg), x, y, initial=lambda: initial_weights(cfg),
                            partition_id=pid)
     content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
-    state.set_tag(experiment, server_round)
-    if mirror is not None:
-        mirror.save(server_round, state.entries())
+    state.save(experiment, server_round)
     return Message(content=content, reply_to=msg)
 
 

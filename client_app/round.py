@@ -15,8 +15,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
-from client_app.state import W_PREV, ClientState
 from client_app.trainer import LossFn, local_sgd
+from store.client_store import W_PREV, ClientStore
 from strategies import records as rk
 from strategies.method import ClientRule
 from strategies.ri import relaxed_start, upload_vector
@@ -34,7 +34,7 @@ def client_round(
     cfg: RunConfig,
     rule: ClientRule,
     received: RecordDict,
-    state: ClientState,
+    state: ClientStore,
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,

@@ -9,16 +9,13 @@ resumed rounds draw exactly what the uninterrupted run would have drawn.
 
 from __future__ import annotations
 
-import io
-import json
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from server_app.results import atomic_write_bytes
+from store.files import RecordError, expect_counts, read_record, write_record
 
 CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT_VERSION = 1
@@ -26,6 +23,10 @@ FORMAT_VERSION = 1
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message is one line naming file and problem."""
+
+
+def _unusable(path: Path, problem: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint {path} {problem}")
 
 
 @dataclass
@@ -54,44 +55,41 @@ def non_finite_part(weights: list[np.ndarray], state: dict[str, list[np.ndarray]
 
 
 def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> None:
-    """Write ``run_dir/checkpoint.npz`` atomically (old or new file, never a torn one)."""
-    arrays: dict[str, np.ndarray] = {f"w/{i}": a for i, a in enumerate(ckpt.weights)}
-    for key, values in ckpt.strategy_state.items():
-        for i, a in enumerate(values):
-            arrays[f"s/{key}/{i}"] = a
-    meta = {"format": FORMAT_VERSION, "round": ckpt.server_round, "config": ckpt.config,
-            "num-weights": len(ckpt.weights),
-            "state": {k: len(v) for k, v in ckpt.strategy_state.items()}}
+    """Write ``run_dir/checkpoint.npz`` atomically (old or new file, never a torn one).
+
+    A record with groups ``w`` (the model) and ``s/<key>`` (each strategy state entry)."""
+    arrays = {"w": ckpt.weights, **{f"s/{k}": v for k, v in ckpt.strategy_state.items()}}
+    meta: dict[str, Any] = {"format": FORMAT_VERSION, "round": ckpt.server_round,
+                            "config": ckpt.config, "num-weights": len(ckpt.weights),
+                            "state": {k: len(v) for k, v in ckpt.strategy_state.items()}}
     if ckpt.rows is not None:
         meta["rows"] = ckpt.rows
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    atomic_write_bytes(run_dir / CHECKPOINT_FILE, buf.getvalue())
+    write_record(run_dir / CHECKPOINT_FILE, arrays, meta)
 
 
 def load_checkpoint(run_dir: Path) -> Checkpoint:
     """Read and check ``run_dir/checkpoint.npz``; CheckpointError (one line) if unusable."""
     path = run_dir / CHECKPOINT_FILE
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist (nothing to resume from)")
+        raise _unusable(path, "does not exist (nothing to resume from)")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-        raise CheckpointError(f"checkpoint {path} is unreadable or corrupted: {err}") from None
-    try:
-        meta = json.loads(data.pop("meta").tobytes().decode())
-        if meta["format"] != FORMAT_VERSION:
-            raise CheckpointError(f"checkpoint {path} has format {meta['format']}, "
-                                  f"expected {FORMAT_VERSION}")
-        weights = [data[f"w/{i}"] for i in range(meta["num-weights"])]
-        state = {k: [data[f"s/{k}/{i}"] for i in range(n)] for k, n in meta["state"].items()}
-    except (KeyError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"checkpoint {path} is incomplete: missing {err}") from None
+        groups, meta = read_record(path)
+        if meta.get("format") != FORMAT_VERSION:
+            raise RecordError(path, f"has format {meta.get('format')}, "
+                                    f"expected {FORMAT_VERSION}")
+        counts = {"w": meta["num-weights"], **{f"s/{k}": n for k, n in meta["state"].items()}}
+        expect_counts(path, groups, counts)
+        config, server_round = dict(meta["config"]), int(meta["round"])
+    except RecordError as err:
+        raise _unusable(path, err.problem) from None
+    except KeyError as err:
+        raise _unusable(path, f"is incomplete: missing {err}") from None
+    except (TypeError, ValueError, AttributeError) as err:
+        raise _unusable(path, f"has a malformed meta: {err}") from None
+    weights = groups.get("w", [])
+    state = {k: groups.get(f"s/{k}", []) for k in meta["state"]}
     bad = non_finite_part(weights, state)
     if bad is not None:
-        raise CheckpointError(f"checkpoint {path} holds NaN or Inf in {bad} (a diverged model); "
+        raise _unusable(path, f"holds NaN or Inf in {bad} (a diverged model); "
                               "it cannot be resumed")
-    return Checkpoint(int(meta["round"]), weights, state, dict(meta["config"]),
-                      meta.get("rows"))
+    return Checkpoint(server_round, weights, state, config, meta.get("rows"))

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
+
 ACCURACY_LABEL = "test accuracy (%)"
 DIVERGENCE_LABEL = r"divergence $\frac{1}{|S|}\sum_{i \in S} \|w_{i,K} - w_{t+1}\|^2$"
 """The paper's consistency term, as ``strategies.ri.divergence`` computes it each round: the
@@ -28,16 +30,6 @@ ROUND_FIELDS = ("round", "test-acc", "test-loss", "train-loss", "divergence", "l
 TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
                            "client-seconds-max"})
 """Round fields measured in wall time: they differ between two runs of the same config."""
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def smoothed_peak(accs: Sequence[float], window: int = 5, last: int = 50) -> float:
@@ -69,17 +61,16 @@ class Recorder:
                      if 0 < r.get("round", 0) <= keep_rounds]
         self.t0 = time.monotonic() - (self.rows[-1]["elapsed-seconds"] if self.rows else 0.0)
         lines = "".join(json.dumps(r) + "\n" for r in self.rows)
-        atomic_write_bytes(self.dir / "rounds.jsonl", lines.encode())
+        atomic_write_text(self.dir / "rounds.jsonl", lines)
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=ROUND_FIELDS)
         writer.writeheader()
         writer.writerows(self.rows)
-        atomic_write_bytes(self.dir / "rounds.csv", text.getvalue().encode())
+        atomic_write_text(self.dir / "rounds.csv", text.getvalue())
         self._jsonl = (self.dir / "rounds.jsonl").open("a")
         self._csv_file = (self.dir / "rounds.csv").open("a", newline="")
         self._csv = csv.DictWriter(self._csv_file, fieldnames=ROUND_FIELDS)
-        atomic_write_bytes(self.dir / "config.json",
-                           json.dumps(config, indent=2, sort_keys=True).encode())
+        atomic_write_text(self.dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
 
     def _earlier_rows(self, keep_rounds: int) -> list[dict[str, Any]]:
         """Rows read back from rounds.jsonl (checkpoints without stored rows): a torn or
@@ -132,10 +123,9 @@ class Recorder:
             if self.rows else None,
             **extra,
         }
-        atomic_write_bytes(self.dir / "summary.json",
-                           json.dumps(summary, indent=2, sort_keys=True).encode())
-        buf = _npz_bytes(final_weights)
-        atomic_write_bytes(self.dir / "final_model.npz", buf)
+        atomic_write_text(self.dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
+        atomic_write_bytes(self.dir / "final_model.npz",  # arr_0, arr_1, ... as np.savez names
+                           npz_bytes({f"arr_{i}": w for i, w in enumerate(final_weights)}))
         self.plot()
         self._jsonl.close()
         self._csv_file.close()
@@ -165,10 +155,8 @@ class Recorder:
             if key == "divergence":
                 ax.set_yscale("log")
             fig.tight_layout()
-            tmp = self.dir / f".{fname}.tmp.png"
-            fig.savefig(tmp, dpi=100)
+            atomic_write(self.dir / fname, lambda f, fig=fig: fig.savefig(f, format="png", dpi=100))
             plt.close(fig)
-            os.replace(tmp, self.dir / fname)
 
 
 def method_label(config: dict[str, Any]) -> str:
@@ -180,8 +168,3 @@ def method_label(config: dict[str, Any]) -> str:
         name = f"{method}+RI (beta={beta:g})" if beta else method
     return f"{name}, {config.get('dataset')} Dir({config.get('dirichlet-alpha')})"
 
-
-def _npz_bytes(weights: list[np.ndarray]) -> bytes:
-    bio = io.BytesIO()
-    np.savez(bio, *weights)
-    return bio.getvalue()

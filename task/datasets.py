@@ -15,7 +15,6 @@ import os
 import pickle
 import re
 import tarfile
-import tempfile
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from store.files import atomic_write
 from task.data_paths import (
     CIFAR10_HINT,
     CIFAR10_JPEG_TARBALL,
@@ -324,24 +324,15 @@ def _cached_jpeg_decode(source: Path) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def _write_cache(
     cache_file: Path, arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 ) -> None:
-    """Write the cache atomically (temp file + os.replace) so concurrent runs never see half."""
+    """Write the cache atomically, so concurrent runs never see half; failing only warns."""
     train_x, train_y, test_x, test_y = arrays
-    tmp_name: str | None = None
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            dir=cache_file.parent, prefix=cache_file.name, suffix=".tmp", delete=False
-        ) as handle:
-            tmp_name = handle.name
-            np.savez_compressed(
-                handle, train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y
-            )
-        os.chmod(tmp_name, 0o644)  # temp files are private; the cache may be shared
-        os.replace(tmp_name, cache_file)
+        atomic_write(cache_file, lambda f: np.savez_compressed(
+            f, train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y),
+            mode=0o644)  # readable by all, whatever the umask: the cache may be shared
     except OSError as error:
         warnings.warn(f"could not write cache {cache_file}: {error}", stacklevel=3)
-        if tmp_name is not None and os.path.exists(tmp_name):
-            os.unlink(tmp_name)
 
 
 def _decode_image(data: bytes, where: str) -> np.ndarray:

@@ -23,7 +23,7 @@ from flwr.supercore.inflatable.inflatable_object import (
 from torch import nn
 
 from client_app.round import client_round
-from client_app.state import ClientState
+from store.client_store import ClientStore
 from strategies.ri import Weights
 from strategies.shell import MethodStrategy
 from task.config import RunConfig
@@ -137,7 +137,7 @@ class Federation:
 
     def state_of(self, pid: int, key: str) -> Weights | None:
         """A client's stored state arrays (None before it stored any)."""
-        return ClientState(self.states[pid]).get(key)
+        return ClientStore(self.states[pid]).get(key)
 
     def answer(self, msg: Message) -> Message:
         """The client's reply, computed by the real client path."""
@@ -146,7 +146,7 @@ class Federation:
         model = VectorModel(p.w0, p.linear)
         content = client_round(
             self.cfg, self.cfg.spec.client(self.cfg.params), msg.content,
-            ClientState(self.states[pid]), model, p.xs[pid], p.ys[pid],
+            ClientStore(self.states[pid]), model, p.xs[pid], p.ys[pid],
             initial=lambda: [p.w0], partition_id=pid, loss_fn=p.loss_fn)
         return Message(content=content, reply_to=msg)
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 from flwr.app import RecordDict
 
-from client_app.state import W_PREV, ClientState
 from server_app.experiment import run_experiment
+from store.client_store import W_PREV, ClientStore
 from strategies import records as rk
 from task.config import RunConfig
 from tests.inprocess_grid import InProcessGrid
@@ -37,7 +37,7 @@ def test_w_prev_is_the_model_the_client_trained_last_not_the_global(tmp_path: Pa
     assert len(last_upload) >= 3  # several clients trained, some more than once
     final_global = final_model(tmp_path)
     for node, ctx in grid.contexts.items():
-        stored = ClientState(ctx.state).get(W_PREV)
+        stored = ClientStore(ctx.state).get(W_PREV)
         if node not in last_upload:
             assert stored is None  # never selected: w_prev is still w_0, nothing stored
             continue
@@ -62,7 +62,7 @@ def test_beta_zero_ignores_w_prev_bit_for_bit(tmp_path: Path) -> None:
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())
     w0 = final_model(tmp_path / "a")  # any model-shaped arrays
     for ctx in grid.contexts.values():
-        ClientState(ctx.state).put(W_PREV, [np.full_like(x, np.nan) for x in w0])
+        ClientStore(ctx.state).put(W_PREV, [np.full_like(x, np.nan) for x in w0])
     run_experiment(grid, cfg, out_dir=tmp_path / "b" / "run")
     for x, y in zip(final_model(tmp_path / "a"), final_model(tmp_path / "b"), strict=True):
         assert x.tobytes() == y.tobytes()
@@ -70,7 +70,7 @@ def test_beta_zero_ignores_w_prev_bit_for_bit(tmp_path: Path) -> None:
 
 def test_state_is_per_client(tmp_path: Path) -> None:
     grid, _ = run(tmp_path)
-    stored = [ClientState(c.state).get(W_PREV) for c in grid.contexts.values()]
+    stored = [ClientStore(c.state).get(W_PREV) for c in grid.contexts.values()]
     present = [s for s in stored if s is not None]
     assert len(present) >= 2
     assert not np.array_equal(present[0][0], present[1][0])

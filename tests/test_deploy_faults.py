@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client_app.state import W_PREV, StateMirror
 from scripts.deploy_local import CONNECTION, Deployment, Proc, descendants, stop_pids
 from scripts.flower_env import REPO
 from scripts.simulate import RUN_ID, run_status, toml_line
+from store.client_store import W_PREV
+from store.state_dir import StateDir
 from strategies.scaffold import C_LOCAL
 from tests.deploy_helpers import pids_mentioning, rounds
 
@@ -149,7 +150,7 @@ def test_killed_supernode_is_left_out_then_rejoins_with_its_saved_state(
         node.popen.wait(timeout=10)
         dep.procs.remove(node)
         state_root = dep.work_dir / f"node-{victim}" / "client-state"
-        mirror = StateMirror(state_root, run_path.name, victim)
+        mirror = StateDir(state_root, run_path.name, victim)
         before_files = state_files(state_root)
         saved = mirror.load_before(10**6)
         assert saved is not None, "the node saved no state before it was killed"

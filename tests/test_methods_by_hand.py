@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from client_app.state import W_PREV
 from client_app.trainer import local_sgd
+from store.client_store import W_PREV
 from strategies.fedcm import MOMENTUM
 from strategies.feddyn import H_LOCAL
 from strategies.sampling import sample_clients

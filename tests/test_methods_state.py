@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from client_app.state import W_PREV, ClientState
 from server_app.experiment import run_experiment
+from store.client_store import W_PREV, ClientStore
 from strategies.feddyn import H_LOCAL
 from strategies.registry import METHODS
 from strategies.scaffold import C_LOCAL
@@ -108,5 +108,5 @@ def test_short_fashion_mnist_run_through_the_client_app(method: str, tmp_path: P
     for node, ctx in grid.contexts.items():
         assert set(ctx.state.array_records) == (keys if node in trained else set())
         for key in ctx.state.array_records:
-            arrays = ClientState(ctx.state).get(key) or []
+            arrays = ClientStore(ctx.state).get(key) or []
             assert all(np.all(np.isfinite(a)) for a in arrays)

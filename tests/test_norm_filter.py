@@ -19,10 +19,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from strategies import records as rk
-from strategies.base import NORM_HISTORY, RIStrategy
-from strategies.registry import METHODS
 from strategies.ri import Weights
 from strategies.scaffold import DELTA_C
+from strategies.shell import NORM_HISTORY, MethodStrategy
 from task.config import RunConfig
 from tests.inprocess_grid import set_task_identity
 
@@ -49,18 +48,19 @@ def model(norm: float) -> Weights:
     return [(norm * a).astype(np.float32) for a in unit(2)]
 
 
-def server(method: str = "fedavg", n: int = 4, variant: str = "model", **raw: Any) -> RIStrategy:
+def server(method: str = "fedavg", n: int = 4, variant: str = "model",
+           **raw: Any) -> MethodStrategy:
     """Every client sampled each round, uniform weights, the filter at ratio 20."""
     set_task_identity()
     cfg = RunConfig.parse({"method": method, "num-clients": n, "fraction-train": 1.0,
                            "beta": 0.0, "ri-aggregation": variant, "weighting": "uniform",
                            "max-update-norm-ratio": RATIO, "output-dir": "/tmp/unused", **raw})
-    s = METHODS[method].server(cfg, {p: 1000 + p for p in range(n)})
+    s = MethodStrategy(cfg, {p: 1000 + p for p in range(n)}, model(1.0))
     s.expect_examples([EXAMPLES] * n)
     return s
 
 
-def play(s: RIStrategy, rnd: int, norms: list[float], w_t: Weights,
+def play(s: MethodStrategy, rnd: int, norms: list[float], w_t: Weights,
          delta_c: list[float] | None = None) -> tuple[Weights | None, dict[str, Any]]:
     """Round ``rnd``: the first len(norms) sampled clients move by norms[i] * U (the others
     stay silent); with ``delta_c`` they also upload Delta_c = delta_c[i] * U (SCAFFOLD)."""
@@ -73,14 +73,15 @@ def play(s: RIStrategy, rnd: int, norms: list[float], w_t: Weights,
         extra = {} if delta_c is None else {
             DELTA_C: ArrayRecord([(delta_c[i] * u).astype(np.float32) for u in U])}
         content = RecordDict({rk.ARRAYS: ArrayRecord(up), **extra, rk.METRICS: MetricRecord(
-            {rk.NUM_EXAMPLES: EXAMPLES, rk.TRAIN_LOSS: 0.1, rk.NUM_STEPS: 1})})
+            {rk.NUM_EXAMPLES: EXAMPLES, rk.TRAIN_LOSS: 0.1, rk.NUM_STEPS: 1}),
+            rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: s.cfg.ri_aggregation == "update"})})
         replies.append(Message(content=content, reply_to=msgs[i]))
     arrays, metrics = s.aggregate_train(rnd, replies)
     assert metrics is not None
     return (None if arrays is None else arrays.to_numpy_ndarrays()), dict(metrics)
 
 
-def assert_kept(s: RIStrategy, rnd: int, norms: list[float], kept: list[float],
+def assert_kept(s: MethodStrategy, rnd: int, norms: list[float], kept: list[float],
                 w_t: Weights, **kw: Any) -> dict[str, Any]:
     """Play the round and check that exactly the replies moving by ``kept`` got in."""
     got, metrics = play(s, rnd, norms, w_t, **kw)
@@ -178,7 +179,7 @@ def test_the_history_keeps_the_last_norm_history_accepted_norms() -> None:
 
 
 # ---------------------------------------------------------------- SCAFFOLD's Delta_c
-def scaffold(**raw: Any) -> RIStrategy:
+def scaffold(**raw: Any) -> MethodStrategy:
     return server("scaffold", n=3, **raw)
 
 

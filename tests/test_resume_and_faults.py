@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
-from client_app.state import W_PREV, ClientState
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import TooFewReplies, run_experiment
+from store.client_store import W_PREV, ClientStore
 from strategies import records as rk
 from task.config import RunConfig
 from tests.inprocess_grid import InProcessGrid
@@ -99,7 +99,7 @@ def test_restarted_supernode_restores_its_saved_state(tmp_path: Path) -> None:
         out = original(msgs, timeout=timeout)
         if msgs and msgs[0].content.config_records.get(rk.CONFIG, {}).get(rk.ROUND) == 3:
             for node, ctx in list(grid.contexts.items()):
-                saved = ClientState(ctx.state).entries()
+                saved = ClientStore(ctx.state).entries()
                 if saved:
                     restarted[node] = saved
                     grid.contexts[node] = Context(run_id=1, node_id=node,
@@ -113,12 +113,12 @@ def test_restarted_supernode_restores_its_saved_state(tmp_path: Path) -> None:
     assert restarted, "some node should have had state to lose"
     assert bitwise_equal(final_model(tmp_path / "run"), final_model(tmp_path / "ref"))
     # what each restarted node saved on disk is exactly what it held in memory
-    from client_app.state import StateMirror
+    from store.state_dir import StateDir
     for node, saved in restarted.items():
         pid = node - 1000
-        mirror = StateMirror(tmp_path / "state", "run", pid)
+        mirror = StateDir(tmp_path / "state", "run", pid)
         _, on_disk = mirror.load_before(10**6) or (0, {})
-        later = ClientState(grid.contexts[node].state).tag()
+        later = ClientStore(grid.contexts[node].state).tag()
         if later and later[1] > 3:
             continue  # it trained again after the restart; disk moved on, as it should
         for key in (W_PREV, "scaffold-c-i"):

@@ -17,10 +17,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from client_app.round import client_round
-from client_app.state import W_PREV, ClientState
+from store.client_store import W_PREV, ClientStore
 from strategies import records as rk
 from strategies.feddyn import H_LOCAL
-from strategies.registry import METHODS
 from task.config import RunConfig
 from tests.lsq_problem import Federation, VectorModel, half_mse, lsq_problem
 
@@ -68,15 +67,17 @@ def ri_start() -> np.ndarray:
     return w_t + BETA * (w_t - w_prev)
 
 
-def run_client(c: RunConfig, state: dict[str, np.ndarray]) -> tuple[np.ndarray, ClientState]:
+def run_client(c: RunConfig, state: dict[str, np.ndarray]) -> tuple[np.ndarray, ClientStore]:
     """One participation in round 2 through ``client_round``; returns the upload and state."""
-    store = ClientState(RecordDict())
+    store = ClientStore(RecordDict())
     for key, value in state.items():
         store.put(key, [f32(value)])
+    round_config = {rk.ROUND: 2, rk.LR: LR, rk.BETA: BETA,
+                    rk.UPLOAD_DELTA: c.ri_aggregation == "update"}
     received = RecordDict({rk.ARRAYS: ArrayRecord([f32(W_T)]),
-                           rk.CONFIG: ConfigRecord({rk.ROUND: 2, rk.LR: LR, rk.BETA: BETA})})
+                           rk.CONFIG: ConfigRecord(round_config)})
     reply = client_round(
-        c, METHODS[c.method].client(c), received, store, VectorModel(W_T, True),
+        c, c.spec.client(c.params), received, store, VectorModel(W_T, True),
         torch.from_numpy(f32(X)), torch.from_numpy(f32(Y)),
         initial=lambda: pytest.fail("w_0 must not be rebuilt: w_prev is stored"),
         partition_id=0, loss_fn=half_mse)

@@ -19,10 +19,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from strategies import records as rk
-from strategies.base import RIStrategy
-from strategies.registry import METHODS
 from strategies.ri import Weights
 from strategies.robust import combine
+from strategies.shell import MethodStrategy
 from task.config import RunConfig
 from tests.inprocess_grid import set_task_identity
 
@@ -146,19 +145,19 @@ W_T: Weights = [RNG.standard_normal(s).astype(np.float32) for s in SHAPES]
 SIZES = [10, 20, 30, 40, 1000]
 
 
-def server(aggregation: str, variant: str, trim: float = 0.2) -> RIStrategy:
+def server(aggregation: str, variant: str, trim: float = 0.2) -> MethodStrategy:
     """FedAvg's server half, five clients all sampled, the norm filter off."""
     set_task_identity()
     cfg = RunConfig.parse({"method": "fedavg", "num-clients": 5, "fraction-train": 1.0,
                            "beta": 0.0, "ri-aggregation": variant, "aggregation": aggregation,
                            "trim-fraction": trim, "max-update-norm-ratio": 0.0,
                            "output-dir": "/tmp/unused"})
-    s = METHODS["fedavg"].server(cfg, {p: 1000 + p for p in range(5)})
+    s = MethodStrategy(cfg, {p: 1000 + p for p in range(5)}, W_T)
     s.expect_examples(SIZES)
     return s
 
 
-def round_with(s: RIStrategy, moves: list[Weights], variant: str) -> Weights:
+def round_with(s: MethodStrategy, moves: list[Weights], variant: str) -> Weights:
     """One round in which client i's final model is w_t + moves[i]; the new global model."""
     msgs = list(s.configure_train(1, ArrayRecord(W_T), ConfigRecord(), cast(Grid, None)))
     replies = []
@@ -167,7 +166,8 @@ def round_with(s: RIStrategy, moves: list[Weights], variant: str) -> Weights:
         up = moves[i] if variant == "update" else [
             (w + d).astype(np.float32) for w, d in zip(W_T, moves[i], strict=True)]
         content = RecordDict({rk.ARRAYS: ArrayRecord(up), rk.METRICS: MetricRecord(
-            {rk.NUM_EXAMPLES: SIZES[i], rk.TRAIN_LOSS: 0.1, rk.NUM_STEPS: 1})})
+            {rk.NUM_EXAMPLES: SIZES[i], rk.TRAIN_LOSS: 0.1, rk.NUM_STEPS: 1}),
+            rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: variant == "update"})})
         replies.append(Message(content=content, reply_to=msg))
     arrays, metrics = s.aggregate_train(1, replies)
     assert arrays is not None and metrics is not None and metrics["num-rejected"] == 0

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from client_app.state import StateMirror
 from server_app.app import RunAborted, main
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import ModelDiverged, run_experiment
 from server_app.results import TIMING_FIELDS
+from store.state_dir import StateDir
 from strategies import records as rk
 from strategies.fedavg import FedAvgServer
 from task.config import ConfigError
@@ -89,7 +89,7 @@ def damage(path: Path, kind: str, pid: int) -> None:
         with path.open("wb") as f:
             np.savez(f, **data)
     else:  # wrong shapes: one array too few
-        mirror = StateMirror(path.parent.parent, path.parent.name, pid)
+        mirror = StateDir(path.parent.parent, path.parent.name, pid)
         with np.load(path) as z:
             arrays = [z[f"w_prev/{i}"] for i in range(sum(k.startswith("w_prev/")
                                                           for k in z.files))]

@@ -32,6 +32,7 @@ from server_app.clients import discover_clients, refresh_clients
 from server_app.results import Recorder, atomic_write_bytes
 from strategies import records as rk
 from strategies.registry import METHODS
+from task import config_keys
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present
 from task.federated_data import dataset_of, partition_sizes
@@ -46,10 +47,8 @@ def run_name(cfg: RunConfig) -> str:
             f"-s{cfg.seed}-{stamp}")
 
 
-RESUME_MAY_CHANGE = frozenset({"resume-dir", "num-server-rounds", "round-timeout",
-                               "node-wait-timeout", "output-dir", "min-replies",
-                               "max-failed-rounds", "node-registry"})
-"""Keys a resumed run may set differently from the checkpoint's config (the rest must match)."""
+RESUME_MAY_CHANGE = config_keys.RESUME_MAY_CHANGE
+"""Keys a resumed run may set differently from the checkpoint's config (task/config_keys.py)."""
 
 
 class TooFewReplies(RuntimeError):

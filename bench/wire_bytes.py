@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict  # noqa: E402
 from strategies.registry import METHODS  # noqa: E402
 from task.config import RunConfig  # noqa: E402
 from task.federated_data import dataset_of  # noqa: E402
-from task.models import build_model, get_weights  # noqa: E402
+from task.models import initial_weights  # noqa: E402
 from tests.inprocess_grid import InProcessGrid  # noqa: E402
 from tests.lsq_problem import array_bytes, record_bytes, serialized_bytes  # noqa: E402
 
@@ -38,8 +38,7 @@ def measure(raw: dict[str, object]) -> dict[str, tuple[int, int]]:
     data = dataset_of(cfg)
     grid = InProcessGrid(cfg.num_clients, raw)
     strategy = METHODS[cfg.method].server(cfg, {p: 1000 + p for p in range(cfg.num_clients)})
-    arrays = ArrayRecord(get_weights(build_model(cfg.model, data.num_classes, data.in_channels,
-                                                 cfg.seed, data.image_size)))
+    arrays = ArrayRecord(initial_weights(cfg, data))
     down: list[RecordDict] = []
     up: list[RecordDict] = []
     for rnd in (1, 2):

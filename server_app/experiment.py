@@ -36,7 +36,7 @@ from task import config_keys
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present
 from task.federated_data import dataset_of, partition_sizes
-from task.models import build_model, get_weights, set_weights
+from task.models import get_weights, initial_model, set_weights
 
 
 def run_name(cfg: RunConfig) -> str:
@@ -96,8 +96,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     check_examples(cfg, len(data.train_y))
     out = resume[0] if resume else (out_dir or Path(cfg.output_dir).resolve() / run_name(cfg))
     evaluator = CentralEvaluator(cfg)
-    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
-                        data.image_size)
+    model = initial_model(cfg, data)
     weights = get_weights(model)
     log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
         if resume else "")

@@ -1,4 +1,8 @@
-"""Central evaluation of the global model on the data set's held-out test split."""
+"""Central evaluation of the global model on the data set's held-out test split.
+
+The split is used as it is: the clients' optional channel and brightness noise
+(``task/noise.py``) is not applied, so runs with and without it are scored on the same images.
+"""
 
 from __future__ import annotations
 

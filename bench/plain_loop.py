@@ -21,7 +21,7 @@ from task.config import RunConfig
 from task.datasets import to_tensor
 from task.evaluation import evaluate
 from task.federated_data import client_examples, dataset_of
-from task.models import build_model, get_weights, set_weights
+from task.models import get_weights, initial_model, set_weights
 
 
 def plain_fedinit(cfg: RunConfig) -> dict[str, float]:
@@ -34,8 +34,7 @@ def plain_run(cfg: RunConfig) -> tuple[dict[str, float], list[np.ndarray]]:
     FedSAM); return timings and accuracy."""
     t0 = time.monotonic()
     data = dataset_of(cfg)
-    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
-                        data.image_size)
+    model = initial_model(cfg, data)
     w = get_weights(model)
     w0 = [a.copy() for a in w]
     rule = cfg.spec.server(cfg.params)

@@ -139,8 +139,7 @@ def run_one(n: int, rounds: int, per_round: int, home: Path, out: Path) -> dict[
                      FLWR_LOCAL_CONTROL_API_PORT=CONTROL_PORT)
     cmd = [sys.executable, "-m", "scripts.simulate",
            *(f"{k}={v}" for k, v in overrides.items())]
-    t0 = time.monotonic()
-    first_round = None
+    t0, t0_wall = time.monotonic(), time.time()
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, bufsize=1) as proc:
         sampler = Sampler(proc.pid)
@@ -149,8 +148,6 @@ def run_one(n: int, rounds: int, per_round: int, home: Path, out: Path) -> dict[
         tail: list[str] = []
         for line in proc.stdout:
             tail = (tail + [line])[-40:]
-            if first_round is None and "[round 1/" in line:
-                first_round = time.monotonic() - t0
     wall = time.monotonic() - t0
     sampler.stop.set()
     sampler.join()
@@ -159,8 +156,10 @@ def run_one(n: int, rounds: int, per_round: int, home: Path, out: Path) -> dict[
     (run_dir,) = list(out.iterdir())
     rows = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
     secs = [r["round-seconds"] for r in rows]
+    # Start-up ends when the server starts its results (config.json), just before round 1.
+    startup = (run_dir / "config.json").stat().st_mtime - t0_wall
     trained = {c for r in range(1, rounds + 1) for c in sample_clients(0, r, n, per_round)}
-    return {"clients": n, "wall": wall, "startup": (first_round or wall) - secs[0],
+    return {"clients": n, "wall": wall, "startup": startup,
             "round": sum(secs[1:]) / max(1, len(secs) - 1), "round1": secs[0],
             "clients-with-state": len(trained),
             "state": len(trained) * model_bytes() / 2**20,

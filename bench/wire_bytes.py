@@ -25,7 +25,7 @@ from strategies.registry import METHODS  # noqa: E402
 from strategies.shell import MethodStrategy  # noqa: E402
 from task.config import RunConfig  # noqa: E402
 from task.federated_data import dataset_of  # noqa: E402
-from task.models import build_model, get_weights  # noqa: E402
+from task.models import initial_weights  # noqa: E402
 from tests.inprocess_grid import InProcessGrid  # noqa: E402
 from tests.lsq_problem import array_bytes, record_bytes, serialized_bytes  # noqa: E402
 
@@ -38,8 +38,7 @@ def measure(raw: dict[str, object]) -> dict[str, tuple[int, int]]:
     cfg = RunConfig.parse(raw)
     data = dataset_of(cfg)
     grid = InProcessGrid(cfg.num_clients, raw)
-    w0 = get_weights(build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
-                                 data.image_size))
+    w0 = initial_weights(cfg, data)
     strategy = MethodStrategy(cfg, {p: 1000 + p for p in range(cfg.num_clients)}, w0)
     arrays = ArrayRecord(w0)
     down: list[RecordDict] = []

@@ -12,27 +12,23 @@ import numpy as np
 import torch
 from torch import nn
 
+from task import models
 from task.config import RunConfig
 from task.datasets import to_tensor
 from task.device import device
 from task.federated_data import client_examples, dataset_of
-from task.models import build_model, get_weights
 
 
 @functools.lru_cache(maxsize=4)
 def fresh_model(cfg: RunConfig) -> nn.Module:
     """The run's model at w_0 (seeded), on the device; callers overwrite its weights."""
-    data = dataset_of(cfg)
-    return build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
-                       data.image_size).to(device())
+    return models.initial_model(cfg, dataset_of(cfg)).to(device())
 
 
 @functools.lru_cache(maxsize=4)
 def initial_weights(cfg: RunConfig) -> tuple[np.ndarray, ...]:
     """w_0: the same seeded initialisation the server starts from."""
-    data = dataset_of(cfg)
-    return tuple(get_weights(build_model(cfg.model, data.num_classes, data.in_channels,
-                                         cfg.seed, data.image_size)))
+    return tuple(models.initial_weights(cfg, dataset_of(cfg)))
 
 
 @functools.lru_cache(maxsize=256)

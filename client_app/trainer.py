@@ -1,6 +1,6 @@
 """Local training: mini-batch SGD with weight decay, a method's gradient hook, and clipping.
 
-The order inside one step is fixed by ALGORITHMS.md: loss -> backward -> (SAM: gradient at the
+Step order (docs/algorithms.md, Rules): loss -> backward -> (SAM: gradient at the
 perturbed point) -> the method's correction (SCAFFOLD, FedDyn, ...) -> clip the gradient norm
 -> SGD step (weight decay).
 """

@@ -10,7 +10,8 @@ One command does what an operator would: TLS material (deploy/make_certs.sh), a 
 `flwr supernode register` for each node key, N SuperNodes (each its own FLWR_HOME, port,
 partition, key and client-state dir), a CLI connection in config.toml, `flwr run --stream`,
 and the run's status from `flwr ls` (0 only for finished:completed: `flwr run --stream` exits
-0 on failure).
+0 on failure). The results directory is the one under output-dir whose summary.json the run
+wrote (scripts/run_files.py), not a path read from the log.
 Every process it started is stopped at the end, also on Ctrl-C or an error, unless
 --keep-running. Arguments key=value are run-config overrides; num-clients is --num-nodes.
 """
@@ -21,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import ssl
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +37,12 @@ from types import FrameType
 from typing import Any, TextIO
 
 from scripts.flower_env import REPO, flower_env
+from scripts.run_files import read_json, run_of
 from scripts.simulate import RUN_ID, parse_overrides, run_status, toml_line
 from task.config import ConfigError, RunConfig
 
 MAKE_CERTS = REPO / "deploy" / "make_certs.sh"
 CONNECTION = "fedinit-local"
-RESULTS = re.compile(r"results: (/\S+)")
 DEFAULT_BASE_PORT = 29200  # away from Flower's defaults (8000, 9092-9094) and 39091/39093
 NODE_PORT_OFFSET = 10  # SuperNode i serves its Runtime API on base + 10 + i
 
@@ -250,12 +251,18 @@ class Deployment:
 
     # --------------------------------------------------------------- run
     def run(self, app: Path, run_config: Path, timeout: float) -> tuple[str, str, Path | None]:
-        """`flwr run --stream`, watched: (run id, status, results dir or None)."""
+        """`flwr run --stream`, watched: (run id, status, results dir or None).
+
+        The results directory is the one the run's config.json names (``run_of``); it is
+        None when the run did not start one or another run wrote the same config meanwhile.
+        """
+        with run_config.open("rb") as f:
+            config = RunConfig.parse(tomllib.load(f)).to_dict()
+        started = time.time()
         cmd = ["flwr", "run", str(app), CONNECTION, "--run-config", str(run_config), "--stream"]
         print("deploy:", " ".join(cmd), flush=True)
         watcher = Watcher(self.procs, timeout)
         run_id: str | None = None
-        results: Path | None = None
         proc = subprocess.Popen(cmd, env=self.cli_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 start_new_session=True)
@@ -266,8 +273,6 @@ class Deployment:
                 sys.stdout.write(line)
                 if run_id is None and (m := RUN_ID.search(line)):
                     run_id = m.group(1)
-                if results is None and (m := RESULTS.search(line)):
-                    results = Path(m.group(1))
             proc.wait()
         finally:  # also on Ctrl-C: the CLI is in its own session and would stream on
             watcher.stop()
@@ -281,7 +286,7 @@ class Deployment:
                            capture_output=True, check=False)
             raise DeployError(watcher.reason)
         status = run_status(self.cli_env(), run_id, CONNECTION)
-        return run_id, status, results
+        return run_id, status, run_of(config, started)[0]
 
     # --------------------------------------------------------------- teardown
     def save_pids(self) -> Path:
@@ -418,6 +423,20 @@ def raise_on_signal(signum: int, _frame: FrameType | None) -> None:
 
 
 # ------------------------------------------------------------------- command line
+def results_line(run: Path | None, output_dir: str) -> str:
+    """'results in DIR (final acc ..., best ..., N rounds)' from the run's summary.json."""
+    if run is None:
+        return (f"the run completed but its results directory under {output_dir} could not "
+                "be told apart (no config.json of this run, or two runs with its config)")
+    summary = read_json(run / "summary.json")
+    if summary is None:
+        return f"results in {run} (no summary.json: the run wrote no final results)"
+    final, best = summary.get("final-test-acc"), summary.get("best-test-acc")
+    accs = (f"final acc {100 * final:.2f}%, best {100 * best:.2f}%, "
+            if final is not None and best is not None else "")
+    return f"results in {run} ({accs}{summary.get('rounds')} rounds)"
+
+
 def build_run_config(overrides: list[str], num_nodes: int, out: TextIO) -> dict[str, Any]:
     """key=value overrides, validated, with num-clients = num_nodes and absolute paths."""
     try:
@@ -487,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         run_id, status, results = dep.run(args.app.resolve(), cfg_file, args.run_timeout)
         print(f"deploy: run {run_id} status {status}", flush=True)
         if status == "finished:completed":
-            print(f"deploy: results in {results}", flush=True)
+            print(f"deploy: {results_line(results, run_cfg['output-dir'])}", flush=True)
             code = 0
     except DeployError as err:
         print(f"deploy: {err}", file=sys.stderr, flush=True)

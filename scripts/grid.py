@@ -23,6 +23,7 @@ import yaml
 from scripts.flower_env import REPO
 from strategies.registry import METHOD_NAMES
 from task.config import ConfigError, RunConfig, load_defaults
+from task.config_keys import NOT_IDENTITY  # two runs differing only in these: the same cell
 
 # Axes that take a list of values; their cartesian product gives the cells.
 VALUE_AXES: tuple[str, ...] = ("method", "beta", "dirichlet-alpha", "fraction-train",
@@ -37,11 +38,6 @@ TOP_KEYS: tuple[str, ...] = ("name", "description", "base", "grid", "overrides",
                              "metric", "resources")
 METRIC_KEYS: dict[str, type] = {"window": int, "last": int}
 RESOURCE_KEYS: tuple[str, ...] = ("num-cpus-per-client", "num-gpus-per-client")
-# Keys that say where things are or how long to wait, not what the experiment is: two runs
-# that differ only in these are the same cell.
-NOT_IDENTITY: frozenset[str] = frozenset(
-    {"output-dir", "data-dir", "round-timeout", "node-wait-timeout", "resume-dir",
-     "client-state-dir"})
 SWEEP_OWNED: frozenset[str] = frozenset({"output-dir"})
 
 Path_ = tuple[str | int, ...]

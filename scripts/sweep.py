@@ -7,7 +7,8 @@
 
 Every cell is validated before the first one runs. Each runs through scripts/simulate.py
 (Flower's simulation engine) or, with --connection, `flwr run . NAME` against a running
-SuperLink; its output goes to OUT/cells/<cell-id>/sweep.log and its results to that directory.
+SuperLink; its output goes to OUT/cells/<cell-id>/sweep.log and its results to that directory
+(its output-dir), where the progress shown here is read from the run's rounds.jsonl.
 A cell whose summary.json exists with a matching config is skipped, so an interrupted sweep
 resumes where it stopped. results.csv, results.md and plots/ are rewritten after every cell.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -31,14 +31,13 @@ from typing import Any, TextIO
 from scripts.flower_env import REPO, flower_env
 from scripts.grid import Cell, Grid, GridError, load_grid
 from scripts.report import collect, finished_run, run_dirs, write_report
+from scripts.run_files import RoundsFollower, RoundsTail
 from scripts.simulate import (
     RUN_ID,
     parse_overrides,
     run_status,
     toml_line,
 )
-
-ROUND_LINE = re.compile(r"\[round (\d+)/(\d+)\] acc ([0-9.]+)%")
 
 
 def hms(seconds: float) -> str:
@@ -145,15 +144,17 @@ class CellRun:
     code: int | None = None
 
 
-def run_cell(cmd: list[str], env: dict[str, str], log: TextIO,
-             on_round: Callable[[int, int, float], None], run: CellRun, connection: str) -> None:
-    """Run ``cmd``, copy its output to ``log``, call on_round per round, fill in ``run``.
+def run_cell(cmd: list[str], env: dict[str, str], log: TextIO, rounds: RoundsTail,
+             on_round: Callable[[dict[str, Any]], None], run: CellRun, connection: str) -> None:
+    """Run ``cmd``, copy its output to ``log``, call on_round per row that ``rounds`` reads
+    from the run's rounds.jsonl, fill in ``run`` (Flower's run id from the CLI's output).
 
     On an interrupt the Flower run is stopped on the SuperLink before the command is ended
     (an interrupted `flwr run` leaves its run going), then the interrupt goes on.
     """
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, bufsize=1, cwd=REPO) as proc:
+    with (RoundsFollower(rounds, on_round),  # exits last: its final read sees every round
+          subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, bufsize=1, cwd=REPO) as proc):
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -161,8 +162,6 @@ def run_cell(cmd: list[str], env: dict[str, str], log: TextIO,
                 log.flush()
                 if run.run_id is None and (m := RUN_ID.search(line)):
                     run.run_id = m.group(1)
-                if m := ROUND_LINE.search(line):
-                    on_round(int(m.group(1)), int(m.group(2)), float(m.group(3)))
         except KeyboardInterrupt:
             stop_run(env, run.run_id, connection)
             proc.terminate()
@@ -199,17 +198,21 @@ def run_sweep(grid: Grid, cells: Sequence[Cell], out: Path, cells_dir: Path,
         print(f"{head} start | sweep {prog.elapsed()}, ETA {prog.eta()}", flush=True)
         prog.start_cell()
 
-        def on_round(rnd: int, n: int, acc: float, head: str = head, t: float = t_cell) -> None:
+        def on_round(row: dict[str, Any], head: str = head, t: float = t_cell,
+                     n: int = int(cell.config["num-server-rounds"])) -> None:
             prog.round_done()
-            print(f"{head} round {rnd}/{n} acc {acc:.2f}% | cell {hms(time.monotonic() - t)}, "
-                  f"sweep {prog.elapsed()}, ETA {prog.eta()}", flush=True)
+            acc = "-" if row.get("test-acc") is None else f"{100 * row['test-acc']:.2f}%"
+            print(f"{head} round {row['round']}/{n} acc {acc} | cell "
+                  f"{hms(time.monotonic() - t)}, sweep {prog.elapsed()}, ETA {prog.eta()}",
+                  flush=True)
 
         cmd = command_for(cell, cell_dir, connection, grid.resources)
         run_ = CellRun()
+        rounds = RoundsTail(cell_dir, since=time.time())
         try:
             with (cell_dir / "sweep.log").open("a") as log:
                 log.write("$ " + " ".join(cmd) + "\n")
-                run_cell(cmd, env, log, on_round, run_, connection or "local")
+                run_cell(cmd, env, log, rounds, on_round, run_, connection or "local")
         except KeyboardInterrupt:
             print(f"{head} interrupted; stopped Flower run {run_.run_id}; rerun to resume",
                   flush=True)

@@ -1,4 +1,8 @@
-"""Central evaluation of the global model on the data set's held-out test split."""
+"""Central evaluation of the global model on the data set's held-out test split.
+
+The split is used as it is: the clients' optional channel and brightness noise
+(``task/noise.py``) is not applied, so runs with and without it are scored on the same images.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from task.datasets import to_tensor
 from task.device import device
 from task.evaluation import evaluate
 from task.federated_data import dataset_of
-from task.models import build_model, set_weights
+from task.models import initial_model, set_weights
 
 
 class CentralEvaluator:
@@ -21,8 +25,7 @@ class CentralEvaluator:
         dev = device()
         self.x = to_tensor(data.test_x, data.mean, data.std).to(dev)
         self.y = torch.from_numpy(data.test_y.copy()).long().to(dev)
-        self.model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
-                                 data.image_size).to(dev)
+        self.model = initial_model(cfg, data).to(dev)
 
     def __call__(self, weights: list[np.ndarray]) -> tuple[float, float]:
         """(test loss, test accuracy in [0, 1])."""

@@ -29,13 +29,15 @@ from server_app.checkpoint import (
     save_checkpoint,
 )
 from server_app.clients import discover_clients, refresh_clients
-from server_app.results import Recorder, atomic_write_bytes
+from server_app.results import Recorder
+from store.files import atomic_write_bytes
 from strategies import records as rk
 from strategies.shell import MethodStrategy
+from task import config_keys
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present
 from task.federated_data import dataset_of, partition_sizes
-from task.models import build_model, get_weights, set_weights
+from task.models import get_weights, initial_model, set_weights
 
 
 def run_name(cfg: RunConfig) -> str:
@@ -46,10 +48,8 @@ def run_name(cfg: RunConfig) -> str:
             f"-s{cfg.seed}-{stamp}")
 
 
-RESUME_MAY_CHANGE = frozenset({"resume-dir", "num-server-rounds", "round-timeout",
-                               "node-wait-timeout", "output-dir", "min-replies",
-                               "max-failed-rounds", "node-registry"})
-"""Keys a resumed run may set differently from the checkpoint's config (the rest must match)."""
+RESUME_MAY_CHANGE = config_keys.RESUME_MAY_CHANGE
+"""Keys a resumed run may set differently from the checkpoint's config (task/config_keys.py)."""
 
 
 class TooFewReplies(RuntimeError):
@@ -97,8 +97,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     check_examples(cfg, len(data.train_y))
     out = resume[0] if resume else (out_dir or Path(cfg.output_dir).resolve() / run_name(cfg))
     evaluator = CentralEvaluator(cfg)
-    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
-                        data.image_size)
+    model = initial_model(cfg, data)
     weights = get_weights(model)
     log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
         if resume else "")

@@ -2,7 +2,7 @@
 
 Client side: the start point s_i = w_t + beta * (w_t - w_prev_i) and what is uploaded.
 Server side: what the round's aggregate update D is, under either aggregation variant
-(``ALGORITHMS.md``, section RI):
+(``docs/algorithms.md``, Rules):
 - ``model`` (Algorithm 1): clients upload their final model w_iK; D = avg(w_iK) - w_t.
 - ``update`` (authors' code): clients upload Delta_i = w_iK - s_i; D = avg(Delta_i).
 Both upload exactly one model-sized vector, so RI costs no extra bytes.

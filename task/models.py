@@ -8,12 +8,17 @@ parameter list: every per-client state vector (c_i, h_i, w_prev_i) then has the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
 
 from task.choices import MODEL_NAMES, check_model_input
+
+if TYPE_CHECKING:
+    from task.config import RunConfig
+    from task.datasets import DataSplits
 
 # Small CNN widths, kept in one place so CPU cost can be tuned (about 54k parameters with these).
 CNN_CONV1_CHANNELS = 8
@@ -228,6 +233,16 @@ def build_model(
         torch.default_generator.manual_seed(seed)
         model = _BUILDERS[name](num_classes, in_channels, image_size)
     return model
+
+
+def initial_model(cfg: RunConfig, data: DataSplits) -> nn.Module:
+    """The run's model at w_0: the one seeded build that server, clients and checks share."""
+    return build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed, data.image_size)
+
+
+def initial_weights(cfg: RunConfig, data: DataSplits) -> list[np.ndarray]:
+    """w_0 as arrays in wire order (the server's first global model, the clients' fallback)."""
+    return get_weights(initial_model(cfg, data))
 
 
 def get_weights(model: nn.Module) -> list[np.ndarray]:

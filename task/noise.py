@@ -49,8 +49,10 @@ def client_channel_scale(x: np.ndarray, client_id: int, sigma: float, seed: int)
 def class_brightness_shift(x: np.ndarray, y: np.ndarray, sigma: float, seed: int) -> np.ndarray:
     """Add 255 * N(0, sigma) to every pixel of class c, drawn once per (seed, class).
 
-    Drawing per class (not per call) gives a class the same shift in train and test sets and in
-    every client's subset.
+    Drawing per class (not per call) gives a class the same shift in every client's subset.
+    Only clients' training data is shifted (``task/federated_data.py``); the central test set
+    stays clean (``server_app/central_eval.py``), so accuracy is measured on the data set's
+    own distribution whatever noise the clients trained with.
     """
     _check(x, sigma)
     y = np.asarray(y)

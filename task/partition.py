@@ -1,4 +1,4 @@
-"""Client partitions of a labelled training set (ALGORITHMS.md, "Dirichlet split").
+"""Client partitions of a labelled training set: Dirichlet (Hsu et al.), equal-size or iid.
 
 All randomness comes from `np.random.default_rng(seed)`, so a partition is a pure function of
 (labels, scheme, num_clients, alpha, seed) and every process computes the same one.

@@ -11,7 +11,7 @@ from strategies.sampling import sample_clients
 from task.config import RunConfig
 from task.datasets import to_tensor
 from task.federated_data import client_examples, dataset_of
-from task.models import build_model, get_weights, set_weights
+from task.models import get_weights, initial_model, set_weights
 from tests.inprocess_grid import InProcessGrid
 
 SMALL = {"num-clients": 5, "fraction-train": 0.6, "num-server-rounds": 3, "train-limit": 1000,
@@ -21,8 +21,7 @@ SMALL = {"num-clients": 5, "fraction-train": 0.6, "num-server-rounds": 3, "train
 def reference_fedavg(cfg: RunConfig) -> list[np.ndarray]:
     """McMahan's FedAvg: every sampled client trains from w_t; w_{t+1} = sum n_i w_i / sum n_i."""
     data = dataset_of(cfg)
-    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed,
-                        data.image_size)
+    model = initial_model(cfg, data)
     w = [a.astype(np.float64) for a in get_weights(model)]
     for rnd in range(1, cfg.num_server_rounds + 1):
         acc = [np.zeros_like(a) for a in w]

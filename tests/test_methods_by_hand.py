@@ -1,4 +1,4 @@
-"""Each method against rounds worked out by hand from the formulas of ALGORITHMS.md.
+"""Each method against rounds worked out by hand from the formulas of docs/algorithms.md.
 
 Three clients (N = 3), two sampled per round (seed 3 samples clients 0 and 1 in rounds 1 and
 2), f_i(w) = 0.5 * ||w - a_i||^2 so grad f_i = w - a_i, w_0 = (0, 0), K = 2 local steps of

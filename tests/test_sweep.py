@@ -301,6 +301,8 @@ def test_two_cell_sweep_end_to_end_and_resume(tmp_path: Path) -> None:
         kill_local_superlink(SWEEP_HTTP_PORT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[2/2 fedavg-ri0.1-" in proc.stdout and "round 2/2 acc" in proc.stdout
+    for rnd in (1, 2):  # each cell's rounds, read from its rounds.jsonl, each shown once
+        assert proc.stdout.count(f"round {rnd}/2 acc ") == 2, proc.stdout[-3000:]
     assert "ETA" in proc.stdout
     assert again.returncode == 0 and "2 already finished, 0 to run" in again.stdout
     md = (tmp_path / "out" / "results.md").read_text()

@@ -177,3 +177,28 @@ def test_models_build_and_run_without_torchvision() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=300, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_w0_is_one_build_shared_by_server_clients_and_cache() -> None:
+    """The server's w_0, the clients' cached fallback and the seeded build are the same arrays,
+    and the client cache builds it once per config."""
+    from client_app import model_cache
+    from server_app.central_eval import CentralEvaluator
+    from task.config import RunConfig
+    from task.federated_data import dataset_of
+    from task.models import initial_model, initial_weights
+
+    cfg = RunConfig.parse({"train-limit": 1000, "seed": 3})
+    data = dataset_of(cfg)
+    built = get_weights(build_model("cnn", data.num_classes, data.in_channels, 3,
+                                    data.image_size))
+    cached = model_cache.initial_weights(cfg)
+    assert model_cache.initial_weights(cfg) is cached
+    for got in (initial_weights(cfg, data), cached, get_weights(initial_model(cfg, data)),
+                get_weights(model_cache.fresh_model(cfg))):
+        assert len(got) == len(built)
+        assert all(np.array_equal(a, b) for a, b in zip(got, built, strict=True))
+    other = initial_weights(RunConfig.parse({"train-limit": 1000, "seed": 4}), data)
+    assert not np.array_equal(other[0], built[0])
+    evaluator = CentralEvaluator(cfg)  # its model has the run's shapes
+    assert [p.shape for p in evaluator.model.parameters()] == [a.shape for a in built]

@@ -65,3 +65,21 @@ def test_bad_inputs() -> None:
         client_channel_scale(np.zeros((1, 2, 2, 3), np.float32), 0, 0.1, 0)
     with pytest.raises(ValueError, match="sigma"):
         class_brightness_shift(_images(), np.zeros(40, int), -1.0, 0)
+
+
+def test_noise_shifts_client_data_but_not_the_central_test_set() -> None:
+    """As the docstrings say: clients train on shifted images, the server scores clean ones."""
+    import torch
+
+    from server_app.central_eval import CentralEvaluator
+    from task.config import RunConfig
+    from task.datasets import to_tensor
+    from task.federated_data import client_examples, client_indices, dataset_of
+
+    cfg = RunConfig.parse({"train-limit": 1000, "brightness-noise": 0.2, "channel-noise": 0.2})
+    data = dataset_of(cfg)
+    x, _ = client_examples(cfg, 0)
+    assert not np.array_equal(x, data.train_x[client_indices(cfg, 0)])
+    evaluator = CentralEvaluator(cfg)
+    clean = to_tensor(data.test_x, data.mean, data.std)
+    assert torch.equal(evaluator.x.cpu(), clean)

@@ -1,0 +1,73 @@
+"""Which run-config keys define an experiment, and which a resumed run may change: one table.
+
+Two questions are asked of every key in pyproject ``[tool.flwr.app.config]``:
+
+- *identity*: do two runs that differ in it answer a different question? The sweep
+  (``scripts/grid.py``) compares finished runs and names cells by the identity keys only.
+- *resume may change*: may a run that continues a checkpoint (``resume-dir``) set it
+  differently from the run that wrote the checkpoint? ``server_app/experiment.py`` refuses
+  every other difference.
+
+Most keys are identity keys that a resume must keep (``EXPERIMENT``). The others are listed in
+``SPECIAL`` with the answer to both questions and why. ``tests/test_config_keys.py`` fails when
+pyproject gains a key that is in neither, so each new key is classified when it is added.
+This module imports nothing of the project, so anything may import it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class KeyRole(NamedTuple):
+    """How a key that is not a plain experiment key is treated, and why."""
+
+    identity: bool
+    resume_may_change: bool
+    why: str
+
+
+SPECIAL: dict[str, KeyRole] = {
+    # Where things are: a different path holds the same experiment.
+    "output-dir": KeyRole(False, True, "where results are written; a resumed run writes into "
+                                       "its resume-dir anyway"),
+    "resume-dir": KeyRole(False, True, "which run to continue; empty in the run that started it"),
+    "data-dir": KeyRole(False, True, "where the files of `dataset` are; the data set is named by "
+                                     "`dataset` and is the same when moved"),
+    "node-registry": KeyRole(False, True, "where the node-id -> partition file is; node ids are "
+                                          "new after a SuperLink restart"),
+    "client-state-dir": KeyRole(False, False, "where clients mirror their state: any path holds "
+                                              "the same experiment, but a resumed run must find "
+                                              "the state the first run left there"),
+    # How long to wait, when to give up: the rounds that complete are the same experiment.
+    "round-timeout": KeyRole(False, True, "how long a round waits for replies"),
+    "node-wait-timeout": KeyRole(False, True, "how long the start waits for the SuperNodes"),
+    "max-failed-rounds": KeyRole(False, True, "when to stop after failed rounds; a finished run "
+                                              "did not meet it, and a resume is how to go on"),
+    # What the experiment is, yet a continuation may change it.
+    "num-server-rounds": KeyRole(True, True, "a 60-round run is not a 100-round one, but a resume "
+                                             "may extend a run"),
+    "min-replies": KeyRole(True, True, "decides which rounds are aggregated; a resume may lower "
+                                       "it to get past nodes that are gone"),
+}
+
+EXPERIMENT: frozenset[str] = frozenset({
+    # the method and its parameters
+    "method", "beta", "ri-aggregation", "weighting", "server-lr", "feddyn-alpha", "prox-mu",
+    "adam-beta1", "adam-beta2", "adam-eps", "fedcm-alpha", "sam-rho",
+    # the federation and local training
+    "num-clients", "fraction-train", "local-epochs", "batch-size", "lr", "lr-decay",
+    "weight-decay", "clip-norm", "model", "seed", "eval-every",
+    # the data
+    "dataset", "partition", "dirichlet-alpha", "channel-noise", "brightness-noise", "train-limit",
+    # the server's defences: they change which replies are aggregated and how
+    "aggregation", "trim-fraction", "max-update-norm-ratio", "max-examples-per-client",
+})
+"""Identity keys that a resume must keep: they decide what is computed."""
+
+NOT_IDENTITY: frozenset[str] = frozenset(k for k, r in SPECIAL.items() if not r.identity)
+"""Keys two runs of the same experiment (one sweep cell) may differ in."""
+
+RESUME_MAY_CHANGE: frozenset[str] = frozenset(
+    k for k, r in SPECIAL.items() if r.resume_may_change)
+"""Keys a resumed run may set differently from the checkpoint's config."""

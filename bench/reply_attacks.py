@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from server_app.experiment import run_experiment  # noqa: E402
 from strategies import records as rk  # noqa: E402
-from strategies.robust import update_norms, vector_norm  # noqa: E402
+from strategies.norms import update_norms, vector_norm  # noqa: E402
 from strategies.scaffold import DELTA_C  # noqa: E402
 from task.config import RunConfig  # noqa: E402
 from tests.inprocess_grid import InProcessGrid  # noqa: E402

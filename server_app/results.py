@@ -18,15 +18,17 @@ from typing import Any
 import numpy as np
 
 from store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
+from strategies import records as rk
 
 ACCURACY_LABEL = "test accuracy (%)"
 DIVERGENCE_LABEL = r"divergence $\frac{1}{|S|}\sum_{i \in S} \|w_{i,K} - w_{t+1}\|^2$"
 """The paper's consistency term, as ``strategies.ri.divergence`` computes it each round: the
 mean squared distance of the selected clients' final local models from the new global model."""
 
-ROUND_FIELDS = ("round", "test-acc", "test-loss", "train-loss", "divergence", "lr",
-                "num-replies", "num-rejected", "num-missing", "state-fallbacks", "norm-limit-used",
-                "round-seconds", "elapsed-seconds", "collect-seconds", "client-seconds-max")
+ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, "lr",
+                rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, "state-fallbacks",
+                rk.NORM_LIMIT_USED, "round-seconds", "elapsed-seconds", "collect-seconds",
+                "client-seconds-max")
 TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
                            "client-seconds-max"})
 """Round fields measured in wall time: they differ between two runs of the same config."""

@@ -4,10 +4,11 @@ state, its pure server update and its client rule, plus the pieces they share.
 - ``method.py``: the shape every method has (``Params``, ``ServerState``, ``ServerRule``,
   ``ClientRule``, ``MethodSpec``) and what a round hands in (``ClientUpdate``, ``RoundInput``).
 - ``registry.py``: the one list of methods, from which the run config is built.
-- ``ri.py``: relaxed initialization, which composes with every method; ``robust.py``,
-  ``sampling.py``: aggregation statistics and seeded client sampling; ``records.py``: wire names.
-- ``shell.py``: the one Flower strategy all methods run in (the only module here that imports
-  Flower).
+- ``ri.py``: relaxed initialization, which composes with every method; ``norms.py``: the
+  norms the reply filter measures; ``sampling.py``: seeded client sampling; ``records.py``:
+  the names on the wire and of the round metrics.
+- ``shell.py``: the one Flower strategy all methods run in, and ``robust.py``: the robust
+  aggregation statistics (Flower's trimmed mean); the only modules here that import Flower.
 
 The method modules import numpy only (torch inside a client hook), so the config check stays
 fast. The package itself imports nothing.

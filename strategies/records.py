@@ -26,6 +26,17 @@ NUM_STEPS = "num-steps"
 COMPUTE_SECONDS = "compute-seconds"  # local training wall time, measured in the client
 STATE_FALLBACK = "state-fallback"  # 1 when the client's saved state was unusable (fell back)
 
+# The round's aggregate metrics the strategy shell returns (the experiment adds its own and
+# ``server_app.results.ROUND_FIELDS`` lists every column of a round row).
+NUM_REPLIES = "num-replies"  # replies aggregated
+NUM_REJECTED = "num-rejected"  # replies refused by a check or the norm filter
+NUM_MISSING = "num-missing"  # sampled clients that did not answer in time
+NORM_LIMIT_USED = "norm-limit-used"  # the largest upload norm / its limit this round
+DIVERGENCE = "divergence"  # the paper's (1/|S|) sum ||w_iK - w_{t+1}||^2
+ROUND_TRAIN_LOSS = TRAIN_LOSS  # the example-weighted mean of the replies' train-loss
+SHELL_METRICS = (ROUND_TRAIN_LOSS, DIVERGENCE, NUM_REPLIES, NUM_REJECTED, NUM_MISSING,
+                 NORM_LIMIT_USED)
+
 # Query reply (client identity).
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"

@@ -3,6 +3,8 @@
 Median and trimmed mean work coordinate by coordinate and ignore the example weights (a
 client cannot buy influence by claiming more examples). They bound what a few bad but
 well-formed replies can do that the reply checks in ``shell.MethodStrategy`` cannot catch.
+The trimmed mean is Flower's (``fedtrimmedavg.trim_mean``: floor(trim * n) values cut at each
+end, as scipy's), applied to the model-shaped vectors in float64.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
 from strategies.ri import Weights, weighted_mean
 
@@ -22,13 +25,8 @@ def coordinate_median(vectors: Sequence[Weights]) -> Weights:
 
 def trimmed_mean(vectors: Sequence[Weights], trim: float) -> Weights:
     """Coordinate-wise mean after dropping floor(trim * n) values at each end."""
-    n = len(vectors)
-    k = int(trim * n)
-    out = []
-    for i in range(len(vectors[0])):
-        stacked = np.sort(np.stack([v[i].astype(np.float64) for v in vectors]), axis=0)
-        out.append(stacked[k:n - k].mean(axis=0).astype(np.float32))
-    return out
+    return [np.asarray(trim_mean(np.stack([v[i].astype(np.float64) for v in vectors]), trim))
+            .astype(np.float32) for i in range(len(vectors[0]))]
 
 
 def combine(vectors: Sequence[Weights], weights: Sequence[float], kind: str,
@@ -39,16 +37,3 @@ def combine(vectors: Sequence[Weights], weights: Sequence[float], kind: str,
     if kind == "trimmed-mean":
         return trimmed_mean(vectors, trim)
     return weighted_mean(vectors, weights)
-
-
-def vector_norm(vector: Weights) -> float:
-    """Euclidean norm of a model-shaped vector, accumulated in float64."""
-    return sum(float(np.sum(a.astype(np.float64) ** 2)) for a in vector) ** 0.5
-
-
-def update_norms(w_t: Weights, uploads: Sequence[Weights], variant: str) -> list[float]:
-    """Norm of each client's move: ||w_iK - w_t|| (model variant) or ||Delta_i|| (update)."""
-    if variant != "model":
-        return [vector_norm(up) for up in uploads]
-    return [vector_norm([u.astype(np.float64) - w for u, w in zip(up, w_t, strict=True)])
-            for up in uploads]

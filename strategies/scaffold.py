@@ -26,8 +26,8 @@ from strategies.method import (
     apply_step,
     zeros_like,
 )
+from strategies.norms import vector_norm
 from strategies.ri import Weights
-from strategies.robust import vector_norm
 
 if TYPE_CHECKING:
     import torch

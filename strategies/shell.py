@@ -23,8 +23,9 @@ from flwr.serverapp.strategy import Strategy
 from client_app.trainer import num_steps
 from strategies import records as rk
 from strategies.method import ClientUpdate, RoundInput, ServerRule, ServerState
+from strategies.norms import update_norms, vector_norm
 from strategies.ri import Weights, aggregate_update, divergence
-from strategies.robust import combine, update_norms, vector_norm
+from strategies.robust import combine
 from strategies.sampling import sample_clients
 from task.config import RunConfig
 
@@ -118,8 +119,8 @@ class MethodStrategy(Strategy):
         good.sort(key=lambda item: item[1].partition_id)
         good, outliers, used = self._norm_filter(server_round, good)
         rejected += outliers
-        counts = {"num-replies": len(good), "num-rejected": rejected, "num-missing": missing,
-                  "norm-limit-used": used}
+        counts = {rk.NUM_REPLIES: len(good), rk.NUM_REJECTED: rejected,
+                  rk.NUM_MISSING: missing, rk.NORM_LIMIT_USED: used}
         if len(good) < c.min_replies:
             log(WARNING, "round %d: %d usable replies < min-replies=%d; the global model is "
                 "unchanged", server_round, len(good), c.min_replies)
@@ -136,9 +137,9 @@ class MethodStrategy(Strategy):
         w_next, self.state = self.rule.update(self.state, self._w_t, rnd)
         metrics = {
             **counts,
-            "train-loss": float(np.average([u.train_loss for u in updates],
-                                           weights=[u.num_examples for u in updates])),
-            "divergence": divergence(finals, w_next),
+            rk.ROUND_TRAIN_LOSS: float(np.average([u.train_loss for u in updates],
+                                                  weights=[u.num_examples for u in updates])),
+            rk.DIVERGENCE: divergence(finals, w_next),
         }
         return ArrayRecord(w_next), MetricRecord(metrics)
 

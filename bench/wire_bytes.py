@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict  # noqa: E402
 
+from server_app.strategy import MethodStrategy  # noqa: E402
 from strategies.registry import METHODS  # noqa: E402
-from strategies.shell import MethodStrategy  # noqa: E402
 from task.config import RunConfig  # noqa: E402
 from task.federated_data import dataset_of  # noqa: E402
 from task.models import initial_weights  # noqa: E402

@@ -33,12 +33,6 @@ class LocalResult:
     num_examples: int
 
 
-def num_steps(num_examples: int, epochs: int, batch_size: int) -> int:
-    """The SGD steps ``local_sgd`` takes: every epoch keeps its last partial batch. The server
-    uses it to check a reply's ``num-steps`` (FedCM's K) against the client's true size."""
-    return epochs * -(-num_examples // batch_size)
-
-
 def local_sgd(
     model: nn.Module,
     x: torch.Tensor,

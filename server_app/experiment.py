@@ -30,9 +30,9 @@ from server_app.checkpoint import (
 )
 from server_app.clients import discover_clients, refresh_clients
 from server_app.results import Recorder
+from server_app.strategy import MethodStrategy
 from store.files import atomic_write_bytes
 from strategies import records as rk
-from strategies.shell import MethodStrategy
 from task import config_keys
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present

@@ -7,8 +7,12 @@ state, its pure server update and its client rule, plus the pieces they share.
 - ``ri.py``: relaxed initialization, which composes with every method; ``norms.py``: the
   norms the reply filter measures; ``sampling.py``: seeded client sampling; ``records.py``:
   the names on the wire and of the round metrics.
-- ``shell.py``: the one Flower strategy all methods run in, and ``robust.py``: the robust
-  aggregation statistics (Flower's trimmed mean); the only modules here that import Flower.
+- ``robust.py``: the robust aggregation statistics (Flower's trimmed mean; the only module
+  here that imports Flower).
+
+The one Flower strategy all methods run in is ``server_app/strategy.py``; the client app calls
+the client rule around local SGD (``client_app/round.py``). This package imports nothing of
+the project's other packages.
 
 The method modules import numpy only (torch inside a client hook), so the config check stays
 fast. The package itself imports nothing.

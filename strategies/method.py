@@ -2,9 +2,10 @@
 rule, and the spec that names them. Pure numpy: no Flower, no torch at import time.
 
 A method module (``fedavg.py``, ``scaffold.py``, ...) declares one ``MethodSpec``; the registry
-collects them; the run config is built from the registry. The Flower shell (``shell.py``)
-decodes every reply once into a ``ClientUpdate`` and calls the method's ``ServerRule`` with the
-round's ``RoundInput``; the client app calls the ``ClientRule`` around local SGD.
+collects them; the run config is built from the registry. The Flower shell
+(``server_app/strategy.py``) decodes every reply once into a ``ClientUpdate`` and calls the
+method's ``ServerRule`` with the round's ``RoundInput``; the client app calls the
+``ClientRule`` around local SGD.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from strategies.ri import Weights
-from task.config_checks import ConfigError, bad_value
 
 if TYPE_CHECKING:
     import torch
 
 GradientHook = Callable[[list["torch.Tensor"]], None]
 """Called after ``backward`` and before clipping with the model's parameters (grads set)."""
+
+
+class ParamError(ValueError):
+    """A method parameter the method cannot use: one line naming the key (the run config
+    reports it as its own ``ConfigError``)."""
 
 
 # ====================================================================== parameters
@@ -46,7 +51,7 @@ class Params:
         return params
 
     def check(self) -> None:
-        """Raise ConfigError (one line naming the key) for a value the method cannot use."""
+        """Raise ParamError (one line naming the key) for a value the method cannot use."""
 
 
 # ====================================================================== what a round hands in
@@ -215,9 +220,9 @@ class MethodSpec:
 def check_range(key: str, value: float, ok: bool, allowed: str) -> None:
     """Raise the run config's one-line error when ``ok`` is False."""
     if not ok:
-        raise bad_value(key, value, allowed)
+        raise ParamError(f"run config: {key}={value!r} is not allowed; allowed: {allowed}")
 
 
-__all__ = ["ConfigError", "GradientHook", "Params", "ClientUpdate", "RoundInput",
+__all__ = ["ParamError", "GradientHook", "Params", "ClientUpdate", "RoundInput",
            "ServerState", "ServerRule", "ClientRule", "MethodSpec", "apply_step",
            "zeros_like", "check_range"]

@@ -2,7 +2,8 @@
 
 Median and trimmed mean work coordinate by coordinate and ignore the example weights (a
 client cannot buy influence by claiming more examples). They bound what a few bad but
-well-formed replies can do that the reply checks in ``shell.MethodStrategy`` cannot catch.
+well-formed replies can do that the reply checks in ``server_app.strategy.MethodStrategy``
+cannot catch.
 The trimmed mean is Flower's (``fedtrimmedavg.trim_mean``: floor(trim * n) values cut at each
 end, as scipy's), applied to the model-shaped vectors in float64.
 """

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strategies.method import MethodSpec, Params
+from strategies.method import MethodSpec, ParamError, Params
 from strategies.registry import (
     AGGREGATIONS,
     METHOD_NAMES,
@@ -137,7 +137,11 @@ class RunConfig:
         _check_ranges(cfg)
         check_examples(cfg)
         # every method checks its keys (a typo in another method's key still fails fast)
-        chosen = {name: spec.params.from_config(method_values) for name, spec in METHODS.items()}
+        try:
+            chosen = {name: spec.params.from_config(method_values)
+                      for name, spec in METHODS.items()}
+        except ParamError as err:
+            raise ConfigError(str(err)) from None
         spec = METHODS[cfg.method]
         # ``auto`` and 0 are resolved here, so the rest sees model | update and the method's eta_g
         return dataclasses.replace(

@@ -23,9 +23,9 @@ from flwr.supercore.inflatable.inflatable_object import (
 from torch import nn
 
 from client_app.round import client_round
+from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
 from strategies.ri import Weights
-from strategies.shell import MethodStrategy
 from task.config import RunConfig
 from tests.inprocess_grid import set_task_identity
 

@@ -62,11 +62,12 @@ def test_missing_data_set_fails_fast(dataset: str, hint: str, tmp_path: Path) ->
 
 def test_config_check_imports_neither_torch_nor_flower() -> None:
     # The method modules (the registry the config is built from) need numpy (60 ms), not
-    # torch (a client hook imports it when it runs) and not Flower (only the shell does).
+    # torch (a client hook imports it when it runs) and not Flower (the server's strategy
+    # shell and the robust statistics do).
     code = ("import sys; from task.config import RunConfig; import scripts.simulate; "
             "RunConfig.parse({}); "
             "print(sorted(({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'ray'}) "
-            "| ({m for m in sys.modules} & {'strategies.shell', 'client_app', 'server_app'})))")
+            "| ({m for m in sys.modules} & {'strategies.robust', 'client_app', 'server_app'})))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -18,10 +18,10 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from server_app.strategy import NORM_HISTORY, MethodStrategy
 from strategies import records as rk
 from strategies.ri import Weights
 from strategies.scaffold import DELTA_C
-from strategies.shell import NORM_HISTORY, MethodStrategy
 from task.config import RunConfig
 from tests.inprocess_grid import set_task_identity
 

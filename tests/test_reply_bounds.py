@@ -18,10 +18,10 @@ from flwr.serverapp import Grid
 
 from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from server_app.experiment import run_experiment
+from server_app.strategy import MethodStrategy
 from strategies import records as rk
 from strategies.ri import Weights
 from strategies.scaffold import DELTA_C
-from strategies.shell import MethodStrategy
 from task.config import ConfigError, RunConfig
 from tests.inprocess_grid import InProcessGrid, set_task_identity
 

@@ -1,4 +1,5 @@
-"""The one Flower strategy every method runs in: the wire and the checks around a pure core.
+"""The one Flower strategy every method runs in: the wire and the checks around a pure core
+(the method's ``ServerRule`` in ``strategies/<method>.py``).
 
 ``MethodStrategy`` (a Flower ``Strategy``) samples clients by partition id, sends the model
 with the method's extra arrays, checks every reply and decodes it once into a
@@ -20,7 +21,6 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from client_app.trainer import num_steps
 from strategies import records as rk
 from strategies.method import ClientUpdate, RoundInput, ServerRule, ServerState
 from strategies.norms import update_norms, vector_norm
@@ -28,6 +28,7 @@ from strategies.ri import Weights, aggregate_update, divergence
 from strategies.robust import combine
 from strategies.sampling import sample_clients
 from task.config import RunConfig
+from task.federated_data import num_steps
 
 NORM_HISTORY = 64
 """Accepted upload norms kept per uploaded vector: the norm filter's reference in rounds with

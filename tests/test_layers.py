@@ -1,0 +1,49 @@
+"""The layering of docs/architecture.md, checked on the code's own imports.
+
+A package may import only the packages below it; an import that goes up or sideways (a
+method importing the client app, the task importing the server) fails here, naming the file.
+"""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ALLOWED: dict[str, set[str]] = {
+    "strategies": set(),
+    "store": set(),
+    "node": set(),
+    "task": {"strategies", "store"},
+    "client_app": {"task", "strategies", "store"},
+    "server_app": {"task", "strategies", "store"},
+    "scripts": {"server_app", "client_app", "task", "strategies", "store"},
+}
+PROJECT = {*ALLOWED, "bench", "tests"}
+
+
+def project_imports(path: Path) -> set[str]:
+    """The project's top-level packages that ``path`` imports (TYPE_CHECKING ones too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found & PROJECT
+
+
+def test_each_package_imports_only_the_layers_below() -> None:
+    wrong = []
+    for package, allowed in ALLOWED.items():
+        files = sorted((REPO / package).rglob("*.py"))
+        assert files, package
+        for path in files:
+            extra = project_imports(path) - allowed - {package}
+            if extra:
+                wrong.append(f"{path.relative_to(REPO)} imports {sorted(extra)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    bad = tmp_path / "m.py"
+    bad.write_text("from client_app.trainer import local_sgd\nimport numpy\n")
+    assert project_imports(bad) == {"client_app"}

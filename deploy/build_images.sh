@@ -3,48 +3,81 @@
 #
 #   deploy/build_images.sh                      superlink, client-cpu, serverapp
 #   deploy/build_images.sh client-cpu           only the named targets
-#   deploy/build_images.sh --cuda client-cuda   also downloads the CUDA wheels (~4 GB)
+#   deploy/build_images.sh --cuda client-cuda   also downloads the CUDA wheels (~3 GB)
+#   deploy/build_images.sh --arch arm64         client-cpu for arm64 (default target), built
+#                                               under qemu emulation (deploy/qemu_binfmt.sh)
 #
-# 1. Base image $BASE_IMAGE (default local/debian-py:bookworm): if missing, debootstrap a
-#    Debian bookworm minbase with python3 + python3-venv from the host's apt mirror and
-#    `docker import` it (needs root and debootstrap).
-# 2. Wheels, downloaded on the host into deploy/.build/wheels/{common,server,cpu,cuda} with
-#    the host's pip (its index settings apply). A set is fetched once; a stamp records its spec.
+# 1. Base image $BASE_IMAGE (default local/debian-py:bookworm, arm64: ...:bookworm-arm64): if
+#    missing, debootstrap a Debian bookworm minbase with python3 + python3-venv from the
+#    host's apt mirror and `docker import` it (needs root and debootstrap). arm64: debootstrap
+#    --foreign, then the second stage in a chroot under qemu-aarch64.
+# 2. Wheels, downloaded on the host into deploy/.build/wheels/{common,server,pillow,cpu,cuda}
+#    (arm64: deploy/.build/wheels-arm64/{common,pillow,cpu}, `pip download --platform
+#    manylinux_2_28_aarch64`)
+#    with the host's pip (its index settings apply). A set is fetched once; a stamp records it.
 # 3. `docker build --network none --target T -f deploy/Dockerfile deploy/.build/wheels`,
-#    tagged $IMAGE_PREFIX-T:$IMAGE_TAG (default local/fedinit-T:flwr1.39.0); docker's layer
-#    cache makes a repeated build a few seconds.
+#    tagged $IMAGE_PREFIX-T:$IMAGE_TAG (default local/fedinit-T:flwr1.39.0, arm64:
+#    ...:flwr1.39.0-arm64); docker's layer cache makes a repeated build a few seconds.
 #
 # Environment: BASE_IMAGE, IMAGE_PREFIX, IMAGE_TAG, DEBIAN_MIRROR (default: the host's apt
 # source for bookworm), PYTHON (host python3.11 for pip download), TORCH_CPU_WHEEL (a file or
-# specs; default the local torch-2.13.0+cpu wheel in /opt/wheels, else torch==2.13.0),
-# TORCH_SPEC (what the cpu stage installs), CUDA_TORCH_SPEC.
+# specs; default the local torch-2.13.0+cpu wheel in /opt/wheels, else torch==2.13.0; arm64:
+# torch==2.9.1), TORCH_SPEC (what the cpu stage installs), CUDA_TORCH_SPEC.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 build="$here/.build"
-wheels="$build/wheels"
-BASE_IMAGE=${BASE_IMAGE:-local/debian-py:bookworm}
-IMAGE_PREFIX=${IMAGE_PREFIX:-local/fedinit}
-IMAGE_TAG=${IMAGE_TAG:-flwr1.39.0}
-PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
-cpu_wheel_file=/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
-if [ -z "${TORCH_CPU_WHEEL:-}" ]; then
-  if [ -f "$cpu_wheel_file" ]; then TORCH_CPU_WHEEL=$cpu_wheel_file; else TORCH_CPU_WHEEL="torch==2.13.0"; fi
-fi
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-CUDA_TORCH_SPEC=${CUDA_TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}
 
 cuda=0
+arch=amd64
 targets=()
-for arg in "$@"; do
-  case "$arg" in
+while [ $# -gt 0 ]; do
+  case "$1" in
     --cuda) cuda=1 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    superlink|client-cpu|serverapp|client-cuda) targets+=("$arg") ;;
-    *) echo "build_images: unknown argument $arg" >&2; exit 2 ;;
+    --arch) arch="${2:-}"; shift ;;
+    --arch=*) arch="${1#--arch=}" ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    superlink|client-cpu|serverapp|client-cuda) targets+=("$1") ;;
+    *) echo "build_images: unknown argument $1" >&2; exit 2 ;;
   esac
+  shift
 done
-[ ${#targets[@]} -gt 0 ] || targets=(superlink client-cpu serverapp)
+case "$arch" in
+  amd64|x86_64) arch=amd64 ;;
+  arm64|aarch64) arch=arm64 ;;
+  *) echo "build_images: --arch takes amd64 or arm64" >&2; exit 2 ;;
+esac
+
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+IMAGE_PREFIX=${IMAGE_PREFIX:-local/fedinit}
+if [ "$arch" = amd64 ]; then
+  wheels="$build/wheels"
+  BASE_IMAGE=${BASE_IMAGE:-local/debian-py:bookworm}
+  IMAGE_TAG=${IMAGE_TAG:-flwr1.39.0}
+  cpu_wheel_file=/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
+  if [ -z "${TORCH_CPU_WHEEL:-}" ]; then
+    if [ -f "$cpu_wheel_file" ]; then TORCH_CPU_WHEEL=$cpu_wheel_file; else TORCH_CPU_WHEEL="torch==2.13.0"; fi
+  fi
+  TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+  pip_platform=()
+  platform=()
+  [ ${#targets[@]} -gt 0 ] || targets=(superlink client-cpu serverapp)
+else
+  # PyPI's aarch64 torch 2.10+ is a CUDA build (several GB of nvidia wheels, useless on an
+  # edge board); 2.9.1 is the newest aarch64 CPU build, and the app needs no torchvision.
+  wheels="$build/wheels-arm64"
+  BASE_IMAGE=${BASE_IMAGE:-local/debian-py:bookworm-arm64}
+  IMAGE_TAG=${IMAGE_TAG:-flwr1.39.0-arm64}
+  TORCH_CPU_WHEEL=${TORCH_CPU_WHEEL:-torch==2.9.1}
+  TORCH_SPEC=${TORCH_SPEC:-torch==2.9.1}
+  pip_platform=(--platform manylinux_2_28_aarch64 --python-version 3.11)
+  platform=(--platform linux/arm64)
+  [ ${#targets[@]} -gt 0 ] || targets=(client-cpu)
+  for t in "${targets[@]}"; do
+    [ "$t" != client-cuda ] || { echo "build_images: no client-cuda for arm64" >&2; exit 2; }
+  done
+fi
+CUDA_TORCH_SPEC=${CUDA_TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}
 for t in "${targets[@]}"; do
   if [ "$t" = client-cuda ] && [ "$cuda" = 0 ]; then
     echo "build_images: client-cuda needs --cuda (downloads ~4 GB of CUDA wheels)" >&2; exit 2
@@ -66,19 +99,34 @@ debian_mirror() {
 }
 
 mkdir -p "$build"
+if [ "$arch" = arm64 ]; then
+  # The arm64 RUN steps (and debootstrap's second stage) execute under qemu-aarch64.
+  rc=0; "$here/qemu_binfmt.sh" || rc=$?
+  [ "$rc" = 0 ] || { echo "build_images: arm64 needs qemu-aarch64 in binfmt_misc" >&2; exit "$rc"; }
+fi
 if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || { echo "build_images: building $BASE_IMAGE needs root (debootstrap)" >&2; exit 1; }
   command -v debootstrap >/dev/null || { echo "build_images: apt-get install -y debootstrap" >&2; exit 1; }
   mirror=${DEBIAN_MIRROR:-$(debian_mirror)}
-  rootfs="$build/rootfs"
+  rootfs="$build/rootfs-$arch"
   rm -rf "$rootfs"
-  log "debootstrap bookworm minbase from $mirror"
-  debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" "$mirror" \
-    > "$build/debootstrap.log" 2>&1 || { tail -20 "$build/debootstrap.log" >&2; exit 1; }
+  log "debootstrap bookworm minbase ($arch) from $mirror"
+  dlog="$build/debootstrap-$arch.log"
+  if [ "$arch" = amd64 ]; then
+    debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" "$mirror" \
+      > "$dlog" 2>&1 || { tail -20 "$dlog" >&2; exit 1; }
+  else
+    # Foreign: unpack on the host, then configure inside the arm64 root under qemu.
+    { debootstrap --arch arm64 --foreign --variant=minbase --include=python3,python3-venv \
+        bookworm "$rootfs" "$mirror" && log "debootstrap second stage under qemu-aarch64" \
+        && chroot "$rootfs" /debootstrap/debootstrap --second-stage; } > "$dlog" 2>&1 \
+      || { tail -20 "$dlog" >&2; exit 1; }
+  fi
   # Nothing of the host's mirror or package caches goes into the image.
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
   echo "# offline image: no package sources" > "$rootfs/etc/apt/sources.list"
-  tar -C "$rootfs" -c . | docker import -c 'ENV LANG=C.UTF-8' -c 'CMD ["python3"]' - "$BASE_IMAGE" >/dev/null
+  tar -C "$rootfs" -c . | docker import "${platform[@]}" -c 'ENV LANG=C.UTF-8' -c 'CMD ["python3"]' - \
+    "$BASE_IMAGE" >/dev/null
   rm -rf "$rootfs"
   log "imported $BASE_IMAGE"
 else
@@ -96,13 +144,15 @@ fetch() {  # fetch SET SPEC...: pip download into wheels/SET unless its stamp ma
   rm -rf "$dir"; mkdir -p "$dir"
   log "downloading wheels/$set: $*"
   "$PYTHON" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
-    --dest "$dir" "$@" 2>&1 | grep -v "is ignored" || true
+    "${pip_platform[@]}" --dest "$dir" "$@" 2>&1 | grep -v "is ignored" || true
   ls "$dir"/*.whl >/dev/null 2>&1 || { echo "build_images: no wheels for $set" >&2; exit 1; }
   echo "$*" > "$stamp"
 }
 mkdir -p "$wheels"
 fetch common "flwr==1.39.0" "numpy==2.4.6" "pyyaml==6.0.4"
-fetch server "matplotlib==3.11.2" "numpy==2.4.6"
+[ "$arch" = arm64 ] && [[ ! " ${targets[*]} " =~ " serverapp " ]] \
+  || fetch server "matplotlib==3.11.2" "numpy==2.4.6"
+fetch pillow "pillow==13.0.0"
 read -r -a cpu_specs <<< "$TORCH_CPU_WHEEL"  # a file, or specs such as "torch==2.9.1 torchvision==0.24.1"
 fetch cpu "${cpu_specs[@]}"
 read -r -a cuda_specs <<< "$CUDA_TORCH_SPEC"  # a space-separated list of requirement specs
@@ -120,11 +170,11 @@ for t in "${targets[@]}"; do
   if [ "$t" = client-cuda ]; then echo "*.stamp" > "$wheels/.dockerignore"
   else printf '*.stamp\ncuda\n' > "$wheels/.dockerignore"; fi
   log "docker build --target $t"
-  docker build --network none --target "$t" -f "$here/Dockerfile" \
+  docker build "${platform[@]}" --network none --target "$t" -f "$here/Dockerfile" \
     --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg TORCH_SPEC="$TORCH_SPEC" \
     --build-arg CUDA_TORCH_SPEC="$CUDA_TORCH_SPEC" \
-    -t "$IMAGE_PREFIX-$t:$IMAGE_TAG" "$wheels" > "$build/build-$t.log" 2>&1 \
-    || { tail -30 "$build/build-$t.log" >&2; exit 1; }
+    -t "$IMAGE_PREFIX-$t:$IMAGE_TAG" "$wheels" > "$build/build-$t-$arch.log" 2>&1 \
+    || { tail -30 "$build/build-$t-$arch.log" >&2; exit 1; }
   log "$IMAGE_PREFIX-$t:$IMAGE_TAG $(docker image inspect -f '{{.Size}}' "$IMAGE_PREFIX-$t:$IMAGE_TAG" \
         | awk '{printf "%.0f MB", $1/1e6}')"
 done

@@ -32,9 +32,6 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-data=${CIFAR10:-../shared/data/cifar10-jpg.tar.gz}
-[ -e "$data" ] || { echo "gpu_smoke: CIFAR-10 not found at $data (set CIFAR10=...)" >&2; exit 2; }
-data=$(realpath "$data")
 allow_cpu=${GPU_SMOKE_ALLOW_CPU:-0}
 no_gpu() { echo "gpu_smoke: no CUDA GPU: $*" >&2; exit 1; }
 
@@ -47,6 +44,9 @@ if [ "$allow_cpu" != 1 ]; then
 fi
 
 # 2. The check and the benchmark, in the venv or in the image.
+data=${CIFAR10:-../shared/data/cifar10-jpg.tar.gz}
+[ -e "$data" ] || { echo "gpu_smoke: CIFAR-10 not found at $data (set CIFAR10=...)" >&2; exit 2; }
+data=$(realpath "$data")
 check='import sys, torch
 ok = torch.cuda.is_available()
 name = torch.cuda.get_device_name(0) if ok else "cpu (no CUDA device visible to torch)"

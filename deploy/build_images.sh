@@ -70,7 +70,10 @@ else
   IMAGE_TAG=${IMAGE_TAG:-flwr1.39.0-arm64}
   TORCH_CPU_WHEEL=${TORCH_CPU_WHEEL:-torch==2.9.1}
   TORCH_SPEC=${TORCH_SPEC:-torch==2.9.1}
-  pip_platform=(--platform manylinux_2_28_aarch64 --python-version 3.11)
+  # pip 23 does not widen an explicit --platform to older glibc tags: list them (bookworm
+  # has glibc 2.36; torch is manylinux_2_28, grpcio manylinux2014 = manylinux_2_17).
+  pip_platform=(--python-version 3.11 --platform manylinux2014_aarch64)
+  for v in $(seq 17 28); do pip_platform+=(--platform "manylinux_2_${v}_aarch64"); done
   platform=(--platform linux/arm64)
   [ ${#targets[@]} -gt 0 ] || targets=(client-cpu)
   for t in "${targets[@]}"; do
@@ -125,8 +128,14 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   # Nothing of the host's mirror or package caches goes into the image.
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
   echo "# offline image: no package sources" > "$rootfs/etc/apt/sources.list"
-  tar -C "$rootfs" -c . | docker import "${platform[@]}" -c 'ENV LANG=C.UTF-8' -c 'CMD ["python3"]' - \
-    "$BASE_IMAGE" >/dev/null
+  if [ "$arch" = amd64 ]; then
+    tar -C "$rootfs" -c . | docker import -c 'ENV LANG=C.UTF-8' -c 'CMD ["python3"]' - "$BASE_IMAGE" >/dev/null
+  else
+    # docker import (20.10) would label it amd64 whatever --platform says: load it instead.
+    tar -C "$rootfs" -c -f "$rootfs.tar" .
+    "$PYTHON" "$here/load_rootfs.py" "$rootfs.tar" "$BASE_IMAGE" arm64 | docker load >/dev/null
+    rm -f "$rootfs.tar"
+  fi
   rm -rf "$rootfs"
   log "imported $BASE_IMAGE"
 else
@@ -134,6 +143,11 @@ else
 fi
 
 # ------------------------------------------------------------------ 2. wheels
+pip_get() {  # pip_get DIR ARGS...: pip download ARGS into DIR, binaries for the target arch
+  local dir=$1; shift
+  "$PYTHON" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+    "${pip_platform[@]}" --dest "$dir" "$@" 2>&1 | grep -v "is ignored" || true
+}
 fetch() {  # fetch SET SPEC...: pip download into wheels/SET unless its stamp matches SPEC
   local set="$1"; shift
   local dir="$wheels/$set" stamp="$wheels/$set.stamp"
@@ -143,8 +157,33 @@ fetch() {  # fetch SET SPEC...: pip download into wheels/SET unless its stamp ma
   fi
   rm -rf "$dir"; mkdir -p "$dir"
   log "downloading wheels/$set: $*"
-  "$PYTHON" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
-    "${pip_platform[@]}" --dest "$dir" "$@" 2>&1 | grep -v "is ignored" || true
+  if [ "$arch" = amd64 ]; then
+    pip_get "$dir" "$@"
+  else
+    # pip evaluates environment markers for the host even with --platform: torch's
+    # `platform_machine == "x86_64"` nvidia/triton wheels (~3 GB) would come along. So: the
+    # named packages without dependencies, then their dependencies as aarch64 sees them.
+    pip_get "$dir" --no-deps "$@"
+    local deps
+    mapfile -t deps < <("$PYTHON" - "$dir" <<'PY'
+import sys, zipfile
+from pathlib import Path
+from pip._vendor.packaging.markers import default_environment
+from pip._vendor.packaging.requirements import Requirement
+env = {**default_environment(), "platform_machine": "aarch64", "extra": ""}
+for wheel in Path(sys.argv[1]).glob("*.whl"):
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        for line in z.read(meta).decode().splitlines():
+            if line.startswith("Requires-Dist:"):
+                req = Requirement(line.split(":", 1)[1].strip())
+                if req.marker is None or req.marker.evaluate(env):
+                    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+                    print(f"{req.name}{extras}{req.specifier}")
+PY
+    )
+    [ ${#deps[@]} = 0 ] || pip_get "$dir" "${deps[@]}"
+  fi
   ls "$dir"/*.whl >/dev/null 2>&1 || { echo "build_images: no wheels for $set" >&2; exit 1; }
   echo "$*" > "$stamp"
 }

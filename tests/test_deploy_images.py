@@ -157,7 +157,7 @@ def test_cuda_client_image_has_the_hosts_cuda_torch(cuda_image: tuple[float, str
     found = probe(CUDA_IMAGE, "import torch, flwr; print(torch.__version__, torch.version.cuda,"
                   " torch.cuda.is_available(), flwr.__version__)")
     version, cuda, available, flwr = found.stdout.split()
-    assert (version, flwr, available) == ("2.14.1", "1.39.0", "False"), found.stderr[-2000:]
+    assert (version, flwr, available) == ("2.14.1+cu130", "1.39.0", "False"), found.stderr[-2000:]
     assert cuda.startswith("13"), cuda  # the CUDA build, not a CPU wheel standing in
     assert probe(CUDA_IMAGE, NO_SECRETS).stdout.strip() == "[]"
     app = probe(CUDA_IMAGE, "import client_app.app", "-v", f"{REPO}:/app:ro")
@@ -203,7 +203,7 @@ def test_compose_with_cuda_clients_on_cpu_equals_host_simulation(
     assert run.returncode == 0, out[-5000:]
     assert "status finished:completed" in out
     assert nodes[1:] == [CUDA_IMAGE], nodes
-    assert torch_in_node[0] == "2.14.1" and torch_in_node[1].startswith("13"), torch_in_node
+    assert torch_in_node[0] == "2.14.1+cu130" and torch_in_node[1].startswith("13"), torch_in_node
     assert "deploy:" not in Path(resolved).read_text()  # only the reservation was dropped
     cuda_rows = rounds(run_dir(work / "results"))
     assert all(r["num-replies"] == 3 for r in cuda_rows)

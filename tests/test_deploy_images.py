@@ -251,7 +251,7 @@ def test_arm64_edge_node_beside_x86_nodes(arm64_image: tuple[float, str],
     assert info["Config"]["User"] == "49999:49999"
     found = probe(ARM_IMAGE, "import platform, torch, flwr; print(platform.machine(), "
                   "torch.__version__, flwr.__version__)", "--platform", "linux/arm64")
-    assert found.stdout.split() == ["aarch64", "2.9.1", "1.39.0"], found.stdout + found.stderr
+    assert found.stdout.split() == ["aarch64", "2.9.1+cpu", "1.39.0"], found.stdout + found.stderr
     assert probe(ARM_IMAGE, NO_SECRETS, "--platform", "linux/arm64").stdout.strip() == "[]"
 
     work, project, subnet = tmp_path / "arm64", f"{PROJECT}-arm64", "172.31.241"

@@ -101,6 +101,19 @@ debian_mirror() {
   echo "${uri:-http://deb.debian.org/debian}"
 }
 
+# debootstrap mounts proc and sys in the target while it works and unmounts them when it
+# exits; never tar or delete a root filesystem through a mount that is left (a failed run).
+remove_rootfs() {
+  local m
+  for m in $(awk -v r="$1/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount "$m" 2>/dev/null || umount -l "$m"
+  done
+  if awk -v r="$1/" 'index($2, r) == 1 {found = 1} END {exit !found}' /proc/mounts; then
+    echo "build_images: mounts left under $1; not removing it" >&2; exit 1
+  fi
+  rm -rf "$1"
+}
+
 mkdir -p "$build"
 if [ "$arch" = arm64 ]; then
   # The arm64 RUN steps (and debootstrap's second stage) execute under qemu-aarch64.
@@ -112,7 +125,7 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   command -v debootstrap >/dev/null || { echo "build_images: apt-get install -y debootstrap" >&2; exit 1; }
   mirror=${DEBIAN_MIRROR:-$(debian_mirror)}
   rootfs="$build/rootfs-$arch"
-  rm -rf "$rootfs"
+  remove_rootfs "$rootfs"
   log "debootstrap bookworm minbase ($arch) from $mirror"
   dlog="$build/debootstrap-$arch.log"
   if [ "$arch" = amd64 ]; then
@@ -125,6 +138,9 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
         && chroot "$rootfs" /debootstrap/debootstrap --second-stage; } > "$dlog" 2>&1 \
       || { tail -20 "$dlog" >&2; exit 1; }
   fi
+  for m in $(awk -v r="$rootfs/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount "$m"
+  done
   # Nothing of the host's mirror or package caches goes into the image.
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
   echo "# offline image: no package sources" > "$rootfs/etc/apt/sources.list"
@@ -136,7 +152,7 @@ if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     "$PYTHON" "$here/load_rootfs.py" "$rootfs.tar" "$BASE_IMAGE" arm64 | docker load >/dev/null
     rm -f "$rootfs.tar"
   fi
-  rm -rf "$rootfs"
+  remove_rootfs "$rootfs"
   log "imported $BASE_IMAGE"
 else
   log "base image $BASE_IMAGE present"

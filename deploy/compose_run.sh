@@ -47,7 +47,7 @@ while [ $# -gt 0 ]; do
     --edge-image) edge_image="$2"; shift 2 ;;
     --edge-platform) edge_platform="$2"; shift 2 ;;
     --edge-memory) edge_memory="$2"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *=*) overrides+=("$1"); shift ;;
     *) echo "compose_run: unknown argument $1" >&2; exit 2 ;;
   esac

@@ -3,8 +3,8 @@
 # qemu-user-static: mount binfmt_misc if needed and register qemu-aarch64 with the F flag
 # (the interpreter is opened now, so it also works inside containers and chroots).
 #
-#   deploy/qemu_binfmt.sh            exit 0: ready; 3: binfmt_misc cannot be mounted here;
-#                                    1: anything else (not root, no qemu-user-static)
+#   deploy/qemu_binfmt.sh            exit 0: ready; 3: binfmt_misc cannot be mounted here (or
+#                                    not as this user); 1: anything else (no qemu-user-static)
 #
 # Root only. Installs Debian's qemu-user-static with apt when it is missing (CI machines).
 # Idempotent: a second run changes nothing.
@@ -16,7 +16,9 @@ if [ -f "$entry" ] && grep -q '^enabled' "$entry" && grep -q '^flags: .*F' "$ent
   echo "qemu_binfmt: qemu-aarch64 registered ($(sed -n 's/^interpreter //p' "$entry"))"
   exit 0
 fi
-[ "$(id -u)" = 0 ] || { echo "qemu_binfmt: registering qemu-aarch64 needs root" >&2; exit 1; }
+if [ "$(id -u)" != 0 ]; then
+  echo "qemu_binfmt: binfmt_misc cannot be mounted or written without root" >&2; exit 3
+fi
 
 conf=/usr/lib/binfmt.d/qemu-aarch64.conf
 if [ ! -f "$conf" ]; then

@@ -83,7 +83,7 @@ fi
 CUDA_TORCH_SPEC=${CUDA_TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}
 for t in "${targets[@]}"; do
   if [ "$t" = client-cuda ] && [ "$cuda" = 0 ]; then
-    echo "build_images: client-cuda needs --cuda (downloads ~4 GB of CUDA wheels)" >&2; exit 2
+    echo "build_images: client-cuda needs --cuda (downloads ~3 GB of CUDA wheels)" >&2; exit 2
   fi
 done
 

@@ -10,9 +10,14 @@
 #     --work-dir DIR    certs/, cli/, results/ (default deploy/.build/compose)
 #     --app DIR         the Flower App to run (default: this repo)
 #     --gpu             add docker-compose.gpu.yml (client-cuda executors, GPUs reserved)
+#     --cuda-on-cpu     add docker-compose.gpu.yml without its GPU reservation: the client-cuda
+#                       image on the CPU (a host without GPUs; the config is still validated)
 #     --edge-node I     run partition I as an edge SuperNode instead (deploy/edge/run-docker.sh:
 #                       one client-cpu container, --cpus 1 --memory 1g) and report its peak
 #                       memory and seconds per round
+#     --edge-image IMG  the edge node's image (default the stack's client-cpu)
+#     --edge-platform P its platform, e.g. linux/arm64 (emulated: deploy/qemu_binfmt.sh)
+#     --edge-memory M   its memory limit (default 1g)
 #
 # Exit status 0 only when `flwr ls` reports the run finished:completed. Prints the results
 # directory on the host. Needs docker + docker-compose (1.29) and root or the docker group.
@@ -25,6 +30,9 @@ work="$here/.build/compose"
 keep=0
 gpu=0
 edge=""
+edge_image=""
+edge_platform=""
+edge_memory=1g
 app="$repo"
 overrides=()
 while [ $# -gt 0 ]; do
@@ -34,8 +42,12 @@ while [ $# -gt 0 ]; do
     --work-dir) work="$2"; shift 2 ;;
     --app) app="$2"; shift 2 ;;
     --gpu) gpu=1; shift ;;
+    --cuda-on-cpu) gpu=cpu; shift ;;
     --edge-node) edge="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --edge-image) edge_image="$2"; shift 2 ;;
+    --edge-platform) edge_platform="$2"; shift 2 ;;
+    --edge-memory) edge_memory="$2"; shift 2 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *=*) overrides+=("$1"); shift ;;
     *) echo "compose_run: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -54,6 +66,16 @@ export FEDINIT_IMAGE_TAG=${FEDINIT_IMAGE_TAG:-flwr1.39.0}
 export FEDINIT_DATA=${FEDINIT_DATA:-/usr/share/datasets/fashion-mnist}
 files=(-f "$repo/docker-compose.yml")
 [ "$gpu" = 0 ] || files+=(-f "$repo/docker-compose.gpu.yml")
+if [ "$gpu" = cpu ]; then
+  # Compose v1 cannot unset a key in an override: resolve both files (this validates them),
+  # then drop the services' `deploy:` blocks (the nvidia device reservation, which a host
+  # without the NVIDIA runtime refuses) and run from the resolved file.
+  resolved="$work/compose.cuda-on-cpu.yml"
+  docker-compose --project-directory "$repo" "${files[@]}" config > "$resolved.full"
+  awk '/^    deploy:$/ {skip = 1; next} skip && /^      / {next} {skip = 0; print}' \
+    "$resolved.full" > "$resolved"
+  files=(-f "$resolved")
+fi
 dc() { docker-compose --project-directory "$repo" -p "$project" "${files[@]}" "$@"; }
 log() { echo "compose_run: [${SECONDS}s] $*"; }
 edge_name="$project-edge-$edge"
@@ -136,7 +158,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   log "building images: ${missing[*]}"
   IMAGE_PREFIX=$FEDINIT_IMAGE_PREFIX IMAGE_TAG=$FEDINIT_IMAGE_TAG "$here/build_images.sh" "${missing[@]}"
 fi
-if [ "$gpu" = 1 ] && ! docker image inspect "$FEDINIT_IMAGE_PREFIX-client-cuda:$FEDINIT_IMAGE_TAG" >/dev/null 2>&1; then
+if [ "$gpu" != 0 ] && ! docker image inspect "$FEDINIT_IMAGE_PREFIX-client-cuda:$FEDINIT_IMAGE_TAG" >/dev/null 2>&1; then
   echo "compose_run: --gpu needs the client-cuda image: deploy/build_images.sh --cuda client-cuda" >&2
   exit 1
 fi
@@ -193,16 +215,17 @@ KEY=$work/certs/node_key_$edge
 CA=$work/certs/ca.crt
 DATA_DIR=$FEDINIT_DATA
 STATE_DIR=$work/edge-$edge-state
-IMAGE=$FEDINIT_IMAGE_PREFIX-client-cpu:$FEDINIT_IMAGE_TAG
+IMAGE=${edge_image:-$FEDINIT_IMAGE_PREFIX-client-cpu:$FEDINIT_IMAGE_TAG}
+PLATFORM=$edge_platform
 NAME=$edge_name
 CPUS=1
-MEMORY=1g
+MEMORY=$edge_memory
 NETWORK=${project}_fleet
 THREADS=1
 EOF
   docker rm -f "$edge_name" >/dev/null 2>&1 || true
   DOCKER_RUN_OPTS="--label fedinit.project=$project" "$here/edge/run-docker.sh" "$edge_env" >/dev/null
-  log "edge SuperNode $edge_name (partition $edge, --cpus 1 --memory 1g) started"
+  log "edge SuperNode $edge_name (partition $edge, ${edge_platform:-native}, --cpus 1 --memory $edge_memory) started"
   edge_cgroup=$(cgroup_dir "$(docker inspect -f '{{.Id}}' "$edge_name")")
   if [ -n "$edge_cgroup" ]; then
     echo 0 > "$work/edge-$edge.peak"
@@ -235,7 +258,7 @@ if [ -n "$edge" ]; then
         || docker exec "$edge_name" cat /sys/fs/cgroup/memory.peak 2>/dev/null || echo 0)
   ws=$(cat "$work/edge-$edge.peak" 2>/dev/null || echo 0)
   log "edge peak memory: working set $(mib "$ws") MiB, cgroup high-water $(mib "$hwm") MiB" \
-      "(limit 1024 MiB, OOM-killed: $(docker inspect -f '{{.State.OOMKilled}}' "$edge_name"))"
+      "(limit $edge_memory, OOM-killed: $(docker inspect -f '{{.State.OOMKilled}}' "$edge_name"))"
   if [ -n "$results" ] && [ -f "$work/results/$results/rounds.jsonl" ]; then
     log "edge seconds per round: $(grep -o '"round-seconds": [0-9.]*' "$work/results/$results/rounds.jsonl" \
           | awk '{s += $2; n++} END {if (n) printf "%.1f", s / n}') (mean round of the federation)"

@@ -27,8 +27,12 @@ else
   user="$(id -u):$(id -g)"
 fi
 read -r -a opts <<< "${DOCKER_RUN_OPTS:---restart unless-stopped}"
+# PLATFORM (optional): the image's platform when it is not the host's, e.g. linux/arm64 run
+# under qemu emulation on an x86 host; empty on a device running its own architecture.
+platform=()
+[ -z "${PLATFORM:-}" ] || platform=(--platform "$PLATFORM")
 
-docker run -d --name "$NAME" --user "$user" "${opts[@]}" \
+docker run -d --name "$NAME" --user "$user" "${platform[@]}" "${opts[@]}" \
   --cpus "$CPUS" --memory "$MEMORY" --memory-swap "$MEMORY" --network "$NETWORK" \
   -e OMP_NUM_THREADS="${THREADS:-1}" -e MKL_NUM_THREADS="${THREADS:-1}" \
   -v "$(realpath "$KEY")":/keys/node_key:ro -v "$(realpath "$CA")":/keys/ca.crt:ro \

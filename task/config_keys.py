@@ -58,8 +58,10 @@ EXPERIMENT: frozenset[str] = frozenset({
     # the federation and local training
     "num-clients", "fraction-train", "local-epochs", "batch-size", "lr", "lr-decay",
     "weight-decay", "clip-norm", "model", "seed", "eval-every",
+    "personal-eval-every", "personal-eval-clients", "finetune-epochs",
     # the data
     "dataset", "partition", "dirichlet-alpha", "channel-noise", "brightness-noise", "train-limit",
+    "local-test-fraction",
     # the server's defences: they change which replies are aggregated and how
     "aggregation", "trim-fraction", "max-update-norm-ratio", "max-examples-per-client",
 })

@@ -54,7 +54,7 @@ SPECIAL: dict[str, KeyRole] = {
 EXPERIMENT: frozenset[str] = frozenset({
     # the method and its parameters
     "method", "beta", "ri-aggregation", "weighting", "server-lr", "feddyn-alpha", "prox-mu",
-    "adam-beta1", "adam-beta2", "adam-eps", "fedcm-alpha", "sam-rho",
+    "adam-beta1", "adam-beta2", "adam-eps", "fedcm-alpha", "sam-rho", "ditto-lambda",
     # the federation and local training
     "num-clients", "fraction-train", "local-epochs", "batch-size", "lr", "lr-decay",
     "weight-decay", "clip-norm", "model", "seed", "eval-every",

@@ -29,9 +29,11 @@ from server_app.checkpoint import (
     save_checkpoint,
 )
 from server_app.clients import discover_clients, refresh_clients
+from server_app.personal_round import personal_round
 from server_app.results import Recorder
 from store.files import atomic_write_bytes
 from strategies import records as rk
+from strategies.personal_eval import KINDS
 from strategies.shell import MethodStrategy
 from task import config_keys
 from task.config import RunConfig, check_examples, check_writable
@@ -132,9 +134,13 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         acc = loss = None
         if rnd % cfg.eval_every == 0 or rnd == n:
             loss, acc = evaluator(arrays.to_numpy_ndarrays())
+        personal, per_client = personal_round(strategy, grid, rnd, arrays, round_config,
+                                              cfg.round_timeout)
+        if per_client:
+            rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
-               **timing, **m}
+               **timing, **m, **personal}
         rec.add_round(row)
         save_checkpoint(out, Checkpoint(rnd, arrays.to_numpy_ndarrays(),
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
@@ -207,4 +213,19 @@ def _progress_line(row: dict[str, Any], n: int, sent: int) -> str:
     tl_s = "-" if tl is None else f"{tl:.4f}"
     return (f"[round {row['round']}/{n}] acc {acc} loss {loss} div {div_s} train-loss {tl_s} "
             f"replies {row.get('num-replies', 0)}/{sent} rejected {row.get('num-rejected', 0)} "
-            f"| {row['round-seconds']:.1f}s, elapsed {row['elapsed-seconds']:.0f}s")
+            f"{_personal_part(row)}| {row['round-seconds']:.1f}s, "
+            f"elapsed {row['elapsed-seconds']:.0f}s")
+
+
+def _personal_part(row: dict[str, Any]) -> str:
+    """'local g/ft/own mean 60.1/85.3/80.2 p10 ... min ... (20 clients) ' in rounds with a
+    personalized evaluation, else ''."""
+    if row.get("local-global-mean") is None:
+        return ""
+
+    def three(stat: str) -> str:
+        return "/".join("-" if row.get(f"local-{k}-{stat}") is None
+                        else f"{100 * row[f'local-{k}-{stat}']:.1f}" for k in KINDS)
+
+    return (f"local g/ft/own mean {three('mean')} p10 {three('p10')} min {three('min')} "
+            f"({row.get('local-eval-clients', 0)} clients) ")

@@ -200,7 +200,8 @@ class Recorder:
             accs = np.sort([100 * float(r[f"acc-{kind}"]) for r in clients
                             if r.get(f"acc-{kind}") not in (None, "")])
             if accs.size:
-                ax.step(accs, np.arange(1, accs.size + 1) / accs.size, where="post",
+                ax.step(np.concatenate([accs[:1], accs]),
+                        np.arange(accs.size + 1) / accs.size, where="post",
                         label=f"{label} ({accs.size} clients)")
         rnd = clients[0]["round"] if clients else "-"
         ax.set_xlabel(f"accuracy on the client's local test (%), round {rnd}")

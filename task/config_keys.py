@@ -80,8 +80,8 @@ BEFORE_KEY: dict[str, object] = {
 }
 """Keys added after runs were made whose default differs from what those runs did: the value a
 run config without the key means (before ``local-test-fraction`` clients trained on their whole
-partition, and nothing evaluated them). The sweep's cell matching and the resume check read a missing key as this, not as
-today's default."""
+partition, and nothing evaluated them). The sweep's cell matching and the resume check read a
+missing key as this, not as today's default."""
 
 
 def value_before(key: str, default: object) -> object:

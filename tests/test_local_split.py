@@ -61,7 +61,7 @@ def test_clients_train_on_their_partition_less_the_test_split() -> None:
         assert client_test_examples(cfg, pid)[1].size == test.size
     # the server's expected example counts (to reject false claims) follow the train split
     assert partition_sizes(cfg) == tuple(len(client_indices(cfg, p)) for p in range(5))
-    off = RunConfig.parse({**RUN, "local-test-fraction": 0.0})
+    off = RunConfig.parse({**RUN, "local-test-fraction": 0.0, "personal-eval-every": 0})
     assert partition_sizes(off) == tuple(len(partition_indices(off, p)) for p in range(5))
     assert sum(partition_sizes(off)) == 2000 > sum(partition_sizes(cfg))
 

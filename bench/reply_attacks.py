@@ -25,12 +25,12 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scripts.inprocess_grid import InProcessGrid  # noqa: E402
 from server_app.experiment import run_experiment  # noqa: E402
 from strategies import records as rk  # noqa: E402
 from strategies.norms import update_norms, vector_norm  # noqa: E402
 from strategies.scaffold import DELTA_C  # noqa: E402
 from task.config import RunConfig  # noqa: E402
-from tests.inprocess_grid import InProcessGrid  # noqa: E402
 
 ATTACKER = 1000  # node of partition 0
 FIVE_OF_20 = {"num-clients": 20, "fraction-train": 0.25, "train-limit": 6000,

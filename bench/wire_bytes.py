@@ -2,7 +2,7 @@
 
 Measured on real messages for the default CNN: the method's server half builds them
 (``configure_train``), the real ClientApp ``train_fn`` answers them in-process
-(``tests.inprocess_grid``), and round 2 is measured (round 1's control variates are zeros,
+(``scripts.inprocess_grid``), and round 2 is measured (round 1's control variates are zeros,
 which Flower's content-addressed serialization may deduplicate). Columns:
 arrays = sum of ``ArrayRecord.count_bytes()``; records = every record plus its name;
 serialized = the RecordDict's object tree as Flower deflates it.
@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict  # noqa: E402
 
+from scripts.inprocess_grid import InProcessGrid  # noqa: E402
 from server_app.strategy import MethodStrategy  # noqa: E402
 from strategies.registry import METHODS  # noqa: E402
 from task.config import RunConfig  # noqa: E402
 from task.federated_data import dataset_of  # noqa: E402
 from task.models import initial_weights  # noqa: E402
-from tests.inprocess_grid import InProcessGrid  # noqa: E402
 from tests.lsq_problem import array_bytes, record_bytes, serialized_bytes  # noqa: E402
 
 MEASURES = (("arrays", array_bytes), ("records", record_bytes),

@@ -2,7 +2,8 @@
 
 train: restore state -> RI start point -> the method's local rule -> store state -> reply.
 query: tell the server who this node is (partition id), so sampling is by client, not node.
-evaluate: accuracy of the received model on this client's own data.
+evaluate: personalized evaluation on this client's local test split (``personal_eval.py``),
+or the received model's accuracy on its training data.
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ from pathlib import Path
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.model_cache import client_tensors, fresh_model, initial_weights
+from client_app.model_cache import (
+    client_tensors,
+    client_test_tensors,
+    fresh_model,
+    initial_weights,
+)
+from client_app.personal_eval import personal_evaluation
 from client_app.round import client_round
 from store.client_store import ClientStore
 from store.state_dir import StateDir
@@ -74,9 +81,19 @@ def query_fn(msg: Message, context: Context) -> Message:
 
 
 def evaluate_fn(msg: Message, context: Context) -> Message:
-    """Loss and accuracy of the received model on this client's own partition."""
+    """Personalized evaluation when the message asks for it (``personal_eval``); otherwise
+    loss and accuracy of the received model on this client's training data. Never changes
+    the client's state."""
     cfg = RunConfig.parse(context.run_config)
     pid = partition_of(context, cfg)
+    conf = msg.content.config_records.get(rk.CONFIG)
+    if conf is not None and conf.get(rk.PERSONAL_EVAL):
+        experiment = str(conf.get(rk.EXPERIMENT, ""))
+        snapshot = client_store(context, cfg, experiment, pid).snapshot()
+        metrics = personal_evaluation(cfg, cfg.spec.client(cfg.params), msg.content, snapshot,
+                                      fresh_model(cfg), client_tensors(cfg, pid),
+                                      client_test_tensors(cfg, pid), partition_id=pid)
+        return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
     model = fresh_model(cfg)
     set_weights(model, msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
     x, y = client_tensors(cfg, pid)

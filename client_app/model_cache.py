@@ -16,7 +16,7 @@ from task import models
 from task.config import RunConfig
 from task.datasets import to_tensor
 from task.device import device
-from task.federated_data import client_examples, dataset_of
+from task.federated_data import client_examples, client_test_examples, dataset_of
 
 
 @functools.lru_cache(maxsize=4)
@@ -36,5 +36,14 @@ def client_tensors(cfg: RunConfig, partition_id: int) -> tuple[torch.Tensor, tor
     """One client's normalised images and labels, on the device."""
     data = dataset_of(cfg)
     x, y = client_examples(cfg, partition_id)
+    dev = device()
+    return to_tensor(x, data.mean, data.std).to(dev), torch.from_numpy(y.copy()).long().to(dev)
+
+
+@functools.lru_cache(maxsize=256)
+def client_test_tensors(cfg: RunConfig, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One client's local test split (personalized evaluation), normalised, on the device."""
+    data = dataset_of(cfg)
+    x, y = client_test_examples(cfg, partition_id)
     dev = device()
     return to_tensor(x, data.mean, data.std).to(dev), torch.from_numpy(y.copy()).long().to(dev)

@@ -23,10 +23,16 @@ from strategies.ri import relaxed_start, upload_vector
 from task.config import RunConfig
 from task.models import get_weights, set_weights
 
+PERSONAL_STREAM = 1
+"""``local_generator`` stream of a method's personal pass (Ditto's v_i)."""
 
-def local_generator(seed: int, server_round: int, partition_id: int) -> torch.Generator:
-    """The shuffling generator of one participation, seeded by (seed, round, client)."""
-    state = np.random.SeedSequence([seed, server_round, partition_id]).generate_state(1)[0]
+
+def local_generator(seed: int, server_round: int, partition_id: int,
+                    stream: int = 0) -> torch.Generator:
+    """The shuffling generator of one participation, seeded by (seed, round, client) and, for
+    a second pass or fine-tuning, a stream number (0, the global pass, keeps the old seeds)."""
+    words = [seed, server_round, partition_id] + ([stream] if stream else [])
+    state = np.random.SeedSequence(words).generate_state(1)[0]
     return torch.Generator().manual_seed(int(state))
 
 
@@ -67,6 +73,16 @@ def client_round(
                        hook=hook, loss_fn=loss_fn, sam_rho=rule.sam_rho)
     final = get_weights(model)
     new_state, extras = rule.finish(start, final, result.num_steps, lr, down, method_state)
+    if rule.personal_key:
+        v_start, v_hook = rule.personal_begin(w_t, state.get(rule.personal_key), lr,
+                                              next(model.parameters()).device)
+        set_weights(model, v_start)
+        local_sgd(model, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
+                  weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm,
+                  generator=local_generator(cfg.seed, server_round, partition_id,
+                                            PERSONAL_STREAM),
+                  hook=v_hook, loss_fn=loss_fn)
+        new_state[rule.personal_key] = get_weights(model)
 
     state.put(W_PREV, final)
     for key, arrays in new_state.items():

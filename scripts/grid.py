@@ -23,7 +23,10 @@ import yaml
 from scripts.flower_env import REPO
 from strategies.registry import METHOD_NAMES
 from task.config import ConfigError, RunConfig, load_defaults
-from task.config_keys import NOT_IDENTITY  # two runs differing only in these: the same cell
+from task.config_keys import (  # two runs differing only in NOT_IDENTITY: the same cell
+    NOT_IDENTITY,
+    value_before,
+)
 
 # Axes that take a list of values; their cartesian product gives the cells.
 VALUE_AXES: tuple[str, ...] = ("method", "beta", "dirichlet-alpha", "fraction-train",
@@ -277,12 +280,13 @@ def cell_id(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
 def matches(run_config: Mapping[str, Any], cell: Cell) -> bool:
     """Whether a finished run's config is this cell's experiment.
 
-    Keys the run does not know (added to pyproject after it ran) must hold their default;
-    keys pyproject no longer has are ignored; paths and timeouts never count.
+    Keys the run does not know (added to pyproject after it ran) must hold their default, or
+    the value the run had before the key existed (``config_keys.BEFORE_KEY``); keys pyproject
+    no longer has are ignored; paths and timeouts never count.
     """
     defaults = load_defaults()
     for key, want in cell.identity().items():
-        if run_config.get(key, defaults.get(key)) != want:
+        if run_config.get(key, value_before(key, defaults.get(key))) != want:
             return False
     return True
 

@@ -118,9 +118,13 @@ def set_aside_unfinished(cell_dir: Path) -> list[Path]:
 
 
 def command_for(cell: Cell, cell_dir: Path, connection: str | None,
-                resources: dict[str, float]) -> list[str]:
-    """The command that runs one cell: simulate.py, or `flwr run` against a deployment."""
+                resources: dict[str, float], in_process: bool = False) -> list[str]:
+    """The command that runs one cell: simulate.py, inprocess_run.py (no Flower engine), or
+    `flwr run` against a deployment."""
     overrides = {**cell.overrides, "output-dir": str(cell_dir.resolve())}
+    if in_process:
+        return [sys.executable, "-m", "scripts.inprocess_run",
+                *(f"{k}={_arg(v)}" for k, v in overrides.items())]
     if connection is None:
         res = [f"--num-cpus-per-client={resources.get('num-cpus-per-client', 1.0):g}",
                f"--num-gpus-per-client={resources.get('num-gpus-per-client', 0.0):g}"]
@@ -181,7 +185,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_sweep(grid: Grid, cells: Sequence[Cell], out: Path, cells_dir: Path,
-              connection: str | None, command: str, env: dict[str, str]) -> int:
+              connection: str | None, command: str, env: dict[str, str],
+              in_process: bool = False) -> int:
     """Run every unfinished cell in order; return 0 if all of them finished."""
     todo = [c for c in cells if finished_run(cells_dir / c.id, c) is None]
     print(f"sweep {grid.name}: {len(cells)} cells, {len(cells) - len(todo)} already finished, "
@@ -206,7 +211,7 @@ def run_sweep(grid: Grid, cells: Sequence[Cell], out: Path, cells_dir: Path,
                   f"{hms(time.monotonic() - t)}, sweep {prog.elapsed()}, ETA {prog.eta()}",
                   flush=True)
 
-        cmd = command_for(cell, cell_dir, connection, grid.resources)
+        cmd = command_for(cell, cell_dir, connection, grid.resources, in_process)
         run_ = CellRun()
         rounds = RoundsTail(cell_dir, since=time.time())
         try:
@@ -273,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a base run-config key for every cell (repeatable)")
     ap.add_argument("--report", action="store_true", help="rewrite the report; run nothing")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run each cell with scripts/inprocess_run.py (no Flower engine)")
     ap.add_argument("--num-cpus-per-client", type=float,
                     help="Ray CPUs per simulated client (default: the yaml's resources, or 1)")
     ap.add_argument("--num-gpus-per-client", type=float,
@@ -316,7 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         print("sweep: note: FLWR_HOME is not set; the connection must be in "
               f"{env['FLWR_HOME']}/config.toml", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill PID` stops the cell's run too
-    return run_sweep(grid, cells, out, cells_dir, connection, command, env)
+    if args.in_process and connection is not None:
+        print("sweep: --in-process runs locally; it cannot take a connection", file=sys.stderr)
+        return 2
+    return run_sweep(grid, cells, out, cells_dir, connection, command, env, args.in_process)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ from server_app.checkpoint import (
     save_checkpoint,
 )
 from server_app.clients import discover_clients, refresh_clients
+from server_app.personal_eval import KINDS
+from server_app.personal_round import personal_round
 from server_app.results import Recorder
 from server_app.strategy import MethodStrategy
 from store.files import atomic_write_bytes
@@ -71,7 +73,9 @@ def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
     run_dir = Path(cfg.resume_dir).resolve()
     ckpt = load_checkpoint(run_dir)
     now = cfg.to_dict()
-    for key, value in ckpt.config.items():
+    then = {**{k: config_keys.value_before(k, v) for k, v in now.items()
+                if k in config_keys.BEFORE_KEY}, **ckpt.config}
+    for key, value in then.items():
         if key not in RESUME_MAY_CHANGE and now.get(key) != value:
             raise CheckpointError(f"resume-dir {run_dir}: the checkpoint was made with "
                                   f"{key}={value!r}, this run has {key}={now.get(key)!r}")
@@ -132,9 +136,13 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         acc = loss = None
         if rnd % cfg.eval_every == 0 or rnd == n:
             loss, acc = evaluator(arrays.to_numpy_ndarrays())
+        personal, per_client = personal_round(strategy, grid, rnd, arrays, round_config,
+                                              cfg.round_timeout)
+        if per_client:
+            rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
-               **timing, **m}
+               **timing, **m, **personal}
         rec.add_round(row)
         save_checkpoint(out, Checkpoint(rnd, arrays.to_numpy_ndarrays(),
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
@@ -207,4 +215,19 @@ def _progress_line(row: dict[str, Any], n: int, sent: int) -> str:
     tl_s = "-" if tl is None else f"{tl:.4f}"
     return (f"[round {row['round']}/{n}] acc {acc} loss {loss} div {div_s} train-loss {tl_s} "
             f"replies {row.get('num-replies', 0)}/{sent} rejected {row.get('num-rejected', 0)} "
-            f"| {row['round-seconds']:.1f}s, elapsed {row['elapsed-seconds']:.0f}s")
+            f"{_personal_part(row)}| {row['round-seconds']:.1f}s, "
+            f"elapsed {row['elapsed-seconds']:.0f}s")
+
+
+def _personal_part(row: dict[str, Any]) -> str:
+    """'local g/ft/own mean 60.1/85.3/80.2 p10 ... min ... (20 clients) ' in rounds with a
+    personalized evaluation, else ''."""
+    if row.get("local-global-mean") is None:
+        return ""
+
+    def three(stat: str) -> str:
+        return "/".join("-" if row.get(f"local-{k}-{stat}") is None
+                        else f"{100 * row[f'local-{k}-{stat}']:.1f}" for k in KINDS)
+
+    return (f"local g/ft/own mean {three('mean')} p10 {three('p10')} min {three('min')} "
+            f"({row.get('local-eval-clients', 0)} clients) ")

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from server_app.personal_eval import FIELDS as PERSONAL_FIELDS
+from server_app.personal_eval import KINDS
 from store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
 from strategies import records as rk
 
@@ -28,10 +30,16 @@ mean squared distance of the selected clients' final local models from the new g
 ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, "lr",
                 rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, "state-fallbacks",
                 rk.NORM_LIMIT_USED, "round-seconds", "elapsed-seconds", "collect-seconds",
-                "client-seconds-max")
+                "client-seconds-max", *PERSONAL_FIELDS)
 TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
-                           "client-seconds-max"})
+                           "client-seconds-max", "local-eval-seconds"})
 """Round fields measured in wall time: they differ between two runs of the same config."""
+PERSONAL_CLIENTS = "personal_clients.csv"
+"""Per-client accuracies of the last personalized evaluation."""
+CLIENT_FIELDS = ("round", "partition-id", "num-test",
+                 *(f"acc-{kind}" for kind in KINDS))
+KIND_LABELS = {"global": "(a) global model", "finetuned": "(b) global, fine-tuned",
+               "own": "(c) own model (w_prev / Ditto's v)"}
 
 
 def smoothed_peak(accs: Sequence[float], window: int = 5, last: int = 50) -> float:
@@ -103,6 +111,14 @@ class Recorder:
             f.flush()
             os.fsync(f.fileno())
 
+    def write_personal_clients(self, rows: list[dict[str, Any]]) -> None:
+        """Replace the per-client file with the latest personalized evaluation's rows."""
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=CLIENT_FIELDS)
+        writer.writeheader()
+        writer.writerows({k: r.get(k) for k in CLIENT_FIELDS} for r in rows)
+        atomic_write_text(self.dir / PERSONAL_CLIENTS, text.getvalue())
+
     def aggregated_rounds(self) -> int:
         """Rounds whose replies were aggregated: only those report a train loss."""
         return sum(1 for r in self.rows if r.get("train-loss") is not None)
@@ -159,6 +175,54 @@ class Recorder:
             fig.tight_layout()
             atomic_write(self.dir / fname, lambda f, fig=fig: fig.savefig(f, format="png", dpi=100))
             plt.close(fig)
+        if any(r.get("local-global-mean") is not None for r in self.rows):
+            self.plot_personal(plt, title)
+
+    def plot_personal(self, plt: Any, title: str) -> None:
+        """personal.png: the three mean local accuracies against rounds; personal_cdf.png:
+        the distribution of per-client accuracy at the last personalized evaluation."""
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for kind, label in KIND_LABELS.items():
+            pts = [(r["round"], 100 * r[f"local-{kind}-mean"]) for r in self.rows
+                   if r.get(f"local-{kind}-mean") is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker=".", label=label)
+        ax.set_xlabel("round")
+        ax.set_ylabel("mean accuracy on the clients' local tests (%)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        atomic_write(self.dir / "personal.png", lambda f: fig.savefig(f, format="png", dpi=100))
+        plt.close(fig)
+        clients = read_personal_clients(self.dir)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for kind, label in KIND_LABELS.items():
+            accs = np.sort([100 * float(r[f"acc-{kind}"]) for r in clients
+                            if r.get(f"acc-{kind}") not in (None, "")])
+            if accs.size:
+                ax.step(np.concatenate([accs[:1], accs]),
+                        np.arange(accs.size + 1) / accs.size, where="post",
+                        label=f"{label} ({accs.size} clients)")
+        rnd = clients[0]["round"] if clients else "-"
+        ax.set_xlabel(f"accuracy on the client's local test (%), round {rnd}")
+        ax.set_ylabel("fraction of clients at or below")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left")
+        fig.tight_layout()
+        atomic_write(self.dir / "personal_cdf.png",
+                     lambda f: fig.savefig(f, format="png", dpi=100))
+        plt.close(fig)
+
+
+def read_personal_clients(run_dir: Path) -> list[dict[str, str]]:
+    """The per-client rows of a run's last personalized evaluation ([] without one)."""
+    path = run_dir / PERSONAL_CLIENTS
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def method_label(config: dict[str, Any]) -> str:

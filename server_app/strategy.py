@@ -21,6 +21,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from server_app import personal_eval
 from strategies import records as rk
 from strategies.method import ClientUpdate, RoundInput, ServerRule, ServerState
 from strategies.norms import update_norms, vector_norm
@@ -60,6 +61,9 @@ class MethodStrategy(Strategy):
         self.expected_examples: tuple[int, ...] | None = None
         self._w_t: Weights = []
         self._sent_to: dict[int, int] = {}
+        self._eval_sent_to: dict[int, int] = {}
+        self.personal_scores: list[personal_eval.ClientScores] = []
+        """The last personalized evaluation's per-client scores."""
 
     def expect_examples(self, sizes: Sequence[int] | None) -> None:
         """Set each partition's true example count; a reply claiming another is rejected.
@@ -147,12 +151,50 @@ class MethodStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """No federated evaluation: the experiment evaluates the global model centrally."""
-        return []
+        """Personalized evaluation in the rounds it is due (``personal-eval-every``): the
+        global model to the evaluated clients; none otherwise (the global model is also
+        evaluated centrally by the experiment)."""
+        c = self.cfg
+        self._eval_sent_to = {}
+        if not personal_eval.due(c, server_round):
+            return []
+        eval_config = ConfigRecord({**dict(config), rk.ROUND: server_round,
+                                    rk.LR: c.lr_at(server_round), rk.PERSONAL_EVAL: True})
+        messages = []
+        for pid in personal_eval.eval_clients(c):
+            node = self.node_of_partition[pid]
+            self._eval_sent_to[node] = pid
+            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: eval_config})
+            messages.append(
+                Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node))
+        return messages
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
-        return None
+        """Mean, p10 and min of each accuracy over the clients; their scores are kept in
+        ``personal_scores`` (the per-client file)."""
+        scores: list[personal_eval.ClientScores] = []
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            decoded: personal_eval.ClientScores | str
+            if msg.has_error():
+                decoded = f"client error: {msg.error.reason}"
+            elif node not in self._eval_sent_to:
+                decoded = "evaluation reply from a node that was not asked"
+            elif rk.METRICS not in msg.content.metric_records:
+                decoded = f"missing MetricRecord {rk.METRICS!r}"
+            else:
+                decoded = personal_eval.decode(self._eval_sent_to[node],
+                                               msg.content.metric_records[rk.METRICS])
+            if isinstance(decoded, str):
+                log(WARNING, "round %d: ignored the evaluation reply of node %s (partition "
+                    "%s): %s", server_round, node, self._eval_sent_to.get(node, "?"), decoded)
+                continue
+            scores.append(decoded)
+        self.personal_scores = scores
+        if not self._eval_sent_to:
+            return None
+        return MetricRecord(personal_eval.summarize(scores))
 
     def reply_weights(self, updates: Sequence[ClientUpdate]) -> list[float]:
         """Each reply's weight in the round's mean (``weighting``): its examples, or 1."""

@@ -47,6 +47,13 @@ class ClientStore:
         """Store (replace) the arrays under ``key``."""
         self._mem[key] = ArrayRecord([np.ascontiguousarray(a) for a in arrays])
 
+    def snapshot(self) -> ClientStore:
+        """A store to read this client's state from without changing it (evaluation): its
+        memory is a new RecordDict holding the same records, which ``restore`` may replace
+        but never writes into; its disk is the same directory, which ``restore`` only reads
+        (a damaged file is renamed, as any restore would)."""
+        return ClientStore(memory=RecordDict(dict(self._mem.items())), disk=self.disk)
+
     def entries(self) -> Entries:
         return {k: v.to_numpy_ndarrays() for k, v in self._mem.array_records.items()}
 

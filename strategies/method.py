@@ -170,6 +170,10 @@ class ClientRule(Generic[P]):
     """Per-client arrays kept between participations (besides RI's w_prev); zeros at start."""
     down_keys: ClassVar[tuple[str, ...]] = ()
     """Extra ArrayRecords the server sends with the model."""
+    personal_key: ClassVar[str] = ""
+    """State key of a personal model the method trains in a second local pass, after the
+    global one (Ditto's v_i); one of ``state_keys``. '' for none: RI's w_prev is then the
+    client's own model."""
 
     def __init__(self, params: P) -> None:
         self.params = params
@@ -189,6 +193,13 @@ class ClientRule(Generic[P]):
                ) -> tuple[dict[str, Weights], dict[str, Weights]]:
         """(the client's new state, its extra uploads) after local training; pure."""
         return dict(state), {}
+
+    def personal_begin(self, w_t: Weights, personal: Weights | None, lr: float,
+                       device: torch.device) -> tuple[Weights, GradientHook | None]:
+        """Start point and gradient correction of the personal pass, given the received
+        global model and the stored personal model (None before the first); only methods
+        with a ``personal_key`` are asked. Its result is stored under ``personal_key``."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no personal model")
 
 
 # ====================================================================== the spec

@@ -19,6 +19,8 @@ UPLOAD_DELTA = "upload-delta"  # bool: the model upload is Delta_i (``update``),
 # (``model``); the round asks for one and the reply's CONFIG record says which it holds
 EXPERIMENT = "experiment-id"  # the run directory's name: stable across a resume
 
+PERSONAL_EVAL = "personal-eval"  # bool in an evaluate message: personalized evaluation
+
 # MetricRecord keys sent up.
 NUM_EXAMPLES = "num-examples"
 TRAIN_LOSS = "train-loss"
@@ -36,6 +38,12 @@ DIVERGENCE = "divergence"  # the paper's (1/|S|) sum ||w_iK - w_{t+1}||^2
 ROUND_TRAIN_LOSS = TRAIN_LOSS  # the example-weighted mean of the replies' train-loss
 SHELL_METRICS = (ROUND_TRAIN_LOSS, DIVERGENCE, NUM_REPLIES, NUM_REJECTED, NUM_MISSING,
                  NORM_LIMIT_USED)
+
+# Personalized evaluation reply: accuracies on the client's local test split.
+NUM_TEST = "num-test-examples"
+ACC_GLOBAL = "acc-global"  # (a) the global model w_t
+ACC_FINETUNED = "acc-finetuned"  # (b) w_t after finetune-epochs local epochs
+ACC_OWN = "acc-own"  # (c) the client's own model (absent when it has none yet)
 
 # Query reply (client identity).
 PARTITION_ID = "partition-id"

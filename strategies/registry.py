@@ -7,12 +7,12 @@ the labels. Adding a method is one module with a ``SPEC`` and one line below.
 
 from __future__ import annotations
 
-from strategies import fedadam, fedavg, fedcm, feddyn, fedprox, fedsam, scaffold
+from strategies import ditto, fedadam, fedavg, fedcm, feddyn, fedprox, fedsam, scaffold
 from strategies.method import MethodSpec
 
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec for spec in (fedavg.SPEC, fedprox.SPEC, fedadam.SPEC, scaffold.SPEC,
-                                 feddyn.SPEC, fedcm.SPEC, fedsam.SPEC)
+                                 feddyn.SPEC, fedcm.SPEC, fedsam.SPEC, ditto.SPEC)
 }
 METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
 

@@ -67,9 +67,13 @@ class RunConfig:
     channel_noise: float
     brightness_noise: float
     train_limit: int
+    local_test_fraction: float
     model: str
     seed: int
     eval_every: int
+    personal_eval_every: int
+    personal_eval_clients: int
+    finetune_epochs: int
     output_dir: str
     round_timeout: float
     node_wait_timeout: float
@@ -201,6 +205,20 @@ def check_writable(key: str, path: Path) -> None:
                           f"{err.strerror or err}") from None
 
 
+def _check_personal_eval(c: RunConfig) -> None:
+    """Personalized evaluation needs local test splits and at most every client."""
+    if c.personal_eval_every < 0:
+        raise _bad("personal-eval-every", c.personal_eval_every, "an integer >= 0 (0 = off)")
+    if c.personal_eval_clients < 0:
+        raise _bad("personal-eval-clients", c.personal_eval_clients,
+                   "an integer >= 0 (0, or num-clients or more: all clients)")
+    if c.finetune_epochs < 1:
+        raise _bad("finetune-epochs", c.finetune_epochs, "an integer >= 1")
+    if c.personal_eval_every > 0 and c.local_test_fraction == 0.0:
+        raise _bad("personal-eval-every", c.personal_eval_every,
+                   "0 while local-test-fraction=0 (clients have no local test split)")
+
+
 def _check_ranges(c: RunConfig) -> None:
     """Range checks, one per key, in the order a reader would look for them."""
     choices = {
@@ -270,6 +288,10 @@ def _check_ranges(c: RunConfig) -> None:
     if not 0.0 <= c.max_update_norm_ratio < math.inf:  # NaN would turn the filter off
         raise _bad("max-update-norm-ratio", c.max_update_norm_ratio,
                    "a finite number >= 0 (0 disables the norm filter)")
+    if not 0.0 <= c.local_test_fraction < 1.0:
+        raise _bad("local-test-fraction", c.local_test_fraction,
+                   "0 <= local-test-fraction < 1 (0 turns the local test split off)")
+    _check_personal_eval(c)
     if c.seed < 0:
         raise _bad("seed", c.seed, "an integer >= 0")
     if not c.output_dir:

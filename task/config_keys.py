@@ -54,12 +54,14 @@ SPECIAL: dict[str, KeyRole] = {
 EXPERIMENT: frozenset[str] = frozenset({
     # the method and its parameters
     "method", "beta", "ri-aggregation", "weighting", "server-lr", "feddyn-alpha", "prox-mu",
-    "adam-beta1", "adam-beta2", "adam-eps", "fedcm-alpha", "sam-rho",
+    "adam-beta1", "adam-beta2", "adam-eps", "fedcm-alpha", "sam-rho", "ditto-lambda",
     # the federation and local training
     "num-clients", "fraction-train", "local-epochs", "batch-size", "lr", "lr-decay",
     "weight-decay", "clip-norm", "model", "seed", "eval-every",
+    "personal-eval-every", "personal-eval-clients", "finetune-epochs",
     # the data
     "dataset", "partition", "dirichlet-alpha", "channel-noise", "brightness-noise", "train-limit",
+    "local-test-fraction",
     # the server's defences: they change which replies are aggregated and how
     "aggregation", "trim-fraction", "max-update-norm-ratio", "max-examples-per-client",
 })
@@ -71,3 +73,17 @@ NOT_IDENTITY: frozenset[str] = frozenset(k for k, r in SPECIAL.items() if not r.
 RESUME_MAY_CHANGE: frozenset[str] = frozenset(
     k for k, r in SPECIAL.items() if r.resume_may_change)
 """Keys a resumed run may set differently from the checkpoint's config."""
+
+BEFORE_KEY: dict[str, object] = {
+    "local-test-fraction": 0.0,
+    "personal-eval-every": 0,
+}
+"""Keys added after runs were made whose default differs from what those runs did: the value a
+run config without the key means (before ``local-test-fraction`` clients trained on their whole
+partition, and nothing evaluated them). The sweep's cell matching and the resume check read a
+missing key as this, not as today's default."""
+
+
+def value_before(key: str, default: object) -> object:
+    """What a run config that lacks ``key`` ran with."""
+    return BEFORE_KEY.get(key, default)

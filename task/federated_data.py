@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from task.datasets import DataSplits, load_dataset
+from task.local_split import split_positions
 from task.noise import class_brightness_shift, client_channel_scale
 from task.partition import split
 
@@ -49,25 +50,56 @@ def _partitions(
     return tuple(subset[p] for p in split(labels, scheme, num_clients, alpha, seed))
 
 
-def client_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
-    """Training-set indices of one client's partition."""
+def partition_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
+    """Training-set indices of one client's whole partition (train and local test split)."""
     parts = _partitions(cfg.dataset, cfg.resolved_data_dir, cfg.train_limit, cfg.partition,
                         cfg.num_clients, cfg.dirichlet_alpha, cfg.seed)
     return parts[partition_id]
 
 
+def _split(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) positions within the partition (``local-test-fraction``)."""
+    labels = dataset_of(cfg).train_y[partition_indices(cfg, partition_id)]
+    return split_positions(labels, cfg.local_test_fraction, cfg.seed, partition_id)
+
+
+def client_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
+    """Training-set indices a client trains on: its partition less its local test split."""
+    return partition_indices(cfg, partition_id)[_split(cfg, partition_id)[0]]
+
+
+def local_test_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
+    """Training-set indices of a client's local test split (empty at local-test-fraction 0)."""
+    return partition_indices(cfg, partition_id)[_split(cfg, partition_id)[1]]
+
+
 def partition_sizes(cfg: RunConfig) -> tuple[int, ...]:
-    """Every client's example count (what its replies must claim), from the indices alone."""
+    """Every client's training example count (what its replies must claim), from indices."""
     return tuple(len(client_indices(cfg, pid)) for pid in range(cfg.num_clients))
 
 
-def client_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """One client's (images uint8 NHWC, labels), with the paper's optional noise applied."""
+def _partition_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The whole partition's (images uint8 NHWC, labels), with the paper's optional noise
+    applied before the split, so an example looks the same in either split."""
     data = dataset_of(cfg)
-    idx = client_indices(cfg, partition_id)
+    idx = partition_indices(cfg, partition_id)
     x, y = data.train_x[idx], data.train_y[idx]
     if cfg.brightness_noise > 0:
         x = class_brightness_shift(x, y, cfg.brightness_noise, cfg.seed)
     if cfg.channel_noise > 0:
         x = client_channel_scale(x, partition_id, cfg.channel_noise, cfg.seed)
     return x, y
+
+
+def client_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """One client's training examples (images uint8 NHWC, labels)."""
+    x, y = _partition_examples(cfg, partition_id)
+    train = _split(cfg, partition_id)[0]
+    return x[train], y[train]
+
+
+def client_test_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """One client's local test examples (personalized evaluation); empty when there are none."""
+    x, y = _partition_examples(cfg, partition_id)
+    test = _split(cfg, partition_id)[1]
+    return x[test], y[test]

@@ -23,11 +23,11 @@ from flwr.supercore.inflatable.inflatable_object import (
 from torch import nn
 
 from client_app.round import client_round
+from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
 from strategies.ri import Weights
 from task.config import RunConfig
-from tests.inprocess_grid import set_task_identity
 
 NODE_BASE = 1000
 """Node id of partition 0 (node ids are arbitrary; sampling is by partition id)."""

@@ -9,11 +9,11 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 
 from client_app.app import evaluate_fn
+from scripts.inprocess_grid import set_task_identity
 from strategies import records as rk
 from task.config import RunConfig
 from task.federated_data import client_examples, dataset_of
 from task.models import build_model, get_weights
-from tests.inprocess_grid import set_task_identity
 
 RUN = {"num-clients": 4, "train-limit": 1000, "brightness-noise": 0.1}
 NODE = 7

@@ -5,11 +5,11 @@ from pathlib import Path
 import numpy as np
 from flwr.app import RecordDict
 
+from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
 from strategies import records as rk
 from task.config import RunConfig
-from tests.inprocess_grid import InProcessGrid
 
 SMALL = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4, "train-limit": 1200,
          "local-epochs": 1}

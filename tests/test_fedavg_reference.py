@@ -6,13 +6,13 @@ import numpy as np
 import torch
 
 from client_app.trainer import local_sgd
+from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from strategies.sampling import sample_clients
 from task.config import RunConfig
 from task.datasets import to_tensor
 from task.federated_data import client_examples, dataset_of
 from task.models import get_weights, initial_model, set_weights
-from tests.inprocess_grid import InProcessGrid
 
 SMALL = {"num-clients": 5, "fraction-train": 0.6, "num-server-rounds": 3, "train-limit": 1000,
          "local-epochs": 1, "batch-size": 20}

@@ -13,8 +13,8 @@ from flwr.app import Message, RecordDict
 
 from node import fast_poll
 from node.launch import runtime_address
+from scripts.inprocess_grid import set_task_identity
 from server_app.fast_grid import FastPollGrid
-from tests.inprocess_grid import set_task_identity
 
 
 class SlowRepliesGrid:

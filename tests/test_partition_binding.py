@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from flwr.app import Context, RecordDict
 
+from scripts.inprocess_grid import InProcessGrid
 from server_app.clients import FederationError, discover_clients, refresh_clients
 from task.config import RunConfig
-from tests.inprocess_grid import InProcessGrid
 
 
 def cfg(tmp: Path, registry: dict[int, int] | None = None) -> RunConfig:

@@ -16,6 +16,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
@@ -23,7 +24,6 @@ from strategies import records as rk
 from strategies.ri import Weights
 from strategies.scaffold import DELTA_C
 from task.config import ConfigError, RunConfig
-from tests.inprocess_grid import InProcessGrid, set_task_identity
 
 SIZES = (30, 50, 70, 90)
 """The partitions' true example counts, as the ServerApp derives them from the config."""

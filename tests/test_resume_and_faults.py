@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
+from scripts.inprocess_grid import InProcessGrid
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import TooFewReplies, run_experiment
 from store.client_store import W_PREV, ClientStore
 from strategies import records as rk
 from task.config import RunConfig
-from tests.inprocess_grid import InProcessGrid
 
 SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 4, "train-limit": 800,
          "local-epochs": 1}

@@ -18,12 +18,12 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
 from strategies import records as rk
 from strategies.ri import Weights
 from strategies.robust import combine
 from task.config import RunConfig
-from tests.inprocess_grid import set_task_identity
 
 SHAPES = [(3, 2), (4,)]
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
+from scripts.inprocess_grid import InProcessGrid
 from server_app.app import RunAborted, main
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import ModelDiverged, run_experiment
@@ -21,7 +22,6 @@ from store.state_dir import StateDir
 from strategies import records as rk
 from strategies.fedavg import FedAvgServer
 from task.config import ConfigError
-from tests.inprocess_grid import InProcessGrid
 from tests.test_resume_and_faults import CrashingGrid, config, corrupt, rows
 
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import server_app.experiment as experiment
+from scripts.inprocess_grid import InProcessGrid
 from server_app.clients import FederationError
 from task.config import RunConfig
 from task.data_paths import DataNotFoundError
-from tests.inprocess_grid import InProcessGrid
 
 
 def config(tmp: Path, **over: Any) -> RunConfig:

@@ -18,11 +18,11 @@ import torch
 
 from scripts.deploy_local import Deployment
 from scripts.flower_env import REPO
+from scripts.inprocess_grid import InProcessGrid
 from scripts.simulate import toml_line
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 from tests.deploy_helpers import diffs, rounds, run_dir
-from tests.inprocess_grid import InProcessGrid
 
 APP_PARTS = ("pyproject.toml", "client_app", "server_app", "strategies", "task")
 FAULTS = '''

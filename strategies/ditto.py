@@ -1,0 +1,75 @@
+"""Ditto (Li et al. 2021): a personal model v_i per client next to the usual global update.
+
+Client: the global pass is FedAvg's local SGD (from the RI start point when beta != 0); then a
+second pass of ``local-epochs`` trains v_i on the client's data with the gradient of
+f_i(v) + (lambda/2) ||v - w_t||^2, lambda = ``ditto-lambda`` and w_t the global model the
+server sent (Algorithm 1: v <- v - eta (grad f_i(v) + lambda (v - w_t))). v_i starts from the
+first global model the client receives and is kept in its state; it never leaves the client.
+Server: FedAvg's. Wire: FedAvg's. lambda = 0 is local training only; lambda -> infinity pins
+v_i to w_t. Explicit steps need eta * lambda < 2 to be stable (the paper's form).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from strategies.method import (
+    ClientRule,
+    GradientHook,
+    MethodSpec,
+    Params,
+    ServerRule,
+    ServerState,
+    check_range,
+)
+from strategies.ri import Weights
+
+if TYPE_CHECKING:
+    import torch
+
+PERSONAL = "ditto-v"
+"""Client state: the personal model v_i."""
+
+
+@dataclass(frozen=True)
+class DittoParams(Params):
+    ditto_lambda: float
+    """lambda: how strongly v_i is pulled toward the global model; 0 = purely local."""
+
+    def check(self) -> None:
+        check_range("ditto-lambda", self.ditto_lambda, self.ditto_lambda >= 0,
+                    "a number >= 0 (0 = local training only)")
+
+
+class DittoServer(ServerRule[DittoParams, ServerState]):
+    """Ditto's server half: FedAvg's (the personal models stay on the clients)."""
+
+
+class DittoClient(ClientRule[DittoParams]):
+    """Ditto's client half: FedAvg's global pass, then the personal pass on v_i."""
+
+    state_keys = (PERSONAL,)
+    personal_key = PERSONAL
+
+    def personal_begin(self, w_t: Weights, personal: Weights | None, lr: float,
+                       device: torch.device) -> tuple[Weights, GradientHook | None]:
+        import torch
+
+        start = [a.copy() for a in (personal if personal is not None else w_t)]
+        lam = self.params.ditto_lambda
+        if lam == 0.0:
+            return start, None
+        anchor = [torch.from_numpy(a).to(device) for a in w_t]
+
+        def hook(params: list[torch.Tensor]) -> None:
+            for p, w in zip(params, anchor, strict=True):
+                g = p.grad
+                assert g is not None
+                g.add_(p.detach() - w, alpha=lam)
+
+        return start, hook
+
+
+SPEC = MethodSpec(name="ditto", label="Ditto", params=DittoParams, server=DittoServer,
+                  client=DittoClient, ri_aggregation="model")

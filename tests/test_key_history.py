@@ -1,0 +1,43 @@
+"""Keys added after runs were made: a run config without them means what those runs did
+(``config_keys.BEFORE_KEY``), not today's default, for the sweep and for a resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scripts.grid import load_grid, matches
+from server_app import experiment
+from server_app.checkpoint import CheckpointError
+from task.config import RunConfig
+from task.config_keys import BEFORE_KEY
+
+
+def _cell(tmp_path: Path, base: str) -> object:
+    path = tmp_path / "g.yaml"
+    path.write_text(f"name: g\nbase:\n  num-clients: 10\n{base}grid:\n  seed: [0]\n")
+    return load_grid(path).cells[0]
+
+
+def test_a_run_made_before_the_local_split_matches_only_a_cell_without_it(
+        tmp_path: Path) -> None:
+    old = {k: v for k, v in RunConfig.parse({"num-clients": 10}).to_dict().items()
+           if k not in BEFORE_KEY}
+    without = _cell(tmp_path, "  local-test-fraction: 0.0\n  personal-eval-every: 0\n")
+    assert matches(old, without)  # type: ignore[arg-type]
+    assert not matches(old, _cell(tmp_path, ""))  # type: ignore[arg-type]
+
+
+def test_resuming_an_old_checkpoint_refuses_the_new_default(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    saved = {k: v for k, v in RunConfig.parse({"num-server-rounds": 2}).to_dict().items()
+             if k not in BEFORE_KEY}
+    ckpt = type("Ckpt", (), {"config": saved, "server_round": 2})()
+    monkeypatch.setattr(experiment, "load_checkpoint", lambda _d: ckpt)
+    cfg = RunConfig.parse({"num-server-rounds": 3, "resume-dir": str(tmp_path)})
+    with pytest.raises(CheckpointError, match="local-test-fraction=0.0"):
+        experiment.resume_point(cfg)
+    ok = RunConfig.parse({"num-server-rounds": 3, "resume-dir": str(tmp_path),
+                          "local-test-fraction": 0.0, "personal-eval-every": 0})
+    assert experiment.resume_point(ok) is not None

@@ -3,7 +3,7 @@
 The server asks every SuperNode for its ``partition-id`` once at start, so sampling is by
 client id (seeded) and a simulation and a deployment of one experiment pick the same clients.
 In a simulation Flower's engine already assigned them: the map is read from its node list and
-checked with two queries, not N (server_app/simulation.py).
+checked with three queries, not N (server_app/simulation.py).
 A federation whose size does not match ``num-clients`` is refused with a clear message
 instead of hanging or silently training on part of the clients.
 
@@ -158,10 +158,11 @@ def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
 
 def _simulated_clients(grid: InMemoryGrid, cfg: RunConfig) -> dict[int, int]:
     """{partition id: node id} as Flower's simulation engine assigned them, read from its
-    node list (server_app/simulation.py) instead of asking each of the N nodes: two queries
-    in all. The engine registers every node before it runs any ClientApp, so the first
-    node's answer also says the node list is complete; it and the last node's answer check
-    the size (num-partitions) and that list order is partition order."""
+    node list (server_app/simulation.py) instead of asking each of the N nodes: three
+    queries in all. The engine registers every node before it runs any ClientApp, so the
+    answers of the first two nodes (asked together: on a 2-core machine that loads the
+    ClientApp in both actors at once) also say the node list is complete; they and the last
+    node's answer check the size (num-partitions) and that list order is partition order."""
     if cfg.node_registry:
         raise FederationError(f"node-registry={cfg.node_registry!r} is for deployments; a "
                               "simulation's node ids are new in every run: leave it empty")
@@ -173,13 +174,16 @@ def _simulated_clients(grid: InMemoryGrid, cfg: RunConfig) -> dict[int, int]:
                                   f"node-wait-timeout={cfg.node_wait_timeout:g}s")
         time.sleep(0.1)
         order = nodes_in_registration_order(grid)
-    claims = _identify(grid, cfg, [order[0]])
+    claims = _identify(grid, cfg, order[:2])
     order = nodes_in_registration_order(grid)
     if len(order) != cfg.num_clients:
         raise FederationError(f"the simulation has {len(order)} SuperNodes but "
                               f"num-clients={cfg.num_clients}; " + _size_hint(cfg))
-    claims.update(_identify(grid, cfg, [order[-1]]))
-    for pid, node in ((0, order[0]), (len(order) - 1, order[-1])):
+    spots = {pid: order[pid] for pid in {0, min(1, len(order) - 1), len(order) - 1}}
+    missing = [node for node in spots.values() if node not in claims]
+    if missing:
+        claims.update(_identify(grid, cfg, missing))
+    for pid, node in sorted(spots.items()):
         if node not in claims:
             raise FederationError(f"simulated node {node} did not answer the identity query "
                                   f"within node-wait-timeout={cfg.node_wait_timeout:g}s")

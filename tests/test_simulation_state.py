@@ -90,12 +90,19 @@ class CountingSim(InProcessSimulation):
         return self
 
 
-def test_simulation_partitions_come_from_the_engine_with_two_queries() -> None:
+def test_simulation_partitions_come_from_the_engine_with_three_queries() -> None:
     overrides = {"num-clients": 12, "train-limit": 120}
     with CountingSim(12, overrides) as sim:
         node_of = discover_clients(sim.grid, RunConfig.parse(overrides))
     assert node_of == {pid: node for node, pid in sim.mapping.items()}
-    assert [m.metadata.message_type for m in sim.sent] == [MessageType.QUERY] * 2
+    assert [m.metadata.message_type for m in sim.sent] == [MessageType.QUERY] * 3
+
+
+def test_a_one_client_simulation_is_identified() -> None:
+    overrides = {"num-clients": 1, "train-limit": 10}
+    with InProcessSimulation(1, overrides) as sim:
+        node_of = discover_clients(sim.grid, RunConfig.parse(overrides))
+    assert node_of == {0: next(iter(sim.mapping))}
 
 
 @pytest.mark.parametrize("num_clients", [3, 5])

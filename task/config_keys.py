@@ -36,7 +36,7 @@ SPECIAL: dict[str, KeyRole] = {
                                      "`dataset` and is the same when moved"),
     "node-registry": KeyRole(False, True, "where the node-id -> partition file is; node ids are "
                                           "new after a SuperLink restart"),
-    "client-state-dir": KeyRole(False, False, "where clients mirror their state: any path holds "
+    "client-state-dir": KeyRole(False, False, "where clients keep their state: any path holds "
                                               "the same experiment, but a resumed run must find "
                                               "the state the first run left there"),
     "simulation-client-state": KeyRole(False, False, "where simulated clients keep their state "

@@ -38,7 +38,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 from scripts.flower_env import flower_env  # noqa: E402
 from strategies.sampling import sample_clients  # noqa: E402
@@ -141,21 +142,25 @@ def stop_superlinks(port: str = CONTROL_PORT) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
-def run_one(n: int, rounds: int, per_round: int, state: str, home: Path) -> dict[str, Any]:
-    """One simulation of n clients, client state on ``state``; its timings and memory peaks."""
+def run_one(n: int, rounds: int, per_round: int, state: str, home: Path,
+            repo: Path = REPO) -> dict[str, Any]:
+    """One simulation of n clients, client state on ``state`` (``before``: the checkout
+    ``repo`` as it is); its timings and memory peaks."""
     out = home / "out"
-    overrides = {"num-clients": n, "fraction-train": per_round / n, "num-server-rounds": rounds,
-                 "partition": "iid", "train-limit": PER_CLIENT_IMAGES * n, "local-epochs": 1,
-                 "method": "fedavg", "beta": 0.1, "output-dir": str(out),
-                 "node-wait-timeout": 1800.0, "round-timeout": 3600.0,
-                 "simulation-client-state": state}
+    overrides: dict[str, Any] = {
+        "num-clients": n, "fraction-train": per_round / n, "num-server-rounds": rounds,
+        "partition": "iid", "train-limit": PER_CLIENT_IMAGES * n, "local-epochs": 1,
+        "method": "fedavg", "beta": 0.1, "output-dir": str(out), "node-wait-timeout": 1800.0,
+        "round-timeout": 3600.0}
+    if state != "before":
+        overrides["simulation-client-state"] = state
     env = flower_env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=HTTP_PORT,
                      FLWR_LOCAL_CONTROL_API_PORT=CONTROL_PORT)
     cmd = [sys.executable, "-m", "scripts.simulate",
            *(f"{k}={v}" for k, v in overrides.items())]
     t0, t0_wall = time.monotonic(), time.time()
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, bufsize=1) as proc:
+                          text=True, bufsize=1, cwd=repo) as proc:
         sampler = Sampler(proc.pid, out)
         sampler.start()
         assert proc.stdout is not None
@@ -216,17 +221,27 @@ def main() -> None:
                     help="clients trained per round (capped at the number of clients)")
     ap.add_argument("--states", nargs="+", choices=("disk", "memory"),
                     default=["disk", "memory"], help="where the client state lives")
+    ap.add_argument("--before", type=Path, metavar="CHECKOUT",
+                    help="also run this checkout as it is (e.g. `git worktree add /tmp/before "
+                         "6e42896`: state in memory, every node asked for its partition)")
+    ap.add_argument("--before-max-clients", type=int, default=1000,
+                    help="run --before only up to this many clients (its start-up asks every "
+                         "node, which Flower's engine serves in O(N^2))")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
     try:
         for per_round in args.per_round:
             for n in args.clients:
-                for state in args.states:
+                states = list(args.states)
+                if args.before and n <= args.before_max_clients:
+                    states.append("before")
+                for state in states:
                     # A fresh local SuperLink per run: one run's leftovers do not count in the next.
                     stop_superlinks()
                     home = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
-                    results.append(run_one(n, args.rounds, min(per_round, n), state, home))
+                    repo = args.before.resolve() if state == "before" else REPO
+                    results.append(run_one(n, args.rounds, min(per_round, n), state, home, repo))
                     print(f"{n} clients, {min(per_round, n)} per round, state on {state}: "
                           f"{results[-1]['wall']:.0f} s", flush=True)
                     if args.json:

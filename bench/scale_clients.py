@@ -142,6 +142,30 @@ def stop_superlinks(port: str = CONTROL_PORT) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
+def run_processes(home: Path) -> list[int]:
+    """Pids of the processes started for the run whose Flower home is ``home`` (Ray's
+    daemons and workers inherit the environment, and outlive the `flwr run` they serve)."""
+    marker = f"FLWR_HOME={home}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in environ:
+            pids.append(int(entry))
+    return pids
+
+
+def wait_gone(home: Path, timeout: float = 120.0) -> None:
+    """Wait until a finished run's processes have exited, so they do not slow the next run."""
+    deadline = time.monotonic() + timeout
+    while run_processes(home) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def run_one(n: int, rounds: int, per_round: int, state: str, home: Path,
             repo: Path = REPO) -> dict[str, Any]:
     """One simulation of n clients, client state on ``state`` (``before``: the checkout
@@ -242,6 +266,8 @@ def main() -> None:
                     home = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
                     repo = args.before.resolve() if state == "before" else REPO
                     results.append(run_one(n, args.rounds, min(per_round, n), state, home, repo))
+                    stop_superlinks()
+                    wait_gone(home)
                     print(f"{n} clients, {min(per_round, n)} per round, state on {state}: "
                           f"{results[-1]['wall']:.0f} s", flush=True)
                     if args.json:

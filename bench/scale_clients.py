@@ -1,23 +1,26 @@
-"""Time per round and memory against the number of simulated clients (10, 100, 1000).
+"""Start-up, time per round and memory against the number of simulated clients (to 10,000).
 
-    .venv/bin/python bench/scale_clients.py                   # 10, 100, 1000 clients
-    .venv/bin/python bench/scale_clients.py --clients 10 100 --rounds 2
+    .venv/bin/python bench/scale_clients.py                   # 100, 1000, 10000 clients
+    .venv/bin/python bench/scale_clients.py --clients 100 1000 --per-round 10 --rounds 2
+    .venv/bin/python bench/scale_clients.py --states disk     # only the new design
 
-About 10 clients train per round whatever the federation size (fraction-train = 10/N), each
-holding 50 images (iid, train-limit = 50 N), so the work per round is the same and what grows
-with N is the framework's and the state's share. While each run goes, every process under its
-local SuperLink is sampled from /proc twice a second and its resident memory is summed by role:
+Each size runs once per clients-per-round (--per-round, capped at N: 100% participation) and
+once per place of the client state (--states): ``disk`` (the default design: each client's
+state in files, nothing in the simulation process between rounds) and ``memory`` (the design
+before: Flower's ``context.state``, which the engine keeps in the simulation process). Every
+client holds 50 images (iid, train-limit = 50 N, so at most 60,000 / N with Fashion-MNIST),
+FedInit (FedAvg, beta 0.1), the CNN, 1 local epoch. While a run goes, every process under its
+local SuperLink is sampled from /proc twice a second and its resident memory summed by role:
 
 - simulation process: `flwr-simulation`, which runs the ServerApp AND Flower's simulation
-  engine; the engine keeps every simulated node's Context, so `context.state` (w_prev for
-  FedInit) of every client that has trained lives in this process in a simulation;
+  engine; the engine keeps every simulated node's Context (and so, with ``memory``, every
+  trained client's ``context.state``);
 - client actors: the Ray workers that run ClientApps (data and model caches);
 - ray system: gcs_server, raylet, dashboard and log monitors;
-- superlink: flower-superlink and its superexec.
+- superlink: flower-superlink and its superexec; cli: flwr run and scripts/simulate.py.
 
-The ServerApp itself keeps per client only its partition id -> node id entry: model-sized
-per-client state never lives on the server side. In a deployment each SuperNode keeps its own
-context.state, so the simulation process's growth is where those N SuperNodes' memory went.
+Start-up is from starting scripts/simulate.py (which starts `flwr run`) to the server's first
+results file, written just before round 1; it includes starting a fresh local SuperLink.
 """
 
 from __future__ import annotations
@@ -33,13 +36,15 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 from scripts.flower_env import flower_env  # noqa: E402
 from strategies.sampling import sample_clients  # noqa: E402
 
-HTTP_PORT, CONTROL_PORT = "39691", "39693"  # private: not conftest's, not the sweep tests'
+HTTP_PORT, CONTROL_PORT = "39991", "39992"  # private: no test or other bench uses these
 PAGE = os.sysconf("SC_PAGE_SIZE")
 ROLES = ("simulation process", "client actors", "ray system", "superlink", "cli")
 PER_CLIENT_IMAGES = 50
@@ -97,14 +102,20 @@ def our_superlinks(table: dict[int, tuple[int, str, int]],
 
 
 class Sampler(threading.Thread):
-    """Samples the memory of the run's process tree; keeps per-role and total peaks."""
+    """Samples the memory of the run's process tree; keeps per-role and total peaks, and the
+    simulation process's memory when each round's row appears under ``out``."""
 
-    def __init__(self, root: int) -> None:
+    def __init__(self, root: int, out: Path) -> None:
         super().__init__(daemon=True)
-        self.root = root
+        self.root, self.out = root, out
         self.stop = threading.Event()
         self.peak = dict.fromkeys(ROLES, 0)
         self.peak_total = 0
+        self.sim_after_round: list[int] = []
+
+    def rounds_done(self) -> int:
+        found = list(self.out.glob("*/rounds.jsonl"))
+        return len(found[0].read_text().splitlines()) if found else 0
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -117,6 +128,8 @@ class Sampler(threading.Thread):
             for k, v in now.items():
                 self.peak[k] = max(self.peak[k], v)
             self.peak_total = max(self.peak_total, sum(now.values()))
+            while len(self.sim_after_round) < self.rounds_done():
+                self.sim_after_round.append(now[ROLES[0]])
             self.stop.wait(0.5)
 
 
@@ -129,20 +142,50 @@ def stop_superlinks(port: str = CONTROL_PORT) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
-def run_one(n: int, rounds: int, per_round: int, home: Path, out: Path) -> dict[str, float]:
-    """One simulation of n clients; its timings and memory peaks."""
-    overrides = {"num-clients": n, "fraction-train": per_round / n, "num-server-rounds": rounds,
-                 "partition": "iid", "train-limit": PER_CLIENT_IMAGES * n, "local-epochs": 1,
-                 "method": "fedavg", "beta": 0.1, "output-dir": str(out),
-                 "node-wait-timeout": 1800.0}
+def run_processes(home: Path) -> list[int]:
+    """Pids of the processes started for the run whose Flower home is ``home`` (Ray's
+    daemons and workers inherit the environment, and outlive the `flwr run` they serve)."""
+    marker = f"FLWR_HOME={home}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in environ:
+            pids.append(int(entry))
+    return pids
+
+
+def wait_gone(home: Path, timeout: float = 120.0) -> None:
+    """Wait until a finished run's processes have exited, so they do not slow the next run."""
+    deadline = time.monotonic() + timeout
+    while run_processes(home) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def run_one(n: int, rounds: int, per_round: int, state: str, home: Path,
+            repo: Path = REPO) -> dict[str, Any]:
+    """One simulation of n clients, client state on ``state`` (``before``: the checkout
+    ``repo`` as it is); its timings and memory peaks."""
+    out = home / "out"
+    overrides: dict[str, Any] = {
+        "num-clients": n, "fraction-train": per_round / n, "num-server-rounds": rounds,
+        "partition": "iid", "train-limit": PER_CLIENT_IMAGES * n, "local-epochs": 1,
+        "method": "fedavg", "beta": 0.1, "output-dir": str(out), "node-wait-timeout": 1800.0,
+        "round-timeout": 3600.0}
+    if state != "before":
+        overrides["simulation-client-state"] = state
     env = flower_env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=HTTP_PORT,
                      FLWR_LOCAL_CONTROL_API_PORT=CONTROL_PORT)
     cmd = [sys.executable, "-m", "scripts.simulate",
            *(f"{k}={v}" for k, v in overrides.items())]
     t0, t0_wall = time.monotonic(), time.time()
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, bufsize=1) as proc:
-        sampler = Sampler(proc.pid)
+                          text=True, bufsize=1, cwd=repo) as proc:
+        sampler = Sampler(proc.pid, out)
         sampler.start()
         assert proc.stdout is not None
         tail: list[str] = []
@@ -159,11 +202,13 @@ def run_one(n: int, rounds: int, per_round: int, home: Path, out: Path) -> dict[
     # Start-up ends when the server starts its results (config.json), just before round 1.
     startup = (run_dir / "config.json").stat().st_mtime - t0_wall
     trained = {c for r in range(1, rounds + 1) for c in sample_clients(0, r, n, per_round)}
-    return {"clients": n, "wall": wall, "startup": startup,
-            "round": sum(secs[1:]) / max(1, len(secs) - 1), "round1": secs[0],
-            "clients-with-state": len(trained),
-            "state": len(trained) * model_bytes() / 2**20,
+    after = sampler.sim_after_round
+    return {"clients": n, "per-round": per_round, "state": state, "wall": wall,
+            "startup": startup, "round": sum(secs[1:]) / max(1, len(secs) - 1),
+            "round1": secs[0], "clients-with-state": len(trained),
+            "state MiB": len(trained) * model_bytes() / 2**20,
             **{f"peak {k}": v / 2**20 for k, v in sampler.peak.items()},
+            "sim after last round": after[-1] / 2**20 if after else float("nan"),
             "peak total": sampler.peak_total / 2**20}
 
 
@@ -174,38 +219,67 @@ def model_bytes() -> int:
     return sum(p.numel() * 4 for p in build_model("cnn", 10, 1, 0).parameters())
 
 
+COLUMNS = [("clients", "clients", "d"), ("per-round", "per rnd", "d"), ("state", "state", "s"),
+           ("startup", "start s", ".1f"), ("round1", "rnd1 s", ".1f"), ("round", "rnd s", ".1f"),
+           ("clients-with-state", "trained", "d"), ("state MiB", "st MiB", ".1f"),
+           ("peak simulation process", "sim peak", ".0f"),
+           ("sim after last round", "sim end", ".0f"), ("peak client actors", "actors", ".0f"),
+           ("peak ray system", "ray sys", ".0f"), ("peak superlink", "s-link", ".0f"),
+           ("peak cli", "cli", ".0f"), ("peak total", "total", ".0f")]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The results as fixed-width columns (MiB for memory, seconds for time)."""
+    lines = ["".join(f"{head:>9s}" for _, head, _ in COLUMNS)]
+    for r in results:
+        lines.append("".join(f"{r[key]:>9{fmt}}" for key, _, fmt in COLUMNS))
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
+    ap.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--per-round", type=int, default=10, help="clients trained per round")
+    ap.add_argument("--per-round", type=int, nargs="+", default=[10, 100],
+                    help="clients trained per round (capped at the number of clients)")
+    ap.add_argument("--states", nargs="+", choices=("disk", "memory"),
+                    default=["disk", "memory"], help="where the client state lives")
+    ap.add_argument("--before", type=Path, metavar="CHECKOUT",
+                    help="also run this checkout as it is (e.g. `git worktree add /tmp/before "
+                         "6e42896`: state in memory, every node asked for its partition)")
+    ap.add_argument("--before-max-clients", type=int, default=1000,
+                    help="run --before only up to this many clients (its start-up asks every "
+                         "node, which Flower's engine serves in O(N^2))")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args()
-    results = []
+    results: list[dict[str, Any]] = []
     try:
-        for n in args.clients:
-            # A fresh local SuperLink per size, so one run's leftovers do not count in the next.
-            stop_superlinks()
-            home = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
-            results.append(run_one(n, args.rounds, args.per_round, home, home / "out"))
-            print(f"{n} clients done: {results[-1]['wall']:.0f} s", flush=True)
+        for per_round in args.per_round:
+            for n in args.clients:
+                states = list(args.states)
+                if args.before and n <= args.before_max_clients:
+                    states.append("before")
+                for state in states:
+                    # A fresh local SuperLink per run: one run's leftovers do not count in the next.
+                    stop_superlinks()
+                    home = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
+                    repo = args.before.resolve() if state == "before" else REPO
+                    results.append(run_one(n, args.rounds, min(per_round, n), state, home, repo))
+                    stop_superlinks()
+                    wait_gone(home)
+                    print(f"{n} clients, {min(per_round, n)} per round, state on {state}: "
+                          f"{results[-1]['wall']:.0f} s", flush=True)
+                    if args.json:
+                        args.json.write_text(json.dumps(results, indent=2))
     finally:
         stop_superlinks()
-    print(f"\n{args.per_round} clients x {PER_CLIENT_IMAGES} images per round, "
-          f"{args.rounds} rounds, FedInit, CNN; memory = peak resident MiB summed over processes")
-    print(f"state per client (w_prev): {model_bytes() / 1024:.0f} KiB; 'state MiB' = clients "
-          "that trained so far x that, held in the simulation process")
-    cols = ["clients", "startup", "round1", "round", "wall", "clients-with-state", "state",
-            *(f"peak {k}" for k in ROLES), "peak total"]
-    heads = ["clients", "startup s", "round1 s", "round s", "wall s", "w/ state", "state MiB",
-             "sim proc", "actors", "ray sys", "superlink", "cli", "total"]
-    print("".join(f"{h:>10s}" for h in heads))
-    for r in results:
-        print("".join(f"{r[c]:10.0f}" if c in ("clients", "clients-with-state") or
-                      c.startswith("peak") else f"{r[c]:10.1f}" for c in cols))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    print(f"\n{PER_CLIENT_IMAGES} images per client (at most 60,000 / N), {args.rounds} rounds, "
+          "FedInit, CNN, 1 local epoch; memory = peak resident MiB summed over processes")
+    print(f"state per client (w_prev): {model_bytes() / 1024:.0f} KiB; 'trained' = clients that "
+          "trained in the run, 'st MiB' = their state; 'sim end' = the simulation process "
+          "after the last round")
+    print(table(results))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from client_app.model_cache import (
 from client_app.personal_eval import personal_evaluation
 from client_app.round import client_round
 from store.client_store import ClientStore
+from store.simulation import STATE_ROOT
 from store.state_dir import StateDir
 from strategies import records as rk
 from task.config import RunConfig
@@ -45,11 +46,17 @@ def partition_of(context: Context, cfg: RunConfig) -> int:
     return pid
 
 
-def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int) -> ClientStore:
+def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
+                 sim_root: str = "") -> ClientStore:
     """This client's store: memory is ``context.state``; disk is the node's state directory
     (node config ``state-dir``, else run config ``client-state-dir``), or none when neither
-    is set or the server names no experiment."""
-    root = str(context.node_config.get("state-dir", "")) or cfg.client_state_dir
+    is set or the server names no experiment. A simulated client (the server names its state
+    directory, ``sim_root``) keeps its state on disk only, so the simulation process holds
+    nothing of it between participations (store/simulation.py)."""
+    node_root = str(context.node_config.get("state-dir", ""))
+    if sim_root and experiment and not node_root:
+        return ClientStore(memory=None, disk=StateDir(Path(sim_root), experiment, pid))
+    root = node_root or cfg.client_state_dir
     disk = StateDir(Path(root), experiment, pid) if root and experiment else None
     return ClientStore(memory=context.state, disk=disk)
 
@@ -60,7 +67,7 @@ def train_fn(msg: Message, context: Context) -> Message:
     pid = partition_of(context, cfg)
     conf = msg.content.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
-    state = client_store(context, cfg, experiment, pid)
+    state = client_store(context, cfg, experiment, pid, str(conf.get(STATE_ROOT, "")))
     fell_back = state.restore(experiment, server_round,
                               msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
     x, y = client_tensors(cfg, pid)
@@ -89,7 +96,8 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     conf = msg.content.config_records.get(rk.CONFIG)
     if conf is not None and conf.get(rk.PERSONAL_EVAL):
         experiment = str(conf.get(rk.EXPERIMENT, ""))
-        snapshot = client_store(context, cfg, experiment, pid).snapshot()
+        snapshot = client_store(context, cfg, experiment, pid,
+                                str(conf.get(STATE_ROOT, ""))).snapshot()
         metrics = personal_evaluation(cfg, cfg.spec.client(cfg.params), msg.content, snapshot,
                                       fresh_model(cfg), client_tensors(cfg, pid),
                                       client_test_tensors(cfg, pid), partition_id=pid)

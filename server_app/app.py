@@ -12,6 +12,7 @@ from server_app.checkpoint import CheckpointError
 from server_app.clients import FederationError
 from server_app.experiment import ModelDiverged, NothingTrained, TooFewReplies, run_experiment
 from server_app.fast_grid import FastPollGrid
+from server_app.simulation import in_simulation
 from task.config import ConfigError, RunConfig
 from task.datasets import DataFormatError, DataNotFoundError
 
@@ -28,7 +29,9 @@ def main(grid: Grid, context: Context) -> None:
     wrong-sized federation, a diverged model or a run that aggregated nothing."""
     try:
         cfg = RunConfig.parse(context.run_config)
-        run_experiment(FastPollGrid(grid), cfg)
+        # the simulation's own grid already pulls every 0.1 s, and the server reads its node
+        # list (server_app/simulation.py), so it is used as it is
+        run_experiment(grid if in_simulation(grid) else FastPollGrid(grid), cfg)
     except (ConfigError, DataNotFoundError, DataFormatError, FederationError,
             CheckpointError, TooFewReplies, ModelDiverged, NothingTrained) as err:
         # One readable line first; then fail the run (Flower marks it finished:failed; a

@@ -2,15 +2,17 @@
 
 The server asks every SuperNode for its ``partition-id`` once at start, so sampling is by
 client id (seeded) and a simulation and a deployment of one experiment pick the same clients.
+In a simulation Flower's engine already assigned them: the map is read from its node list and
+checked with three queries, not N (server_app/simulation.py).
 A federation whose size does not match ``num-clients`` is refused with a clear message
 instead of hanging or silently training on part of the clients.
 
 Who may hold which partition: with ``node-registry`` (a JSON file ``{node id: partition id}``
 the operator writes when registering node keys; deploy_local.py and compose_run.sh do) a node
 is used only for the partition registered to its id, so a node cannot take over another
-client's partition by claiming it. Without a registry (simulation, insecure deployments) a
-node's claim is trusted, but a partition held by a connected node is never handed to a second
-one. Replacing a node: unregister the old key, register the new one, put the new node id in
+client's partition by claiming it. Without a registry (insecure deployments) a node's claim
+is trusted, but a partition held by a connected node is never handed to a second one.
+Replacing a node: unregister the old key, register the new one, put the new node id in
 the registry, resume.
 """
 
@@ -20,11 +22,14 @@ import json
 import time
 from logging import INFO, WARNING
 from pathlib import Path
+from typing import cast
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.superlink.grid import InMemoryGrid
 
+from server_app.simulation import in_simulation, nodes_in_registration_order
 from strategies import records as rk
 from task.config import RunConfig
 
@@ -115,7 +120,10 @@ def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
 
     Nodes are identified as they connect, so a node that knows a different federation size
     (num-partitions) stops the run at once; too few nodes stop it after node-wait-timeout.
+    In a simulation the engine's own assignment is read instead (``_simulated_clients``).
     """
+    if in_simulation(grid):
+        return _simulated_clients(cast(InMemoryGrid, grid), cfg)
     deadline = time.monotonic() + cfg.node_wait_timeout
     registry = load_registry(cfg)
     pid_of: dict[int, int] = {}
@@ -146,6 +154,45 @@ def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
         node_of[pid] = node
     log(INFO, "federation: %d clients connected and identified", len(node_of))
     return node_of
+
+
+def _simulated_clients(grid: InMemoryGrid, cfg: RunConfig) -> dict[int, int]:
+    """{partition id: node id} as Flower's simulation engine assigned them, read from its
+    node list (server_app/simulation.py) instead of asking each of the N nodes: three
+    queries in all. The engine registers every node before it runs any ClientApp, so the
+    answers of the first two nodes (asked together: on a 2-core machine that loads the
+    ClientApp in both actors at once) also say the node list is complete; they and the last
+    node's answer check the size (num-partitions) and that list order is partition order."""
+    if cfg.node_registry:
+        raise FederationError(f"node-registry={cfg.node_registry!r} is for deployments; a "
+                              "simulation's node ids are new in every run: leave it empty")
+    deadline = time.monotonic() + cfg.node_wait_timeout
+    order = nodes_in_registration_order(grid)
+    while not order:
+        if time.monotonic() > deadline:
+            raise FederationError(f"no simulated SuperNode registered within "
+                                  f"node-wait-timeout={cfg.node_wait_timeout:g}s")
+        time.sleep(0.1)
+        order = nodes_in_registration_order(grid)
+    claims = _identify(grid, cfg, order[:2])
+    order = nodes_in_registration_order(grid)
+    if len(order) != cfg.num_clients:
+        raise FederationError(f"the simulation has {len(order)} SuperNodes but "
+                              f"num-clients={cfg.num_clients}; " + _size_hint(cfg))
+    spots = {pid: order[pid] for pid in {0, min(1, len(order) - 1), len(order) - 1}}
+    missing = [node for node in spots.values() if node not in claims]
+    if missing:
+        claims.update(_identify(grid, cfg, missing))
+    for pid, node in sorted(spots.items()):
+        if node not in claims:
+            raise FederationError(f"simulated node {node} did not answer the identity query "
+                                  f"within node-wait-timeout={cfg.node_wait_timeout:g}s")
+        if claims[node] != pid:
+            raise FederationError(f"simulated node {node} holds partition-id={claims[node]}, "
+                                  f"not {pid} as its place in the engine's node list says "
+                                  "(has Flower's node registration changed?)")
+    log(INFO, "federation: %d simulated clients, partition ids from the engine", len(order))
+    return dict(enumerate(order))
 
 
 def refresh_clients(grid: Grid, cfg: RunConfig, node_of: dict[int, int],

@@ -32,6 +32,7 @@ from server_app.clients import discover_clients, refresh_clients
 from server_app.personal_eval import KINDS
 from server_app.personal_round import personal_round
 from server_app.results import Recorder
+from server_app.simulation import client_state_entry
 from server_app.strategy import MethodStrategy
 from store.files import atomic_write_bytes
 from strategies import records as rk
@@ -117,7 +118,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1,
                    rows=resume[1].rows if resume else None)
     arrays = ArrayRecord(weights)
-    round_config = ConfigRecord({rk.EXPERIMENT: out.name})
+    round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
     n = cfg.num_server_rounds
     failed = 0
     for rnd in range(first, n + 1):

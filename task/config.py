@@ -85,6 +85,7 @@ class RunConfig:
     max_examples_per_client: int
     resume_dir: str
     client_state_dir: str
+    simulation_client_state: str
     node_registry: str
     params: Params = field(default_factory=Params)
     """The chosen method's own keys, checked by the method (``strategies.<method>``)."""
@@ -229,6 +230,7 @@ def _check_ranges(c: RunConfig) -> None:
         "dataset": (c.dataset, DATASET_NAMES),
         "partition": (c.partition, PARTITION_NAMES),
         "model": (c.model, MODEL_NAMES),
+        "simulation-client-state": (c.simulation_client_state, ("disk", "memory")),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:

@@ -36,9 +36,14 @@ SPECIAL: dict[str, KeyRole] = {
                                      "`dataset` and is the same when moved"),
     "node-registry": KeyRole(False, True, "where the node-id -> partition file is; node ids are "
                                           "new after a SuperLink restart"),
-    "client-state-dir": KeyRole(False, False, "where clients mirror their state: any path holds "
+    "client-state-dir": KeyRole(False, False, "where clients keep their state: any path holds "
                                               "the same experiment, but a resumed run must find "
                                               "the state the first run left there"),
+    "simulation-client-state": KeyRole(False, False, "where simulated clients keep their state "
+                                                     "(files or the simulation process): the "
+                                                     "results are bit-identical, but a resumed run "
+                                                     "must find the state where the first run "
+                                                     "left it"),
     # How long to wait, when to give up: the rounds that complete are the same experiment.
     "round-timeout": KeyRole(False, True, "how long a round waits for replies"),
     "node-wait-timeout": KeyRole(False, True, "how long the start waits for the SuperNodes"),

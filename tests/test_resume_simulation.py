@@ -33,17 +33,19 @@ def simulation_pids() -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("state_dir", ["", "state"])
 def test_server_killed_mid_run_resumes_to_the_same_model(
-        sim_env: dict[str, str], tmp_path: Path) -> None:
-    ref = subprocess.run([*SIMULATE, *CONFIG, f"output-dir={tmp_path / 'ref'}",
-                          f"client-state-dir={tmp_path / 'state'}"],
+        sim_env: dict[str, str], tmp_path: Path, state_dir: str) -> None:
+    """The clients' state is in files (the default): in client-state-dir when it is set,
+    else in the run directory, where the resumed run finds it."""
+    state = [f"client-state-dir={tmp_path / state_dir}"] if state_dir else []
+    ref = subprocess.run([*SIMULATE, *CONFIG, f"output-dir={tmp_path / 'ref'}", *state],
                          env=sim_env, capture_output=True, text=True, timeout=600, check=False)
     assert ref.returncode == 0, ref.stdout[-2000:]
     (ref_dir,) = list((tmp_path / "ref").iterdir())
 
     out = tmp_path / "crash"
-    proc = subprocess.Popen([*SIMULATE, *CONFIG, f"output-dir={out}",
-                             f"client-state-dir={tmp_path / 'state'}"], env=sim_env,
+    proc = subprocess.Popen([*SIMULATE, *CONFIG, f"output-dir={out}", *state], env=sim_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     rows_file = None
@@ -65,8 +67,7 @@ def test_server_killed_mid_run_resumes_to_the_same_model(
     assert done < 6, "the run finished before it could be killed"
     assert not (run_dir / "summary.json").exists()
 
-    resumed = subprocess.run([*SIMULATE, *CONFIG, f"output-dir={out}",
-                              f"client-state-dir={tmp_path / 'state'}",
+    resumed = subprocess.run([*SIMULATE, *CONFIG, f"output-dir={out}", *state,
                               f"resume-dir={run_dir}"],
                              env=sim_env, capture_output=True, text=True, timeout=600,
                              check=False)
@@ -76,3 +77,5 @@ def test_server_killed_mid_run_resumes_to_the_same_model(
     assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want, strict=True))
     rows = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    files = (tmp_path / state_dir if state_dir else run_dir / "client-state") / run_dir.name
+    assert list(files.glob("client-*.npz")), f"no client state files in {files}"

@@ -7,8 +7,9 @@
 - client-cpu for arm64, built under qemu emulation, runs as one edge SuperNode
   (`--platform linux/arm64`) beside two x86 SuperNodes against the x86 SuperLink.
 
-Own compose projects, container names and control subnets (172.31.240/241.0/24), so this
-module and tests/test_deploy_compose.py run in one session; no port is published.
+Own compose projects, container names and subnets (control 172.31.240-242.0/24, fleet
+172.30.240-242.0/24), so this module and tests/test_deploy_compose.py run in one session; no
+port is published.
 """
 
 from __future__ import annotations
@@ -107,8 +108,11 @@ NO_SECRETS = ("import glob; print([p for d in ('/app', '/etc', '/flwr', '/home',
 
 
 def compose_env(subnet: str) -> dict[str, str]:
+    """Control network ``<subnet>.0/24`` (e.g. 172.31.240) and fleet network 172.30.<same>.0/24:
+    both explicit, so no stack gets one of docker's automatic /16 pools, which can overlap."""
+    third = subnet.rsplit(".", 1)[1]
     return {**os.environ, "FEDINIT_CONTROL_SUBNET": f"{subnet}.0/24",
-            "FEDINIT_CONTROL_IP": f"{subnet}.2"}
+            "FEDINIT_CONTROL_IP": f"{subnet}.2", "FEDINIT_FLEET_SUBNET": f"172.30.{third}.0/24"}
 
 
 def compose_run(work: Path, project: str, subnet: str, *args: str,
@@ -210,7 +214,7 @@ def test_compose_with_cuda_clients_on_cpu_equals_host_simulation(
 
     # The CPU images (torch 2.13.0+cpu) on the same experiment, and the host (2.14.1).
     cpu_work = tmp_path / "cpu"
-    cpu_wall, cpu_run = compose_run(cpu_work, f"{PROJECT}-cpu", subnet, *EXPERIMENT)
+    cpu_wall, cpu_run = compose_run(cpu_work, f"{PROJECT}-cpu", "172.31.242", *EXPERIMENT)
     assert cpu_run.returncode == 0, (cpu_run.stdout + cpu_run.stderr)[-5000:]
     cpu_rows = rounds(run_dir(cpu_work / "results"))
     host_rows = host_simulation(tmp_path)

@@ -33,17 +33,17 @@ def initial_weights(cfg: RunConfig) -> tuple[np.ndarray, ...]:
 
 @functools.lru_cache(maxsize=256)
 def client_tensors(cfg: RunConfig, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One client's normalised images and labels, on the device."""
-    data = dataset_of(cfg)
-    x, y = client_examples(cfg, partition_id)
-    dev = device()
-    return to_tensor(x, data.mean, data.std).to(dev), torch.from_numpy(y.copy()).long().to(dev)
+    """One client's normalised training images and labels, on the device."""
+    return _on_device(cfg, *client_examples(cfg, partition_id))
 
 
 @functools.lru_cache(maxsize=256)
 def client_test_tensors(cfg: RunConfig, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One client's local test split (personalized evaluation), normalised, on the device."""
+    return _on_device(cfg, *client_test_examples(cfg, partition_id))
+
+
+def _on_device(cfg: RunConfig, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     data = dataset_of(cfg)
-    x, y = client_test_examples(cfg, partition_id)
     dev = device()
     return to_tensor(x, data.mean, data.std).to(dev), torch.from_numpy(y.copy()).long().to(dev)

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,30 @@ class DockerEngine:
                 self.started.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.started.kill()
+
+
+def sh(*cmd: str, timeout: float = 120, env: dict[str, str] | None = None,
+       ) -> subprocess.CompletedProcess[str]:
+    """Run a command, capture its output, never raise on its exit status."""
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+                          check=False, env=env)
+
+
+def docker_session(log_dir: Path, project: str) -> Iterator[DockerEngine]:
+    """A module's Docker engine (skip when impossible); at the end, the containers named after
+    ``project`` that are left (probes whose `docker run` client timed out live on) are
+    removed, and a dockerd this module started is stopped."""
+    import pytest
+
+    engine = DockerEngine(log_dir)
+    try:
+        engine.ensure()
+        if engine.skip_reason:
+            pytest.skip(engine.skip_reason)
+        yield engine
+    finally:
+        if not engine.skip_reason:
+            left = sh("docker", "ps", "-aq", "--filter", f"name={project}").stdout.split()
+            if left:
+                sh("docker", "rm", "-f", *left)
+        engine.stop()

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from scripts.flower_env import REPO
-from tests.deploy_helpers import DockerEngine, rounds, run_dir
+from tests.deploy_helpers import DockerEngine, docker_session, rounds, run_dir, sh
 
 PREFIX, TAG = "local/fedinit", "flwr1.39.0"
 IMAGES = ("superlink", "client-cpu", "serverapp")
@@ -30,23 +30,8 @@ PROJECT = f"fedinit-test-{os.getpid()}"
 
 @pytest.fixture(scope="module")
 def docker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEngine]:
-    engine = DockerEngine(tmp_path_factory.mktemp("docker"))
-    try:
-        engine.ensure()
-        if engine.skip_reason:
-            pytest.skip(engine.skip_reason)
-        yield engine
-    finally:
-        if not engine.skip_reason:  # probes whose `docker run` client timed out live on
-            left = sh("docker", "ps", "-aq", "--filter", f"name={PROJECT}").stdout.split()
-            if left:
-                sh("docker", "rm", "-f", *left)
-        engine.stop()
+    yield from docker_session(tmp_path_factory.mktemp("docker"), PROJECT)
 
-
-def sh(*cmd: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
-                          check=False)
 
 
 CONTROL_IP = "172.31.250.2"

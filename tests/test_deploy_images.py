@@ -33,8 +33,10 @@ from tests.deploy_helpers import (
     SIMULATE,
     DockerEngine,
     diffs,
+    docker_session,
     rounds,
     run_dir,
+    sh,
     stop_local_superlink,
 )
 
@@ -54,26 +56,10 @@ SAME_TORCH = {"test-acc": 5e-4, "test-loss": 1e-5, "divergence": 1e-5, "train-lo
 OTHER_TORCH = {"test-acc": 0.05, "test-loss": 0.1, "divergence": 0.5, "train-loss": 0.1}
 
 
-def sh(*cmd: str, timeout: float = 120, env: dict[str, str] | None = None,
-       ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
-                          check=False, env=env)
-
 
 @pytest.fixture(scope="module")
 def docker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEngine]:
-    engine = DockerEngine(tmp_path_factory.mktemp("docker"))
-    try:
-        engine.ensure()
-        if engine.skip_reason:
-            pytest.skip(engine.skip_reason)
-        yield engine
-    finally:
-        if not engine.skip_reason:
-            left = sh("docker", "ps", "-aq", "--filter", f"name={PROJECT}").stdout.split()
-            if left:
-                sh("docker", "rm", "-f", *left)
-        engine.stop()
+    yield from docker_session(tmp_path_factory.mktemp("docker"), PROJECT)
 
 
 def build(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:

@@ -68,8 +68,9 @@ def train_fn(msg: Message, context: Context) -> Message:
     conf = msg.content.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
     state = client_store(context, cfg, experiment, pid, str(conf.get(STATE_ROOT, "")))
+    # the received arrays' shapes only: client_round decodes the model, once
     fell_back = state.restore(experiment, server_round,
-                              msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
+                              list(msg.content.array_records[rk.ARRAYS].values()))
     x, y = client_tensors(cfg, pid)
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            fresh_model(cfg), x, y, initial=lambda: initial_weights(cfg),

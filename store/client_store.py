@@ -15,13 +15,14 @@ number of clients; choose it by passing ``memory=None``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from logging import WARNING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.logger import log
 
-from store.state_dir import Entries, StateDir
+from store.state_dir import Entries, Shaped, StateDir
 
 W_PREV = "w_prev"
 """RI: the client's final local model of its last participation (w_0 before the first)."""
@@ -74,7 +75,7 @@ class ClientStore:
     def set_tag(self, experiment: str, server_round: int) -> None:
         self._mem[TAG] = ConfigRecord({"experiment": experiment, "round": server_round})
 
-    def restore(self, experiment: str, server_round: int, model: list[np.ndarray]) -> bool:
+    def restore(self, experiment: str, server_round: int, model: Sequence[Shaped]) -> bool:
         """Hold the version from this client's last participation before ``server_round``.
 
         Memory is used when it is that version; otherwise (node restarted, run resumed, a

@@ -7,7 +7,9 @@ version before it, exactly as the uninterrupted run did.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -16,6 +18,14 @@ from store.files import RecordError, expect_counts, read_record, write_record
 KEEP_VERSIONS = 2
 
 Entries = dict[str, list[np.ndarray]]
+
+
+class Shaped(Protocol):
+    """What a state check needs of the model: each array's shape (a numpy array, or one of
+    Flower's ``Array`` objects as received, so the model is not decoded just for this)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
 """A client's state: model-shaped lists of arrays by name (w_prev, c_i, h_i, ...)."""
 
 
@@ -60,7 +70,7 @@ class StateDir:
         saved_round, path = older[-1]
         return saved_round, self._read(path)
 
-    def load_usable_before(self, server_round: int, model: list[np.ndarray]
+    def load_usable_before(self, server_round: int, model: Sequence[Shaped]
                            ) -> tuple[tuple[int, Entries] | None, list[str]]:
         """The newest version before ``server_round`` that reads and fits ``model``, or None
         (start from w_0), and one line per newer version that did not.
@@ -96,10 +106,10 @@ class StateDir:
         return {k: groups.get(k, []) for k in counts}
 
 
-def check_state(path: Path, entries: Entries, model: list[np.ndarray]) -> None:
+def check_state(path: Path, entries: Entries, model: Sequence[Shaped]) -> None:
     """Saved state must match the model it will be combined with, and be finite (a NaN
     w_prev would make every later start point NaN)."""
-    expected = [a.shape for a in model]
+    expected = [tuple(a.shape) for a in model]
     for key, arrays in entries.items():
         shapes = [a.shape for a in arrays]
         if shapes != expected:

@@ -112,9 +112,13 @@ def check_state(path: Path, entries: Entries, model: Sequence[Shaped]) -> None:
     expected = [tuple(a.shape) for a in model]
     for key, arrays in entries.items():
         shapes = [a.shape for a in arrays]
+        if len(shapes) != len(expected):
+            raise StateError(path, f"entry {key!r} has {len(shapes)} arrays, the model "
+                                   f"{len(expected)}")
         if shapes != expected:
-            raise StateError(path, f"entry {key!r} has shapes that do not match the model "
-                                   f"({len(shapes)} arrays vs {len(expected)})")
+            i = next(i for i, (s, e) in enumerate(zip(shapes, expected, strict=True)) if s != e)
+            raise StateError(path, f"entry {key!r}[{i}] has shape {shapes[i]}, the model "
+                                   f"{expected[i]}")
         if not all(np.issubdtype(a.dtype, np.floating) and np.isfinite(a).all()
                    for a in arrays):
             raise StateError(path, f"entry {key!r} is not finite floats")

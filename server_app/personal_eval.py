@@ -10,6 +10,7 @@ counting once (how well the clients are served, not the examples).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -87,7 +88,8 @@ def summarize(scores: Sequence[ClientScores]) -> dict[str, float | int]:
     for kind in KINDS:
         values = [v for s in scores if (v := s.accs.get(kind)) is not None]
         if values:
-            out[f"local-{kind}-mean"] = float(np.mean(values))
+            # fsum is exactly rounded, so the mean does not depend on the order replies came in
+            out[f"local-{kind}-mean"] = math.fsum(values) / len(values)
             out[f"local-{kind}-p10"] = percentile10(values)
             out[f"local-{kind}-min"] = float(min(values))
     return out

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from flwr.app import Context, Message, MessageType
 
@@ -35,6 +36,20 @@ def test_summary_is_mean_p10_and_min_over_clients() -> None:
     assert s["local-global-p10"] == pytest.approx(0.18)
     assert s["local-own-mean"] == pytest.approx(0.75)  # the client without one is left out
     assert s["local-own-min"] == pytest.approx(0.6)
+
+
+def test_summary_does_not_depend_on_the_order_replies_came_in() -> None:
+    """Replies arrive in any order; a plain float sum can differ in the last bit between two
+    orders (it did between two runs of one simulation), so two runs would not compare equal."""
+    import itertools
+    accs = [(0.1, 49 / 77, None), (0.3, 53 / 77, None), (0.5, 5 / 77, None),
+            (0.7, 33 / 77, None)]
+    means = {pe.summarize(scores(*order))["local-finetuned-mean"]
+             for order in itertools.permutations(accs)}
+    assert len(means) == 1
+    assert means.pop() == pytest.approx(140 / 77 / 4, abs=1e-15)
+    plain = {float(np.mean([f for _, f, _ in order])) for order in itertools.permutations(accs)}
+    assert len(plain) > 1, "these values no longer show the order effect; pick others"
 
 
 def test_replies_with_impossible_values_are_refused() -> None:

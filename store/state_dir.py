@@ -1,12 +1,20 @@
 """The disk half of the client store: one client's versioned state files in a directory.
 
-``<root>/<experiment>/client-<pid>-r<round>.npz``, one record per participation, the newest
+``<root>/<experiment>/client-<pid>/r<round>.npz``, one record per participation, the newest
 ``KEEP_VERSIONS`` kept: a round that was in flight when the server died is redone from the
 version before it, exactly as the uninterrupted run did.
+
+One directory per client, so finding a client's versions lists only its own files: with every
+client's files in one directory (the layout before, ``<experiment>/client-<pid>-r<round>.npz``)
+each participation listed the whole federation's files, which grows with the number of
+clients. Files in that layout are still read: a client moves its own into its directory the
+first time it looks (one rename each, atomic), so a run started before resumes unchanged.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -35,30 +43,69 @@ class StateError(RecordError):
     what = "client state"
 
 
+VERSION_NAME = re.compile(r"r(\d+)\.npz")
+"""A version's file name in a client's directory."""
+FLAT_NAME = re.compile(r"client-(\d+)-r(\d+)\.npz")
+"""A version's file name in the layout before (every client's files in the experiment's)."""
+
+_no_flat_files: set[Path] = set()
+"""Experiment directories this process found without files of the layout before. No code
+writes that layout any more, so one look per directory and process is enough."""
+
+
 class StateDir:
-    """One client's state files: ``<root>/<experiment>/client-<pid>-r<round>.npz``."""
+    """One client's state files: ``<root>/<experiment>/client-<pid>/r<round>.npz``."""
 
     def __init__(self, root: Path, experiment: str, partition_id: int) -> None:
         self.dir = root / experiment
+        self.client_dir = self.dir / f"client-{partition_id}"
         self.experiment = experiment
         self.pid = partition_id
+        self._moved_flat = False
+
+    def version_path(self, server_round: int) -> Path:
+        """Where this client's state of ``server_round`` is (or would be) kept."""
+        return self.client_dir / f"r{server_round:06d}.npz"
 
     def _files(self) -> list[tuple[int, Path]]:
-        prefix = f"client-{self.pid}-r"
-        found = []
-        if self.dir.is_dir():
-            for path in self.dir.glob(f"{prefix}*.npz"):
-                digits = path.stem[len(prefix):]
-                if digits.isdigit():
-                    found.append((int(digits), path))
-        return sorted(found)
+        """This client's versions, oldest first."""
+        self._move_flat_files()
+        try:
+            names = os.listdir(self.client_dir)
+        except FileNotFoundError:
+            return []
+        return sorted((int(m.group(1)), self.client_dir / name) for name in names
+                      if (m := VERSION_NAME.fullmatch(name)))
+
+    def _move_flat_files(self) -> None:
+        """Move this client's files of the layout before into its directory (once)."""
+        if self._moved_flat or self.dir in _no_flat_files:
+            return
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            names = []
+        flat = [m for name in names if (m := FLAT_NAME.fullmatch(name))]
+        for m in flat:
+            if int(m.group(1)) != self.pid:
+                continue
+            self.client_dir.mkdir(parents=True, exist_ok=True)
+            target = self.version_path(int(m.group(2)))
+            if target.exists():  # the same round in both layouts: the directory's is newer
+                (self.dir / m.group(0)).unlink(missing_ok=True)
+            else:
+                os.replace(self.dir / m.group(0), target)
+        if not flat:
+            _no_flat_files.add(self.dir)
+        self._moved_flat = True
 
     def save(self, server_round: int, entries: Entries) -> None:
         """Write this round's state atomically, then keep only the newest versions."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._move_flat_files()
+        self.client_dir.mkdir(parents=True, exist_ok=True)
         meta = {"experiment": self.experiment, "partition-id": self.pid, "round": server_round,
                 "entries": {k: len(v) for k, v in entries.items()}}
-        write_record(self.dir / f"client-{self.pid}-r{server_round:06d}.npz", entries, meta)
+        write_record(self.version_path(server_round), entries, meta)
         for _, old in self._files()[:-KEEP_VERSIONS]:
             old.unlink(missing_ok=True)
 

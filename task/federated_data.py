@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from task.datasets import DataSplits, load_dataset
-from task.local_split import split_positions
+from task.local_split import local_test_count, split_positions
 from task.noise import class_brightness_shift, client_channel_scale
 from task.partition import split
 
@@ -50,11 +50,14 @@ def _partitions(
     return tuple(subset[p] for p in split(labels, scheme, num_clients, alpha, seed))
 
 
+def _all_partitions(cfg: RunConfig) -> tuple[np.ndarray, ...]:
+    return _partitions(cfg.dataset, cfg.resolved_data_dir, cfg.train_limit, cfg.partition,
+                       cfg.num_clients, cfg.dirichlet_alpha, cfg.seed)
+
+
 def partition_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
     """Training-set indices of one client's whole partition (train and local test split)."""
-    parts = _partitions(cfg.dataset, cfg.resolved_data_dir, cfg.train_limit, cfg.partition,
-                        cfg.num_clients, cfg.dirichlet_alpha, cfg.seed)
-    return parts[partition_id]
+    return _all_partitions(cfg)[partition_id]
 
 
 def _split(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -74,8 +77,11 @@ def local_test_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
 
 
 def partition_sizes(cfg: RunConfig) -> tuple[int, ...]:
-    """Every client's training example count (what its replies must claim), from indices."""
-    return tuple(len(client_indices(cfg, pid)) for pid in range(cfg.num_clients))
+    """Every client's training example count (what its replies must claim): its partition
+    less its test split's count, which needs no draw (drawing every client's split took
+    1.4 s at 10,000 clients, before round 1)."""
+    return tuple(len(p) - local_test_count(len(p), cfg.local_test_fraction)
+                 for p in _all_partitions(cfg))
 
 
 def _partition_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:

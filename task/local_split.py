@@ -15,6 +15,15 @@ SPLIT_STREAM = 11
 """Seed-sequence word that separates the split's draws from the partition's and the noise's."""
 
 
+def local_test_count(n: int, fraction: float) -> int:
+    """How many of a partition's ``n`` examples its test split holds: round(fraction * n),
+    leaving at least one training example (the server counts every client's training
+    examples from this without drawing the split)."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"local test fraction must be in [0, 1), got {fraction}")
+    return max(0, min(int(round(fraction * n)), n - 1))
+
+
 def local_test_positions(labels: np.ndarray, fraction: float, seed: int,
                          partition_id: int) -> np.ndarray:
     """Sorted positions (into ``labels``) of the client's test examples; empty at fraction 0.
@@ -23,11 +32,8 @@ def local_test_positions(labels: np.ndarray, fraction: float, seed: int,
     test split (it is then left out of personalized evaluation).
     """
     labels = np.asarray(labels, dtype=np.int64)
-    n = labels.size
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"local test fraction must be in [0, 1), got {fraction}")
-    target = min(int(round(fraction * n)), n - 1)
-    if target <= 0:
+    target = local_test_count(labels.size, fraction)
+    if target == 0:
         return np.zeros(0, dtype=np.int64)
     rng = np.random.default_rng([seed, partition_id, SPLIT_STREAM])
     classes, counts = np.unique(labels, return_counts=True)

@@ -172,7 +172,7 @@ def test_killed_supernode_is_left_out_then_rejoins_with_its_saved_state(
         run.stop()
     wall = time.monotonic() - t0
     rows = rounds(run_path)
-    newest = max(int(p.stem.rsplit("-r", 1)[1]) for p in mirror.dir.glob("*.npz"))
+    newest = max(int(p.stem[1:]) for p in mirror.client_dir.glob("r*.npz"))
     table = [(r["round"], r["num-replies"], r["num-missing"], r["num-rejected"]) for r in rows]
     print(f"\nkilled node {victim} ({len(killed)} processes) after round 1 (state of round "
           f"{saved_round}); (round, replies, missing, rejected) {table}"

@@ -67,7 +67,7 @@ def test_tls_auth_deployment_completes_and_equals_simulation(
     link_log = (work / "logs" / "superlink.log").read_text()
     assert "Starting Fleet API (gRPC-rere) on 127.0.0.1:29501" in link_log
     for i in range(3):  # each node mirrored its client's state to its own state-dir
-        assert list((work / f"node-{i}" / "client-state").rglob(f"client-{i}-r*.npz")), i
+        assert list((work / f"node-{i}" / "client-state").rglob(f"client-{i}/r*.npz")), i
 
     t0 = time.monotonic()
     sim = subprocess.run([*SIMULATE, "num-clients=3", *EXPERIMENT, f"output-dir={sim_out}"],

@@ -66,6 +66,19 @@ def test_clients_train_on_their_partition_less_the_test_split() -> None:
     assert sum(partition_sizes(off)) == 2000 > sum(partition_sizes(cfg))
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.25, 0.5, 0.9])
+def test_expected_counts_equal_the_drawn_splits_with_tiny_clients(fraction: float) -> None:
+    """The server counts each client's training examples without drawing its split; with
+    60 clients on 90 examples (Dirichlet 0.1: many hold 1 or 2) the counts must still
+    be exactly the sizes the clients draw."""
+    cfg = RunConfig.parse({"num-clients": 60, "train-limit": 90, "dirichlet-alpha": 0.1,
+                           "seed": 2, "local-test-fraction": fraction,
+                           "personal-eval-every": 0 if fraction == 0 else 20})
+    sizes = [len(partition_indices(cfg, p)) for p in range(60)]
+    assert min(sizes) == 1 and max(sizes) >= 3
+    assert partition_sizes(cfg) == tuple(len(client_indices(cfg, p)) for p in range(60))
+
+
 def test_another_process_computes_the_same_split() -> None:
     code = ("from task.config import RunConfig; from task.federated_data import "
             f"local_test_indices as t; import hashlib; c = RunConfig.parse({RUN!r}); "

@@ -78,4 +78,4 @@ def test_server_killed_mid_run_resumes_to_the_same_model(
     rows = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
     files = (tmp_path / state_dir if state_dir else run_dir / "client-state") / run_dir.name
-    assert list(files.glob("client-*.npz")), f"no client state files in {files}"
+    assert list(files.glob("client-*/r*.npz")), f"no client state files in {files}"

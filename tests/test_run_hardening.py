@@ -89,12 +89,13 @@ def damage(path: Path, kind: str, pid: int) -> None:
         with path.open("wb") as f:
             np.savez(f, **data)
     else:  # wrong shapes: one array too few
-        mirror = StateDir(path.parent.parent, path.parent.name, pid)
+        exp = path.parent.parent  # <root>/<experiment>/client-<pid>/r<round>.npz
+        mirror = StateDir(exp.parent, exp.name, pid)
         with np.load(path) as z:
             arrays = [z[f"w_prev/{i}"] for i in range(sum(k.startswith("w_prev/")
                                                           for k in z.files))]
         path.unlink()
-        mirror.save(int(path.stem.split("-r")[1]), {"w_prev": arrays[:-1]})
+        mirror.save(int(path.stem[1:]), {"w_prev": arrays[:-1]})
 
 
 @pytest.mark.parametrize("kind", ["truncated", "tampered", "wrong-shape"])
@@ -113,7 +114,7 @@ def test_damaged_client_state_falls_back_and_is_counted(tmp_path: Path, kind: st
                                               node_config=dict(ctx.node_config),
                                               state=RecordDict(), run_config=dict(ctx.run_config))
             for pid in range(4):
-                files = sorted((tmp_path / "state" / "run").glob(f"client-{pid}-r*.npz"))
+                files = sorted((tmp_path / "state" / "run").glob(f"client-{pid}/r*.npz"))
                 if files:
                     damage(files[-1], kind, pid)
                     damaged.append(files[-1])

@@ -65,8 +65,9 @@ def test_simulated_clients_keep_state_on_disk_only_and_end_bit_identical(tmp_pat
     assert mem_held == [0, 8, 8]
     # disk: the engine's Contexts hold no client arrays between rounds, nor at the end
     assert disk_held == [0, 0, 0]
-    files = sorted(p.name for p in (disk_dir / RUN_SUBDIR / disk_dir.name).glob("*.npz"))
-    assert files == [f"client-{i}-r{r:06d}.npz" for i in range(4) for r in (1, 2)]
+    exp = disk_dir / RUN_SUBDIR / disk_dir.name
+    files = sorted(str(p.relative_to(exp)) for p in exp.rglob("*.npz"))
+    assert files == [f"client-{i}/r{r:06d}.npz" for i in range(4) for r in (1, 2)]
     assert not (mem_dir / RUN_SUBDIR).exists()
     want, got = final_model(mem_dir), final_model(disk_dir)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want, strict=True))

@@ -138,8 +138,48 @@ def test_record_layout_is_the_checkpoint_and_state_layout(tmp_path: Path) -> Non
     assert saved is not None and saved[0] == 2 and same(saved[1][W_PREV], w)
     # and what the store writes has exactly the old entry names
     StateDir(tmp_path, "run", 3).save(4, {W_PREV: w})
-    with np.load(tmp_path / "run" / "client-3-r000004.npz") as z:
+    with np.load(tmp_path / "run" / "client-3" / "r000004.npz") as z:
         assert z.files == ["w_prev/0", "w_prev/1", "meta"]
+
+
+def test_files_of_the_flat_layout_move_into_the_clients_directory(tmp_path: Path) -> None:
+    """A run written before each client had a directory (every client's versions side by side
+    in the experiment's directory) resumes from its files; each client moves only its own."""
+    w = model()
+    (tmp_path / "run").mkdir()
+    for pid in (3, 4):
+        for r in (2, 5):
+            write_record(tmp_path / "run" / f"client-{pid}-r{r:06d}.npz",
+                         {W_PREV: [a + pid + r for a in w]},
+                         {"experiment": "run", "partition-id": pid, "round": r,
+                          "entries": {W_PREV: 2}})
+    disk = StateDir(tmp_path, "run", 3)
+    saved = disk.load_before(6)
+    assert saved is not None and saved[0] == 5 and same(saved[1][W_PREV], [a + 8 for a in w])
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "client-3", "client-4-r000002.npz", "client-4-r000005.npz"]
+    assert sorted(p.name for p in disk.client_dir.iterdir()) == ["r000002.npz", "r000005.npz"]
+    disk.save(6, {W_PREV: w})  # versions kept across both layouts: rounds 5 and 6
+    assert sorted(p.name for p in disk.client_dir.iterdir()) == ["r000005.npz", "r000006.npz"]
+    other = StateDir(tmp_path, "run", 4).load_before(5)
+    assert other is not None and other[0] == 2 and same(other[1][W_PREV], [a + 6 for a in w])
+    assert not list((tmp_path / "run").glob("client-*-r*.npz"))
+
+
+def test_listing_a_clients_versions_reads_only_its_own_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cost of a participation must not grow with the federation: once the experiment's
+    directory has been looked at for files of the flat layout, only the client's is listed."""
+    import os
+    for pid in range(50):
+        StateDir(tmp_path, "run", pid).save(1, {W_PREV: model()})
+    listed: list[str] = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p: listed.append(str(p)) or real(p))
+    disk = StateDir(tmp_path, "run", 7)
+    disk.save(2, {W_PREV: model()})
+    assert disk.load_before(3) is not None
+    assert set(listed) == {str(disk.client_dir)}, listed
 
 
 @pytest.mark.parametrize("damage", ["missing", "truncated", "garbage", "empty", "no-meta",
@@ -184,7 +224,7 @@ def test_state_dir_keeps_the_newest_versions(tmp_path: Path) -> None:
     disk = StateDir(tmp_path, "run", 0)
     for r in (1, 2, 5, 7):
         disk.save(r, {W_PREV: [a + r for a in model()]})
-    assert len(list(disk.dir.glob("*.npz"))) == KEEP_VERSIONS
+    assert len(list(disk.client_dir.glob("*.npz"))) == KEEP_VERSIONS
     saved = disk.load_before(7)
     assert saved is not None and saved[0] == 5 and same(saved[1][W_PREV],
                                                         [a + 5 for a in model()])
@@ -199,11 +239,11 @@ def test_damaged_newest_version_falls_back_to_the_one_before(tmp_path: Path,
     disk.save(1, {W_PREV: w})
     if kind == "other-client":
         StateDir(tmp_path, "run", 2).save(2, {W_PREV: w})
-        (disk.dir / "client-2-r000002.npz").rename(disk.dir / "client-1-r000002.npz")
+        (disk.dir / "client-2" / "r000002.npz").rename(disk.version_path(2))
     else:
         bad = {"wrong-shape": w[:1], "nan": [np.full_like(a, np.nan) for a in w]}.get(kind, w)
         disk.save(2, {W_PREV: bad})
-    newest = disk.dir / "client-1-r000002.npz"
+    newest = disk.version_path(2)
     if kind == "truncated":
         newest.write_bytes(newest.read_bytes()[:100])
 
@@ -213,14 +253,14 @@ def test_damaged_newest_version_falls_back_to_the_one_before(tmp_path: Path,
     assert not newest.exists() and newest.with_name(newest.name + ".damaged").exists()
     # the damaged file no longer counts: the next save keeps round 1 and round 3
     store.save("run", 3)
-    assert sorted(p.name for p in disk.dir.glob("client-1-r*.npz")) == [
-        "client-1-r000001.npz", "client-1-r000003.npz"]
+    assert sorted(p.name for p in disk.client_dir.glob("r*.npz")) == [
+        "r000001.npz", "r000003.npz"]
 
 
 def test_every_version_damaged_falls_back_to_w0(tmp_path: Path) -> None:
     disk = StateDir(tmp_path, "run", 0)
     disk.save(1, {W_PREV: model()})
-    (disk.dir / "client-0-r000001.npz").write_bytes(b"garbage")
+    disk.version_path(1).write_bytes(b"garbage")
     store = ClientStore(RecordDict(), disk)
     store.put(W_PREV, model())
     assert store.restore("run", 2, model()) is True
@@ -262,11 +302,11 @@ def test_memory_and_disk_prefer_memory_and_survive_its_loss(tmp_path: Path) -> N
     store.put(W_PREV, [a + 1 for a in w])
     store.save("run", 2)
 
-    for path in disk.dir.glob("*.npz"):  # memory is the right version: disk is not read
+    for path in disk.client_dir.glob("*.npz"):  # memory is the right version: disk is not read
         path.rename(path.with_suffix(".hidden"))
     again = ClientStore(memory, disk)
     assert again.restore("run", 3, w) is False and again.tag() == ("run", 2)
-    for path in disk.dir.glob("*.hidden"):
+    for path in disk.client_dir.glob("*.hidden"):
         path.rename(path.with_suffix(".npz"))
 
     restarted = ClientStore(RecordDict(), disk)  # node restarted: memory lost

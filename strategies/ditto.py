@@ -21,6 +21,7 @@ from strategies.method import (
     Params,
     ServerRule,
     ServerState,
+    check_pull,
     check_range,
 )
 from strategies.ri import Weights
@@ -40,6 +41,9 @@ class DittoParams(Params):
     def check(self) -> None:
         check_range("ditto-lambda", self.ditto_lambda, self.ditto_lambda >= 0,
                     "a number >= 0 (0 = local training only)")
+
+    def check_with_lr(self, lr: float) -> None:
+        check_pull("ditto-lambda", self.ditto_lambda, lr)
 
 
 class DittoServer(ServerRule[DittoParams, ServerState]):

@@ -29,6 +29,7 @@ from strategies.method import (
     RoundInput,
     ServerRule,
     ServerState,
+    check_pull,
     check_range,
     zeros_like,
 )
@@ -48,6 +49,9 @@ class FedDynParams(Params):
 
     def check(self) -> None:
         check_range("feddyn-alpha", self.feddyn_alpha, self.feddyn_alpha > 0, "a number > 0")
+
+    def check_with_lr(self, lr: float) -> None:
+        check_pull("feddyn-alpha", self.feddyn_alpha, lr)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from strategies.method import (
     Params,
     ServerRule,
     ServerState,
+    check_pull,
     check_range,
 )
 from strategies.ri import Weights
@@ -33,6 +34,9 @@ class FedProxParams(Params):
 
     def check(self) -> None:
         check_range("prox-mu", self.prox_mu, self.prox_mu >= 0, "a number >= 0 (0 disables it)")
+
+    def check_with_lr(self, lr: float) -> None:
+        check_pull("prox-mu", self.prox_mu, lr)
 
 
 class FedProxServer(ServerRule[FedProxParams, ServerState]):

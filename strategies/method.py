@@ -53,6 +53,10 @@ class Params:
     def check(self) -> None:
         """Raise ParamError (one line naming the key) for a value the method cannot use."""
 
+    def check_with_lr(self, lr: float) -> None:
+        """Raise ParamError for a value the method cannot use at local learning rate ``lr``
+        (round 1's, the largest: it only decays)."""
+
 
 # ====================================================================== what a round hands in
 @dataclass(frozen=True)
@@ -234,6 +238,16 @@ def check_range(key: str, value: float, ok: bool, allowed: str) -> None:
         raise ParamError(f"run config: {key}={value!r} is not allowed; allowed: {allowed}")
 
 
+def check_pull(key: str, strength: float, lr: float) -> None:
+    """A pull ``strength * (w - anchor)`` added to the gradient, taken in plain SGD steps of
+    size ``lr``, scales the distance to the anchor by ``1 - lr * strength`` per step: from
+    ``lr * strength >= 2`` on it grows every step, whatever the data, and the model diverges."""
+    if lr * strength >= 2.0:
+        raise ParamError(f"run config: {key}={strength!r} is not allowed; allowed: less than "
+                         f"2 / lr = {2.0 / lr:g} at lr={lr!r} (each step of size lr x {key} "
+                         f">= 2 moves the model further from its anchor: it diverges)")
+
+
 __all__ = ["ParamError", "GradientHook", "Params", "ClientUpdate", "RoundInput",
            "ServerState", "ServerRule", "ClientRule", "MethodSpec", "apply_step",
-           "zeros_like", "check_range"]
+           "zeros_like", "check_range", "check_pull"]

@@ -145,6 +145,7 @@ class RunConfig:
         try:
             chosen = {name: spec.params.from_config(method_values)
                       for name, spec in METHODS.items()}
+            chosen[cfg.method].check_with_lr(cfg.lr)  # the other methods' keys go unused
         except ParamError as err:
             raise ConfigError(str(err)) from None
         spec = METHODS[cfg.method]

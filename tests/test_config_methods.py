@@ -67,3 +67,43 @@ def test_bad_value_names_key_value_and_allowed(key: str, value: object, allowed:
     msg = str(err.value)
     assert "\n" not in msg
     assert f"{key}=" in msg and repr(value) in msg and allowed in msg
+
+
+PULLS = [("ditto", "ditto-lambda"), ("fedprox", "prox-mu"), ("feddyn", "feddyn-alpha")]
+
+
+@pytest.mark.parametrize(("method", "key"), PULLS)
+def test_a_pull_that_diverges_at_the_learning_rate_is_refused(method: str, key: str) -> None:
+    """lr x strength >= 2: refused for the method that uses the key, with the bound named."""
+    RunConfig.parse({"method": method, "lr": 0.1, key: 19.9})
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({"method": method, "lr": 0.1, key: 20.0})
+    msg = str(err.value)
+    assert "\n" not in msg and f"{key}=20.0" in msg and "less than 2 / lr = 20 at lr=0.1" in msg
+    other = "fedavg" if method != "fedavg" else "fedprox"
+    assert RunConfig.parse({"method": other, "lr": 0.1, key: 20.0}).method == other  # unused
+
+
+@pytest.mark.parametrize("product", [1.9, 2.1])
+def test_the_bound_is_where_the_ditto_pull_starts_to_diverge(product: float) -> None:
+    """Independent of the check: Ditto's own gradient hook, stepped by torch's SGD with no
+    data gradient, shrinks the distance to the anchor below lr x lambda = 2 and grows it
+    above."""
+    import numpy as np
+    import torch
+
+    from strategies.ditto import DittoClient, DittoParams
+
+    lr, lam = 0.1, product / 0.1
+    anchor = [np.zeros(3, dtype=np.float32)]
+    start, hook = DittoClient(DittoParams(ditto_lambda=lam)).personal_begin(
+        anchor, [np.ones(3, dtype=np.float32)], lr, torch.device("cpu"))
+    assert hook is not None
+    p = torch.nn.Parameter(torch.from_numpy(start[0]))
+    opt = torch.optim.SGD([p], lr=lr)
+    for _ in range(40):
+        p.grad = torch.zeros_like(p)
+        hook([p])
+        opt.step()
+    distance = float(p.detach().abs().max())
+    assert (distance < 0.02) if product < 2 else (distance > 40), distance  # 0.9^40, 1.1^40

@@ -20,7 +20,9 @@ local SuperLink is sampled from /proc twice a second and its resident memory sum
 - superlink: flower-superlink and its superexec; cli: flwr run and scripts/simulate.py.
 
 Start-up is from starting scripts/simulate.py (which starts `flwr run`) to the server's first
-results file, written just before round 1; it includes starting a fresh local SuperLink.
+results file, written just before round 1; it includes starting a fresh local SuperLink
+(link "fresh"), or not, with ``--warm-superlink`` (link "warm": one SuperLink for every run,
+as a researcher's second `flwr run` finds it).
 """
 
 from __future__ import annotations
@@ -142,9 +144,14 @@ def stop_superlinks(port: str = CONTROL_PORT) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
-def run_processes(home: Path) -> list[int]:
+LONG_LIVED = (b"flower-superlink", b"flower-superexec")
+"""A warm SuperLink's own processes: they stay between runs."""
+
+
+def run_processes(home: Path, keep_superlink: bool = False) -> list[int]:
     """Pids of the processes started for the run whose Flower home is ``home`` (Ray's
-    daemons and workers inherit the environment, and outlive the `flwr run` they serve)."""
+    daemons and workers inherit the environment, and outlive the `flwr run` they serve),
+    less the SuperLink's own when it is kept running."""
     marker = f"FLWR_HOME={home}".encode()
     pids = []
     for entry in os.listdir("/proc"):
@@ -152,25 +159,27 @@ def run_processes(home: Path) -> list[int]:
             continue
         try:
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if marker in environ:
+        if marker in environ and not (keep_superlink and any(x in cmdline for x in LONG_LIVED)):
             pids.append(int(entry))
     return pids
 
 
-def wait_gone(home: Path, timeout: float = 120.0) -> None:
+def wait_gone(home: Path, timeout: float = 120.0, keep_superlink: bool = False) -> None:
     """Wait until a finished run's processes have exited, so they do not slow the next run."""
     deadline = time.monotonic() + timeout
-    while run_processes(home) and time.monotonic() < deadline:
+    while run_processes(home, keep_superlink) and time.monotonic() < deadline:
         time.sleep(0.5)
 
 
 def run_one(n: int, rounds: int, per_round: int, state: str, home: Path,
-            repo: Path = REPO) -> dict[str, Any]:
+            repo: Path = REPO, out: Path | None = None) -> dict[str, Any]:
     """One simulation of n clients, client state on ``state`` (``before``: the checkout
-    ``repo`` as it is); its timings and memory peaks."""
-    out = home / "out"
+    ``repo`` as it is), Flower home ``home``, results under ``out`` (default: in the home);
+    its timings and memory peaks."""
+    out = out or home / "out"
     overrides: dict[str, Any] = {
         "num-clients": n, "fraction-train": per_round / n, "num-server-rounds": rounds,
         "partition": "iid", "train-limit": PER_CLIENT_IMAGES * n, "local-epochs": 1,
@@ -220,11 +229,12 @@ def model_bytes() -> int:
 
 
 COLUMNS = [("clients", "clients", "d"), ("per-round", "per rnd", "d"), ("state", "state", "s"),
-           ("startup", "start s", ".1f"), ("round1", "rnd1 s", ".1f"), ("round", "rnd s", ".1f"),
+           ("superlink", "link", "s"), ("startup", "start s", ".1f"),
+           ("round1", "rnd1 s", ".1f"), ("round", "rnd s", ".1f"),
            ("clients-with-state", "trained", "d"), ("state MiB", "st MiB", ".1f"),
            ("peak simulation process", "sim peak", ".0f"),
            ("sim after last round", "sim end", ".0f"), ("peak client actors", "actors", ".0f"),
-           ("peak ray system", "ray sys", ".0f"), ("peak superlink", "s-link", ".0f"),
+           ("peak ray system", "ray sys", ".0f"), ("peak superlink", "link MiB", ".0f"),
            ("peak cli", "cli", ".0f"), ("peak total", "total", ".0f")]
 
 
@@ -251,23 +261,39 @@ def main() -> None:
     ap.add_argument("--before-max-clients", type=int, default=1000,
                     help="run --before only up to this many clients (its start-up asks every "
                          "node, which Flower's engine serves in O(N^2))")
+    ap.add_argument("--warm-superlink", action="store_true",
+                    help="keep one local SuperLink running for all runs, as a second `flwr "
+                         "run` finds it (start-up then leaves out starting it; an unmeasured "
+                         "10-client run starts it first)")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
+    link = "warm" if args.warm_superlink else "fresh"
     try:
+        warm_home = None
+        if args.warm_superlink:  # every run shares the Flower home of the SuperLink it uses
+            stop_superlinks()
+            warm_home = Path(tempfile.mkdtemp(prefix="bench-scale-warm-"))
+            run_one(10, 1, 10, "disk", warm_home, out=warm_home / "warmup")
+            wait_gone(warm_home, keep_superlink=True)
         for per_round in args.per_round:
             for n in args.clients:
                 states = list(args.states)
                 if args.before and n <= args.before_max_clients:
                     states.append("before")
                 for state in states:
-                    # A fresh local SuperLink per run: one run's leftovers do not count in the next.
-                    stop_superlinks()
-                    home = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
+                    # A fresh local SuperLink per run: one run's leftovers do not count in the
+                    # next (unless --warm-superlink).
+                    if not args.warm_superlink:
+                        stop_superlinks()
+                    run_home = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
+                    home = warm_home or run_home
                     repo = args.before.resolve() if state == "before" else REPO
-                    results.append(run_one(n, args.rounds, min(per_round, n), state, home, repo))
-                    stop_superlinks()
-                    wait_gone(home)
+                    results.append({**run_one(n, args.rounds, min(per_round, n), state, home,
+                                              repo, run_home / "out"), "superlink": link})
+                    if not args.warm_superlink:
+                        stop_superlinks()
+                    wait_gone(home, keep_superlink=args.warm_superlink)
                     print(f"{n} clients, {min(per_round, n)} per round, state on {state}: "
                           f"{results[-1]['wall']:.0f} s", flush=True)
                     if args.json:

@@ -237,6 +237,7 @@ log "SuperNodes up"
 
 # ------------------------------------------------------------------ run
 run_log="$work/flwr-run.log"
+touch "$work/.run-started"  # the run's results directory is the one created after this
 dc run --rm -T cli flwr run /app compose --run-config /flwr/run-config.toml --stream 2>&1 \
   | tee "$run_log"
 run_id=$(grep -o 'Successfully started run [0-9]*' "$run_log" | awk '{print $4}' | head -1)
@@ -245,9 +246,12 @@ status_json=$(dc run --rm -T cli flwr ls compose --run-id "$run_id" --format jso
 status=$(echo "$status_json" | grep -o '"status": "[^"]*"' | head -1 | cut -d'"' -f4)
 log "run $run_id status ${status:-unknown}"
 
-results=$(grep -o 'results: /results/[^ ]*' "$run_log" | head -1 | sed 's|results: /results/||; s/\x1b\[[0-9;]*m//g')
-if [ -n "$results" ] && [ -d "$work/results/$results" ]; then
-  log "results in $work/results/$results"
+# The server writes config.json into the run's directory before round 1 (read from the files,
+# not from the log, whose wording and colour codes are not an interface).
+results=$(find "$work/results" -mindepth 2 -maxdepth 2 -name config.json -newer "$work/.run-started" \
+          -printf '%h\n' 2>/dev/null | head -1)
+if [ -n "$results" ]; then
+  log "results in $results"
 fi
 
 if [ -n "$edge" ]; then
@@ -259,8 +263,8 @@ if [ -n "$edge" ]; then
   ws=$(cat "$work/edge-$edge.peak" 2>/dev/null || echo 0)
   log "edge peak memory: working set $(mib "$ws") MiB, cgroup high-water $(mib "$hwm") MiB" \
       "(limit $edge_memory, OOM-killed: $(docker inspect -f '{{.State.OOMKilled}}' "$edge_name"))"
-  if [ -n "$results" ] && [ -f "$work/results/$results/rounds.jsonl" ]; then
-    log "edge seconds per round: $(grep -o '"round-seconds": [0-9.]*' "$work/results/$results/rounds.jsonl" \
+  if [ -n "$results" ] && [ -f "$results/rounds.jsonl" ]; then
+    log "edge seconds per round: $(grep -o '"round-seconds": [0-9.]*' "$results/rounds.jsonl" \
           | awk '{s += $2; n++} END {if (n) printf "%.1f", s / n}') (mean round of the federation)"
   fi
   docker logs "$edge_name" > "$work/edge-$edge.log" 2>&1 || true

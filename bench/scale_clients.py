@@ -267,6 +267,12 @@ def main() -> None:
                          "10-client run starts it first)")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args()
+    if args.before and args.warm_superlink:
+        # Measured: Ray's actors then import the ClientApp of the checkout that started the
+        # SuperLink (its working directory), so "before" would run this checkout's client.
+        ap.error("--before needs a fresh SuperLink per run (the running one would serve the "
+                 "other checkout's ServerApp with this checkout's ClientApp); drop "
+                 "--warm-superlink")
     results: list[dict[str, Any]] = []
     link = "warm" if args.warm_superlink else "fresh"
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.grid import Cell, Grid, GridError, load_grid, matches
+from scripts.run_files import read_json
 from server_app.results import ACCURACY_LABEL, DIVERGENCE_LABEL, smoothed_peak
 from strategies.registry import METHODS
 
@@ -61,19 +62,11 @@ def run_dirs(cell_dir: Path) -> list[Path]:
 def finished_run(cell_dir: Path, cell: Cell) -> Path | None:
     """The run directory holding this cell's finished run (all rounds, same config), if any."""
     for run in reversed(run_dirs(cell_dir)):
-        summary = _read_json(run / "summary.json")
+        summary = read_json(run / "summary.json")
         if (summary is not None and summary.get("rounds") == cell.config["num-server-rounds"]
                 and matches(summary.get("config", {}), cell)):
             return run
     return None
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
@@ -92,7 +85,7 @@ def collect(grid: Grid, cells_dir: Path) -> list[CellResult]:
         run = finished_run(cells_dir / cell.id, cell)
         if run is not None:
             res.run_dir = run
-            res.summary = _read_json(run / "summary.json") or {}
+            res.summary = read_json(run / "summary.json") or {}
             res.rows = _read_rows(run / "rounds.jsonl")
             res.metric = metric_of(res.summary, res.rows, grid.metric)
         out.append(res)

@@ -69,8 +69,11 @@ def train_fn(msg: Message, context: Context) -> Message:
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
     state = client_store(context, cfg, experiment, pid, str(conf.get(STATE_ROOT, "")))
     # the received arrays' shapes only: client_round decodes the model, once
+    accounted = conf.get(rk.ACCOUNTED_ROUND)
     fell_back = state.restore(experiment, server_round,
-                              list(msg.content.array_records[rk.ARRAYS].values()))
+                              list(msg.content.array_records[rk.ARRAYS].values()),
+                              None if accounted is None else int(accounted),  # type: ignore[arg-type]
+                              cfg.spec.client.accounted_keys)
     x, y = client_tensors(cfg, pid)
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            fresh_model(cfg), x, y, initial=lambda: initial_weights(cfg),

@@ -42,6 +42,8 @@ most this times ||w_t||. Honest round-1 moves measured 0.015-0.33 x ||w_0|| (all
 full Fashion-MNIST, Dir-0.1, defaults; docs/faults.md): 15x headroom."""
 NORMS_STATE = "norms:"
 """Server-state name prefix of a vector's norm history (``norms:<record name>``)."""
+ACCOUNTED_STATE = "accounted-rounds"
+"""Server-state name of the round each client's last aggregated reply came from (0: none)."""
 
 Accepted = tuple[int, ClientUpdate]
 """A reply that passed the checks: (source node id, its decoded update)."""
@@ -59,6 +61,11 @@ class MethodStrategy(Strategy):
         self.state: ServerState = self.rule.init(w0)
         self.norm_history: dict[str, list[float]] = {}
         self.expected_examples: tuple[int, ...] | None = None
+        self.accounted: dict[int, int] | None = {}
+        """Partition id -> round of its last aggregated reply, named in each train message so
+        the client starts its server-summed state (``ClientRule.accounted_keys``) from the
+        version the server counted. None: not tracked (a run resumed from a checkpoint made
+        before it was): clients then use their newest state, as that run did."""
         self._w_t: Weights = []
         self._sent_to: dict[int, int] = {}
         self._eval_sent_to: dict[int, int] = {}
@@ -97,11 +104,19 @@ class MethodStrategy(Strategy):
         for pid in chosen:
             node = self.node_of_partition[pid]
             self._sent_to[node] = pid
-            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: round_config, **extras})
+            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: self._client_config(
+                round_config, pid), **extras})
             messages.append(
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
             )
         return messages
+
+    def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
+        """The round's settings plus this client's accounted round (when tracked)."""
+        if self.accounted is None:
+            return round_config
+        return ConfigRecord({**dict(round_config),
+                             rk.ACCOUNTED_ROUND: self.accounted.get(pid, 0)})
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -140,6 +155,8 @@ class MethodStrategy(Strategy):
                          weights=weights, variant=c.ri_aggregation, num_clients=c.num_clients,
                          lr=c.lr_at(server_round), server_lr=c.server_lr)
         w_next, self.state = self.rule.update(self.state, self._w_t, rnd)
+        if self.accounted is not None:
+            self.accounted.update((u.partition_id, server_round) for u in updates)
         metrics = {
             **counts,
             rk.ROUND_TRAIN_LOSS: float(np.average([u.train_loss for u in updates],
@@ -353,6 +370,11 @@ class MethodStrategy(Strategy):
         state = self.state.arrays()
         for key, norms in self.norm_history.items():
             state[NORMS_STATE + key] = [np.asarray(norms, dtype=np.float64)]
+        if self.accounted is not None:
+            rounds = np.zeros(self.cfg.num_clients, dtype=np.int64)
+            for pid, rnd in self.accounted.items():
+                rounds[pid] = rnd
+            state[ACCOUNTED_STATE] = [rounds]
         return state
 
     def load_server_state(self, state: dict[str, Weights]) -> None:
@@ -360,8 +382,11 @@ class MethodStrategy(Strategy):
         norms = {n for n in state if n.startswith(NORMS_STATE)}
         self.norm_history = {n.removeprefix(NORMS_STATE): [float(x) for x in state[n][0]]
                              for n in sorted(norms)}
+        accounted = state.get(ACCOUNTED_STATE)
+        self.accounted = (None if accounted is None else
+                          {pid: int(r) for pid, r in enumerate(accounted[0]) if r > 0})
         self.state = self.rule.state_type.from_arrays(
-            {k: v for k, v in state.items() if k not in norms})
+            {k: v for k, v in state.items() if k not in norms and k != ACCOUNTED_STATE})
 
 
 def _arrays_problem(key: str, arrays: list[np.ndarray], reference: Weights) -> str | None:

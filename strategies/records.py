@@ -18,6 +18,8 @@ BETA = "beta"
 UPLOAD_DELTA = "upload-delta"  # bool: the model upload is Delta_i (``update``), not w_iK
 # (``model``); the round asks for one and the reply's CONFIG record says which it holds
 EXPERIMENT = "experiment-id"  # the run directory's name: stable across a resume
+ACCOUNTED_ROUND = "accounted-round"  # int, per client: the round of its last reply the server
+# aggregated (0: none); the client starts its server-summed state from that version
 
 PERSONAL_EVAL = "personal-eval"  # bool in an evaluate message: personalized evaluation
 

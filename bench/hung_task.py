@@ -8,9 +8,10 @@ train-limit=1500) runs a copy of the app whose client 0 hangs forever in round
 ``--hang-round`` (tests/fault_app.py). ``task-deadline`` is left at 0, so the task may run for
 ``round-timeout`` seconds: the round waits that long for it, then the node's executor kills
 the task's worker, answers with its error reply, and serves the next round with a fresh
-worker. Printed: each round's seconds, the hung round's extra seconds over the median of the
-others (round 1 left out: it loads the data), the first round after it against that median
-(the fresh worker reloads its caches), and the node's executor counters.
+worker. Printed: each round's seconds (and of them the wait for replies, which
+``round-timeout`` bounds), the hung round's extra seconds over the median of the others
+(round 1 left out: it loads the data), the first round after it against that median (the
+fresh worker reloads its caches), and the node's executor counters.
 """
 
 from __future__ import annotations
@@ -58,12 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     secs = {r["round"]: r["round-seconds"] for r in rows}
     hung, after = args.hang_round, args.hang_round + 1
     normal = statistics.median(s for t, s in secs.items() if t not in (1, hung, after))
-    table = [(r["round"], round(r["round-seconds"], 1), r["num-replies"], r["num-rejected"])
-             for r in rows]
-    print(f"rounds (round, seconds, replies, rejected): {table}")
+    table = [(r["round"], round(r["round-seconds"], 1), round(r["collect-seconds"], 1),
+              r["num-replies"], r["num-missing"], r["num-rejected"]) for r in rows]
+    print(f"rounds (round, seconds, of them waiting for replies, replies, missing, rejected): "
+          f"{table}")
     print(f"round-timeout={args.round_timeout:g}s, task-deadline=0 (= round-timeout)")
-    print(f"hung round {hung}: {secs[hung]:.1f} s, {secs[hung] - normal:+.1f} s over the "
-          f"median other round ({normal:.1f} s)")
+    print(f"hung round {hung}: {secs[hung]:.1f} s ({rows[hung - 1]['collect-seconds']:.1f} s "
+          f"waiting for replies), {secs[hung] - normal:+.1f} s over the median other round "
+          f"({normal:.1f} s)")
     print(f"round {after} (fresh worker on the node): {secs[after]:.1f} s "
           f"({secs[after] - normal:+.1f} s); replies {rows[after - 1]['num-replies']}/3")
     print(f"node 0 executor: tasks_timed_out={status['tasks_timed_out']}, "

@@ -318,7 +318,7 @@ class WarmExecutor:
         self.workers.remove(w)
         self.stats.tasks_timed_out += 1
         reason = timeout_reason(task.deadline)
-        log(ERROR, "warm executor: task %d %s (worker %s and its process group)",
+        log(ERROR, "warm executor: task %d: %s (worker %s and its process group)",
             task.task_id, reason, w.process.pid)
         self.answer_for(task, task.pulled and task.pulled.timeout_reply, reason)
 

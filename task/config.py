@@ -77,6 +77,7 @@ class RunConfig:
     output_dir: str
     round_timeout: float
     node_wait_timeout: float
+    task_deadline: float
     min_replies: int
     max_failed_rounds: int
     aggregation: str
@@ -288,6 +289,9 @@ def _check_ranges(c: RunConfig) -> None:
     for key, value in non_negative.items():
         if value < 0:
             raise _bad(key, value, "a number >= 0 (0 disables it)")
+    if c.task_deadline < 0:
+        raise _bad("task-deadline", c.task_deadline,
+                   "a number of seconds > 0, or 0 for round-timeout")
     if not 0.0 <= c.max_update_norm_ratio < math.inf:  # NaN would turn the filter off
         raise _bad("max-update-norm-ratio", c.max_update_norm_ratio,
                    "a finite number >= 0 (0 disables the norm filter)")

@@ -47,6 +47,8 @@ SPECIAL: dict[str, KeyRole] = {
     # How long to wait, when to give up: the rounds that complete are the same experiment.
     "round-timeout": KeyRole(False, True, "how long a round waits for replies"),
     "node-wait-timeout": KeyRole(False, True, "how long the start waits for the SuperNodes"),
+    "task-deadline": KeyRole(False, True, "when a node gives up on a task that hangs, as "
+                                          "round-timeout is when the server gives up on it"),
     "max-failed-rounds": KeyRole(False, True, "when to stop after failed rounds; a finished run "
                                               "did not meet it, and a resume is how to go on"),
     # What the experiment is, yet a continuation may change it.

@@ -18,6 +18,8 @@ BETA = "beta"
 UPLOAD_DELTA = "upload-delta"  # bool: the model upload is Delta_i (``update``), not w_iK
 # (``model``); the round asks for one and the reply's CONFIG record says which it holds
 EXPERIMENT = "experiment-id"  # the run directory's name: stable across a resume
+CLIENT_ID = "client-id"  # int: the client the message is for (a node without a partition-id
+# trains as this client; one with a partition-id refuses a message naming another)
 
 PERSONAL_EVAL = "personal-eval"  # bool in an evaluate message: personalized evaluation
 

@@ -47,6 +47,8 @@ SPECIAL: dict[str, KeyRole] = {
     # How long to wait, when to give up: the rounds that complete are the same experiment.
     "round-timeout": KeyRole(False, True, "how long a round waits for replies"),
     "node-wait-timeout": KeyRole(False, True, "how long the start waits for the SuperNodes"),
+    "min-clients": KeyRole(False, True, "how many clients the start waits for; the others join "
+                                        "later, and a run with all of them online is the same"),
     "max-failed-rounds": KeyRole(False, True, "when to stop after failed rounds; a finished run "
                                               "did not meet it, and a resume is how to go on"),
     # What the experiment is, yet a continuation may change it.

@@ -46,10 +46,10 @@ def faulty_app(dest: Path) -> Path:
         else:
             shutil.copy(src, dest / part)
     app = dest / "client_app" / "app.py"
-    anchor = "    pid = partition_of(context, cfg)\n    conf ="
+    anchor = "    pid = partition_of(context, cfg, msg)\n    conf ="
     text = app.read_text()
     assert anchor in text, "client_app/app.py changed: update the fault injection anchor"
-    app.write_text(text.replace(anchor, "    pid = partition_of(context, cfg)\n" + FAULTS
+    app.write_text(text.replace(anchor, "    pid = partition_of(context, cfg, msg)\n" + FAULTS
                                 + "    conf =", 1))
     return dest
 

@@ -31,6 +31,7 @@ from scripts.inprocess_grid import InProcessGrid
 from server_app import experiment
 from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
+from strategies import records as rk
 from strategies.feddyn import H_LOCAL
 from strategies.scaffold import C_LOCAL
 from task.config import RunConfig
@@ -44,7 +45,9 @@ class BeforeStrategy(MethodStrategy):
     """The message without the accounted round: clients continue from their newest state."""
 
     def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
-        return round_config
+        config = super()._client_config(round_config, pid)
+        del config[rk.ACCOUNTED_ROUND]
+        return config
 
 
 def effective_state(grid: InProcessGrid, cfg: RunConfig, strategy: MethodStrategy,

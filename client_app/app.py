@@ -1,4 +1,5 @@
-"""The ClientApp: one SuperNode is one client, identified by its ``partition-id``.
+"""The ClientApp: one SuperNode is one client, identified by its ``partition-id`` (or, for a
+node with its own data, by the client id the server's node registry gives it).
 
 train: restore state -> RI start point -> the method's local rule -> store state -> reply.
 query: tell the server who this node is (partition id), so sampling is by client, not node.
@@ -32,17 +33,28 @@ from task.models import set_weights
 app = ClientApp()
 
 
-def partition_of(context: Context, cfg: RunConfig) -> int:
-    """This node's client id from its node config, checked against num-clients."""
+def partition_of(context: Context, cfg: RunConfig, msg: Message | None = None) -> int:
+    """This node's client id: its node config's ``partition-id`` (a benchmark split), else
+    the client id the server put in the message (a node with its own data is the client its
+    registry entry names). A message for another client than the node's partition is refused."""
     nc = context.node_config
-    if "partition-id" not in nc:
+    conf = msg.content.config_records.get(rk.CONFIG) if msg is not None else None
+    sent = conf.get(rk.CLIENT_ID) if conf is not None else None
+    if "partition-id" in nc:
+        pid = int(nc["partition-id"])
+        if sent is not None and int(sent) != pid:
+            raise ValueError(f"the message is for client-id={sent}, this node holds "
+                             f"partition-id={pid}: refused")
+    elif sent is not None:
+        pid = int(sent)
+    else:
         raise ValueError(
-            "node config has no 'partition-id'; start the SuperNode with "
-            "--node-config \"partition-id=<i> num-partitions=<N>\""
+            "node config has no 'partition-id' and the message names no client-id; start "
+            "the SuperNode with --node-config \"partition-id=<i> num-partitions=<N>\" (or "
+            "put its node id in the run's node-registry)"
         )
-    pid = int(nc["partition-id"])
     if not 0 <= pid < cfg.num_clients:
-        raise ValueError(f"node config partition-id={pid} is outside 0..{cfg.num_clients - 1}")
+        raise ValueError(f"client id {pid} is outside 0..{cfg.num_clients - 1}")
     return pid
 
 
@@ -64,7 +76,7 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
 def train_fn(msg: Message, context: Context) -> Message:
     """One participation: Flower's message and context in, ``client_round`` does the work."""
     cfg = RunConfig.parse(context.run_config)
-    pid = partition_of(context, cfg)
+    pid = partition_of(context, cfg, msg)
     conf = msg.content.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
     state = client_store(context, cfg, experiment, pid, str(conf.get(STATE_ROOT, "")))
@@ -84,7 +96,8 @@ def train_fn(msg: Message, context: Context) -> Message:
 
 
 def query_fn(msg: Message, context: Context) -> Message:
-    """Identity of this node as a client: its partition id and the partition count it knows."""
+    """Identity of this node as a client: its partition id and the partition count it knows
+    (-1 for a node without them: the server's node-registry names its client id)."""
     nc = context.node_config
     info = {rk.PARTITION_ID: int(nc.get("partition-id", -1)),
             rk.NUM_PARTITIONS: int(nc.get("num-partitions", -1))}
@@ -96,7 +109,7 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     loss and accuracy of the received model on this client's training data. Never changes
     the client's state."""
     cfg = RunConfig.parse(context.run_config)
-    pid = partition_of(context, cfg)
+    pid = partition_of(context, cfg, msg)
     conf = msg.content.config_records.get(rk.CONFIG)
     if conf is not None and conf.get(rk.PERSONAL_EVAL):
         experiment = str(conf.get(rk.EXPERIMENT, ""))

@@ -28,7 +28,7 @@ from server_app.checkpoint import (
     non_finite_part,
     save_checkpoint,
 )
-from server_app.clients import discover_clients, refresh_clients
+from server_app.clients import Fleet
 from server_app.personal_eval import KINDS
 from server_app.personal_round import personal_round
 from server_app.results import Recorder
@@ -97,7 +97,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     resume = resume_point(cfg)
     if resume:
         check_writable("resume-dir", resume[0])
-    node_of = discover_clients(grid, cfg)
+    fleet = Fleet(grid, cfg)
+    node_of = fleet.discover()
     data = dataset_of(cfg)
     check_examples(cfg, len(data.train_y))
     out = resume[0] if resume else (out_dir or Path(cfg.output_dir).resolve() / run_name(cfg))
@@ -106,8 +107,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     weights = get_weights(model)
     log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
         if resume else "")
-    refused: set[int] = set()  # nodes whose partition claim was refused
-    strategy = MethodStrategy(cfg, node_of, weights)
+    strategy = MethodStrategy(cfg, node_of, weights, available=fleet.available)
     strategy.expect_examples(partition_sizes(cfg))
     strategy.summary()
 
@@ -123,7 +123,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     failed = 0
     for rnd in range(first, n + 1):
         t0 = time.monotonic()
-        refresh_clients(grid, cfg, node_of, refused)
+        fleet.collect()  # newcomers identified beside the last round take part from now on
+        fleet.ask()  # identity queries to new nodes, answered beside this round
         messages = strategy.configure_train(rnd, arrays, round_config, grid)
         t_send = time.monotonic()
         replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
@@ -143,7 +144,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
-               **timing, **m, **personal}
+               **timing, **m, **personal,
+               "clients-trained": clients_trained(replies, strategy.sent_to)}
         rec.add_round(row)
         save_checkpoint(out, Checkpoint(rnd, arrays.to_numpy_ndarrays(),
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
@@ -183,6 +185,13 @@ def reply_timing(replies: list[Any], collect_seconds: float) -> dict[str, float 
                 compute.append(value)
     return {"collect-seconds": collect_seconds,
             "client-seconds-max": max(compute) if compute else None}
+
+
+def clients_trained(replies: list[Message], sent_to: dict[int, int]) -> list[int]:
+    """Client ids of the round's replies that came back without an error (aggregated or
+    rejected by a check): who trained, with late joiners and dropped nodes visible."""
+    return sorted(sent_to[m.metadata.src_node_id] for m in replies
+                  if not m.has_error() and m.metadata.src_node_id in sent_to)
 
 
 def _check_finite(rnd: int, arrays: ArrayRecord, state: dict[str, list[Any]], out: Path) -> None:

@@ -30,7 +30,7 @@ mean squared distance of the selected clients' final local models from the new g
 ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, "lr",
                 rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, "state-fallbacks",
                 rk.NORM_LIMIT_USED, "round-seconds", "elapsed-seconds", "collect-seconds",
-                "client-seconds-max", *PERSONAL_FIELDS)
+                "client-seconds-max", *PERSONAL_FIELDS, "clients-trained")
 TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
                            "client-seconds-max", "local-eval-seconds"})
 """Round fields measured in wall time: they differ between two runs of the same config."""

@@ -12,7 +12,7 @@ checkpointed server state.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from logging import WARNING
 
 import numpy as np
@@ -27,7 +27,7 @@ from strategies.method import ClientUpdate, RoundInput, ServerRule, ServerState
 from strategies.norms import update_norms, vector_norm
 from strategies.ri import Weights, aggregate_update, divergence
 from strategies.robust import combine
-from strategies.sampling import sample_clients
+from strategies.sampling import sample_available
 from task.config import RunConfig
 from task.federated_data import num_steps
 
@@ -53,10 +53,12 @@ class MethodStrategy(Strategy):
     """Flower's side of every method; the method's own math is ``rule`` (a ServerRule)."""
 
     def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int],
-                 w0: Weights) -> None:
+                 w0: Weights, available: Callable[[], Collection[int]] | None = None) -> None:
         self.cfg = cfg
         self.node_of_partition = node_of_partition
         """Partition id -> node id; the experiment keeps it current between rounds."""
+        self.available = available or (lambda: list(self.node_of_partition))
+        """The client ids that may be sampled now (identified, node connected)."""
         self.rule: ServerRule = cfg.spec.server(cfg.params)
         self.state: ServerState = self.rule.init(w0)
         self.norm_history: dict[str, list[float]] = {}
@@ -71,6 +73,11 @@ class MethodStrategy(Strategy):
         self._eval_sent_to: dict[int, int] = {}
         self.personal_scores: list[personal_eval.ClientScores] = []
         """The last personalized evaluation's per-client scores."""
+
+    @property
+    def sent_to(self) -> dict[int, int]:
+        """{node id: client id} of this round's train messages."""
+        return dict(self._sent_to)
 
     def expect_examples(self, sizes: Sequence[int] | None) -> None:
         """Set each partition's true example count; a reply claiming another is rejected.
@@ -93,7 +100,8 @@ class MethodStrategy(Strategy):
         """Send the model, the round's settings and the method's extras to sampled clients."""
         c = self.cfg
         self._w_t = arrays.to_numpy_ndarrays()
-        chosen = sample_clients(c.seed, server_round, c.num_clients, c.clients_per_round)
+        chosen = sample_available(c.seed, server_round, c.num_clients, c.clients_per_round,
+                                  self.available())
         round_config = ConfigRecord(
             {**dict(config), rk.ROUND: server_round, rk.LR: c.lr_at(server_round),
              rk.BETA: c.beta, rk.UPLOAD_DELTA: c.ri_aggregation == "update"}
@@ -112,11 +120,12 @@ class MethodStrategy(Strategy):
         return messages
 
     def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
-        """The round's settings plus this client's accounted round (when tracked)."""
-        if self.accounted is None:
-            return round_config
-        return ConfigRecord({**dict(round_config),
-                             rk.ACCOUNTED_ROUND: self.accounted.get(pid, 0)})
+        """The round's settings for client ``pid``: its id and, when tracked, its accounted
+        round."""
+        config = _for_client(round_config, pid)
+        if self.accounted is not None:
+            config[rk.ACCOUNTED_ROUND] = self.accounted.get(pid, 0)
+        return config
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -178,10 +187,13 @@ class MethodStrategy(Strategy):
         eval_config = ConfigRecord({**dict(config), rk.ROUND: server_round,
                                     rk.LR: c.lr_at(server_round), rk.PERSONAL_EVAL: True})
         messages = []
+        online = set(self.available())
         for pid in personal_eval.eval_clients(c):
+            if pid not in online:  # not identified or not connected: no score this time
+                continue
             node = self.node_of_partition[pid]
             self._eval_sent_to[node] = pid
-            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: eval_config})
+            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: _for_client(eval_config, pid)})
             messages.append(
                 Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node))
         return messages
@@ -387,6 +399,11 @@ class MethodStrategy(Strategy):
                           {pid: int(r) for pid, r in enumerate(accounted[0]) if r > 0})
         self.state = self.rule.state_type.from_arrays(
             {k: v for k, v in state.items() if k not in norms and k != ACCOUNTED_STATE})
+
+
+def _for_client(config: ConfigRecord, client_id: int) -> ConfigRecord:
+    """The round's settings with the client the message is for (``rk.CLIENT_ID``)."""
+    return ConfigRecord({**dict(config), rk.CLIENT_ID: client_id})
 
 
 def _arrays_problem(key: str, arrays: list[np.ndarray], reference: Weights) -> str | None:

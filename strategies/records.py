@@ -20,6 +20,8 @@ UPLOAD_DELTA = "upload-delta"  # bool: the model upload is Delta_i (``update``),
 EXPERIMENT = "experiment-id"  # the run directory's name: stable across a resume
 ACCOUNTED_ROUND = "accounted-round"  # int, per client: the round of its last reply the server
 # aggregated (0: none); the client starts its server-summed state from that version
+CLIENT_ID = "client-id"  # int: the client the message is for (a node without a partition-id
+# trains as this client; one with a partition-id refuses a message naming another)
 
 PERSONAL_EVAL = "personal-eval"  # bool in an evaluate message: personalized evaluation
 

@@ -78,6 +78,7 @@ class RunConfig:
     round_timeout: float
     node_wait_timeout: float
     task_deadline: float
+    min_clients: int
     min_replies: int
     max_failed_rounds: int
     aggregation: str
@@ -275,6 +276,9 @@ def _check_ranges(c: RunConfig) -> None:
         raise _bad("lr-decay", c.lr_decay, "0 < lr-decay <= 1")
     if not 0.0 <= c.trim_fraction < 0.5:
         raise _bad("trim-fraction", c.trim_fraction, "0 <= trim-fraction < 0.5")
+    if not 0 <= c.min_clients <= c.num_clients:
+        raise _bad("min-clients", c.min_clients,
+                   f"0 (all) to num-clients={c.num_clients} clients to start with")
     if c.min_replies > c.clients_per_round:
         raise _bad("min-replies", c.min_replies,
                    f"at most the clients per round ({c.clients_per_round})")

@@ -49,6 +49,8 @@ SPECIAL: dict[str, KeyRole] = {
     "node-wait-timeout": KeyRole(False, True, "how long the start waits for the SuperNodes"),
     "task-deadline": KeyRole(False, True, "when a node gives up on a task that hangs, as "
                                           "round-timeout is when the server gives up on it"),
+    "min-clients": KeyRole(False, True, "how many clients the start waits for; the others join "
+                                        "later, and a run with all of them online is the same"),
     "max-failed-rounds": KeyRole(False, True, "when to stop after failed rounds; a finished run "
                                               "did not meet it, and a resume is how to go on"),
     # What the experiment is, yet a continuation may change it.

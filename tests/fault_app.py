@@ -13,7 +13,7 @@ from pathlib import Path
 from scripts.flower_env import REPO
 
 APP_PARTS = ("pyproject.toml", "client_app", "server_app", "strategies", "task")
-ANCHOR = "    pid = partition_of(context, cfg)\n    conf ="
+ANCHOR = "    pid = partition_of(context, cfg, msg)\n    conf ="
 ROUND = "    _round = int(msg.content.config_records[rk.CONFIG][rk.ROUND])\n"
 
 
@@ -55,6 +55,6 @@ def fault_app(dest: Path, *faults: str) -> Path:
     app = dest / "client_app" / "app.py"
     text = app.read_text()
     assert ANCHOR in text, "client_app/app.py changed: update the fault injection anchor"
-    head = "    pid = partition_of(context, cfg)\n"
+    head = "    pid = partition_of(context, cfg, msg)\n"
     app.write_text(text.replace(ANCHOR, head + ROUND + "".join(faults) + "    conf =", 1))
     return dest

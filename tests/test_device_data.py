@@ -215,3 +215,13 @@ def test_evaluation_resolves() -> None:
     assert RunConfig.parse({"evaluation": "federated"}).eval_source == "federated"
     with pytest.raises(ConfigError, match="evaluation='both'"):
         RunConfig.parse({"evaluation": "both"})
+
+
+def test_simulate_refuses_device_data_in_one_line(tmp_path: Path) -> None:
+    from tests.test_fast_failures import run_simulate
+
+    proc, _ = run_simulate("dataset=device", "device-classes=a,b",
+                           "max-examples-per-client=100", f"output-dir={tmp_path}")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "dataset='device' needs a deployment" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

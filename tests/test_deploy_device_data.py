@@ -76,6 +76,9 @@ def test_devices_bring_their_own_data(deployment: DeviceDeployment, tmp_path: Pa
     for row in rows:
         assert row["num-replies"] == GOOD and row["num-rejected"] == 1, row
         assert row["fed-eval-clients"] == GOOD and row["test-acc"] is not None, row
+    print("federated accuracy curve:", [round(r["test-acc"], 4) for r in rows],
+          "examples:", rows[-1]["fed-eval-examples"],
+          "round seconds:", [round(r["round-seconds"], 1) for r in rows])
     assert rows[-1]["test-acc"] > 0.3  # 3 rounds on 900 images: well above chance (0.1)
     # the bad node's one line, as the server logged it for every train and evaluate task
     line = f"{deployment.folders[-1]}/sandal/broken.png: cannot decode image"

@@ -141,11 +141,10 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         m = {**(metrics or {}), "state-fallbacks": state_fallbacks(replies)}
         acc = loss = None
         evaluated: dict[str, Any] = {}
-        if (rnd % cfg.eval_every == 0 or rnd == n) and central is not None:
-            loss, acc = central(arrays.to_numpy_ndarrays())
-        elif rnd % cfg.eval_every == 0 or rnd == n:
-            assert federated is not None
+        if (rnd % cfg.eval_every == 0 or rnd == n) and federated is not None:
             loss, acc, evaluated = federated(grid, rnd, arrays, round_config)
+        elif (rnd % cfg.eval_every == 0 or rnd == n) and central is not None:
+            loss, acc = central(arrays.to_numpy_ndarrays())
         personal, per_client = personal_round(strategy, grid, rnd, arrays, round_config,
                                               cfg.round_timeout)
         if per_client:

@@ -4,13 +4,17 @@ node with its own data, by the client id the server's node registry gives it).
 train: restore state -> RI start point -> the method's local rule -> store state -> reply.
 query: tell the server who this node is (partition id), so sampling is by client, not node.
 evaluate: personalized evaluation on this client's local test split (``personal_eval.py``),
-or the received model's accuracy on its training data.
+federated evaluation (the received model on the local test split), or the received model's
+accuracy on its training data.
+With ``dataset=device`` the client's data is what its node holds (node config ``data-dir``);
+data that does not meet the run's schema fails the task with one line naming the file.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -58,6 +62,11 @@ def partition_of(context: Context, cfg: RunConfig, msg: Message | None = None) -
     return pid
 
 
+def data_dir_of(context: Context) -> str:
+    """The node's own data (node config ``data-dir``; device data only, else "")."""
+    return str(context.node_config.get("data-dir", ""))
+
+
 def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
                  sim_root: str = "") -> ClientStore:
     """This client's store: memory is ``context.state``; disk is the node's state directory
@@ -86,7 +95,7 @@ def train_fn(msg: Message, context: Context) -> Message:
                               list(msg.content.array_records[rk.ARRAYS].values()),
                               None if accounted is None else int(accounted),  # type: ignore[arg-type]
                               cfg.spec.client.accounted_keys)
-    x, y = client_tensors(cfg, pid)
+    x, y = client_tensors(cfg, pid, data_dir_of(context))
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            fresh_model(cfg), x, y, initial=lambda: initial_weights(cfg),
                            partition_id=pid)
@@ -105,26 +114,46 @@ def query_fn(msg: Message, context: Context) -> Message:
 
 
 def evaluate_fn(msg: Message, context: Context) -> Message:
-    """Personalized evaluation when the message asks for it (``personal_eval``); otherwise
+    """Personalized evaluation when the message asks for it (``personal_eval``); federated
+    evaluation (``federated-eval``: the received model on the local test split); otherwise
     loss and accuracy of the received model on this client's training data. Never changes
     the client's state."""
     cfg = RunConfig.parse(context.run_config)
     pid = partition_of(context, cfg, msg)
+    data_dir = data_dir_of(context)
     conf = msg.content.config_records.get(rk.CONFIG)
+    if conf is not None and conf.get(rk.FEDERATED_EVAL):
+        return Message(content=RecordDict({rk.METRICS: federated_evaluation(
+            cfg, msg, client_test_tensors(cfg, pid, data_dir))}), reply_to=msg)
     if conf is not None and conf.get(rk.PERSONAL_EVAL):
         experiment = str(conf.get(rk.EXPERIMENT, ""))
         snapshot = client_store(context, cfg, experiment, pid,
                                 str(conf.get(STATE_ROOT, ""))).snapshot()
         metrics = personal_evaluation(cfg, cfg.spec.client(cfg.params), msg.content, snapshot,
-                                      fresh_model(cfg), client_tensors(cfg, pid),
-                                      client_test_tensors(cfg, pid), partition_id=pid)
+                                      fresh_model(cfg), client_tensors(cfg, pid, data_dir),
+                                      client_test_tensors(cfg, pid, data_dir),
+                                      partition_id=pid)
         return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
     model = fresh_model(cfg)
     set_weights(model, msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
-    x, y = client_tensors(cfg, pid)
+    x, y = client_tensors(cfg, pid, data_dir)
     loss, acc = evaluate_model(model, x, y)
-    metrics = MetricRecord({"eval-loss": loss, "eval-acc": acc, rk.NUM_EXAMPLES: len(y)})
+    metrics = MetricRecord({rk.EVAL_LOSS: loss, rk.EVAL_ACC: acc, rk.NUM_EXAMPLES: len(y)})
     return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
+
+
+def federated_evaluation(cfg: RunConfig, msg: Message,
+                         test: tuple[torch.Tensor, torch.Tensor]) -> MetricRecord:
+    """The received (global) model's loss and accuracy on the local test split, and its
+    size: the server's example-weighted mean is the run's accuracy curve. Only the size
+    when the split is empty."""
+    x, y = test
+    metrics: dict[str, int | float] = {rk.NUM_TEST: len(y)}
+    if len(y):
+        model = fresh_model(cfg)
+        set_weights(model, msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
+        metrics[rk.EVAL_LOSS], metrics[rk.EVAL_ACC] = evaluate_model(model, x, y)
+    return MetricRecord(metrics)
 
 
 app.train()(train_fn)

@@ -66,11 +66,13 @@ EXPERIMENT: frozenset[str] = frozenset({
     "adam-beta1", "adam-beta2", "adam-eps", "fedcm-alpha", "sam-rho", "ditto-lambda",
     # the federation and local training
     "num-clients", "fraction-train", "local-epochs", "batch-size", "lr", "lr-decay",
-    "weight-decay", "clip-norm", "model", "seed", "eval-every",
+    "weight-decay", "clip-norm", "model", "seed", "eval-every", "evaluation",
+    "federated-eval-clients",
     "personal-eval-every", "personal-eval-clients", "finetune-epochs",
     # the data
     "dataset", "partition", "dirichlet-alpha", "channel-noise", "brightness-noise", "train-limit",
-    "local-test-fraction",
+    "local-test-fraction", "device-classes", "device-image-size", "device-channels",
+    "device-mean", "device-std",
     # the server's defences: they change which replies are aggregated and how
     "aggregation", "trim-fraction", "max-update-norm-ratio", "max-examples-per-client",
 })

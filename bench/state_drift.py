@@ -41,7 +41,17 @@ SIZE = {"num-clients": 20, "fraction-train": 0.5, "train-limit": 6000, "local-ep
 KEY = {"scaffold": C_LOCAL, "feddyn": H_LOCAL}
 
 
-class BeforeStrategy(MethodStrategy):
+class Recorded(MethodStrategy):
+    """The real strategy, remembered so that its state can be read after the run."""
+
+    made: list[MethodStrategy] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        Recorded.made.append(self)
+
+
+class BeforeStrategy(Recorded):
     """The message without the accounted round: clients continue from their newest state."""
 
     def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
@@ -76,20 +86,14 @@ def one_run(method: str, seed: int, rounds: int, drop: float, before: bool) -> d
         rng = np.random.default_rng([seed, 99])
         grid.reply_filter = lambda r: None if (
             r.metadata.message_type == MessageType.TRAIN and rng.random() < drop) else r
-        made: list[MethodStrategy] = []
-        kind = BeforeStrategy if before else MethodStrategy
-
-        def build(*args: Any, **kwargs: Any) -> MethodStrategy:
-            made.append(kind(*args, **kwargs))
-            return made[-1]
-
+        Recorded.made.clear()
         original = experiment.MethodStrategy
-        experiment.MethodStrategy = build  # type: ignore[assignment,misc]
+        experiment.MethodStrategy = BeforeStrategy if before else Recorded  # type: ignore[misc]
         try:
             summary = experiment.run_experiment(grid, cfg, out_dir=Path(tmp) / "run")
         finally:
             experiment.MethodStrategy = original  # type: ignore[misc]
-        strategy = made[0]
+        strategy = Recorded.made[0]
         state = strategy.state.arrays()
         server = state["c"] if method == "scaffold" else state["h_sum"]
         clients = effective_state(grid, cfg, strategy, "run", KEY[method], server)

@@ -39,7 +39,7 @@ def measure(raw: dict[str, object]) -> dict[str, tuple[int, int]]:
     data = dataset_of(cfg)
     grid = InProcessGrid(cfg.num_clients, raw)
     w0 = initial_weights(cfg, data)
-    strategy = MethodStrategy(cfg, {p: 1000 + p for p in range(cfg.num_clients)}, w0)
+    strategy = MethodStrategy.for_run(cfg, {p: 1000 + p for p in range(cfg.num_clients)}, w0)
     arrays = ArrayRecord(w0)
     down: list[RecordDict] = []
     up: list[RecordDict] = []

@@ -40,7 +40,7 @@ from strategies import records as rk
 from task import config_keys
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present
-from task.federated_data import dataset_of, partition_sizes
+from task.federated_data import dataset_of
 from task.models import get_weights, initial_model, set_weights
 
 
@@ -112,9 +112,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     weights = get_weights(model)
     log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
         if resume else "")
-    strategy = MethodStrategy(cfg, node_of, weights, available=fleet.available)
-    # device data: the server cannot know the sizes, it caps them (max-examples-per-client)
-    strategy.expect_examples(None if cfg.on_devices else partition_sizes(cfg))
+    strategy = MethodStrategy.for_run(cfg, node_of, weights, available=fleet.available)
     strategy.summary()
 
     first = 1

@@ -29,7 +29,7 @@ from strategies.ri import Weights, aggregate_update, divergence
 from strategies.robust import combine
 from strategies.sampling import sample_available
 from task.config import RunConfig
-from task.federated_data import num_steps
+from task.federated_data import num_steps, partition_sizes
 
 NORM_HISTORY = 64
 """Accepted upload norms kept per uploaded vector: the norm filter's reference in rounds with
@@ -52,17 +52,25 @@ Accepted = tuple[int, ClientUpdate]
 class MethodStrategy(Strategy):
     """Flower's side of every method; the method's own math is ``rule`` (a ServerRule)."""
 
-    def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int],
-                 w0: Weights, available: Callable[[], Collection[int]] | None = None) -> None:
+    def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int], w0: Weights, *,
+                 examples: Sequence[int] | None,
+                 available: Callable[[], Collection[int]] | None = None) -> None:
+        """Everything the strategy needs, at construction (``for_run`` derives it from the
+        run config): ``examples`` is each client's true training-example count, which its
+        replies must claim, or None where the server cannot know it (device data: claims
+        are only capped by ``max-examples-per-client``); no default, so a caller cannot drop
+        the check by forgetting it."""
         self.cfg = cfg
         self.node_of_partition = node_of_partition
-        """Partition id -> node id; the experiment keeps it current between rounds."""
+        """Client id -> node id: a live map (``server_app.clients.Fleet`` adds late joiners
+        and moved nodes to it between rounds; a fixed dict where the federation is fixed)."""
         self.available = available or (lambda: list(self.node_of_partition))
         """The client ids that may be sampled now (identified, node connected)."""
         self.rule: ServerRule = cfg.spec.server(cfg.params)
         self.state: ServerState = self.rule.init(w0)
         self.norm_history: dict[str, list[float]] = {}
-        self.expected_examples: tuple[int, ...] | None = None
+        self.expected_examples: tuple[int, ...] | None = (
+            None if examples is None else tuple(int(n) for n in examples))
         self.accounted: dict[int, int] | None = {}
         """Partition id -> round of its last aggregated reply, named in each train message so
         the client starts its server-summed state (``ClientRule.accounted_keys``) from the
@@ -79,13 +87,13 @@ class MethodStrategy(Strategy):
         """{node id: client id} of this round's train messages."""
         return dict(self._sent_to)
 
-    def expect_examples(self, sizes: Sequence[int] | None) -> None:
-        """Set each partition's true example count; a reply claiming another is rejected.
-
-        None leaves the claim unchecked (tests with hand-made data; the ServerApp always sets
-        it, from ``task.federated_data.partition_sizes``).
-        """
-        self.expected_examples = None if sizes is None else tuple(int(n) for n in sizes)
+    @classmethod
+    def for_run(cls, cfg: RunConfig, node_of_partition: Mapping[int, int], w0: Weights,
+                available: Callable[[], Collection[int]] | None = None) -> MethodStrategy:
+        """The strategy of the run ``cfg`` describes: example counts from the partitions
+        (``task.federated_data.partition_sizes``, no data decoded), none for device data."""
+        return cls(cfg, node_of_partition, w0, available=available,
+                   examples=None if cfg.on_devices else partition_sizes(cfg))
 
     # ---------------------------------------------------------------- Flower Strategy API
     def summary(self) -> None:

@@ -123,8 +123,8 @@ class Federation:
                 **self.raw}
         self.cfg = RunConfig.parse(full)
         self.strategy = MethodStrategy(
-            self.cfg, {pid: NODE_BASE + pid for pid in range(n)}, [self.problem.w0.copy()])
-        self.strategy.expect_examples([len(y) for y in self.problem.ys])
+            self.cfg, {pid: NODE_BASE + pid for pid in range(n)}, [self.problem.w0.copy()],
+            examples=[len(y) for y in self.problem.ys])
         self.states = {pid: RecordDict() for pid in range(n)}
         self.arrays = ArrayRecord([self.problem.w0.copy()])
         self.metrics: list[dict[str, Any]] = []

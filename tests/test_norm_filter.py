@@ -55,8 +55,8 @@ def server(method: str = "fedavg", n: int = 4, variant: str = "model",
     cfg = RunConfig.parse({"method": method, "num-clients": n, "fraction-train": 1.0,
                            "beta": 0.0, "ri-aggregation": variant, "weighting": "uniform",
                            "max-update-norm-ratio": RATIO, "output-dir": "/tmp/unused", **raw})
-    s = MethodStrategy(cfg, {p: 1000 + p for p in range(n)}, model(1.0))
-    s.expect_examples([EXAMPLES] * n)
+    s = MethodStrategy(cfg, {p: 1000 + p for p in range(n)}, model(1.0),
+                       examples=[EXAMPLES] * n)
     return s
 
 

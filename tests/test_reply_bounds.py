@@ -38,8 +38,7 @@ def server(method: str = "fedavg", n: int = 4, fraction: float = 1.0, **raw: Any
     cfg = RunConfig.parse({"method": method, "num-clients": n, "fraction-train": fraction,
                            "beta": 0.0, "ri-aggregation": "model", "output-dir": "/tmp/x",
                            **raw})
-    strategy = MethodStrategy(cfg, {p: 1000 + p for p in range(n)}, W_T)
-    strategy.expect_examples(SIZES[:n])
+    strategy = MethodStrategy(cfg, {p: 1000 + p for p in range(n)}, W_T, examples=SIZES[:n])
     return strategy
 
 

@@ -152,8 +152,7 @@ def server(aggregation: str, variant: str, trim: float = 0.2) -> MethodStrategy:
                            "beta": 0.0, "ri-aggregation": variant, "aggregation": aggregation,
                            "trim-fraction": trim, "max-update-norm-ratio": 0.0,
                            "output-dir": "/tmp/unused"})
-    s = MethodStrategy(cfg, {p: 1000 + p for p in range(5)}, W_T)
-    s.expect_examples(SIZES)
+    s = MethodStrategy(cfg, {p: 1000 + p for p in range(5)}, W_T, examples=SIZES)
     return s
 
 

@@ -18,6 +18,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client_app.divergence import divergence_to_global
 from client_app.model_cache import (
     client_tensors,
     client_test_tensors,
@@ -125,6 +126,11 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     if conf is not None and conf.get(rk.FEDERATED_EVAL):
         return Message(content=RecordDict({rk.METRICS: federated_evaluation(
             cfg, msg, client_test_tensors(cfg, pid, data_dir))}), reply_to=msg)
+    if conf is not None and conf.get(rk.DIVERGENCE_EVAL):
+        snapshot = client_store(context, cfg, str(conf.get(rk.EXPERIMENT, "")), pid,
+                                str(conf.get(STATE_ROOT, ""))).snapshot()
+        metrics = divergence_to_global(msg.content, snapshot, lambda: initial_weights(cfg))
+        return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
     if conf is not None and conf.get(rk.PERSONAL_EVAL):
         experiment = str(conf.get(rk.EXPERIMENT, ""))
         snapshot = client_store(context, cfg, experiment, pid,

@@ -28,6 +28,7 @@ from server_app.checkpoint import (
     non_finite_part,
     save_checkpoint,
 )
+from server_app.client_divergence import ClientDivergence
 from server_app.clients import Fleet
 from server_app.federated_eval import FederatedEvaluator
 from server_app.personal_eval import KINDS
@@ -108,6 +109,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     central = CentralEvaluator(cfg) if cfg.eval_source == "central" else None
     federated = (FederatedEvaluator(cfg, node_of, fleet.available) if central is None
                  else None)
+    divergence = ClientDivergence(cfg, node_of, fleet.available)
     model = initial_model(cfg)
     weights = get_weights(model)
     log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
@@ -145,6 +147,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             loss, acc, evaluated = federated(grid, rnd, arrays, round_config)
         elif (rnd % cfg.eval_every == 0 or rnd == n) and central is not None:
             loss, acc = central(arrays.to_numpy_ndarrays())
+        evaluated.update(divergence(grid, rnd, arrays, round_config))
         personal, per_client = personal_round(strategy, grid, rnd, arrays, round_config,
                                               cfg.round_timeout)
         if per_client:

@@ -76,6 +76,24 @@ def weighted_mean(scores: Sequence[LocalScore]) -> tuple[float | None, float | N
             math.fsum(s.num_test * s.acc for s in scores) / total)
 
 
+def evaluate_messages(clients: Sequence[int], node_of_client: Mapping[int, int],
+                      available: Callable[[], Sequence[int]] | None, arrays: ArrayRecord,
+                      conf: ConfigRecord) -> tuple[list[Message], dict[int, int]]:
+    """Evaluate messages with ``arrays`` and ``conf`` (plus each one's client id) to those of
+    ``clients`` whose node is known and connected, and {node id: client id} they went to."""
+    messages, sent_to = [], {}
+    online = None if available is None else set(available())
+    for client in clients:
+        node = node_of_client.get(client)
+        if node is None or (online is not None and client not in online):
+            continue  # not identified yet, or its node is gone: it would only cost a wait
+        sent_to[node] = client
+        mine = ConfigRecord({**dict(conf), rk.CLIENT_ID: client})
+        messages.append(Message(content=RecordDict({rk.ARRAYS: arrays, rk.CONFIG: mine}),
+                                message_type=MessageType.EVALUATE, dst_node_id=node))
+    return messages, sent_to
+
+
 class FederatedEvaluator:
     """Sends the global model to the evaluated clients and averages their scores."""
 
@@ -94,17 +112,7 @@ class FederatedEvaluator:
         """The evaluate messages and {node id: client id} they went to."""
         conf = ConfigRecord({**dict(config), rk.ROUND: server_round,
                              rk.LR: self.cfg.lr_at(server_round), rk.FEDERATED_EVAL: True})
-        messages, sent_to = [], {}
-        online = None if self.available is None else set(self.available())
-        for client in self.clients:
-            node = self.node_of_client.get(client)
-            if node is None or (online is not None and client not in online):
-                continue  # not identified yet, or its node is gone: it would only cost a wait
-            sent_to[node] = client
-            mine = ConfigRecord({**dict(conf), rk.CLIENT_ID: client})
-            messages.append(Message(content=RecordDict({rk.ARRAYS: arrays, rk.CONFIG: mine}),
-                                    message_type=MessageType.EVALUATE, dst_node_id=node))
-        return messages, sent_to
+        return evaluate_messages(self.clients, self.node_of_client, self.available, arrays, conf)
 
     def scores(self, server_round: int, replies: Sequence[Message],
                sent_to: Mapping[int, int]) -> list[LocalScore]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
 from server_app.personal_eval import FIELDS as PERSONAL_FIELDS
 from server_app.personal_eval import KINDS
@@ -34,9 +35,11 @@ mean squared distance of the selected clients' final local models from the new g
 ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, "lr",
                 rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, "state-fallbacks",
                 rk.NORM_LIMIT_USED, "round-seconds", "elapsed-seconds", "collect-seconds",
-                "client-seconds-max", *PERSONAL_FIELDS, *FEDERATED_FIELDS, "clients-trained")
+                "client-seconds-max", *PERSONAL_FIELDS, *FEDERATED_FIELDS, *DIVERGENCE_FIELDS,
+                "clients-trained")
 TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
-                           "client-seconds-max", "local-eval-seconds", "fed-eval-seconds"})
+                           "client-seconds-max", "local-eval-seconds", "fed-eval-seconds",
+                           "divergence-seconds"})
 """Round fields measured in wall time: they differ between two runs of the same config."""
 PERSONAL_CLIENTS = "personal_clients.csv"
 """Per-client accuracies of the last personalized evaluation."""

@@ -50,6 +50,10 @@ NUM_TEST = "num-test-examples"
 ACC_GLOBAL = "acc-global"  # (a) the global model w_t
 ACC_FINETUNED = "acc-finetuned"  # (b) w_t after finetune-epochs local epochs
 ACC_OWN = "acc-own"  # (c) the client's own model (absent when it has none yet)
+DIVERGENCE_EVAL = "divergence-eval"  # bool in an evaluate message: the paper's divergence
+# term, ||w_prev_i - w_t||^2 from the client's stored last local model (w_0 before any)
+SQ_DISTANCE = "sq-distance"  # its reply: that squared distance (float64 sum)
+HAS_TRAINED = "has-trained"  # its reply: 1 when w_prev_i is a trained model, 0 for w_0
 EVAL_LOSS = "eval-loss"  # an evaluate reply: mean cross-entropy of the received model
 EVAL_ACC = "eval-acc"  # an evaluate reply: accuracy of the received model
 

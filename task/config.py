@@ -79,6 +79,8 @@ class RunConfig:
     eval_every: int
     evaluation: str
     federated_eval_clients: int
+    divergence_every: int
+    divergence_clients: int
     personal_eval_every: int
     personal_eval_clients: int
     finetune_epochs: int
@@ -233,6 +235,10 @@ def check_writable(key: str, path: Path) -> None:
 
 def _check_personal_eval(c: RunConfig) -> None:
     """Personalized evaluation needs local test splits and at most every client."""
+    for key, value in (("divergence-every", c.divergence_every),
+                       ("divergence-clients", c.divergence_clients)):
+        if value < 0:
+            raise _bad(key, value, "an integer >= 0 (0 = off / all clients)")
     if c.personal_eval_every < 0:
         raise _bad("personal-eval-every", c.personal_eval_every, "an integer >= 0 (0 = off)")
     if c.personal_eval_clients < 0:

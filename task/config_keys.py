@@ -67,7 +67,7 @@ EXPERIMENT: frozenset[str] = frozenset({
     # the federation and local training
     "num-clients", "fraction-train", "local-epochs", "batch-size", "lr", "lr-decay",
     "weight-decay", "clip-norm", "model", "seed", "eval-every", "evaluation",
-    "federated-eval-clients",
+    "federated-eval-clients", "divergence-every", "divergence-clients",
     "personal-eval-every", "personal-eval-clients", "finetune-epochs",
     # the data
     "dataset", "partition", "dirichlet-alpha", "channel-noise", "brightness-noise", "train-limit",

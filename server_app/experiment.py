@@ -231,6 +231,9 @@ def _progress_line(row: dict[str, Any], n: int, sent: int) -> str:
     loss = "  -   " if row["test-loss"] is None else f"{row['test-loss']:.4f}"
     div = row.get("divergence")
     div_s = "-" if div is None else f"{div:.3e}"
+    for name, key in (("all", "divergence-all"), ("sample", "divergence-sample")):
+        if row.get(key) is not None:
+            div_s += f" (div-{name} {row[key]:.3e}, {row.get('divergence-clients')} clients)"
     tl = row.get("train-loss")
     tl_s = "-" if tl is None else f"{tl:.4f}"
     return (f"[round {row['round']}/{n}] acc {acc} loss {loss} div {div_s} train-loss {tl_s} "

@@ -19,6 +19,7 @@ from client_app.trainer import local_sgd
 from store.client_store import W_PREV
 from strategies.fedcm import MOMENTUM
 from strategies.feddyn import H_LOCAL
+from strategies.fedsam import sam_gradient
 from strategies.sampling import sample_clients
 from strategies.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
 from tests.lsq_problem import Federation, quadratic_problem
@@ -231,7 +232,7 @@ def one_step(**kw: Any) -> tuple[list[float], float]:
 
 
 def test_sam_ascends_along_the_whole_gradient_and_reports_the_unperturbed_loss() -> None:
-    w, loss = one_step(clip_norm=0.0, sam_rho=1.0)
+    w, loss = one_step(clip_norm=0.0, gradient=sam_gradient(1.0))
     # g = (-3,-4), ||g|| = 5: ascend to (-.6,-.8), gradient (-3.6,-4.8); step .5
     close(w, [1.8, 2.4])
     assert loss == pytest.approx(12.5)  # 0.5 * (9 + 16) at the original point

@@ -1,15 +1,20 @@
-"""The ClientApp: one SuperNode is one client, identified by its ``partition-id``.
+"""The ClientApp: one SuperNode is one client, identified by its ``partition-id`` (or, for a
+node with its own data, by the client id the server's node registry gives it).
 
 train: restore state -> RI start point -> the method's local rule -> store state -> reply.
 query: tell the server who this node is (partition id), so sampling is by client, not node.
 evaluate: personalized evaluation on this client's local test split (``personal_eval.py``),
-or the received model's accuracy on its training data.
+federated evaluation (the received model on the local test split), or the received model's
+accuracy on its training data.
+With ``dataset=device`` the client's data is what its node holds (node config ``data-dir``);
+data that does not meet the run's schema fails the task with one line naming the file.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -32,18 +37,34 @@ from task.models import set_weights
 app = ClientApp()
 
 
-def partition_of(context: Context, cfg: RunConfig) -> int:
-    """This node's client id from its node config, checked against num-clients."""
+def partition_of(context: Context, cfg: RunConfig, msg: Message | None = None) -> int:
+    """This node's client id: its node config's ``partition-id`` (a benchmark split), else
+    the client id the server put in the message (a node with its own data is the client its
+    registry entry names). A message for another client than the node's partition is refused."""
     nc = context.node_config
-    if "partition-id" not in nc:
+    conf = msg.content.config_records.get(rk.CONFIG) if msg is not None else None
+    sent = conf.get(rk.CLIENT_ID) if conf is not None else None
+    if "partition-id" in nc:
+        pid = int(nc["partition-id"])
+        if sent is not None and int(sent) != pid:
+            raise ValueError(f"the message is for client-id={sent}, this node holds "
+                             f"partition-id={pid}: refused")
+    elif sent is not None:
+        pid = int(sent)
+    else:
         raise ValueError(
-            "node config has no 'partition-id'; start the SuperNode with "
-            "--node-config \"partition-id=<i> num-partitions=<N>\""
+            "node config has no 'partition-id' and the message names no client-id; start "
+            "the SuperNode with --node-config \"partition-id=<i> num-partitions=<N>\" (or "
+            "put its node id in the run's node-registry)"
         )
-    pid = int(nc["partition-id"])
     if not 0 <= pid < cfg.num_clients:
-        raise ValueError(f"node config partition-id={pid} is outside 0..{cfg.num_clients - 1}")
+        raise ValueError(f"client id {pid} is outside 0..{cfg.num_clients - 1}")
     return pid
+
+
+def data_dir_of(context: Context) -> str:
+    """The node's own data (node config ``data-dir``; device data only, else "")."""
+    return str(context.node_config.get("data-dir", ""))
 
 
 def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
@@ -64,14 +85,17 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
 def train_fn(msg: Message, context: Context) -> Message:
     """One participation: Flower's message and context in, ``client_round`` does the work."""
     cfg = RunConfig.parse(context.run_config)
-    pid = partition_of(context, cfg)
+    pid = partition_of(context, cfg, msg)
     conf = msg.content.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
     state = client_store(context, cfg, experiment, pid, str(conf.get(STATE_ROOT, "")))
     # the received arrays' shapes only: client_round decodes the model, once
+    accounted = conf.get(rk.ACCOUNTED_ROUND)
     fell_back = state.restore(experiment, server_round,
-                              list(msg.content.array_records[rk.ARRAYS].values()))
-    x, y = client_tensors(cfg, pid)
+                              list(msg.content.array_records[rk.ARRAYS].values()),
+                              None if accounted is None else int(accounted),  # type: ignore[arg-type]
+                              cfg.spec.client.accounted_keys)
+    x, y = client_tensors(cfg, pid, data_dir_of(context))
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            fresh_model(cfg), x, y, initial=lambda: initial_weights(cfg),
                            partition_id=pid)
@@ -81,7 +105,8 @@ def train_fn(msg: Message, context: Context) -> Message:
 
 
 def query_fn(msg: Message, context: Context) -> Message:
-    """Identity of this node as a client: its partition id and the partition count it knows."""
+    """Identity of this node as a client: its partition id and the partition count it knows
+    (-1 for a node without them: the server's node-registry names its client id)."""
     nc = context.node_config
     info = {rk.PARTITION_ID: int(nc.get("partition-id", -1)),
             rk.NUM_PARTITIONS: int(nc.get("num-partitions", -1))}
@@ -89,26 +114,46 @@ def query_fn(msg: Message, context: Context) -> Message:
 
 
 def evaluate_fn(msg: Message, context: Context) -> Message:
-    """Personalized evaluation when the message asks for it (``personal_eval``); otherwise
+    """Personalized evaluation when the message asks for it (``personal_eval``); federated
+    evaluation (``federated-eval``: the received model on the local test split); otherwise
     loss and accuracy of the received model on this client's training data. Never changes
     the client's state."""
     cfg = RunConfig.parse(context.run_config)
-    pid = partition_of(context, cfg)
+    pid = partition_of(context, cfg, msg)
+    data_dir = data_dir_of(context)
     conf = msg.content.config_records.get(rk.CONFIG)
+    if conf is not None and conf.get(rk.FEDERATED_EVAL):
+        return Message(content=RecordDict({rk.METRICS: federated_evaluation(
+            cfg, msg, client_test_tensors(cfg, pid, data_dir))}), reply_to=msg)
     if conf is not None and conf.get(rk.PERSONAL_EVAL):
         experiment = str(conf.get(rk.EXPERIMENT, ""))
         snapshot = client_store(context, cfg, experiment, pid,
                                 str(conf.get(STATE_ROOT, ""))).snapshot()
         metrics = personal_evaluation(cfg, cfg.spec.client(cfg.params), msg.content, snapshot,
-                                      fresh_model(cfg), client_tensors(cfg, pid),
-                                      client_test_tensors(cfg, pid), partition_id=pid)
+                                      fresh_model(cfg), client_tensors(cfg, pid, data_dir),
+                                      client_test_tensors(cfg, pid, data_dir),
+                                      partition_id=pid)
         return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
     model = fresh_model(cfg)
     set_weights(model, msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
-    x, y = client_tensors(cfg, pid)
+    x, y = client_tensors(cfg, pid, data_dir)
     loss, acc = evaluate_model(model, x, y)
-    metrics = MetricRecord({"eval-loss": loss, "eval-acc": acc, rk.NUM_EXAMPLES: len(y)})
+    metrics = MetricRecord({rk.EVAL_LOSS: loss, rk.EVAL_ACC: acc, rk.NUM_EXAMPLES: len(y)})
     return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
+
+
+def federated_evaluation(cfg: RunConfig, msg: Message,
+                         test: tuple[torch.Tensor, torch.Tensor]) -> MetricRecord:
+    """The received (global) model's loss and accuracy on the local test split, and its
+    size: the server's example-weighted mean is the run's accuracy curve. Only the size
+    when the split is empty."""
+    x, y = test
+    metrics: dict[str, int | float] = {rk.NUM_TEST: len(y)}
+    if len(y):
+        model = fresh_model(cfg)
+        set_weights(model, msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
+        metrics[rk.EVAL_LOSS], metrics[rk.EVAL_ACC] = evaluate_model(model, x, y)
+    return MetricRecord(metrics)
 
 
 app.train()(train_fn)

@@ -1,7 +1,7 @@
 """Start a SuperNode with its warm ClientApp executor: the one way this project runs a node.
 
     python -m node.launch [--executor warm|flower] [--poll S] [--node-poll S] \
-        -- <flower-supernode arguments>
+        [--task-deadline S] -- <flower-supernode arguments>
 
 The SuperNode runs in this process, in ``--isolation process`` with its Runtime API on
 loopback (only the executor beside it may reach it: it hands out this client's messages).
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import ipaddress
+import math
 import os
 import subprocess
 import sys
@@ -40,7 +41,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         "default 0.5); 0 keeps Flower's own waits")
     p.add_argument("--status-file", type=Path,
                    help="the warm executor writes its counters here after each task")
+    p.add_argument("--task-deadline", type=float, default=0.0,
+                   help="warm executor: kill a task running longer than this many seconds "
+                        "and answer it with an error reply; wins over the run config's "
+                        "task-deadline (default 0: the run config decides)")
     args = p.parse_args(ours)
+    if not (math.isfinite(args.task_deadline) and args.task_deadline >= 0):
+        p.error(f"--task-deadline {args.task_deadline} is not allowed; allowed: 0 (the run "
+                "config decides) or a number of seconds > 0")
+    if args.task_deadline and args.executor != "warm":
+        p.error("--task-deadline is not allowed with --executor flower; allowed: with the "
+                "warm executor (Flower's own has no task deadline)")
     if args.node_poll and not 0.05 <= args.node_poll <= 3:
         p.error(f"--node-poll {args.node_poll} is not allowed; allowed: 0 or 0.05 to 3")
     return args, node_args
@@ -80,6 +91,8 @@ def executor_command(args: argparse.Namespace, address: str) -> list[str]:
         return ["flower-superexec", "--insecure", "--runtime-api-address", address, *parent]
     cmd = [sys.executable, "-m", "node.warm_executor", "--runtime-api-address", address,
            "--insecure", "--poll", str(args.poll), *parent]
+    if args.task_deadline:
+        cmd += ["--task-deadline", str(args.task_deadline)]
     return cmd + (["--status-file", str(args.status_file)] if args.status_file else [])
 
 

@@ -40,6 +40,8 @@ from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
+from node.deadline import task_deadline, timeout_reason
+
 CRASH_REASON = "the ClientApp worker process died while running this task"
 
 OBJECT_BACKOFF = (0.02, 0.2)
@@ -51,9 +53,25 @@ OBJECT_MAX_SECONDS = 900.0
 them leaves such a task behind) after this long, instead of Flower's two hours: each such
 task holds a worker."""
 
-Notify = Callable[[Message, int, int], None]
-"""Called once the task's message is pulled: (error reply to send if the worker dies,
-run id, node id)."""
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """What the supervisor needs to answer for a task its worker cannot finish: sent by the
+    worker once it pulled the task's message (before the ClientApp runs)."""
+
+    crash_reply: Message
+    """The error reply if the worker dies mid-task."""
+    timeout_reply: Message
+    """The error reply if the task runs past its deadline and is killed."""
+    deadline: float
+    """Seconds the task may run (``node.deadline``); 0 = no deadline."""
+    run_id: int
+    node_id: int
+
+
+Notify = Callable[[Pulled], None]
+"""Called once the task's message is pulled."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +121,10 @@ def pull_input(client: RuntimeHttpClient) -> tuple[Message, Context, Run, Fab]:
 
 
 def run_task(address: str, token: str, insecure: bool, certificates: bytes | None,
-             notify: Notify) -> TaskOutcome:
-    """Pull, run and answer one message; an exception in the app becomes an error reply."""
+             notify: Notify, deadline_override: float = 0.0) -> TaskOutcome:
+    """Pull, run and answer one message; an exception in the app becomes an error reply.
+
+    ``deadline_override`` is the node's ``--task-deadline`` (0: the run config decides)."""
     t0 = time.monotonic()
     client = task_client(address, token, insecure, certificates)
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
@@ -118,8 +138,12 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
     try:
         message, context, run, fab = pull_input(client)
         phases["pull"] = time.monotonic() - t0
-        notify(Message(Error(ErrorCode.CLIENT_APP_CRASHED, CRASH_REASON), reply_to=message),
-               context.run_id, context.node_id)
+        deadline = task_deadline(context.run_config, deadline_override)
+        notify(Pulled(
+            Message(Error(ErrorCode.CLIENT_APP_CRASHED, CRASH_REASON), reply_to=message),
+            Message(Error(ErrorCode.CLIENT_APP_CRASHED, timeout_reason(deadline)),
+                    reply_to=message),
+            deadline, context.run_id, context.node_id))
         if not get_project_dir(run.fab_id, run.fab_version, fab.hash_str).is_dir():
             install_from_fab(fab.content, skip_prompt=True)
         phases["install"] = time.monotonic() - t0 - phases["pull"]
@@ -155,17 +179,19 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
 
 
 def report_crash(address: str, token: str, insecure: bool, certificates: bytes | None,
-                 reply: Message, run_id: int, node_id: int, exit_code: int | None) -> None:
-    """Answer for a worker that died mid-task: its prepared error reply, then FAILED.
+                 reply: Message, run_id: int, node_id: int, details: str) -> None:
+    """Answer for a worker that died or was killed mid-task: its prepared error reply, then
+    FAILED with ``details``.
 
     Without this the SuperNode would wait for the task token to expire (Flower's heartbeat
-    patience) before it inserts a crash reply; the round would lose that much time.
+    patience) before it inserts a crash reply; the round would lose that much time. A task
+    killed at its deadline would never be answered: its heartbeat kept the token alive.
     """
     client = task_client(address, token, insecure, certificates)
     try:
         context = Context(run_id=run_id, node_id=node_id, node_config={}, state=RecordDict(),
                           run_config={})
         push_message(client, reply, context)
-        push_task_output(client, None, SubStatus.FAILED, f"{CRASH_REASON} (exit {exit_code})")
+        push_task_output(client, None, SubStatus.FAILED, details)
     finally:
         client.close()

@@ -13,6 +13,12 @@ This executor takes the SuperExec's place for a SuperNode in ``--isolation proce
 * a task that raises gets Flower's error reply from the worker, which lives on; a worker that
   dies mid-task (SIGKILL, OOM) is answered for by the supervisor with a crash error reply
   (prepared by the worker when it pulled the message), and the next task forks a new worker;
+* each task has a deadline (run config ``task-deadline``, 0 = ``round-timeout``; the node's
+  ``--task-deadline`` wins; ``node.deadline``), counted from its hand-over to the worker. A
+  task past it (a hung data loader, a stuck driver) gets its worker killed with the worker's
+  process group (data-loader children too) and the error reply "task exceeded
+  task-deadline=Ns; killed"; the next task forks a new worker. Without this a hung task held
+  the node: the SuperNode hands out its next message only once the current one is answered;
 * CUDA starts only in a worker that uses it (the supervisor never initialises it, so forking
   stays safe).
 
@@ -28,6 +34,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -56,6 +63,8 @@ class Stats:
     tasks_failed: int = 0
     worker_starts: int = 0
     worker_crashes: int = 0
+    tasks_timed_out: int = 0
+    """Tasks killed at their deadline (their workers are not counted in worker_crashes)."""
     cold_workers: int = 0
     """Workers that had to import torch themselves (should stay 0: the fork inherits it)."""
     start_seconds: list[float] = field(default_factory=list)
@@ -89,10 +98,12 @@ def rss_mib(pid: int | None, pss: bool = False) -> float | None:
 
 # ------------------------------------------------------------------------------ worker side
 def worker_main(conn: Connection, address: str, insecure: bool,
-                certificates: bytes | None) -> None:
+                certificates: bytes | None, deadline_override: float = 0.0) -> None:
     """Run tasks sent by the supervisor, one at a time, until told to stop."""
-    from node.task_runner import run_task
+    from node.task_runner import Pulled, run_task
 
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)  # a group of its own: a kill at the deadline takes its children too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     while True:
         try:
@@ -103,10 +114,10 @@ def worker_main(conn: Connection, address: str, insecure: bool,
             return
         task_id, token = item
 
-        def notify(crash_reply: Any, run_id: int, node_id: int, task_id: int = task_id) -> None:
-            conn.send(("pulled", task_id, crash_reply, run_id, node_id))
+        def notify(pulled: Pulled, task_id: int = task_id) -> None:
+            conn.send(("pulled", task_id, pulled))
 
-        outcome = run_task(address, token, insecure, certificates, notify)
+        outcome = run_task(address, token, insecure, certificates, notify, deadline_override)
         conn.send(("done", task_id, outcome.completed, outcome.start_seconds,
                    outcome.app_seconds, rss_mib(os.getpid()), outcome.phases))
 
@@ -114,32 +125,55 @@ def worker_main(conn: Connection, address: str, insecure: bool,
 # ------------------------------------------------------------------------------ supervisor side
 @dataclass
 class InFlight:
-    """The task a worker is running, and how to answer for it if the worker dies."""
+    """The task a worker is running, and how to answer for it if the worker dies or hangs."""
 
     task_id: int
     token: str
-    crash_reply: Any = None
-    run_id: int = 0
-    node_id: int = 0
+    started: float = field(default_factory=time.monotonic)
+    deadline: float = 0.0
+    """Seconds from ``started`` (0 = none): the node's override until the worker reports the
+    run's deadline with ``pulled``."""
+    pulled: Any = None
+    """``node.task_runner.Pulled``: the prepared error replies, once the message is pulled."""
+
+    def overdue(self, now: float) -> bool:
+        return self.deadline > 0 and now - self.started > self.deadline
 
 
 class Worker:
     """A forked worker process bound to one FAB."""
 
     def __init__(self, fab_hash: str, address: str, insecure: bool,
-                 certificates: bytes | None) -> None:
+                 certificates: bytes | None, deadline_override: float = 0.0) -> None:
         ctx = mp.get_context("fork")
         self.conn, child = ctx.Pipe()
         self.fab_hash = fab_hash
         self.process = ctx.Process(target=worker_main, name=f"clientapp-worker-{fab_hash[:8]}",
-                                   args=(child, address, insecure, certificates), daemon=True)
+                                   args=(child, address, insecure, certificates,
+                                         deadline_override), daemon=True)
         self.process.start()
+        with contextlib.suppress(OSError):  # also here: no task before the group exists
+            os.setpgid(self.process.pid, self.process.pid)
         child.close()
         self.task: InFlight | None = None
         self.tasks_done = 0
 
     def alive(self) -> bool:
         return self.process.is_alive()
+
+    def kill(self) -> None:
+        """SIGKILL the worker and what it started (its process group: data-loader workers)."""
+        pid = self.process.pid
+        assert pid is not None
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                self.process.kill()
+        except ProcessLookupError:
+            pass
+        self.process.join()
+        self.conn.close()
 
     def stop(self, grace: float = 5.0) -> None:
         """Ask the worker to exit; kill it if it does not within ``grace`` seconds."""
@@ -163,9 +197,12 @@ class WarmExecutor:
     """
 
     def __init__(self, address: str, insecure: bool, certificates: bytes | None,
-                 poll: float, status_file: Path | None, max_workers: int = 4) -> None:
+                 poll: float, status_file: Path | None, max_workers: int = 4,
+                 task_deadline: float = 0.0) -> None:
         self.address, self.insecure, self.certificates = address, insecure, certificates
         self.poll = poll
+        self.task_deadline = task_deadline
+        """The node's ``--task-deadline`` (0: each run's config decides)."""
         self.status_file = status_file
         self.max_workers = max_workers
         self.stats = Stats()
@@ -226,14 +263,15 @@ class WarmExecutor:
             self.retire(old)
         worker = self.idle_worker(fab_hash)
         if worker is None:  # run() acquires only with a worker to spare
-            worker = Worker(fab_hash, self.address, self.insecure, self.certificates)
+            worker = Worker(fab_hash, self.address, self.insecure, self.certificates,
+                            self.task_deadline)
             self.workers.append(worker)
             self.stats.worker_starts += 1
             self.stats.cold_workers += "torch" not in sys.modules
             self.stats.worker_pid = worker.process.pid
             if len(self.workers) > 1:
                 log(INFO, "warm executor: %d workers (the others are busy)", len(self.workers))
-        worker.task = InFlight(task_id, token)
+        worker.task = InFlight(task_id, token, deadline=self.task_deadline)
         worker.conn.send((task_id, token))
 
     def retire(self, w: Worker) -> None:
@@ -241,7 +279,8 @@ class WarmExecutor:
         w.stop()
 
     def check_worker(self, w: Worker) -> None:
-        """Collect a worker's reports; answer for a task whose worker died."""
+        """Collect a worker's reports; answer for a task whose worker died or that ran past
+        its deadline (the worker is killed first)."""
         from flwr.supercore import log
 
         try:
@@ -250,6 +289,8 @@ class WarmExecutor:
         except (EOFError, OSError):
             pass
         if w.alive():
+            if w.task is not None and w.task.overdue(time.monotonic()):
+                self.kill_overdue(w)
             return
         w.process.join()
         code = w.process.exitcode
@@ -258,19 +299,44 @@ class WarmExecutor:
             log(WARNING, "warm executor: idle worker exited with %s", code)
             return
         self.stats.worker_crashes += 1
-        self.stats.tasks += 1
-        self.stats.tasks_failed += 1
         task = w.task
         log(ERROR, "warm executor: worker died (exit %s) during task %d", code, task.task_id)
-        if task.crash_reply is None:
-            log(WARNING, "warm executor: task %d died before its message was pulled; the "
+        from node.task_runner import CRASH_REASON
+
+        self.answer_for(task, task.pulled and task.pulled.crash_reply,
+                        f"{CRASH_REASON} (exit {code})")
+
+    def kill_overdue(self, w: Worker) -> None:
+        """Kill a task past its deadline with its worker; answer it with the timeout reply."""
+        from flwr.supercore import log
+
+        from node.deadline import timeout_reason
+
+        assert w.task is not None
+        task = w.task
+        w.kill()
+        self.workers.remove(w)
+        self.stats.tasks_timed_out += 1
+        reason = timeout_reason(task.deadline)
+        log(ERROR, "warm executor: task %d: %s (worker %s and its process group)",
+            task.task_id, reason, w.process.pid)
+        self.answer_for(task, task.pulled and task.pulled.timeout_reply, reason)
+
+    def answer_for(self, task: InFlight, reply: Any, details: str) -> None:
+        """Send ``reply`` (prepared by the worker) for a task its worker cannot finish."""
+        from flwr.supercore import log
+
+        self.stats.tasks += 1
+        self.stats.tasks_failed += 1
+        if reply is None:
+            log(WARNING, "warm executor: task %d ended before its message was pulled; the "
                 "SuperNode answers when the task token expires", task.task_id)
         else:
             from node.task_runner import report_crash
 
             try:
                 report_crash(self.address, task.token, self.insecure, self.certificates,
-                             task.crash_reply, task.run_id, task.node_id, code)
+                             reply, task.pulled.run_id, task.pulled.node_id, details)
                 log(INFO, "warm executor: error reply sent for task %d", task.task_id)
             except Exception as err:  # noqa: BLE001 - Flower's token expiry remains
                 log(ERROR, "warm executor: could not answer for task %d: %s",
@@ -284,7 +350,8 @@ class WarmExecutor:
         if w.task is None or w.task.task_id != task_id:
             return
         if kind == "pulled":
-            w.task.crash_reply, w.task.run_id, w.task.node_id = report[2:5]
+            w.task.pulled = report[2]
+            w.task.deadline = report[2].deadline
             return
         completed, start, app_seconds, worker_rss, phases = report[2:7]
         s = self.stats
@@ -315,11 +382,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds between task polls when idle (default 0.1)")
     p.add_argument("--max-workers", type=int, default=4,
                    help="workers at most, for tasks that overlap (default 4)")
+    p.add_argument("--task-deadline", type=float, default=0.0,
+                   help="kill a task that runs longer than this many seconds and answer it "
+                        "with an error reply; wins over the run config's task-deadline "
+                        "(default 0: the run config decides, its 0 meaning round-timeout)")
     p.add_argument("--parent-pid", type=int, help="exit when this process exits")
     p.add_argument("--status-file", type=Path, help="write counters here after each task")
     args = p.parse_args(argv)
     if not 0.01 <= args.poll <= 60:
         p.error(f"--poll {args.poll} is not allowed; allowed: 0.01 to 60 seconds")
+    if not (math.isfinite(args.task_deadline) and args.task_deadline >= 0):
+        p.error(f"--task-deadline {args.task_deadline} is not allowed; allowed: 0 (the run "
+                "config decides) or a number of seconds > 0")
     if args.max_workers < 1:
         p.error(f"--max-workers {args.max_workers} is not allowed; allowed: 1 or more")
     return args
@@ -335,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     certificates = (None if args.insecure
                     else Path(args.root_certificates).read_bytes())
     executor = WarmExecutor(args.runtime_api_address, args.insecure, certificates, args.poll,
-                            args.status_file, args.max_workers)
+                            args.status_file, args.max_workers, args.task_deadline)
     executor.preload()
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)

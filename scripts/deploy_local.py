@@ -81,6 +81,9 @@ class Deployment:
     """ClientApp executor of every node: ``warm`` (node.warm_executor) or ``flower``."""
     node_poll: float = 0.5
     """Seconds between an idle SuperNode's pulls (0: Flower's own 3 s)."""
+    num_partitions: int = 0
+    """``num-partitions`` in the nodes' node config (0: num_nodes); a test may register more
+    node keys than the run has clients."""
     procs: list[Proc] = field(default_factory=list)
 
     # --------------------------------------------------------------- layout
@@ -215,7 +218,8 @@ class Deployment:
                "--status-file", str(self.executor_status(i)), "--",
                "--superlink", self.fleet_address,
                "--host", "127.0.0.1", "--port", str(self.node_port(i)),
-               "--node-config", f"partition-id={i} num-partitions={self.num_nodes} "
+               "--node-config", f"partition-id={i} "
+               f"num-partitions={self.num_partitions or self.num_nodes} "
                f'state-dir="{self.work_dir / f"node-{i}" / "client-state"}"']
         if self.insecure:
             cmd.append("--insecure")
@@ -232,8 +236,9 @@ class Deployment:
                          MKL_NUM_THREADS=threads, PYTHONPATH=str(REPO))
         return self.start(name or f"supernode-{i}", cmd or self.node_command(i), env)
 
-    def up(self) -> None:
-        """Everything up to connected SuperNodes: certs, link, registrations, nodes."""
+    def up(self, start: list[int] | None = None) -> None:
+        """Everything up to connected SuperNodes: certs, link, registrations, nodes (all, or
+        those in ``start``: the others are registered and may start later, ``start_node``)."""
         self.prepare()
         print(f"deploy: SuperLink on {self.control_address} (Fleet API {self.fleet_address}"
               f", {'insecure' if self.insecure else 'TLS + SuperNode auth'})", flush=True)
@@ -245,9 +250,10 @@ class Deployment:
                 registry[str(node_id)] = i
                 print(f"deploy: registered node_key_{i}.pub as node {node_id}", flush=True)
             self.registry.write_text(json.dumps(registry, indent=1) + "\n")
-        for i in range(self.num_nodes):
+        started = list(range(self.num_nodes)) if start is None else start
+        for i in started:
             self.start_node(i)
-        print(f"deploy: {self.num_nodes} SuperNodes started; logs in {self.logs}", flush=True)
+        print(f"deploy: {len(started)} SuperNodes started; logs in {self.logs}", flush=True)
 
     # --------------------------------------------------------------- run
     def run(self, app: Path, run_config: Path, timeout: float) -> tuple[str, str, Path | None]:

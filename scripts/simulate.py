@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = RunConfig.parse(overrides)
         if not cfg.resume_dir:
             check_writable("output-dir", Path(cfg.output_dir).resolve())
+        if cfg.on_devices:
+            raise ConfigError("run config: dataset='device' needs a deployment: each "
+                              "SuperNode's node config names its own data-dir, and simulated "
+                              "nodes have none (deploy/edge/README.md, 'Bring your own data')")
         data_dir = Path(cfg.resolved_data_dir).resolve()
         check_present(cfg.dataset, data_dir)
     except (ConfigError, DataNotFoundError) as err:

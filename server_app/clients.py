@@ -1,25 +1,36 @@
-"""Who is connected: map each client's partition id to the node that holds it.
+"""Who is connected: map each client id to the node that holds it, as nodes come and go.
 
-The server asks every SuperNode for its ``partition-id`` once at start, so sampling is by
-client id (seeded) and a simulation and a deployment of one experiment pick the same clients.
-In a simulation Flower's engine already assigned them: the map is read from its node list and
-checked with three queries, not N (server_app/simulation.py).
-A federation whose size does not match ``num-clients`` is refused with a clear message
-instead of hanging or silently training on part of the clients.
+The server asks every SuperNode who it is (a QUERY message), so sampling is by client id
+(seeded) and a simulation and a deployment of one experiment pick the same clients. A client
+id is the node's benchmark ``partition-id``; a node without one (device-local data) is the
+client its ``node-registry`` entry names. In a simulation Flower's engine already assigned the
+ids: the map is read from its node list and checked with three queries, not N
+(server_app/simulation.py).
 
-Who may hold which partition: with ``node-registry`` (a JSON file ``{node id: partition id}``
-the operator writes when registering node keys; deploy_local.py and compose_run.sh do) a node
-is used only for the partition registered to its id, so a node cannot take over another
-client's partition by claiming it. Without a registry (insecure deployments) a node's claim
-is trusted, but a partition held by a connected node is never handed to a second one.
-Replacing a node: unregister the old key, register the new one, put the new node id in
-the registry, resume.
+A deployment changes under the run: ``Fleet.discover`` waits for ``min-clients`` identified
+clients (default all ``num-clients``); later nodes are asked beside the rounds (``ask`` pushes
+the queries before a round's train messages, ``collect`` pulls whatever answers came, never
+waiting), so a newcomer takes part from its next sampled round and a node that never answers
+costs no round anything. A wrong answer (another ``num-partitions``, an id out of range, a
+claim the registry contradicts) refuses the node for good; an error reply (the SuperLink's
+``Node Unavailable`` for a node in reconnect back-off, a raising query handler) leaves it to be
+asked again later. Each refusal is logged once.
+
+Who may hold which client: with ``node-registry`` (a JSON file ``{node id: client id}`` the
+operator writes when registering node keys; deploy_local.py and compose_run.sh do) a node is
+used only for the client registered to its id, so a node cannot take over another client by
+claiming it. Without a registry (insecure deployments) a node's claim is trusted, but a
+client held by a connected node is never handed to a second one. Replacing a node: unregister
+the old key, register the new one, put the new node id in the registry (read again each
+round).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import cast
@@ -33,6 +44,12 @@ from server_app.simulation import in_simulation, nodes_in_registration_order
 from strategies import records as rk
 from task.config import RunConfig
 
+RETRY_SECONDS = 10.0
+"""A node whose identity query got an error reply (or whose claim may become valid, e.g. a
+client still held by another connected node) is asked again after this long."""
+POLL_SECONDS = 1.0
+"""How often the start polls for connected nodes and identity answers."""
+
 
 class FederationError(RuntimeError):
     """The connected SuperNodes do not form the federation the run config describes."""
@@ -45,7 +62,7 @@ def _size_hint(cfg: RunConfig) -> str:
 
 
 def load_registry(cfg: RunConfig) -> dict[int, int] | None:
-    """{node id: partition id} from ``node-registry``, checked; None when there is none."""
+    """{node id: client id} from ``node-registry``, checked; None when there is none."""
     if not cfg.node_registry:
         return None
     path = Path(cfg.node_registry)
@@ -64,96 +81,211 @@ def load_registry(cfg: RunConfig) -> dict[int, int] | None:
     return registry
 
 
-def _refuse(node: int, reason: str) -> None:
-    log(WARNING, "refused node %d: %s", node, reason)
+@dataclass(frozen=True)
+class Refusal:
+    """Why a node's identity answer cannot stand (one line); ``final``: never ask again,
+    else the node is asked again after RETRY_SECONDS (the answer may change)."""
+
+    reason: str
+    final: bool = True
 
 
-def _allowed(claims: dict[int, int], registry: dict[int, int] | None,
-             held: dict[int, int], connected: set[int]) -> dict[int, int]:
-    """The claims {node: partition} that may stand; the others are refused and logged.
+def claimed_id(reply: Message, cfg: RunConfig, registry: dict[int, int] | None,
+               node: int) -> int | Refusal:
+    """The client id a node's identity answer gives it, or why it is refused.
 
-    ``held`` is {partition: node} as used so far; ``connected`` the nodes now connected.
-    The registry, when there is one, is the authority (a replaced node takes its partition
-    over even while the old one still looks connected).
+    A benchmark node answers its ``partition-id`` and ``num-partitions``; a node with its own
+    data answers partition-id -1 and is the client the registry names.
     """
-    ok: dict[int, int] = {}
-    for node, pid in sorted(claims.items()):
-        if registry is not None and node not in registry:
-            _refuse(node, f"it claims partition-id={pid} but its node id is not in node-registry")
-            continue
-        if registry is not None and registry[node] != pid:
-            _refuse(node, f"it claims partition-id={pid}, node-registry gives it "
-                          f"partition-id={registry[node]}")
-            continue
-        holder = held.get(pid, next((n for n, p in ok.items() if p == pid), None))
-        if registry is None and holder not in (None, node) and holder in connected:
-            _refuse(node, f"it claims partition-id={pid}, held by connected node {holder}")
-            continue
-        ok[node] = pid
-    return ok
+    if reply.has_error():
+        return Refusal(f"the identity query failed: {reply.error.reason}", final=False)
+    info = reply.content.config_records.get(rk.CONFIG)
+    try:
+        pid = int(info[rk.PARTITION_ID]) if info is not None else -2
+        n_parts = int(info.get(rk.NUM_PARTITIONS, -1)) if info is not None else -1
+    except (KeyError, TypeError, ValueError):
+        pid = -2
+    if pid == -2:
+        return Refusal(f"its identity answer has no {rk.CONFIG!r} record with an integer "
+                       f"{rk.PARTITION_ID!r}")
+    if n_parts != -1 and n_parts != cfg.num_clients:
+        return Refusal(f"it has num-partitions={n_parts} but num-clients={cfg.num_clients}")
+    if pid == -1:
+        if registry is None:
+            return Refusal("it has no partition-id and no node-registry names its client id")
+        if node not in registry:
+            return Refusal("it has no partition-id and its node id is not in node-registry")
+        return registry[node]
+    if not 0 <= pid < cfg.num_clients:
+        return Refusal(f"it has partition-id={pid}, outside 0..{cfg.num_clients - 1}")
+    if registry is not None and node not in registry:
+        return Refusal(f"it claims partition-id={pid} but its node id is not in node-registry")
+    if registry is not None and registry[node] != pid:
+        return Refusal(f"it claims partition-id={pid}, node-registry gives it "
+                       f"partition-id={registry[node]}")
+    return pid
+
+
+class Fleet:
+    """The clients of a run: {client id: node id} (``node_of``), kept current round by round.
+
+    ``node_of`` is one dict for the whole run (the strategy holds it); ``available`` says which
+    of its clients may be sampled now.
+    """
+
+    def __init__(self, grid: Grid, cfg: RunConfig) -> None:
+        self.grid, self.cfg = grid, cfg
+        self.simulated = in_simulation(grid)
+        self.registry = load_registry(cfg)
+        self.node_of: dict[int, int] = {}
+        self.refused: set[int] = set()
+        """Nodes refused for good: never asked again."""
+        self.pending: dict[str, int] = {}
+        """Identity queries without an answer yet: {message id: node id}."""
+        self.retry_at: dict[int, float] = {}
+        """Nodes to ask again, with the monotonic time they may be asked."""
+        self.reasons: dict[int, str] = {}
+        """The last refusal of each refused node (said once in the log, and in a start error)."""
+        self._registry_error = ""
+
+    # ------------------------------------------------------------------ start
+    def discover(self) -> dict[int, int]:
+        """Wait until ``min-clients`` (0: all ``num-clients``) clients are identified.
+
+        Too few within node-wait-timeout stops the run with the reason; so do more nodes than
+        ``num-clients`` without a registry (the federation is not the one configured).
+        """
+        if self.simulated:
+            self.node_of.update(_simulated_clients(cast(InMemoryGrid, self.grid), self.cfg))
+            return self.node_of
+        cfg = self.cfg
+        need = cfg.min_clients or cfg.num_clients
+        deadline = time.monotonic() + cfg.node_wait_timeout
+        while True:
+            nodes = set(self.grid.get_node_ids())
+            if len(nodes) > cfg.num_clients and self.registry is None:
+                raise FederationError(
+                    f"{len(nodes)} SuperNodes are connected but num-clients={cfg.num_clients}; "
+                    + _size_hint(cfg))
+            self.ask(nodes)
+            self.collect()
+            if len(self.node_of) >= need:
+                break
+            if time.monotonic() > deadline:
+                what = (f"min-clients={cfg.min_clients}" if cfg.min_clients
+                        else f"num-clients={cfg.num_clients}")
+                refused = "; ".join(f"node {n}: {r}" for n, r in sorted(self.reasons.items()))
+                raise FederationError(
+                    f"only {len(self.node_of)} of {what} SuperNodes connected and identified "
+                    f"within node-wait-timeout={cfg.node_wait_timeout:g}s; " + _size_hint(cfg)
+                    + (f" (refused: {refused})" if refused else ""))
+            time.sleep(POLL_SECONDS)
+        log(INFO, "federation: %d of %d clients connected and identified", len(self.node_of),
+            cfg.num_clients)
+        return self.node_of
+
+    # ------------------------------------------------------------------ each round
+    def ask(self, connected: Iterable[int] | None = None) -> None:
+        """Push an identity query to each connected node not yet identified, asked or
+        refused; returns at once (``collect`` takes the answers)."""
+        if self.simulated:
+            return
+        self._reload_registry()
+        nodes = set(self.grid.get_node_ids()) if connected is None else set(connected)
+        now = time.monotonic()
+        skip = set(self.node_of.values()) | self.refused | set(self.pending.values())
+        new = sorted(n for n in nodes - skip if self.retry_at.get(n, 0.0) <= now)
+        if not new:
+            return
+        messages = [Message(content=RecordDict(), message_type=MessageType.QUERY,
+                            dst_node_id=n) for n in new]
+        for node, msg_id in zip(new, list(self.grid.push_messages(messages)), strict=True):
+            if msg_id:
+                self.pending[msg_id] = node
+                self.retry_at.pop(node, None)
+
+    def collect(self) -> list[int]:
+        """Take the identity answers that came (never waits); the client ids newly placed."""
+        if not self.pending:
+            return []
+        placed = []
+        for reply in self.grid.pull_messages(list(self.pending)):
+            node = self.pending.pop(reply.metadata.reply_to_message_id, None)
+            if node is None:
+                continue
+            claim = claimed_id(reply, self.cfg, self.registry, node)
+            if isinstance(claim, int):
+                claim = self._holder_problem(node, claim)
+            if isinstance(claim, Refusal):
+                self._refuse(node, claim)
+                continue
+            if claim in self.node_of and self.node_of[claim] != node:
+                log(INFO, "client %d is now on node %d", claim, node)
+            self.node_of[claim] = node
+            self.reasons.pop(node, None)
+            placed.append(claim)
+        return placed
+
+    def available(self) -> list[int]:
+        """Identified clients whose node is connected now (in a simulation: all of them)."""
+        if self.simulated:
+            return sorted(self.node_of)
+        online = set(self.grid.get_node_ids())
+        return sorted(pid for pid, node in self.node_of.items() if node in online)
+
+    # ------------------------------------------------------------------ helpers
+    def _holder_problem(self, node: int, pid: int) -> int | Refusal:
+        """Without a registry a client held by another connected node stays with it."""
+        holder = self.node_of.get(pid)
+        if self.registry is None and holder not in (None, node) \
+                and holder in set(self.grid.get_node_ids()):
+            return Refusal(f"it claims partition-id={pid}, held by connected node {holder}",
+                           final=False)
+        return pid
+
+    def _refuse(self, node: int, why: Refusal) -> None:
+        """Log a refusal the first time it is given; remember whether to ask again."""
+        if self.reasons.get(node) != why.reason:
+            log(WARNING, "refused node %d: %s%s", node, why.reason,
+                "" if why.final else f" (asked again in {RETRY_SECONDS:g}s or later)")
+        self.reasons[node] = why.reason
+        if why.final:
+            self.refused.add(node)
+        else:
+            self.retry_at[node] = time.monotonic() + RETRY_SECONDS
+
+    def _reload_registry(self) -> None:
+        """The registry is read again each round: an operator may map a replacement node."""
+        if not self.cfg.node_registry:
+            return
+        try:
+            self.registry = load_registry(self.cfg)
+        except FederationError as err:
+            if self._registry_error != str(err):
+                log(WARNING, "%s; keeping the registry read before", err)
+                self._registry_error = str(err)
+
+
+def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
+    """{client id: node id} once the run may start (``Fleet.discover``)."""
+    return Fleet(grid, cfg).discover()
 
 
 def _identify(grid: Grid, cfg: RunConfig, nodes: list[int]) -> dict[int, int]:
-    """{node id: partition id} of ``nodes`` via a query message; checks each answer."""
+    """{node id: partition id} of simulated ``nodes``; any wrong answer stops the run (a
+    simulation's federation is the one the command line made: wrong is a setup error)."""
     messages = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n)
                 for n in nodes]
     found: dict[int, int] = {}
     for reply in grid.send_and_receive(messages, timeout=cfg.node_wait_timeout):
         node = reply.metadata.src_node_id
-        if reply.has_error():
-            raise FederationError(f"node {node} failed the identity query: {reply.error.reason}")
-        info = reply.content.config_records[rk.CONFIG]
-        pid, n_parts = int(info[rk.PARTITION_ID]), int(info[rk.NUM_PARTITIONS])
-        if n_parts != cfg.num_clients:
-            raise FederationError(
-                f"node {node} has num-partitions={n_parts} but num-clients={cfg.num_clients}; "
-                + _size_hint(cfg))
-        if not 0 <= pid < cfg.num_clients:
-            raise FederationError(f"node {node} has partition-id={pid}, outside "
-                                  f"0..{cfg.num_clients - 1}")
-        found[node] = pid
+        claim = claimed_id(reply, cfg, None, node)
+        if isinstance(claim, Refusal):
+            hint = "; " + _size_hint(cfg) if "num-partitions" in claim.reason else ""
+            raise FederationError(f"node {node} failed the identity query: {claim.reason}"
+                                  + hint)
+        found[node] = claim
     return found
-
-
-def discover_clients(grid: Grid, cfg: RunConfig) -> dict[int, int]:
-    """{partition id: node id} for all ``num-clients`` clients.
-
-    Nodes are identified as they connect, so a node that knows a different federation size
-    (num-partitions) stops the run at once; too few nodes stop it after node-wait-timeout.
-    In a simulation the engine's own assignment is read instead (``_simulated_clients``).
-    """
-    if in_simulation(grid):
-        return _simulated_clients(cast(InMemoryGrid, grid), cfg)
-    deadline = time.monotonic() + cfg.node_wait_timeout
-    registry = load_registry(cfg)
-    pid_of: dict[int, int] = {}
-    seen: set[int] = set()
-    while True:
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) > cfg.num_clients and registry is None:
-            raise FederationError(
-                f"{len(nodes)} SuperNodes are connected but num-clients={cfg.num_clients}; "
-                + _size_hint(cfg))
-        new = [n for n in nodes if n not in seen]
-        if new:
-            claims = _identify(grid, cfg, new)
-            seen.update(claims)  # a node that did not answer yet is asked again
-            held = {p: n for n, p in pid_of.items()}
-            pid_of.update(_allowed(claims, registry, held, set(nodes)))
-        if len(pid_of) == cfg.num_clients:
-            break
-        if time.monotonic() > deadline:
-            raise FederationError(
-                f"only {len(pid_of)} of num-clients={cfg.num_clients} SuperNodes connected "
-                f"within node-wait-timeout={cfg.node_wait_timeout:g}s; " + _size_hint(cfg))
-        time.sleep(1.0)
-    node_of: dict[int, int] = {}
-    for node, pid in pid_of.items():
-        if pid in node_of:
-            raise FederationError(f"nodes {node_of[pid]} and {node} both hold partition-id={pid}")
-        node_of[pid] = node
-    log(INFO, "federation: %d clients connected and identified", len(node_of))
-    return node_of
 
 
 def _simulated_clients(grid: InMemoryGrid, cfg: RunConfig) -> dict[int, int]:
@@ -193,24 +325,3 @@ def _simulated_clients(grid: InMemoryGrid, cfg: RunConfig) -> dict[int, int]:
                                   "(has Flower's node registration changed?)")
     log(INFO, "federation: %d simulated clients, partition ids from the engine", len(order))
     return dict(enumerate(order))
-
-
-def refresh_clients(grid: Grid, cfg: RunConfig, node_of: dict[int, int],
-                    refused: set[int]) -> None:
-    """Re-identify nodes that (re)joined since the last round, updating ``node_of`` in place.
-
-    A SuperNode that restarts without a stable identity comes back under a new node id; its
-    partition id maps the client to the new node, so it rejoins with its saved state.
-    """
-    connected = set(grid.get_node_ids())
-    new = sorted(connected - set(node_of.values()) - refused)
-    if not new:
-        return
-    claims = _identify(grid, cfg, new)
-    registry = load_registry(cfg)
-    allowed = _allowed(claims, registry, node_of, connected)
-    if registry is not None:  # refused for good: not asked again (each costs a round trip)
-        refused.update(set(claims) - set(allowed))
-    for node, pid in allowed.items():
-        log(INFO, "client %d is now on node %d", pid, node)
-        node_of[pid] = node

@@ -28,7 +28,8 @@ from server_app.checkpoint import (
     non_finite_part,
     save_checkpoint,
 )
-from server_app.clients import discover_clients, refresh_clients
+from server_app.clients import Fleet
+from server_app.federated_eval import FederatedEvaluator
 from server_app.personal_eval import KINDS
 from server_app.personal_round import personal_round
 from server_app.results import Recorder
@@ -93,22 +94,27 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         check_writable("output-dir", out_dir or Path(cfg.output_dir).resolve())
     # Cheap checks first, so that a missing data set or a wrong-sized federation fails in
     # seconds, before the data is decoded; "results:" is printed once the run really starts.
-    check_present(cfg.dataset, Path(cfg.resolved_data_dir))
+    # With device data the server holds none: the model is built from the run's schema.
+    if not cfg.on_devices:
+        check_present(cfg.dataset, Path(cfg.resolved_data_dir))
     resume = resume_point(cfg)
     if resume:
         check_writable("resume-dir", resume[0])
-    node_of = discover_clients(grid, cfg)
-    data = dataset_of(cfg)
-    check_examples(cfg, len(data.train_y))
+    fleet = Fleet(grid, cfg)
+    node_of = fleet.discover()
+    if not cfg.on_devices:
+        check_examples(cfg, len(dataset_of(cfg).train_y))
     out = resume[0] if resume else (out_dir or Path(cfg.output_dir).resolve() / run_name(cfg))
-    evaluator = CentralEvaluator(cfg)
-    model = initial_model(cfg, data)
+    central = CentralEvaluator(cfg) if cfg.eval_source == "central" else None
+    federated = (FederatedEvaluator(cfg, node_of, fleet.available) if central is None
+                 else None)
+    model = initial_model(cfg)
     weights = get_weights(model)
     log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
         if resume else "")
-    refused: set[int] = set()  # nodes whose partition claim was refused
-    strategy = MethodStrategy(cfg, node_of, weights)
-    strategy.expect_examples(partition_sizes(cfg))
+    strategy = MethodStrategy(cfg, node_of, weights, available=fleet.available)
+    # device data: the server cannot know the sizes, it caps them (max-examples-per-client)
+    strategy.expect_examples(None if cfg.on_devices else partition_sizes(cfg))
     strategy.summary()
 
     first = 1
@@ -116,14 +122,15 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         weights, first = resume[1].weights, resume[1].server_round + 1
         strategy.load_server_state(resume[1].strategy_state)
     rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1,
-                   rows=resume[1].rows if resume else None)
+                   rows=resume[1].rows if resume else None, eval_source=cfg.eval_source)
     arrays = ArrayRecord(weights)
     round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
     n = cfg.num_server_rounds
     failed = 0
     for rnd in range(first, n + 1):
         t0 = time.monotonic()
-        refresh_clients(grid, cfg, node_of, refused)
+        fleet.collect()  # newcomers identified beside the last round take part from now on
+        fleet.ask()  # identity queries to new nodes, answered beside this round
         messages = strategy.configure_train(rnd, arrays, round_config, grid)
         t_send = time.monotonic()
         replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
@@ -135,15 +142,19 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             arrays = new_arrays
         m = {**(metrics or {}), "state-fallbacks": state_fallbacks(replies)}
         acc = loss = None
-        if rnd % cfg.eval_every == 0 or rnd == n:
-            loss, acc = evaluator(arrays.to_numpy_ndarrays())
+        evaluated: dict[str, Any] = {}
+        if (rnd % cfg.eval_every == 0 or rnd == n) and federated is not None:
+            loss, acc, evaluated = federated(grid, rnd, arrays, round_config)
+        elif (rnd % cfg.eval_every == 0 or rnd == n) and central is not None:
+            loss, acc = central(arrays.to_numpy_ndarrays())
         personal, per_client = personal_round(strategy, grid, rnd, arrays, round_config,
                                               cfg.round_timeout)
         if per_client:
             rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
-               **timing, **m, **personal}
+               **timing, **m, **personal, **evaluated,
+               "clients-trained": clients_trained(replies, strategy.sent_to)}
         rec.add_round(row)
         save_checkpoint(out, Checkpoint(rnd, arrays.to_numpy_ndarrays(),
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
@@ -164,7 +175,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
     atomic_write_bytes(out / "model.pt", buf.getvalue())
-    summary = rec.finish(final, {"results-dir": str(out)})
+    summary = rec.finish(final, {"results-dir": str(out), "eval-source": cfg.eval_source})
     log(INFO, "done: final acc %.2f%%, best %.2f%%, %.1f s; results in %s",
         100 * (summary["final-test-acc"] or math.nan), 100 * (summary["best-test-acc"] or math.nan),
         summary["wall-seconds"], out)
@@ -183,6 +194,13 @@ def reply_timing(replies: list[Any], collect_seconds: float) -> dict[str, float 
                 compute.append(value)
     return {"collect-seconds": collect_seconds,
             "client-seconds-max": max(compute) if compute else None}
+
+
+def clients_trained(replies: list[Message], sent_to: dict[int, int]) -> list[int]:
+    """Client ids of the round's replies that came back without an error (aggregated or
+    rejected by a check): who trained, with late joiners and dropped nodes visible."""
+    return sorted(sent_to[m.metadata.src_node_id] for m in replies
+                  if not m.has_error() and m.metadata.src_node_id in sent_to)
 
 
 def _check_finite(rnd: int, arrays: ArrayRecord, state: dict[str, list[Any]], out: Path) -> None:

@@ -40,10 +40,15 @@ def due(cfg: RunConfig, server_round: int) -> bool:
 
 def eval_clients(cfg: RunConfig) -> list[int]:
     """Partition ids evaluated: all, or a sample seeded by the run's seed alone."""
-    k, n = cfg.personal_eval_clients, cfg.num_clients
+    return sample_clients(cfg.seed, SAMPLE_STREAM, cfg.personal_eval_clients, cfg.num_clients)
+
+
+def sample_clients(seed: int, stream: int, k: int, n: int) -> list[int]:
+    """The evaluated clients of 0..n-1: all when k is 0 or >= n, else k of them drawn by
+    (seed, stream) alone, so every evaluation of the run asks the same ones."""
     if k == 0 or k >= n:
         return list(range(n))
-    rng = np.random.default_rng([cfg.seed, SAMPLE_STREAM])
+    rng = np.random.default_rng([seed, stream])
     return sorted(int(i) for i in rng.choice(n, size=k, replace=False))
 
 

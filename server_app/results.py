@@ -17,12 +17,16 @@ from typing import Any
 
 import numpy as np
 
+from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
 from server_app.personal_eval import FIELDS as PERSONAL_FIELDS
 from server_app.personal_eval import KINDS
 from store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
 from strategies import records as rk
 
 ACCURACY_LABEL = "test accuracy (%)"
+EVAL_SOURCE_LABELS = {"central": "central test set",
+                      "federated": "federated: clients' local test splits"}
+"""Where ``test-acc`` came from (``RunConfig.eval_source``), as the accuracy plot says it."""
 DIVERGENCE_LABEL = r"divergence $\frac{1}{|S|}\sum_{i \in S} \|w_{i,K} - w_{t+1}\|^2$"
 """The paper's consistency term, as ``strategies.ri.divergence`` computes it each round: the
 mean squared distance of the selected clients' final local models from the new global model."""
@@ -30,9 +34,9 @@ mean squared distance of the selected clients' final local models from the new g
 ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, "lr",
                 rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, "state-fallbacks",
                 rk.NORM_LIMIT_USED, "round-seconds", "elapsed-seconds", "collect-seconds",
-                "client-seconds-max", *PERSONAL_FIELDS)
+                "client-seconds-max", *PERSONAL_FIELDS, *FEDERATED_FIELDS, "clients-trained")
 TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
-                           "client-seconds-max", "local-eval-seconds"})
+                           "client-seconds-max", "local-eval-seconds", "fed-eval-seconds"})
 """Round fields measured in wall time: they differ between two runs of the same config."""
 PERSONAL_CLIENTS = "personal_clients.csv"
 """Per-client accuracies of the last personalized evaluation."""
@@ -56,7 +60,8 @@ class Recorder:
     """Writes one run's results into its own directory."""
 
     def __init__(self, out_dir: Path, config: dict[str, Any], keep_rounds: int = 0,
-                 rows: list[dict[str, Any]] | None = None) -> None:
+                 rows: list[dict[str, Any]] | None = None,
+                 eval_source: str = "central") -> None:
         """Start a run's files; when resuming, keep the rows of rounds 1..``keep_rounds``.
 
         The kept rows are ``rows`` (the copy stored in the checkpoint) when given, else what
@@ -66,6 +71,7 @@ class Recorder:
         self.dir = out_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
+        self.eval_source = eval_source
         kept = rows if rows is not None else self._earlier_rows(keep_rounds)
         self.rows = [{k: r.get(k) for k in ROUND_FIELDS} for r in kept
                      if 0 < r.get("round", 0) <= keep_rounds]
@@ -159,7 +165,8 @@ class Recorder:
         rounds = [r["round"] for r in self.rows]
         title = method_label(self.config)
         for key, fname, label, scale in (
-                ("test-acc", "accuracy.png", ACCURACY_LABEL, 100.0),
+                ("test-acc", "accuracy.png",
+                 f"{ACCURACY_LABEL}, {EVAL_SOURCE_LABELS[self.eval_source]}", 100.0),
                 ("divergence", "divergence.png", DIVERGENCE_LABEL, 1.0)):
             pts = [(x, scale * r[key]) for x, r in zip(rounds, self.rows, strict=True)
                    if r[key] is not None]

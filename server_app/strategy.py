@@ -12,7 +12,7 @@ checkpointed server state.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from logging import WARNING
 
 import numpy as np
@@ -27,7 +27,7 @@ from strategies.method import ClientUpdate, RoundInput, ServerRule, ServerState
 from strategies.norms import update_norms, vector_norm
 from strategies.ri import Weights, aggregate_update, divergence
 from strategies.robust import combine
-from strategies.sampling import sample_clients
+from strategies.sampling import sample_available
 from task.config import RunConfig
 from task.federated_data import num_steps
 
@@ -42,6 +42,8 @@ most this times ||w_t||. Honest round-1 moves measured 0.015-0.33 x ||w_0|| (all
 full Fashion-MNIST, Dir-0.1, defaults; docs/faults.md): 15x headroom."""
 NORMS_STATE = "norms:"
 """Server-state name prefix of a vector's norm history (``norms:<record name>``)."""
+ACCOUNTED_STATE = "accounted-rounds"
+"""Server-state name of the round each client's last aggregated reply came from (0: none)."""
 
 Accepted = tuple[int, ClientUpdate]
 """A reply that passed the checks: (source node id, its decoded update)."""
@@ -51,19 +53,31 @@ class MethodStrategy(Strategy):
     """Flower's side of every method; the method's own math is ``rule`` (a ServerRule)."""
 
     def __init__(self, cfg: RunConfig, node_of_partition: Mapping[int, int],
-                 w0: Weights) -> None:
+                 w0: Weights, available: Callable[[], Collection[int]] | None = None) -> None:
         self.cfg = cfg
         self.node_of_partition = node_of_partition
         """Partition id -> node id; the experiment keeps it current between rounds."""
+        self.available = available or (lambda: list(self.node_of_partition))
+        """The client ids that may be sampled now (identified, node connected)."""
         self.rule: ServerRule = cfg.spec.server(cfg.params)
         self.state: ServerState = self.rule.init(w0)
         self.norm_history: dict[str, list[float]] = {}
         self.expected_examples: tuple[int, ...] | None = None
+        self.accounted: dict[int, int] | None = {}
+        """Partition id -> round of its last aggregated reply, named in each train message so
+        the client starts its server-summed state (``ClientRule.accounted_keys``) from the
+        version the server counted. None: not tracked (a run resumed from a checkpoint made
+        before it was): clients then use their newest state, as that run did."""
         self._w_t: Weights = []
         self._sent_to: dict[int, int] = {}
         self._eval_sent_to: dict[int, int] = {}
         self.personal_scores: list[personal_eval.ClientScores] = []
         """The last personalized evaluation's per-client scores."""
+
+    @property
+    def sent_to(self) -> dict[int, int]:
+        """{node id: client id} of this round's train messages."""
+        return dict(self._sent_to)
 
     def expect_examples(self, sizes: Sequence[int] | None) -> None:
         """Set each partition's true example count; a reply claiming another is rejected.
@@ -86,7 +100,8 @@ class MethodStrategy(Strategy):
         """Send the model, the round's settings and the method's extras to sampled clients."""
         c = self.cfg
         self._w_t = arrays.to_numpy_ndarrays()
-        chosen = sample_clients(c.seed, server_round, c.num_clients, c.clients_per_round)
+        chosen = sample_available(c.seed, server_round, c.num_clients, c.clients_per_round,
+                                  self.available())
         round_config = ConfigRecord(
             {**dict(config), rk.ROUND: server_round, rk.LR: c.lr_at(server_round),
              rk.BETA: c.beta, rk.UPLOAD_DELTA: c.ri_aggregation == "update"}
@@ -97,11 +112,20 @@ class MethodStrategy(Strategy):
         for pid in chosen:
             node = self.node_of_partition[pid]
             self._sent_to[node] = pid
-            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: round_config, **extras})
+            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: self._client_config(
+                round_config, pid), **extras})
             messages.append(
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
             )
         return messages
+
+    def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
+        """The round's settings for client ``pid``: its id and, when tracked, its accounted
+        round."""
+        config = _for_client(round_config, pid)
+        if self.accounted is not None:
+            config[rk.ACCOUNTED_ROUND] = self.accounted.get(pid, 0)
+        return config
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -140,6 +164,8 @@ class MethodStrategy(Strategy):
                          weights=weights, variant=c.ri_aggregation, num_clients=c.num_clients,
                          lr=c.lr_at(server_round), server_lr=c.server_lr)
         w_next, self.state = self.rule.update(self.state, self._w_t, rnd)
+        if self.accounted is not None:
+            self.accounted.update((u.partition_id, server_round) for u in updates)
         metrics = {
             **counts,
             rk.ROUND_TRAIN_LOSS: float(np.average([u.train_loss for u in updates],
@@ -161,10 +187,13 @@ class MethodStrategy(Strategy):
         eval_config = ConfigRecord({**dict(config), rk.ROUND: server_round,
                                     rk.LR: c.lr_at(server_round), rk.PERSONAL_EVAL: True})
         messages = []
+        online = set(self.available())
         for pid in personal_eval.eval_clients(c):
+            if pid not in online:  # not identified or not connected: no score this time
+                continue
             node = self.node_of_partition[pid]
             self._eval_sent_to[node] = pid
-            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: eval_config})
+            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: _for_client(eval_config, pid)})
             messages.append(
                 Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node))
         return messages
@@ -353,6 +382,11 @@ class MethodStrategy(Strategy):
         state = self.state.arrays()
         for key, norms in self.norm_history.items():
             state[NORMS_STATE + key] = [np.asarray(norms, dtype=np.float64)]
+        if self.accounted is not None:
+            rounds = np.zeros(self.cfg.num_clients, dtype=np.int64)
+            for pid, rnd in self.accounted.items():
+                rounds[pid] = rnd
+            state[ACCOUNTED_STATE] = [rounds]
         return state
 
     def load_server_state(self, state: dict[str, Weights]) -> None:
@@ -360,8 +394,16 @@ class MethodStrategy(Strategy):
         norms = {n for n in state if n.startswith(NORMS_STATE)}
         self.norm_history = {n.removeprefix(NORMS_STATE): [float(x) for x in state[n][0]]
                              for n in sorted(norms)}
+        accounted = state.get(ACCOUNTED_STATE)
+        self.accounted = (None if accounted is None else
+                          {pid: int(r) for pid, r in enumerate(accounted[0]) if r > 0})
         self.state = self.rule.state_type.from_arrays(
-            {k: v for k, v in state.items() if k not in norms})
+            {k: v for k, v in state.items() if k not in norms and k != ACCOUNTED_STATE})
+
+
+def _for_client(config: ConfigRecord, client_id: int) -> ConfigRecord:
+    """The round's settings with the client the message is for (``rk.CLIENT_ID``)."""
+    return ConfigRecord({**dict(config), rk.CLIENT_ID: client_id})
 
 
 def _arrays_problem(key: str, arrays: list[np.ndarray], reference: Weights) -> str | None:

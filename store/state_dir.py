@@ -99,15 +99,27 @@ class StateDir:
             _no_flat_files.add(self.dir)
         self._moved_flat = True
 
-    def save(self, server_round: int, entries: Entries) -> None:
-        """Write this round's state atomically, then keep only the newest versions."""
+    def save(self, server_round: int, entries: Entries, keep: int = 0) -> None:
+        """Write this round's state atomically, then keep only the newest versions and the
+        version of round ``keep`` (the one the server accounted for; 0: none)."""
         self._move_flat_files()
         self.client_dir.mkdir(parents=True, exist_ok=True)
         meta = {"experiment": self.experiment, "partition-id": self.pid, "round": server_round,
                 "entries": {k: len(v) for k, v in entries.items()}}
         write_record(self.version_path(server_round), entries, meta)
-        for _, old in self._files()[:-KEEP_VERSIONS]:
-            old.unlink(missing_ok=True)
+        for saved_round, old in self._files()[:-KEEP_VERSIONS]:
+            if saved_round != keep:
+                old.unlink(missing_ok=True)
+
+    def load_version(self, server_round: int, model: Sequence[Shaped]) -> Entries:
+        """The state saved in ``server_round`` exactly, checked against ``model``;
+        StateError when it is missing or unusable (left in place: it is not the newest)."""
+        path = self.version_path(server_round)
+        if not path.exists():
+            raise StateError(path, "is missing")
+        entries = self._read(path)
+        check_state(path, entries, model)
+        return entries
 
     def load_before(self, server_round: int) -> tuple[int, Entries] | None:
         """The newest saved state from a round before ``server_round``, checked; or None."""

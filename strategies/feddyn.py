@@ -84,6 +84,7 @@ class FedDynClient(ClientRule[FedDynParams]):
     """FedDyn's client half: the prox and dual gradient terms and the h_i update."""
 
     state_keys = (H_LOCAL,)
+    accounted_keys = (H_LOCAL,)
 
     def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
               lr: float, device: torch.device) -> GradientHook | None:

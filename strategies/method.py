@@ -241,6 +241,12 @@ class ClientRule(Generic[P]):
     """Per-client arrays kept between participations (besides RI's w_prev)."""
     down_keys: ClassVar[tuple[str, ...]] = ()
     """Extra ArrayRecords the server sends with the model."""
+    accounted_keys: ClassVar[tuple[str, ...]] = ()
+    """State keys whose changes the server sums into its own state (SCAFFOLD's c_i, FedDyn's
+    h_i). A client starts them from the version of its last *aggregated* reply, which the
+    server names in each message, so a late, rejected or lost reply cannot make the client's
+    state drift from the server's (``store.client_store``). The other keys (RI's w_prev,
+    Ditto's v_i) the server never sums: they stay the newest."""
     personal_key: ClassVar[str] = ""
     """State key of the client's own personal model (Ditto's v_i), which personalized
     evaluation scores as the client's own; one of ``state_keys``. '' for none: RI's w_prev

@@ -18,8 +18,14 @@ BETA = "beta"
 UPLOAD_DELTA = "upload-delta"  # bool: the model upload is Delta_i (``update``), not w_iK
 # (``model``); the round asks for one and the reply's CONFIG record says which it holds
 EXPERIMENT = "experiment-id"  # the run directory's name: stable across a resume
+ACCOUNTED_ROUND = "accounted-round"  # int, per client: the round of its last reply the server
+# aggregated (0: none); the client starts its server-summed state from that version
+CLIENT_ID = "client-id"  # int: the client the message is for (a node without a partition-id
+# trains as this client; one with a partition-id refuses a message naming another)
 
 PERSONAL_EVAL = "personal-eval"  # bool in an evaluate message: personalized evaluation
+FEDERATED_EVAL = "federated-eval"  # bool in an evaluate message: the global model's loss and
+# accuracy on the client's local test split (the accuracy curve without a central test set)
 
 # MetricRecord keys sent up.
 NUM_EXAMPLES = "num-examples"
@@ -44,6 +50,8 @@ NUM_TEST = "num-test-examples"
 ACC_GLOBAL = "acc-global"  # (a) the global model w_t
 ACC_FINETUNED = "acc-finetuned"  # (b) w_t after finetune-epochs local epochs
 ACC_OWN = "acc-own"  # (c) the client's own model (absent when it has none yet)
+EVAL_LOSS = "eval-loss"  # an evaluate reply: mean cross-entropy of the received model
+EVAL_ACC = "eval-acc"  # an evaluate reply: accuracy of the received model
 
 # Query reply (client identity).
 PARTITION_ID = "partition-id"

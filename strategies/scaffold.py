@@ -79,6 +79,7 @@ class ScaffoldClient(ClientRule[Params]):
     """SCAFFOLD's client half: the gradient correction c - c_i and the c_i update."""
 
     state_keys = (C_LOCAL,)
+    accounted_keys = (C_LOCAL,)
     down_keys = (C_GLOBAL,)
 
     def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],

@@ -29,7 +29,8 @@ from strategies.registry import (
 )
 from task.choices import MODEL_NAMES, PARTITION_NAMES, check_model_input
 from task.config_checks import ConfigError, bad_value, did_you_mean
-from task.data_paths import DATASET_NAMES, IMAGE_SIZES, default_data_dir
+from task.data_sets import DATASET_NAMES, default_data_dir, spec_of, split_floats, split_names
+from task.data_sets.device import NAME as DEVICE
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 __all__ = ["ConfigError", "RunConfig", "check_examples", "check_writable", "load_defaults"]
@@ -62,6 +63,11 @@ class RunConfig:
     clip_norm: float
     dataset: str
     data_dir: str
+    device_classes: str
+    device_image_size: int
+    device_channels: int
+    device_mean: str
+    device_std: str
     partition: str
     dirichlet_alpha: float
     channel_noise: float
@@ -71,12 +77,16 @@ class RunConfig:
     model: str
     seed: int
     eval_every: int
+    evaluation: str
+    federated_eval_clients: int
     personal_eval_every: int
     personal_eval_clients: int
     finetune_epochs: int
     output_dir: str
     round_timeout: float
     node_wait_timeout: float
+    task_deadline: float
+    min_clients: int
     min_replies: int
     max_failed_rounds: int
     aggregation: str
@@ -107,6 +117,19 @@ class RunConfig:
     def resolved_data_dir(self) -> str:
         """The data location: the configured one or the dataset's first default that holds it."""
         return self.data_dir or str(default_data_dir(self.dataset))
+
+    @property
+    def on_devices(self) -> bool:
+        """Whether every node brings its own data (``dataset=device``): no central copy."""
+        return self.dataset == DEVICE
+
+    @property
+    def eval_source(self) -> str:
+        """Where the global model's accuracy curve comes from: ``central`` (the data set's
+        test split, on the server) or ``federated`` (the clients' local test splits)."""
+        if self.evaluation == "auto":
+            return "federated" if self.on_devices else "central"
+        return self.evaluation
 
     @property
     def spec(self) -> MethodSpec:
@@ -173,6 +196,7 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
 
 
 _bad = bad_value
+EVALUATIONS: tuple[str, ...] = ("auto", "central", "federated")
 
 
 def _check_finite(c: RunConfig) -> None:
@@ -221,6 +245,49 @@ def _check_personal_eval(c: RunConfig) -> None:
                    "0 while local-test-fraction=0 (clients have no local test split)")
 
 
+def _check_device(c: RunConfig) -> None:
+    """The schema every device must meet, and what a server without the data needs."""
+    names = split_names(c.device_classes)
+    if len(names) < 2 or any(not n or "/" in n or n.startswith(".") for n in names):
+        raise _bad("device-classes", c.device_classes,
+                   "at least 2 comma-separated class names (folder names: no '/', no leading "
+                   "'.') when dataset='device'")
+    if len(set(names)) != len(names):
+        raise _bad("device-classes", c.device_classes, "class names that are all different")
+    if c.device_channels not in (1, 3):
+        raise _bad("device-channels", c.device_channels, "1 (grayscale) or 3 (RGB)")
+    if c.device_image_size < 1:
+        raise _bad("device-image-size", c.device_image_size, "an integer >= 1")
+    for key, text, low in (("device-mean", c.device_mean, -math.inf),
+                           ("device-std", c.device_std, 0.0)):
+        try:
+            values = split_floats(text)
+        except ValueError:
+            values = ()
+        if (len(values) != c.device_channels
+                or not all(math.isfinite(v) and v > low for v in values)):
+            raise _bad(key, text, f"{c.device_channels} comma-separated finite number(s) "
+                       f"(one per device-channels){', each > 0' if low == 0.0 else ''}")
+    if c.max_examples_per_client == 0:
+        raise _bad("max-examples-per-client", 0,
+                   "a cap > 0 when dataset='device' (the server cannot count the examples a "
+                   "device holds, so it caps each reply's claimed weight)")
+
+
+def _check_evaluation(c: RunConfig) -> None:
+    """Central evaluation needs the data set on the server; federated needs local tests."""
+    if c.federated_eval_clients < 0:
+        raise _bad("federated-eval-clients", c.federated_eval_clients,
+                   "an integer >= 0 (0, or num-clients or more: all clients)")
+    if c.evaluation == "central" and c.on_devices:
+        raise _bad("evaluation", c.evaluation, "federated or auto when dataset='device' (the "
+                   "server holds no test set)")
+    if c.eval_source == "federated" and c.local_test_fraction == 0.0:
+        raise _bad("local-test-fraction", c.local_test_fraction,
+                   "> 0 with federated evaluation (the clients evaluate on their local test "
+                   "splits)")
+
+
 def _check_ranges(c: RunConfig) -> None:
     """Range checks, one per key, in the order a reader would look for them."""
     choices = {
@@ -232,13 +299,17 @@ def _check_ranges(c: RunConfig) -> None:
         "partition": (c.partition, PARTITION_NAMES),
         "model": (c.model, MODEL_NAMES),
         "simulation-client-state": (c.simulation_client_state, ("disk", "memory")),
+        "evaluation": (c.evaluation, EVALUATIONS),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"run config: {key}={value!r} is not allowed"
                               f"{did_you_mean(value, allowed)}; allowed: {' | '.join(allowed)}")
+    if c.on_devices:
+        _check_device(c)
+    schema = spec_of(c.dataset).schema
     try:
-        check_model_input(c.model, IMAGE_SIZES[c.dataset])
+        check_model_input(c.model, c.device_image_size if schema is None else schema.image_size)
     except ValueError as err:
         raise ConfigError(f"run config: model={c.model!r} does not fit dataset={c.dataset!r}: "
                           f"{err}") from None
@@ -274,6 +345,9 @@ def _check_ranges(c: RunConfig) -> None:
         raise _bad("lr-decay", c.lr_decay, "0 < lr-decay <= 1")
     if not 0.0 <= c.trim_fraction < 0.5:
         raise _bad("trim-fraction", c.trim_fraction, "0 <= trim-fraction < 0.5")
+    if not 0 <= c.min_clients <= c.num_clients:
+        raise _bad("min-clients", c.min_clients,
+                   f"0 (all) to num-clients={c.num_clients} clients to start with")
     if c.min_replies > c.clients_per_round:
         raise _bad("min-replies", c.min_replies,
                    f"at most the clients per round ({c.clients_per_round})")
@@ -288,6 +362,9 @@ def _check_ranges(c: RunConfig) -> None:
     for key, value in non_negative.items():
         if value < 0:
             raise _bad(key, value, "a number >= 0 (0 disables it)")
+    if c.task_deadline < 0:
+        raise _bad("task-deadline", c.task_deadline,
+                   "a number of seconds > 0, or 0 for round-timeout")
     if not 0.0 <= c.max_update_norm_ratio < math.inf:  # NaN would turn the filter off
         raise _bad("max-update-norm-ratio", c.max_update_norm_ratio,
                    "a finite number >= 0 (0 disables the norm filter)")
@@ -295,6 +372,7 @@ def _check_ranges(c: RunConfig) -> None:
         raise _bad("local-test-fraction", c.local_test_fraction,
                    "0 <= local-test-fraction < 1 (0 turns the local test split off)")
     _check_personal_eval(c)
+    _check_evaluation(c)
     if c.seed < 0:
         raise _bad("seed", c.seed, "an integer >= 0")
     if not c.output_dir:

@@ -50,6 +50,10 @@ SPECIAL: dict[str, KeyRole] = {
     # How long to wait, when to give up: the rounds that complete are the same experiment.
     "round-timeout": KeyRole(False, True, "how long a round waits for replies"),
     "node-wait-timeout": KeyRole(False, True, "how long the start waits for the SuperNodes"),
+    "task-deadline": KeyRole(False, True, "when a node gives up on a task that hangs, as "
+                                          "round-timeout is when the server gives up on it"),
+    "min-clients": KeyRole(False, True, "how many clients the start waits for; the others join "
+                                        "later, and a run with all of them online is the same"),
     "max-failed-rounds": KeyRole(False, True, "when to stop after failed rounds; a finished run "
                                               "did not meet it, and a resume is how to go on"),
     # What the experiment is, yet a continuation may change it.
@@ -64,11 +68,13 @@ EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
     "method", "beta", "ri-aggregation", "weighting", "server-lr",
     # the federation and local training
     "num-clients", "fraction-train", "local-epochs", "batch-size", "lr", "lr-decay",
-    "weight-decay", "clip-norm", "model", "seed", "eval-every",
+    "weight-decay", "clip-norm", "model", "seed", "eval-every", "evaluation",
+    "federated-eval-clients",
     "personal-eval-every", "personal-eval-clients", "finetune-epochs",
     # the data
     "dataset", "partition", "dirichlet-alpha", "channel-noise", "brightness-noise", "train-limit",
-    "local-test-fraction",
+    "local-test-fraction", "device-classes", "device-image-size", "device-channels",
+    "device-mean", "device-std",
     # the server's defences: they change which replies are aggregated and how
     "aggregation", "trim-fraction", "max-update-norm-ratio", "max-examples-per-client",
 })

@@ -1,16 +1,22 @@
 """Which examples each client holds: the one place that turns a RunConfig into client data.
 
 Server (test set), clients (their partition) and the benchmarks (the plain-PyTorch floor)
-all call these, so every path sees exactly the same data for the same seed.
+all call these, so every path sees exactly the same data for the same seed. With device data
+(``dataset=device``) a client's examples are the ones its node holds (node config
+``data-dir``), split into train and local test the same way: a function of (run config, the
+node's data-dir, client id).
 """
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from task.data_sets import device_schema
+from task.data_sets.device import DeviceDataError, load_device_data
 from task.datasets import DataSplits, load_dataset
 from task.local_split import local_test_count, split_positions
 from task.noise import class_brightness_shift, client_channel_scale
@@ -84,12 +90,29 @@ def partition_sizes(cfg: RunConfig) -> tuple[int, ...]:
                  for p in _all_partitions(cfg))
 
 
-def _partition_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
+NO_DATA_DIR = ("node config has no 'data-dir' (dataset=device: each node trains on data it "
+               "holds); start the SuperNode with --node-config \"data-dir=/path/to/data ...\"")
+
+
+def device_examples(cfg: RunConfig, data_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    """All of a device's examples (images uint8 NHWC, labels), checked against the run's
+    schema; ValueError (one line naming the file) when they do not meet it."""
+    if not data_dir:
+        raise DeviceDataError(NO_DATA_DIR)
+    return load_device_data(Path(data_dir).expanduser(), device_schema(cfg))
+
+
+def _partition_examples(cfg: RunConfig, partition_id: int,
+                        data_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
     """The whole partition's (images uint8 NHWC, labels), with the paper's optional noise
-    applied before the split, so an example looks the same in either split."""
-    data = dataset_of(cfg)
-    idx = partition_indices(cfg, partition_id)
-    x, y = data.train_x[idx], data.train_y[idx]
+    applied before the split, so an example looks the same in either split. With device
+    data the partition is what the node holds."""
+    if cfg.on_devices:
+        x, y = device_examples(cfg, data_dir)
+    else:
+        data = dataset_of(cfg)
+        idx = partition_indices(cfg, partition_id)
+        x, y = data.train_x[idx], data.train_y[idx]
     if cfg.brightness_noise > 0:
         x = class_brightness_shift(x, y, cfg.brightness_noise, cfg.seed)
     if cfg.channel_noise > 0:
@@ -97,15 +120,26 @@ def _partition_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, 
     return x, y
 
 
-def client_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """One client's training examples (images uint8 NHWC, labels)."""
-    x, y = _partition_examples(cfg, partition_id)
-    train = _split(cfg, partition_id)[0]
+def _positions(cfg: RunConfig, partition_id: int, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) positions: the benchmark split (cached indices) or the device's."""
+    if cfg.on_devices:
+        return split_positions(y, cfg.local_test_fraction, cfg.seed, partition_id)
+    return _split(cfg, partition_id)
+
+
+def client_examples(cfg: RunConfig, partition_id: int,
+                    data_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """One client's training examples (images uint8 NHWC, labels); ``data_dir`` is the
+    node's own data (device data only)."""
+    x, y = _partition_examples(cfg, partition_id, data_dir)
+    train = _positions(cfg, partition_id, y)[0]
     return x[train], y[train]
 
 
-def client_test_examples(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """One client's local test examples (personalized evaluation); empty when there are none."""
-    x, y = _partition_examples(cfg, partition_id)
-    test = _split(cfg, partition_id)[1]
+def client_test_examples(cfg: RunConfig, partition_id: int,
+                         data_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """One client's local test examples (personalized and federated evaluation); empty when
+    there are none."""
+    x, y = _partition_examples(cfg, partition_id, data_dir)
+    test = _positions(cfg, partition_id, y)[1]
     return x[test], y[test]

@@ -18,7 +18,7 @@ from task.choices import MODEL_NAMES, check_model_input
 
 if TYPE_CHECKING:
     from task.config import RunConfig
-    from task.datasets import DataSplits
+    from task.data_sets import DataSplits, Schema
 
 # Small CNN widths, kept in one place so CPU cost can be tuned (about 54k parameters with these).
 CNN_CONV1_CHANNELS = 8
@@ -235,12 +235,21 @@ def build_model(
     return model
 
 
-def initial_model(cfg: RunConfig, data: DataSplits) -> nn.Module:
-    """The run's model at w_0: the one seeded build that server, clients and checks share."""
+def initial_model(cfg: RunConfig, data: DataSplits | Schema | None = None) -> nn.Module:
+    """The run's model at w_0: the one seeded build that server, clients and checks share.
+
+    Built from the run's schema (``task.data_sets.schema_of``: the data set's own, or the one
+    the run config declares for device data), so the server needs no data to build it;
+    ``data`` (loaded splits or a schema) overrides it."""
+    if data is None:
+        from task.data_sets import schema_of
+
+        data = schema_of(cfg)
     return build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed, data.image_size)
 
 
-def initial_weights(cfg: RunConfig, data: DataSplits) -> list[np.ndarray]:
+def initial_weights(cfg: RunConfig,
+                    data: DataSplits | Schema | None = None) -> list[np.ndarray]:
     """w_0 as arrays in wire order (the server's first global model, the clients' fallback)."""
     return get_weights(initial_model(cfg, data))
 

@@ -96,11 +96,13 @@ def test_scaffold_is_twice_fedavg_each_way(name: str) -> None:
 
 
 def test_config_and_metric_records_are_the_same_for_every_method() -> None:
-    # down: server-round, lr, beta (8 bytes each), upload-delta (1 byte) and names; up: the
-    # four metrics and the upload-delta flag saying what the upload holds
+    # down: server-round, lr, beta, client-id, accounted-round (8 bytes each), upload-delta
+    # (1 byte) and names; up: the four metrics and the upload-delta flag saying what the
+    # upload holds
     flag = len("upload-delta") + 1
     assert measured("fedavg")["other"] == (
-        len("config") + len("server-round") + len("lr") + len("beta") + 3 * 8 + flag,
+        len("config") + len("server-round") + len("lr") + len("beta") + len("client-id")
+        + len("accounted-round") + 5 * 8 + flag,
         len("metrics") + len("num-examples") + len("train-loss") + len("num-steps")
         + len("compute-seconds") + 4 * 8 + len("config") + flag)
     for name in CASES:

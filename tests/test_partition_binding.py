@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from scripts.inprocess_grid import InProcessGrid
-from server_app.clients import FederationError, discover_clients, refresh_clients
+from server_app.clients import FederationError, Fleet, discover_clients
 from task.config import RunConfig
 
 
@@ -21,6 +21,14 @@ def cfg(tmp: Path, registry: dict[int, int] | None = None) -> RunConfig:
         path.write_text(json.dumps({str(k): v for k, v in registry.items()}))
         over["node-registry"] = str(path)
     return RunConfig.parse(over)
+
+
+def refresh(fleet: Fleet) -> None:
+    """One round's identification: answers of the last round, queries to new nodes (the
+    in-process grid answers at once), and their answers."""
+    fleet.collect()
+    fleet.ask()
+    fleet.collect()
 
 
 def add_node(grid: InProcessGrid, node: int, pid: int) -> None:
@@ -41,17 +49,19 @@ def test_a_late_node_cannot_claim_a_held_partition(
         tmp_path: Path, caplog_warn: pytest.LogCaptureFixture) -> None:
     c = cfg(tmp_path)
     grid = InProcessGrid(3, c.to_dict())
-    node_of = discover_clients(grid, c)
+    fleet = Fleet(grid, c)
+    node_of = fleet.discover()
     assert node_of == {0: 1000, 1: 1001, 2: 1002}
     add_node(grid, 6666, 0)
-    refused: set[int] = set()
-    refresh_clients(grid, c, node_of, refused)
+    refresh(fleet)
     assert node_of[0] == 1000
     assert "refused node 6666: it claims partition-id=0, held by connected node 1000" \
         in caplog_warn.text
+    assert 6666 not in fleet.refused  # may hold it later: asked again after RETRY_SECONDS
     # The holder gone (a node restarted without a stable identity): its successor takes over.
     del grid.contexts[1000]
-    refresh_clients(grid, c, node_of, refused)
+    fleet.retry_at.clear()
+    refresh(fleet)
     assert node_of[0] == 6666
 
 
@@ -59,21 +69,22 @@ def test_the_registry_decides_who_holds_which_partition(
         tmp_path: Path, caplog_warn: pytest.LogCaptureFixture) -> None:
     c = cfg(tmp_path, {1000: 0, 1001: 1, 1002: 2})
     grid = InProcessGrid(3, c.to_dict())
-    node_of = discover_clients(grid, c)
+    fleet = Fleet(grid, c)
+    node_of = fleet.discover()
     assert node_of == {0: 1000, 1: 1001, 2: 1002}
-    refused: set[int] = set()
     add_node(grid, 6666, 1)  # registered to no partition
     add_node(grid, 1001_000, 2)  # unknown node id
-    refresh_clients(grid, c, node_of, refused)
+    refresh(fleet)
     assert node_of == {0: 1000, 1: 1001, 2: 1002}
-    assert refused == {6666, 1001_000}
+    assert fleet.refused == {6666, 1001_000}
     assert "refused node 6666: it claims partition-id=1 but its node id is not in " \
         "node-registry" in caplog_warn.text
 
-    # Replacement: the operator registers the new node's key and maps its id to partition 1.
-    c2 = cfg(tmp_path, {1000: 0, 7777: 1, 1002: 2})
+    # Replacement: the operator registers the new node's key and maps its id to partition 1
+    # in the registry file, which the run reads again each round.
+    cfg(tmp_path, {1000: 0, 7777: 1, 1002: 2})
     add_node(grid, 7777, 1)
-    refresh_clients(grid, c2, node_of, refused)
+    refresh(fleet)
     assert node_of[1] == 7777  # even while the old node still looks connected
 
 

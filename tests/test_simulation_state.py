@@ -61,8 +61,10 @@ def simulate(tmp: Path, mode: str) -> tuple[Path, list[int]]:
 def test_simulated_clients_keep_state_on_disk_only_and_end_bit_identical(tmp_path: Path) -> None:
     disk_dir, disk_held = simulate(tmp_path, "disk")
     mem_dir, mem_held = simulate(tmp_path, "memory")
-    # memory: after round 1 each of the 4 contexts holds w_prev and c_i (the test sees state)
-    assert mem_held == [0, 8, 8]
+    # memory: after round 1 each of the 4 contexts holds w_prev and c_i (the test sees state);
+    # after round 2 also the c_i of round 1, the version the server has accounted for until a
+    # later message says it aggregated round 2's reply (store/client_store.py)
+    assert mem_held == [0, 8, 12]
     # disk: the engine's Contexts hold no client arrays between rounds, nor at the end
     assert disk_held == [0, 0, 0]
     exp = disk_dir / RUN_SUBDIR / disk_dir.name

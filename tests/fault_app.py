@@ -1,0 +1,60 @@
+"""A copy of this project's Flower App whose ClientApp misbehaves on purpose (tests, bench).
+
+The train handler gets extra code right after it knows its round and partition
+(``_round``, ``pid``): raise, SIGKILL its own worker, or hang. The copy is a separate FAB, so
+a deployment serves it beside the unchanged app.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from scripts.flower_env import REPO
+
+APP_PARTS = ("pyproject.toml", "client_app", "server_app", "strategies", "task")
+ANCHOR = "    pid = partition_of(context, cfg, msg)\n    conf ="
+ROUND = "    _round = int(msg.content.config_records[rk.CONFIG][rk.ROUND])\n"
+
+
+def raise_at(server_round: int, pid: int) -> str:
+    return f'''    if (_round, pid) == ({server_round}, {pid}):
+        raise RuntimeError("injected fault")
+'''
+
+
+def sigkill_at(server_round: int, pid: int) -> str:
+    return f'''    if (_round, pid) == ({server_round}, {pid}):
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def hang_at(server_round: int, pid: int, child_pid_file: Path) -> str:
+    """The task sleeps forever, beside a child process (as a data loader's workers would be)
+    whose pid it writes to ``child_pid_file``: a kill must take the child too."""
+    return f'''    if (_round, pid) == ({server_round}, {pid}):
+        import subprocess, sys, time
+        _child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10**6)"])
+        open({str(child_pid_file)!r}, "w").write(str(_child.pid))
+        while True:
+            time.sleep(3600)
+'''
+
+
+def fault_app(dest: Path, *faults: str) -> Path:
+    """Copy the app to ``dest`` with ``faults`` (from the functions above) in its train
+    handler; the copy's ``client_app/app.py`` fails loudly if the anchor moved."""
+    dest.mkdir(parents=True)
+    for part in APP_PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(src, dest / part)
+    app = dest / "client_app" / "app.py"
+    text = app.read_text()
+    assert ANCHOR in text, "client_app/app.py changed: update the fault injection anchor"
+    head = "    pid = partition_of(context, cfg, msg)\n"
+    app.write_text(text.replace(ANCHOR, head + ROUND + "".join(faults) + "    conf =", 1))
+    return dest

@@ -1,0 +1,113 @@
+"""Client state stays what the server accounted for when replies are lost or rejected.
+
+SCAFFOLD's server c is (1/N) sum_i c_i and FedDyn's H is sum_i h_i over ALL clients only if a
+client's change counts on both sides or on neither. Here replies are dropped after the client
+saved its new state (a lost or late reply) and others are rejected by the norm filter; after
+every round the server's state (checkpoint.npz) is compared with an independent sum over the
+clients' state files: for each client, the file of the round the server says it aggregated
+last (zeros before any). Flower's simulation engine runs in this process (tests/sim_engine.py),
+so the messages, Contexts and state files are the real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Message, MessageType
+
+from server_app.checkpoint import load_checkpoint
+from server_app.experiment import run_experiment
+from server_app.strategy import ACCOUNTED_STATE
+from store.files import read_record
+from store.simulation import RUN_SUBDIR
+from strategies.feddyn import H_LOCAL
+from strategies.scaffold import C_LOCAL
+from task.config import RunConfig
+from tests.sim_engine import InProcessSimulation
+
+BASE = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 6, "train-limit": 600,
+        "local-epochs": 1, "beta": 0.1, "eval-every": 6, "personal-eval-every": 0,
+        "max-update-norm-ratio": 1.3}
+"""3 of 6 clients a round; a tight norm filter rejects some honest replies."""
+
+
+def client_sum(run_dir: Path, key: str, accounted: np.ndarray, like: list[np.ndarray]
+               ) -> list[np.ndarray]:
+    """sum_i of ``key`` over all clients, each from the file of its accounted round."""
+    exp = run_dir / RUN_SUBDIR / run_dir.name
+    total = [np.zeros(a.shape, dtype=np.float64) for a in like]
+    for pid, rnd in enumerate(accounted):
+        if rnd == 0:
+            continue
+        groups, _ = read_record(exp / f"client-{pid}" / f"r{int(rnd):06d}.npz")
+        for acc, a in zip(total, groups[key], strict=True):
+            acc += a
+    return total
+
+
+def relative_gap(server: list[np.ndarray], clients: list[np.ndarray]) -> float:
+    gap = np.sqrt(sum(float(np.sum((s.astype(np.float64) - c) ** 2))
+                      for s, c in zip(server, clients, strict=True)))
+    norm = np.sqrt(sum(float(np.sum(s.astype(np.float64) ** 2)) for s in server))
+    return gap / norm
+
+
+def run_with_losses(tmp: Path, method: str, drop: float) -> tuple[list[float], dict[str, int]]:
+    """Run ``method`` dropping a seeded share ``drop`` of the train replies; the relative gap
+    between the server state and the client sum after every round, and reply counts."""
+    overrides: dict[str, Any] = {**BASE, "method": method, "output-dir": str(tmp / "out")}
+    cfg = RunConfig.parse(overrides)
+    rng = np.random.default_rng(5)
+    gaps: list[float] = []
+    counts = {"dropped": 0, "rejected": 0, "aggregated": 0}
+    run_dir = tmp / method
+
+    def check() -> None:
+        ckpt = load_checkpoint(run_dir)
+        accounted = ckpt.strategy_state[ACCOUNTED_STATE][0]
+        if method == "scaffold":
+            c = ckpt.strategy_state["c"]
+            mean = [s / cfg.num_clients
+                    for s in client_sum(run_dir, C_LOCAL, accounted, c)]
+            gaps.append(relative_gap(c, mean))
+        else:
+            h_sum = ckpt.strategy_state["h_sum"]
+            gaps.append(relative_gap(h_sum, client_sum(run_dir, H_LOCAL, accounted, h_sum)))
+        row = ckpt.rows[-1] if ckpt.rows else {}
+        counts["rejected"] += int(row.get("num-rejected", 0))
+        counts["aggregated"] += int(row.get("num-replies", 0))
+
+    with InProcessSimulation(cfg.num_clients, overrides) as sim:
+        send = sim.grid.send_and_receive
+
+        def lossy(messages: Iterable[Message], *, timeout: float | None = None
+                  ) -> Iterable[Message]:
+            msgs = list(messages)
+            train = bool(msgs) and msgs[0].metadata.message_type == MessageType.TRAIN
+            if train and (run_dir / "checkpoint.npz").exists():
+                check()  # the state after the previous round
+            replies = list(send(msgs, timeout=timeout))
+            if not train:
+                return replies
+            kept = [r for r in replies if rng.random() >= drop]
+            counts["dropped"] += len(replies) - len(kept)
+            return kept
+
+        sim.grid.send_and_receive = lossy  # type: ignore[method-assign]
+        run_experiment(sim.grid, cfg, out_dir=run_dir)
+    check()
+    return gaps, counts
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
+def test_server_state_equals_the_clients_accounted_state_after_every_round(
+        tmp_path: Path, method: str) -> None:
+    gaps, counts = run_with_losses(tmp_path, method, drop=0.3)
+    # the scenario really loses and rejects replies, and still aggregates some
+    assert counts["dropped"] >= 2 and counts["rejected"] >= 1 and counts["aggregated"] >= 4
+    assert len(gaps) == BASE["num-server-rounds"]
+    assert max(gaps) < 1e-5, gaps

@@ -1,7 +1,7 @@
 """Per-round overhead of the deployment paths beside the simulation, side by side in one run.
 
-    .venv/bin/python bench/deploy_rounds.py                     # every path, 6 rounds
-    .venv/bin/python bench/deploy_rounds.py --skip compose --memory-rounds 0
+    .venv/bin/python -m bench.deploy_rounds                     # every path, 6 rounds
+    .venv/bin/python -m bench.deploy_rounds --skip compose --memory-rounds 0
 
 Each path runs the same config and seed (3 clients, fraction-train=1.0, train-limit=3000):
 
@@ -37,11 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from node.warm_executor import rss_mib  # noqa: E402
-from scripts.deploy_local import descendants, stop_pids  # noqa: E402
-from scripts.flower_env import REPO, flower_env  # noqa: E402
+from node.warm_executor import rss_mib
+from scripts.deploy_local import descendants, stop_pids
+from scripts.flower_env import REPO, flower_env
 
 PATHS = ("simulation", "process-flower", "process-3s", "process", "compose")
 PROCESS_FLAGS = {"process-flower": ["--executor", "flower", "--node-poll", "0"],

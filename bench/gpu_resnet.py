@@ -1,9 +1,9 @@
 """ResNet-18-GN on CIFAR-10 at the paper's per-round work: seconds per round and samples/s.
 
-    .venv/bin/python bench/gpu_resnet.py --data-dir data/cifar10               # GPU host
-    .venv/bin/python bench/gpu_resnet.py --data-dir ../shared/data/cifar10-jpg.tar.gz \\
+    .venv/bin/python -m bench.gpu_resnet --data-dir data/cifar10               # GPU host
+    .venv/bin/python -m bench.gpu_resnet --data-dir ../shared/data/cifar10-jpg.tar.gz \\
         --rounds 1 --clients 2 --samples 100 --epochs 1                        # CPU, quick
-    .venv/bin/python bench/gpu_resnet.py --data-dir DIR --flower --num-gpus-per-client 0.25
+    .venv/bin/python -m bench.gpu_resnet --data-dir DIR --flower --num-gpus-per-client 0.25
 
 One round = --clients clients x --epochs local epochs x --samples images each (default 10 x 5
 x 500, batch 50, lr 0.1, weight decay 1e-3, clipping 10, as in the paper), FedInit's relaxed
@@ -28,16 +28,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.scale_clients import stop_superlinks  # noqa: E402
-from client_app.trainer import local_sgd  # noqa: E402
-from scripts.flower_env import flower_env  # noqa: E402
-from strategies.ri import relaxed_start, weighted_mean  # noqa: E402
-from task.datasets import load_dataset, to_tensor  # noqa: E402
-from task.device import device  # noqa: E402
-from task.evaluation import evaluate  # noqa: E402
-from task.models import build_model, get_weights, set_weights  # noqa: E402
+from bench.scale_clients import stop_superlinks
+from client_app.trainer import local_sgd
+from scripts.flower_env import flower_env
+from strategies.ri import relaxed_start, weighted_mean
+from task.datasets import load_dataset, to_tensor
+from task.device import device
+from task.evaluation import evaluate
+from task.models import build_model, get_weights, set_weights
 
 HTTP_PORT, CONTROL_PORT = "39791", "39793"
 

@@ -52,12 +52,12 @@ ok = torch.cuda.is_available()
 name = torch.cuda.get_device_name(0) if ok else "cpu (no CUDA device visible to torch)"
 print(f"gpu_smoke: torch {torch.__version__} (CUDA {torch.version.cuda}), device: {name}", flush=True)
 sys.exit(0 if ok else 3)'
-args=(bench/gpu_resnet.py --data-dir "/data/$(basename "$data")" --model resnet18-gn --rounds 3 "${extra[@]}")
+args=(-m bench.gpu_resnet --data-dir "/data/$(basename "$data")" --model resnet18-gn --rounds 3 "${extra[@]}")
 if [ -z "$image" ]; then
   py=${PYTHON:-$repo/.venv/bin/python}
   [ -x "$py" ] || py=$(command -v python3)
   run() { "$py" "$@"; }
-  args[2]=$data
+  args[3]=$data
 else
   docker image inspect "$image" >/dev/null 2>&1 \
     || { echo "gpu_smoke: image $image missing: deploy/build_images.sh --cuda client-cuda" >&2; exit 2; }

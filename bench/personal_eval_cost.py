@@ -1,7 +1,7 @@
 """The cost of personalized evaluation per round, beside a round without it, in one run.
 
-    .venv/bin/python bench/personal_eval_cost.py                  # the default experiment
-    .venv/bin/python bench/personal_eval_cost.py personal-eval-clients=0 num-clients=50
+    .venv/bin/python -m bench.personal_eval_cost                  # the default experiment
+    .venv/bin/python -m bench.personal_eval_cost personal-eval-clients=0 num-clients=50
 
 Runs the default experiment (or it with ``key=value`` overrides) for ``--rounds`` rounds
 in-process (the real round loop and ClientApp handlers, ``scripts/inprocess_grid.py``) with

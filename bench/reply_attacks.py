@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,14 +22,12 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.inprocess_grid import InProcessGrid  # noqa: E402
-from server_app.experiment import run_experiment  # noqa: E402
-from strategies import records as rk  # noqa: E402
-from strategies.norms import update_norms, vector_norm  # noqa: E402
-from strategies.scaffold import DELTA_C  # noqa: E402
-from task.config import RunConfig  # noqa: E402
+from scripts.inprocess_grid import InProcessGrid
+from server_app.experiment import run_experiment
+from strategies import records as rk
+from strategies.norms import update_norms, vector_norm
+from strategies.scaffold import DELTA_C
+from task.config import RunConfig
 
 ATTACKER = 1000  # node of partition 0
 FIVE_OF_20 = {"num-clients": 20, "fraction-train": 0.25, "train-limit": 6000,

@@ -1,8 +1,8 @@
 """Start-up, time per round and memory against the number of simulated clients (to 10,000).
 
-    .venv/bin/python bench/scale_clients.py                   # 100, 1000, 10000 clients
-    .venv/bin/python bench/scale_clients.py --clients 100 1000 --per-round 10 --rounds 2
-    .venv/bin/python bench/scale_clients.py --states disk     # only the new design
+    .venv/bin/python -m bench.scale_clients                   # 100, 1000, 10000 clients
+    .venv/bin/python -m bench.scale_clients --clients 100 1000 --per-round 10 --rounds 2
+    .venv/bin/python -m bench.scale_clients --states disk     # only the new design
 
 Each size runs once per clients-per-round (--per-round, capped at N: 100% participation) and
 once per place of the client state (--states): ``disk`` (the default design: each client's
@@ -40,11 +40,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from scripts.flower_env import flower_env
+from strategies.sampling import sample_clients
 
-from scripts.flower_env import flower_env  # noqa: E402
-from strategies.sampling import sample_clients  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 HTTP_PORT, CONTROL_PORT = "39991", "39992"  # private: no test or other bench uses these
 PAGE = os.sysconf("SC_PAGE_SIZE")

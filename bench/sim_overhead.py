@@ -1,7 +1,7 @@
 """Simulation overhead: `flwr run` wall time against the plain PyTorch loop (the floor).
 
-    .venv/bin/python bench/sim_overhead.py                 # the default experiment
-    .venv/bin/python bench/sim_overhead.py num-server-rounds=20
+    .venv/bin/python -m bench.sim_overhead                 # the default experiment
+    .venv/bin/python -m bench.sim_overhead num-server-rounds=20
 
 Prints per-round wall time of the simulation, the plain loop's, and their ratios: for the
 whole command (SuperLink + Ray start included) and for the rounds alone (steady state).
@@ -17,12 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.plain_loop import plain_fedinit  # noqa: E402
-from scripts.flower_env import flower_env  # noqa: E402
-from scripts.simulate import parse_value  # noqa: E402
-from task.config import RunConfig  # noqa: E402
+from bench.plain_loop import plain_fedinit
+from scripts.flower_env import flower_env
+from scripts.simulate import parse_value
+from task.config import RunConfig
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """One client participation's state-file cost against the number of clients, both layouts.
 
-    .venv/bin/python bench/state_dir_cost.py                     # 100, 1000, 10000 clients
-    .venv/bin/python bench/state_dir_cost.py --clients 100 20000 --repeats 200
+    .venv/bin/python -m bench.state_dir_cost                     # 100, 1000, 10000 clients
+    .venv/bin/python -m bench.state_dir_cost --clients 100 20000 --repeats 200
 
 A participation reads the client's newest state and writes the new one (``StateDir``). Each
 client now has its own directory; before, every client's versions lay side by side in the

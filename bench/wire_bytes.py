@@ -7,27 +7,23 @@ which Flower's content-addressed serialization may deduplicate). Columns:
 arrays = sum of ``ArrayRecord.count_bytes()``; records = every record plus its name;
 serialized = the RecordDict's object tree as Flower deflates it.
 
-    .venv/bin/python bench/wire_bytes.py [--data-dir DIR]
+    .venv/bin/python -m bench.wire_bytes [--data-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict  # noqa: E402
-
-from scripts.inprocess_grid import InProcessGrid  # noqa: E402
-from server_app.strategy import MethodStrategy  # noqa: E402
-from strategies.registry import METHODS  # noqa: E402
-from task.config import RunConfig  # noqa: E402
-from task.federated_data import dataset_of  # noqa: E402
-from task.models import initial_weights  # noqa: E402
-from tests.lsq_problem import array_bytes, record_bytes, serialized_bytes  # noqa: E402
+from scripts.inprocess_grid import InProcessGrid
+from server_app.strategy import MethodStrategy
+from strategies.registry import METHODS
+from task.config import RunConfig
+from task.federated_data import dataset_of
+from task.models import initial_weights
+from tests.lsq_problem import array_bytes, record_bytes, serialized_bytes
 
 MEASURES = (("arrays", array_bytes), ("records", record_bytes),
             ("serialized", serialized_bytes))

@@ -1,7 +1,10 @@
 """Process-level caches of what every message of a run needs again: data tensors and w_0.
 
 In simulation one worker serves many clients for the whole run, so these save the repeated
-decoding; in a deployment each message is a fresh process and they simply fill once.
+decoding. In a deployment the warm executor (``node/warm_executor.py``, the default of
+``node/launch.py``) keeps a worker process that serves the node's messages, so they fill
+once there too; only with Flower's own executor (``--executor flower``, a new process per
+message) does each message fill them anew.
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ import torch
 from flwr.app import MetricRecord, RecordDict
 from torch import nn
 
-from client_app.round import local_generator
-from client_app.trainer import local_sgd
+from client_app.trainer import local_generator, local_sgd
 from store.client_store import W_PREV, ClientStore
 from strategies import records as rk
 from strategies.method import ClientRule
@@ -27,7 +26,8 @@ from task.evaluation import evaluate
 from task.models import set_weights
 
 FINETUNE_STREAM = 2
-"""``local_generator`` stream of the fine-tuning pass (apart from training and Ditto's pass)."""
+"""``local_generator`` stream of the fine-tuning pass (apart from training, 0, and a method's
+own passes: Ditto's is 1)."""
 
 
 def own_model_key(rule: ClientRule) -> str:

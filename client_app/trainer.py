@@ -1,8 +1,10 @@
 """Local training: mini-batch SGD with weight decay, a method's gradient hook, and clipping.
 
-Step order (docs/algorithms.md, Rules): loss -> backward -> (SAM: gradient at the
-perturbed point) -> the method's correction (SCAFFOLD, FedDyn, ...) -> clip the gradient norm
--> SGD step (weight decay).
+Step order (docs/algorithms.md, Rules): the batch gradient (backward of the loss, or the
+method's own ``GradientFn``: FedSAM's gradient at the perturbed point) -> the method's
+correction hook (SCAFFOLD, FedDyn, ...) -> clip the gradient norm -> SGD step (weight decay).
+Nothing here knows a method: a method's ``ClientRule.train`` picks the hook, the gradient and
+the passes (``strategies/method.py``).
 """
 
 from __future__ import annotations
@@ -11,17 +13,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import nn
 
+from strategies.method import TrainedPass
+from task.models import get_weights, set_weights
+
 if TYPE_CHECKING:
-    from strategies.method import GradientHook
+    from strategies.method import GradientFn, GradientHook, SgdPass
+    from strategies.ri import Weights
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """loss_fn(model output, targets) -> scalar loss; cross-entropy for the image tasks."""
-
-SAM_EPS = 1e-12
-"""Guards the SAM ascent direction g / ||g|| against a zero gradient."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,14 @@ class LocalResult:
     mean_loss: float
     num_steps: int
     num_examples: int
+
+
+def backward(model: nn.Module, params: list[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
+             loss_fn: LossFn) -> torch.Tensor:
+    """The plain batch gradient: backward of the loss at the current weights."""
+    loss = loss_fn(model(xb), yb)
+    loss.backward()
+    return loss
 
 
 def local_sgd(
@@ -46,17 +58,17 @@ def local_sgd(
     generator: torch.Generator,
     hook: GradientHook | None = None,
     loss_fn: LossFn = nn.functional.cross_entropy,
-    sam_rho: float = 0.0,
+    gradient: GradientFn | None = None,
 ) -> LocalResult:
     """Train ``model`` in place on (x, y), shuffled by ``generator``; x, y on the model's device.
 
-    The last partial batch of an epoch is kept, so every example is seen each epoch. With
-    ``sam_rho > 0`` each step uses SAM's gradient (FedSAM); the reported loss is always the
-    loss at the unperturbed point.
+    The last partial batch of an epoch is kept, so every example is seen each epoch. The
+    reported loss is the mean of what ``gradient`` (default ``backward``) returns per step.
     """
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    grad_fn = gradient or backward
     n = len(y)
     loss_sum, steps = 0.0, 0
     for _ in range(epochs):
@@ -64,11 +76,7 @@ def local_sgd(
         for i in range(0, n, batch_size):
             idx = order[i : i + batch_size]
             opt.zero_grad(set_to_none=False)
-            xb, yb = x[idx], y[idx]
-            loss = loss_fn(model(xb), yb)
-            loss.backward()
-            if sam_rho > 0:
-                sam_gradient(model, params, xb, yb, loss_fn, sam_rho)
+            loss = grad_fn(model, params, x[idx], y[idx], loss_fn)
             if hook is not None:
                 hook(params)
             if clip_norm > 0:
@@ -79,31 +87,43 @@ def local_sgd(
     return LocalResult(mean_loss=loss_sum / max(steps, 1), num_steps=steps, num_examples=n)
 
 
-def sam_gradient(
-    model: nn.Module,
-    params: list[torch.Tensor],
-    xb: torch.Tensor,
-    yb: torch.Tensor,
-    loss_fn: LossFn,
-    rho: float,
-) -> None:
-    """Replace the gradients g in ``params`` by SAM's: the gradient at w + rho * g / ||g||.
+def local_generator(seed: int, server_round: int, partition_id: int,
+                    stream: int = 0) -> torch.Generator:
+    """The shuffling generator of one participation, seeded by (seed, round, client) and, for
+    a second pass or fine-tuning, a stream number (0, the global pass, keeps the old seeds)."""
+    words = [seed, server_round, partition_id] + ([stream] if stream else [])
+    state = np.random.SeedSequence(words).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(state))
 
-    The weights are restored bit for bit (copied back, not subtracted), so the SGD step that
-    follows starts from the original point, as in the authors' ESAM optimizer.
-    """
-    pairs = [(p, p.grad) for p in params if p.grad is not None]
-    if not pairs:
-        return
-    with torch.no_grad():
-        norm = torch.linalg.vector_norm(torch.stack([g.norm() for _, g in pairs]))
-        scale = rho / (float(norm) + SAM_EPS)
-        saved = [p.detach().clone() for p, _ in pairs]
-        for p, g in pairs:
-            p.add_(g, alpha=scale)
-    for _, g in pairs:
-        g.zero_()
-    loss_fn(model(xb), yb).backward()
-    with torch.no_grad():
-        for (p, _), w in zip(pairs, saved, strict=True):
-            p.copy_(w)
+
+@dataclass(frozen=True)
+class SgdSettings:
+    """The run's local-training settings (run config) for one participation."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    clip_norm: float
+    seed: int
+    server_round: int
+    partition_id: int
+
+
+def sgd_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: SgdSettings,
+             loss_fn: LossFn = nn.functional.cross_entropy) -> SgdPass:
+    """The ``SgdPass`` a ``LocalJob`` carries: ``local_sgd`` on this client's data with the run's
+    settings, from the given weights, shuffled by the participation's ``stream``."""
+    s = settings
+
+    def run(start: Weights, hook: GradientHook | None = None, *,
+            gradient: GradientFn | None = None, stream: int = 0) -> TrainedPass:
+        set_weights(model, start)
+        res = local_sgd(model, x, y, epochs=s.epochs, batch_size=s.batch_size, lr=s.lr,
+                        weight_decay=s.weight_decay, clip_norm=s.clip_norm,
+                        generator=local_generator(s.seed, s.server_round, s.partition_id,
+                                                  stream),
+                        hook=hook, loss_fn=loss_fn, gradient=gradient)
+        return TrainedPass(get_weights(model), res.mean_loss, res.num_steps, res.num_examples)
+
+    return run

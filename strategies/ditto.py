@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from strategies.method import (
     ClientRule,
     GradientHook,
+    LocalJob,
+    LocalOutcome,
     MethodSpec,
     Params,
     ServerRule,
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
 
 PERSONAL = "ditto-v"
 """Client state: the personal model v_i."""
+PERSONAL_STREAM = 1
+"""The shuffling stream of the personal pass (``SgdPass``; the global pass is 0)."""
 
 
 @dataclass(frozen=True)
@@ -56,14 +60,24 @@ class DittoClient(ClientRule[DittoParams]):
     state_keys = (PERSONAL,)
     personal_key = PERSONAL
 
-    def personal_begin(self, w_t: Weights, personal: Weights | None, lr: float,
-                       device: torch.device) -> tuple[Weights, GradientHook | None]:
+    def initial_state(self, key: str, w_t: Weights) -> Weights:
+        """v_i starts from the first global model the client receives."""
+        return [a.copy() for a in w_t] if key == PERSONAL else super().initial_state(key, w_t)
+
+    def train(self, job: LocalJob) -> LocalOutcome:
+        outcome = super().train(job)  # the global pass: its final model is uploaded
+        personal = job.sgd(job.state[PERSONAL], self.pull(job.w_t, job.device),
+                           stream=PERSONAL_STREAM)
+        return LocalOutcome(outcome.trained, {**outcome.state, PERSONAL: personal.final},
+                            outcome.extras)
+
+    def pull(self, w_t: Weights, device: torch.device) -> GradientHook | None:
+        """The personal pass's gradient correction lambda (v - w_t); none at lambda = 0."""
         import torch
 
-        start = [a.copy() for a in (personal if personal is not None else w_t)]
         lam = self.params.ditto_lambda
         if lam == 0.0:
-            return start, None
+            return None
         anchor = [torch.from_numpy(a).to(device) for a in w_t]
 
         def hook(params: list[torch.Tensor]) -> None:
@@ -72,7 +86,7 @@ class DittoClient(ClientRule[DittoParams]):
                 assert g is not None
                 g.add_(p.detach() - w, alpha=lam)
 
-        return start, hook
+        return hook
 
 
 SPEC = MethodSpec(name="ditto", label="Ditto", params=DittoParams, server=DittoServer,

@@ -4,8 +4,9 @@ rule, and the spec that names them. Pure numpy: no Flower, no torch at import ti
 A method module (``fedavg.py``, ``scaffold.py``, ...) declares one ``MethodSpec``; the registry
 collects them; the run config is built from the registry. The Flower shell
 (``server_app/strategy.py``) decodes every reply once into a ``ClientUpdate`` and calls the
-method's ``ServerRule`` with the round's ``RoundInput``; the client app calls the
-``ClientRule`` around local SGD.
+method's ``ServerRule`` with the round's ``RoundInput``; the client app hands the
+``ClientRule`` a ``LocalJob`` (the start point, its state, and the run's SGD pass) and sends up
+what its ``train`` returns.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -21,9 +22,17 @@ from strategies.ri import Weights
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
 GradientHook = Callable[[list["torch.Tensor"]], None]
 """Called after ``backward`` and before clipping with the model's parameters (grads set)."""
+LossFn = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+"""loss_fn(model output, targets) -> scalar loss; cross-entropy for the image tasks."""
+GradientFn = Callable[["nn.Module", list["torch.Tensor"], "torch.Tensor", "torch.Tensor",
+                       LossFn], "torch.Tensor"]
+"""gradient(model, params, xb, yb, loss_fn): set the grads of ``params`` for one batch and
+return the loss the step reports. The default is ``loss_fn(model(xb), yb).backward()``;
+FedSAM's takes the gradient at a perturbed point, a MOON-like method would add a term."""
 
 
 class ParamError(ValueError):
@@ -167,11 +176,69 @@ class ServerRule(Generic[P, S]):
 
 
 # ====================================================================== client half
+@dataclass(frozen=True)
+class TrainedPass:
+    """What one pass of local SGD ends with and reports."""
+
+    final: Weights
+    mean_loss: float
+    """The mean loss of the pass's steps (at the unperturbed point for SAM)."""
+    num_steps: int
+    num_examples: int
+
+
+class SgdPass(Protocol):
+    """The run's local SGD (epochs, batch size, lr, weight decay, clipping, loss, data), given
+    by the client shell (``client_app/trainer.py``): a method changes a pass only through
+    these arguments, so every method's loop is the one the trainer tests check."""
+
+    def __call__(self, start: Weights, hook: GradientHook | None = None, *,
+                 gradient: GradientFn | None = None, stream: int = 0) -> TrainedPass:
+        """Train from ``start``. ``hook`` corrects each gradient (before clipping);
+        ``gradient`` replaces the batch gradient itself (default: backward of the loss);
+        ``stream`` picks the shuffling order (0: the global pass; 2 is personalized
+        evaluation's fine-tuning; a method's own extra passes take 1 or >= 3)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalJob:
+    """One participation as a method's client half sees it."""
+
+    w_t: Weights
+    """The global model the server sent."""
+    start: Weights
+    """The RI start point s_i (w_t itself at beta = 0)."""
+    down: Mapping[str, Weights]
+    """The method's extra arrays from the server (``ClientRule.down_keys``)."""
+    state: Mapping[str, Weights]
+    """The client's stored state (``ClientRule.state_keys``; ``initial_state`` before any)."""
+    lr: float
+    device: torch.device
+    sgd: SgdPass
+
+
+@dataclass(frozen=True)
+class LocalOutcome:
+    """What a participation ends with: the pass whose final model is uploaded, the client's
+    new method state, and the method's extra uploads."""
+
+    trained: TrainedPass
+    state: dict[str, Weights]
+    extras: dict[str, Weights]
+
+
 class ClientRule(Generic[P]):
-    """A method's client half. The base class is FedAvg's: nothing added to local SGD."""
+    """A method's client half. The base class is FedAvg's: nothing added to local SGD.
+
+    ``train`` is the whole participation; its default is one pass of local SGD with the
+    ``begin`` hook, then ``finish``. A method that changes the gradient, the loss or the
+    passes (FedSAM, Ditto) overrides ``train``; one that only corrects the gradient or keeps
+    state overrides ``begin``/``finish``.
+    """
 
     state_keys: ClassVar[tuple[str, ...]] = ()
-    """Per-client arrays kept between participations (besides RI's w_prev); zeros at start."""
+    """Per-client arrays kept between participations (besides RI's w_prev)."""
     down_keys: ClassVar[tuple[str, ...]] = ()
     """Extra ArrayRecords the server sends with the model."""
     accounted_keys: ClassVar[tuple[str, ...]] = ()
@@ -181,17 +248,24 @@ class ClientRule(Generic[P]):
     state drift from the server's (``store.client_store``). The other keys (RI's w_prev,
     Ditto's v_i) the server never sums: they stay the newest."""
     personal_key: ClassVar[str] = ""
-    """State key of a personal model the method trains in a second local pass, after the
-    global one (Ditto's v_i); one of ``state_keys``. '' for none: RI's w_prev is then the
-    client's own model."""
+    """State key of the client's own personal model (Ditto's v_i), which personalized
+    evaluation scores as the client's own; one of ``state_keys``. '' for none: RI's w_prev
+    is then the client's own model."""
 
     def __init__(self, params: P) -> None:
         self.params = params
 
-    @property
-    def sam_rho(self) -> float:
-        """SAM radius of the local optimizer (FedSAM sets it); 0 is plain SGD."""
-        return 0.0
+    def initial_state(self, key: str, w_t: Weights) -> Weights:
+        """State ``key`` of a client that has none stored yet; zeros unless the method says."""
+        return [np.zeros_like(a) for a in w_t]
+
+    def train(self, job: LocalJob) -> LocalOutcome:
+        """One participation: local SGD from ``job.start``, the new state and extra uploads."""
+        trained = job.sgd(job.start, self.begin(job.start, job.down, job.state, job.lr,
+                                                job.device))
+        new_state, extras = self.finish(job.start, trained.final, trained.num_steps, job.lr,
+                                        job.down, job.state)
+        return LocalOutcome(trained, new_state, extras)
 
     def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
               lr: float, device: torch.device) -> GradientHook | None:
@@ -203,13 +277,6 @@ class ClientRule(Generic[P]):
                ) -> tuple[dict[str, Weights], dict[str, Weights]]:
         """(the client's new state, its extra uploads) after local training; pure."""
         return dict(state), {}
-
-    def personal_begin(self, w_t: Weights, personal: Weights | None, lr: float,
-                       device: torch.device) -> tuple[Weights, GradientHook | None]:
-        """Start point and gradient correction of the personal pass, given the received
-        global model and the stored personal model (None before the first); only methods
-        with a ``personal_key`` are asked. Its result is stored under ``personal_key``."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no personal model")
 
 
 # ====================================================================== the spec
@@ -254,6 +321,7 @@ def check_pull(key: str, strength: float, lr: float) -> None:
                          f">= 2 moves the model further from its anchor: it diverges)")
 
 
-__all__ = ["ParamError", "GradientHook", "Params", "ClientUpdate", "RoundInput",
-           "ServerState", "ServerRule", "ClientRule", "MethodSpec", "apply_step",
+__all__ = ["ParamError", "GradientHook", "GradientFn", "LossFn", "Params", "ClientUpdate",
+           "RoundInput", "ServerState", "ServerRule", "TrainedPass", "SgdPass", "LocalJob",
+           "LocalOutcome", "ClientRule", "MethodSpec", "apply_step",
            "zeros_like", "check_range", "check_pull"]

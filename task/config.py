@@ -346,7 +346,7 @@ def _check_ranges(c: RunConfig) -> None:
             raise _bad(key, value, "a number > 0")
     if c.server_lr < 0.0:
         raise _bad("server-lr", c.server_lr, "a number > 0, or 0 for the method's default "
-                   "(0.1 for fedadam, 1 otherwise)")
+                   f"({server_lr_defaults()})")
     if not 0.0 < c.lr_decay <= 1.0:
         raise _bad("lr-decay", c.lr_decay, "0 < lr-decay <= 1")
     if not 0.0 <= c.trim_fraction < 0.5:
@@ -383,3 +383,10 @@ def _check_ranges(c: RunConfig) -> None:
         raise _bad("seed", c.seed, "an integer >= 0")
     if not c.output_dir:
         raise _bad("output-dir", c.output_dir, "a non-empty directory path")
+
+
+def server_lr_defaults() -> str:
+    """What ``server-lr=0`` means, from the registry: e.g. '0.1 for fedadam, 1 otherwise'."""
+    own = [f"{spec.server_lr:g} for {name}" for name, spec in METHODS.items()
+           if spec.server_lr != 1.0]
+    return ", ".join([*own, "1 otherwise"])

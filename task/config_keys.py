@@ -11,12 +11,15 @@ Two questions are asked of every key in pyproject ``[tool.flwr.app.config]``:
 Most keys are identity keys that a resume must keep (``EXPERIMENT``). The others are listed in
 ``SPECIAL`` with the answer to both questions and why. ``tests/test_config_keys.py`` fails when
 pyproject gains a key that is in neither, so each new key is classified when it is added.
-This module imports nothing of the project, so anything may import it.
+A method's own keys are identity keys, taken from the method registry (``Params``), so a new
+method's keys are classified with it. This module imports only the registry (numpy-only).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from strategies.registry import method_param_keys
 
 
 class KeyRole(NamedTuple):
@@ -60,10 +63,9 @@ SPECIAL: dict[str, KeyRole] = {
                                        "it to get past nodes that are gone"),
 }
 
-EXPERIMENT: frozenset[str] = frozenset({
-    # the method and its parameters
-    "method", "beta", "ri-aggregation", "weighting", "server-lr", "feddyn-alpha", "prox-mu",
-    "adam-beta1", "adam-beta2", "adam-eps", "fedcm-alpha", "sam-rho", "ditto-lambda",
+EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
+    # the method and what every method has (its own parameters come from the registry)
+    "method", "beta", "ri-aggregation", "weighting", "server-lr",
     # the federation and local training
     "num-clients", "fraction-train", "local-epochs", "batch-size", "lr", "lr-decay",
     "weight-decay", "clip-norm", "model", "seed", "eval-every", "evaluation",

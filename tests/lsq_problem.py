@@ -102,7 +102,9 @@ def quadratic_problem(targets: list[list[float]], w0: list[float]) -> Problem:
 class Federation:
     """One method's server half and N clients (each with its own state store) in-process.
 
-    Unless ``raw`` says otherwise: no RI, no weight decay, no clipping, a constant lr.
+    Unless ``raw`` says otherwise: no RI, no weight decay, no clipping, a constant lr, no norm
+    filter (so a hand computation stays short); ``tests/test_methods_by_hand.py`` turns lr
+    decay, clipping and the norm filter on for FedAvg, and FedCM's test decays the lr.
     """
 
     problem: Problem

@@ -96,10 +96,9 @@ def test_the_bound_is_where_the_ditto_pull_starts_to_diverge(product: float) -> 
 
     lr, lam = 0.1, product / 0.1
     anchor = [np.zeros(3, dtype=np.float32)]
-    start, hook = DittoClient(DittoParams(ditto_lambda=lam)).personal_begin(
-        anchor, [np.ones(3, dtype=np.float32)], lr, torch.device("cpu"))
+    hook = DittoClient(DittoParams(ditto_lambda=lam)).pull(anchor, torch.device("cpu"))
     assert hook is not None
-    p = torch.nn.Parameter(torch.from_numpy(start[0]))
+    p = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([p], lr=lr)
     for _ in range(40):
         p.grad = torch.zeros_like(p)

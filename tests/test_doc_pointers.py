@@ -1,18 +1,23 @@
 """Every file a docstring, comment or document points to exists.
 
-A mention is a relative path with a directory (``docs/algorithms.md``, ``server_app/results.py``)
-or a bare upper-case Markdown name (``README.md``; ``results.md`` is an output). Project paths
-are checked against the repository (or the mentioning file's folder, for links inside
-docs/); ``flwr/...`` paths against the installed Flower, whose internals several comments cite.
+The files scanned are found by walking the tree less .gitignore's patterns, so the check runs
+in a release archive (``git archive``) as in a checkout. A mention is a relative path with a
+directory (``docs/algorithms.md``, ``server_app/results.py``) or a bare upper-case Markdown
+name (``README.md``; ``results.md`` is an output). Project paths are checked against the
+repository (or the mentioning file's folder, for links inside docs/); ``flwr/...`` paths
+against the installed Flower, whose internals several comments cite.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import flwr
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FLOWER_ROOT = Path(flwr.__file__).resolve().parents[1]
@@ -21,11 +26,39 @@ PATH = re.compile(r"(?<![\w./~$<{-])((?:[A-Za-z_][\w-]*/)+[\w-]+\.(?:py|md|toml|
 BARE_MD = re.compile(r"(?<![\w./-])([A-Z][A-Z0-9_-]*\.md)\b")  # README.md, not results.md
 
 
-def _tracked() -> list[Path]:
-    out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout.split()
+def _ignore_patterns() -> list[str]:
+    """The repository's .gitignore lines (the files a release archive does not hold)."""
+    lines = (REPO / ".gitignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _ignored(rel: Path, patterns: list[str]) -> bool:
+    """Whether .gitignore's simple patterns (``name/``, ``dir/sub/``, ``*.ext``) cover ``rel``."""
+    for pattern in patterns:
+        if pattern.endswith("/"):
+            folder = pattern.rstrip("/")
+            if "/" in folder:
+                if rel.as_posix().startswith(folder + "/"):
+                    return True
+            elif any(fnmatch.fnmatch(part, folder) for part in rel.parts[:-1]):
+                return True
+        elif fnmatch.fnmatch(rel.name, pattern):
+            return True
+    return False
+
+
+def _project_files() -> list[Path]:
+    """The project's scanned files, found by walking the tree (no git needed: a release
+    archive has no .git), less what .gitignore excludes and this file."""
+    patterns = [*_ignore_patterns(), ".git/"]
     this = Path(__file__).resolve()  # its examples name missing files on purpose
-    return [REPO / f for f in out if Path(f).suffix in SCANNED and REPO / f != this]
+    found = []
+    for path in sorted(REPO.rglob("*")):
+        rel = path.relative_to(REPO)
+        if (path.suffix in SCANNED and path.is_file() and path != this
+                and not _ignored(rel, patterns)):
+            found.append(path)
+    return found
 
 
 def _exists(ref: str, mentioned_in: Path) -> bool:
@@ -35,8 +68,8 @@ def _exists(ref: str, mentioned_in: Path) -> bool:
 
 
 def test_every_mentioned_path_exists() -> None:
-    files = _tracked()
-    assert len(files) > 50, "git ls-files found too little to scan"
+    files = _project_files()
+    assert len(files) > 50, "the walk found too little to scan"
     md_names = {p.name for p in REPO.rglob("*.md") if ".venv" not in p.parts}
     missing, seen = [], 0
     for path in files:
@@ -63,3 +96,23 @@ def test_the_scan_finds_a_missing_file(tmp_path: Path) -> None:
     assert [m.group(1) for m in BARE_MD.finditer(text)] == ["ALGORITHMS.md"]
     assert not _exists("server_app/config.py", tmp_path / "x.py")
     assert _exists("flwr/simulation/app.py", tmp_path / "x.py")
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists() or shutil.which("git") is None,
+                    reason="not a git checkout (e.g. a release archive)")
+def test_the_walk_scans_every_tracked_file() -> None:
+    """In a checkout, the walk sees at least what git tracks (and what it adds is untracked)."""
+    out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout.split()
+    this = Path(__file__).resolve()
+    tracked = {REPO / f for f in out if Path(f).suffix in SCANNED} - {this}
+    assert tracked and not tracked - set(_project_files())
+
+
+def test_ignored_paths_follow_gitignore() -> None:
+    patterns = [".venv/", "__pycache__/", "*.pyc", "deploy/.build/"]
+    assert _ignored(Path(".venv/lib/x.py"), patterns)
+    assert _ignored(Path("client_app/__pycache__/a.py"), patterns)
+    assert _ignored(Path("deploy/.build/x.yml"), patterns)
+    assert not _ignored(Path("deploy/compose.yml"), patterns)
+    assert not _ignored(Path("docs/algorithms.md"), patterns)

@@ -19,6 +19,7 @@ from client_app.trainer import local_sgd
 from store.client_store import W_PREV
 from strategies.fedcm import MOMENTUM
 from strategies.feddyn import H_LOCAL
+from strategies.fedsam import sam_gradient
 from strategies.sampling import sample_clients
 from strategies.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
 from tests.lsq_problem import Federation, quadratic_problem
@@ -231,7 +232,7 @@ def one_step(**kw: Any) -> tuple[list[float], float]:
 
 
 def test_sam_ascends_along_the_whole_gradient_and_reports_the_unperturbed_loss() -> None:
-    w, loss = one_step(clip_norm=0.0, sam_rho=1.0)
+    w, loss = one_step(clip_norm=0.0, gradient=sam_gradient(1.0))
     # g = (-3,-4), ||g|| = 5: ascend to (-.6,-.8), gradient (-3.6,-4.8); step .5
     close(w, [1.8, 2.4])
     assert loss == pytest.approx(12.5)  # 0.5 * (9 + 16) at the original point
@@ -246,3 +247,31 @@ def test_the_hook_acts_before_clipping() -> None:
     # (-3,-4) + (6,8) = (3,4), clipped to norm 1: (.6,.8); step lr 1.
     # (A hook after clipping would give (-.6,-.8) + (6,8) and w = (-5.4,-7.2).)
     close(w, [-0.6, -0.8])
+
+
+@pytest.mark.parametrize("ratio", [20.0, 0.6])
+def test_fedavg_with_lr_decay_clipping_and_the_norm_filter(ratio: float) -> None:
+    """The harness with everything a real run has on: lr decay, gradient clipping and the norm
+    filter (its reference: this round's norms and the accepted ones before)."""
+    from strategies import records as rk
+
+    f = fed(method="fedavg", **{"lr-decay": 0.5, "clip-norm": 1.0,
+                                "max-update-norm-ratio": ratio})
+    f.step()
+    # every gradient (y - a) has norm > 1: clipped to unit length along a - y, step lr_1 = .5
+    # c0: (0,0) -> (.5,0) -> (1,0); c1: (0,0) -> (0,.5) -> (0,1). Moves of norm 1 each; w_0 = 0
+    # gives no first-round bound, so both are accepted.
+    close(f.weights, [0.5, 0.5])
+    assert f.metrics[-1][rk.NUM_REJECTED] == 0
+    f.step()
+    # lr_2 = .25, unit steps toward a_i: each client moves .5 along (a_i - w_1)/||a_i - w_1||
+    u0 = np.array([1.5, -0.5]) / np.sqrt(2.5)
+    u1 = np.array([-0.5, 3.5]) / np.sqrt(12.5)
+    # norm limit: ratio x median(.5, .5 this round; 1, 1 accepted before) = ratio x .75
+    if ratio * 0.75 >= 0.5:
+        close(f.weights, 0.5 + 0.5 * (u0 + u1) / 2)
+        assert f.metrics[-1][rk.NUM_REJECTED] == 0
+        assert f.metrics[-1][rk.NORM_LIMIT_USED] == pytest.approx(0.5 / (ratio * 0.75))
+    else:  # both moves are over the limit: no usable reply, the model stays
+        close(f.weights, [0.5, 0.5])
+        assert f.metrics[-1][rk.NUM_REJECTED] == 2

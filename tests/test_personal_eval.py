@@ -11,14 +11,22 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import Context, Message, MessageType
 
+import client_app.app as client_app
+from client_app.model_cache import client_test_tensors
 from scripts import inprocess_grid
 from scripts.inprocess_grid import InProcessGrid
 from server_app import personal_eval as pe
 from server_app.experiment import run_experiment
+from store.client_store import W_PREV
+from store.simulation import STATE_ROOT
 from strategies import records as rk
+from strategies.ditto import PERSONAL
 from task.config import ConfigError, RunConfig
+from task.federated_data import dataset_of
+from task.models import initial_model, set_weights
 
 
 def scores(*accs: tuple[float, float, float | None]) -> list[pe.ClientScores]:
@@ -107,6 +115,32 @@ def _fingerprint(ctx: Context, disk: Path | None) -> str:
     return h.hexdigest()
 
 
+def _stored_models(msg: Message, ctx: Context, raw: dict[str, Any]) -> dict[str, Any]:
+    """The client's stored w_prev and v_i after the evaluated round, read from its store by
+    name (not through the evaluation's own choice of key); {} before it trained."""
+    cfg = RunConfig.parse(raw)
+    conf = msg.content.config_records[rk.CONFIG]
+    pid = int(ctx.node_config["partition-id"])
+    store = client_app.client_store(ctx, cfg, str(conf[rk.EXPERIMENT]), pid,
+                                    str(conf.get(STATE_ROOT, ""))).snapshot()
+    store.restore(str(conf[rk.EXPERIMENT]), int(conf[rk.ROUND]) + 1,
+                  msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
+    found = {k: store.get(k) for k in (W_PREV, PERSONAL)}
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def _accuracy(weights: list[np.ndarray], ctx: Context, raw: dict[str, Any]) -> float:
+    """The share of the client's local test split that ``weights`` classify right, by hand."""
+    cfg = RunConfig.parse(raw)
+    x, y = client_test_tensors(cfg, int(ctx.node_config["partition-id"]))
+    model = initial_model(cfg, dataset_of(cfg))
+    set_weights(model, weights)
+    model.eval()
+    with torch.no_grad():
+        return float((model(x).argmax(dim=1) == y).sum()) / len(y)
+
+
+
 @pytest.mark.parametrize(("method", "on_disk"), [("fedavg", False), ("ditto", True)])
 def test_evaluation_leaves_every_clients_state_bit_identical(
         method: str, on_disk: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,17 +152,33 @@ def test_evaluation_leaves_every_clients_state_bit_identical(
     handler = inprocess_grid.HANDLERS[MessageType.EVALUATE]
     checked: list[dict[str, Any]] = []
 
+    own_scores: list[tuple[Any, float | None]] = []  # (the reply's acc-own, ours from the store)
+    differs = []  # clients whose v_i and w_prev score differently: the check can tell them apart
+
     def watched(msg: Message, ctx: Context) -> Message:
         before = _fingerprint(ctx, disk)
         reply = handler(msg, ctx)
         assert _fingerprint(ctx, disk) == before
-        checked.append(dict(reply.content.metric_records[rk.METRICS]))
+        metrics = dict(reply.content.metric_records[rk.METRICS])
+        checked.append(metrics)
+        # a failed assert here would become the client's error reply: record, assert below
+        stored = _stored_models(msg, ctx, raw)
+        if stored:
+            own = _accuracy(stored[PERSONAL if method == "ditto" else W_PREV], ctx, raw)
+            own_scores.append((metrics.get(rk.ACC_OWN), own))
+            if method == "ditto":
+                differs.append(own != _accuracy(stored[W_PREV], ctx, raw))
+        else:
+            own_scores.append((metrics.get(rk.ACC_OWN), None))
         return reply
 
     monkeypatch.setitem(inprocess_grid.HANDLERS, MessageType.EVALUATE, watched)
     run_experiment(InProcessGrid(4, raw), RunConfig.parse(raw), tmp_path / "run")
     assert len(checked) == 8  # 4 clients x 2 rounds
     assert sum(rk.ACC_OWN in m for m in checked) >= 2  # own models were read, not only absent
+    assert len(own_scores) == 8
+    assert all(reply == ours for reply, ours in own_scores), own_scores
+    assert method != "ditto" or any(differs), "v_i and w_prev score alike: pick another setup"
     rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").open()]
     assert all(r["local-eval-messages"] == 8 and r["local-eval-clients"] == 4 for r in rows)
     with (tmp_path / "run" / "rounds.csv").open(newline="") as f:

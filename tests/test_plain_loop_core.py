@@ -15,13 +15,14 @@ from bench.plain_loop import plain_run
 from scripts.inprocess_grid import InProcessGrid
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
+from strategies.registry import METHODS
 from task.config import RunConfig
 
 SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 2, "train-limit": 400,
          "local-epochs": 1, "batch-size": 32, "beta": 0.1}
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedadam", "fedprox"])
+@pytest.mark.parametrize("method", list(METHODS))
 def test_plain_loop_ends_on_the_flower_path_model(method: str, tmp_path: Path) -> None:
     raw = {**SMALL, "method": method, "output-dir": str(tmp_path)}
     cfg = RunConfig.parse(raw)

@@ -42,6 +42,16 @@ def hang_at(server_round: int, pid: int, child_pid_file: Path) -> str:
 '''
 
 
+def hang_when_told(order_file: Path, pid: int, child_pid_file: Path) -> str:
+    """``hang_at`` for a round chosen while the run goes on: client ``pid`` hangs in the round
+    whose number ``order_file`` holds (written by the caller before that round starts)."""
+    body = hang_at(0, pid, child_pid_file).split("\n", 1)[1]
+    return f'''    import os as _os
+    if pid == {pid} and _os.path.exists({str(order_file)!r}) and \\
+            _round == int(open({str(order_file)!r}).read()):
+''' + body
+
+
 def fault_app(dest: Path, *faults: str) -> Path:
     """Copy the app to ``dest`` with ``faults`` (from the functions above) in its train
     handler; the copy's ``client_app/app.py`` fails loudly if the anchor moved."""

@@ -18,9 +18,16 @@
 #     --edge-image IMG  the edge node's image (default the stack's client-cpu)
 #     --edge-platform P its platform, e.g. linux/arm64 (emulated: deploy/qemu_binfmt.sh)
 #     --edge-memory M   its memory limit (default 1g)
+#     --device-data DIR each node trains on data of its own (run config dataset=device): node
+#                       i's is DIR/<i>/ (an image folder, <class>/<file>) or DIR/<i>.npz,
+#                       mounted read-only in its container only (docker-compose.device-data.yml);
+#                       nobody gets the shared data set. Give the schema as key=value
+#                       (device-classes, device-mean, ..., max-examples-per-client).
 #
 # Exit status 0 only when `flwr ls` reports the run finished:completed. Prints the results
 # directory on the host. Needs docker + docker-compose (1.29) and root or the docker group.
+# A value for a key whose default (the app's pyproject.toml) is a string stays a string
+# (device-mean=0.2860 is "0.2860"); other values are TOML scalars as given.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,6 +40,7 @@ edge=""
 edge_image=""
 edge_platform=""
 edge_memory=1g
+device_data=""
 app="$repo"
 overrides=()
 while [ $# -gt 0 ]; do
@@ -47,7 +55,8 @@ while [ $# -gt 0 ]; do
     --edge-image) edge_image="$2"; shift 2 ;;
     --edge-platform) edge_platform="$2"; shift 2 ;;
     --edge-memory) edge_memory="$2"; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --device-data) device_data="$2"; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *=*) overrides+=("$1"); shift ;;
     *) echo "compose_run: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -66,6 +75,32 @@ export FEDINIT_IMAGE_TAG=${FEDINIT_IMAGE_TAG:-flwr1.39.0}
 export FEDINIT_DATA=${FEDINIT_DATA:-/usr/share/datasets/fashion-mnist}
 files=(-f "$repo/docker-compose.yml")
 [ "$gpu" = 0 ] || files+=(-f "$repo/docker-compose.gpu.yml")
+if [ -n "$device_data" ]; then
+  [ -z "$edge" ] || { echo "compose_run: --device-data with --edge-node is not supported" \
+    "(deploy/edge/run-docker.sh mounts the shared data set)" >&2; exit 2; }
+  [ -d "$device_data" ] || { echo "compose_run: --device-data $device_data is not a folder" \
+    "(expected DIR/<i>/ or DIR/<i>.npz for each node i in 0..$((nodes - 1)))" >&2; exit 2; }
+  device_data=$(cd "$device_data" && pwd)
+  for i in $(seq 0 $((nodes - 1))); do
+    if [ -d "$device_data/$i" ]; then
+      export "NODE${i}_DATA=$device_data/$i" "NODE${i}_DATA_AT=/data"
+    elif [ -f "$device_data/$i.npz" ]; then
+      export "NODE${i}_DATA=$device_data/$i.npz" "NODE${i}_DATA_AT=/data.npz"
+    else
+      echo "compose_run: --device-data $device_data has no data for node $i" \
+        "(expected $device_data/$i/, an image folder, or $device_data/$i.npz)" >&2; exit 2
+    fi
+  done
+  for kv in "${overrides[@]}"; do
+    case "$kv" in dataset=*) ;; *) continue ;; esac
+    [ "$kv" = dataset=device ] || [ "$kv" = 'dataset="device"' ] || { echo "compose_run:" \
+      "$kv with --device-data; it takes dataset=device (or none)" >&2; exit 2; }
+  done
+  # Nobody holds the shared data set: its mounts (the base file's) get an empty folder.
+  mkdir -p "$work/no-shared-data"
+  export FEDINIT_DATA="$work/no-shared-data"
+  files+=(-f "$repo/docker-compose.device-data.yml")
+fi
 if [ "$gpu" = cpu ]; then
   # Compose v1 cannot unset a key in an override: resolve both files (this validates them),
   # then drop the services' `deploy:` blocks (the nvidia device reservation, which a host
@@ -76,6 +111,11 @@ if [ "$gpu" = cpu ]; then
     "$resolved.full" > "$resolved"
   files=(-f "$resolved")
 fi
+default_type() {  # default_type KEY: "string" when the app's default for KEY is a string
+  awk -v key="$1" '/^\[/ {in_cfg = ($0 == "[tool.flwr.app.config]"); next}
+    in_cfg && $1 == key && $2 == "=" {print (substr($3, 1, 1) == "\"" ? "string" : "other"); exit}' \
+    "$FEDINIT_APP/pyproject.toml"
+}
 dc() { docker-compose --project-directory "$repo" -p "$project" "${files[@]}" "$@"; }
 log() { echo "compose_run: [${SECONDS}s] $*"; }
 edge_name="$project-edge-$edge"
@@ -136,11 +176,16 @@ EOF
   echo "num-clients = $nodes"
   echo 'output-dir = "/results"'
   echo 'node-registry = "/registry/registry.json"'
+  [ -z "$device_data" ] || echo 'dataset = "device"'
   for kv in "${overrides[@]}"; do
     key=${kv%%=*}; val=${kv#*=}
     case "$key" in num-clients|output-dir|node-registry) continue ;; esac
-    # TOML scalars as given (numbers, true/false, "quoted"); anything else becomes a string.
-    if [[ "$val" =~ ^-?[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$|^(true|false)$|^\".*\"$ ]]; then
+    [ "$key" != dataset ] || [ -z "$device_data" ] || continue  # device, checked above
+    # TOML scalars as given (numbers, true/false, "quoted"); anything else, or any value for
+    # a key whose default is a string, becomes a string.
+    if [[ ! "$val" =~ ^\".*\"$ ]] && [ "$(default_type "$key")" = string ]; then
+      echo "$key = \"$val\""
+    elif [[ "$val" =~ ^-?[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$|^(true|false)$|^\".*\"$ ]]; then
       echo "$key = $val"
     else
       echo "$key = \"$val\""

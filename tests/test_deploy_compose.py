@@ -1,4 +1,5 @@
-"""The docker-compose deployment: images built offline, TLS + node auth, an edge node.
+"""The docker-compose deployment: images built offline, TLS + node auth, an edge node, and
+the same stack with device data (each SuperNode its own read-only folder).
 
 The machine needs root (to install docker.io, docker-compose and debootstrap with apt and
 start dockerd when no engine runs, as on a fresh CI machine). The first run builds the
@@ -21,7 +22,10 @@ from typing import Any
 import pytest
 
 from scripts.flower_env import REPO
+from task.data_paths import default_data_dir
+from task.datasets import load_dataset
 from tests.deploy_helpers import DockerEngine, docker_session, rounds, run_dir, sh
+from tests.device_data import FMNIST_CLASSES, skewed_fmnist_folders
 
 PREFIX, TAG = "local/fedinit", "flwr1.39.0"
 IMAGES = ("superlink", "client-cpu", "serverapp")
@@ -31,7 +35,6 @@ PROJECT = f"fedinit-test-{os.getpid()}"
 @pytest.fixture(scope="module")
 def docker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEngine]:
     yield from docker_session(tmp_path_factory.mktemp("docker"), PROJECT)
-
 
 
 CONTROL_IP = "172.31.250.2"
@@ -188,3 +191,90 @@ def test_compose_stack_with_tls_auth_and_an_edge_node(docker: DockerEngine,
                   f"label=com.docker.compose.project={PROJECT}").stdout.strip()
         assert left == "", f"docker {kind}: {left}"
     assert sh("docker", "ps", "-aq", "--filter", f"name={PROJECT}-edge").stdout.strip() == ""
+
+
+SEES = """
+import json, os
+def files(root):
+    paths = (os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+    return sorted(f"{os.path.relpath(p, root)}:{os.path.getsize(p)}" for p in paths)
+try:
+    open("/data/written-by-node", "w").close()
+    write = "ok"
+except OSError as err:
+    write = type(err).__name__ + ": " + str(err.strerror)
+print(json.dumps({"data": files("/data") if os.path.isdir("/data") else None,
+                  "shared": files("/usr/share/datasets/fashion-mnist"), "write": write,
+                  "exists": {p: os.path.exists(p) for p in %r},
+                  "roots": {f.split()[4]: f.split()[3] for f in open("/proc/self/mountinfo")}}))
+"""
+
+
+def host_files(root: Path) -> list[str]:
+    return sorted(f"{p.relative_to(root)}:{p.stat().st_size}" for p in root.rglob("*")
+                  if p.is_file())
+
+
+@pytest.mark.slow
+def test_compose_stack_with_device_data(docker: DockerEngine, tmp_path: Path) -> None:
+    """compose_run.sh --device-data on the built images: node i trains on DIR/<i>/ only."""
+    fmnist = load_dataset("fashion-mnist", str(default_data_dir("fashion-mnist")))
+    made = skewed_fmnist_folders(tmp_path / "made", fmnist.train_x, fmnist.train_y, 3,
+                                 per_node=300, seed=1)
+    data = tmp_path / "device-data"
+    data.mkdir()
+    folders = [folder.rename(data / str(i)) for i, folder in enumerate(made)]
+    mixes = [sorted(p.name for p in folder.iterdir()) for folder in folders]
+
+    work = tmp_path / "compose"
+    t0 = time.monotonic()
+    run = sh("bash", str(REPO / "deploy" / "compose_run.sh"), "--project", PROJECT,
+             "--work-dir", str(work), "--device-data", str(data), "--keep",
+             f"device-classes={','.join(FMNIST_CLASSES)}", "device-mean=0.2860",
+             "device-std=0.3530", "max-examples-per-client=1000", "num-server-rounds=2",
+             "fraction-train=1.0", "local-epochs=1", timeout=600)
+    wall = time.monotonic() - t0
+    out = run.stdout + run.stderr
+    seen: dict[str, Any] = {}
+    try:
+        others = [str(data), str(folders[0]), str(folders[2])]  # host paths
+        for service in ("supernode-1", "superexec-serverapp"):
+            cid = compose(work, "ps", "-q", service).stdout.strip()
+            res = sh("docker", "exec", cid, "python", "-c", SEES % others)
+            seen[service] = json.loads(res.stdout) if res.returncode == 0 else res.stderr[-500:]
+    finally:
+        compose(work, "--profile", "cli", "down", "-v", "--remove-orphans")
+    assert run.returncode == 0, out[-5000:]
+    assert "status finished:completed" in out
+
+    results = run_dir(work / "results")
+    config = json.loads((results / "config.json").read_text())
+    assert config["dataset"] == "device" and config["device-mean"] == "0.2860", config
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["eval-source"] == "federated", summary
+    rows = rounds(results)
+    assert [r["round"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["clients-trained"] == [0, 1, 2] and row["num-replies"] == 3, row
+        assert row["fed-eval-clients"] == 3 and row["test-acc"] is not None, row
+
+    # Node 1 sees its own folder, read-only, and nothing of the others' or the shared set.
+    node = seen["supernode-1"]
+    assert isinstance(node, dict), node
+    assert node["data"] == host_files(folders[1]) != host_files(folders[0]), node["data"][:5]
+    assert node["data"] != host_files(folders[2])
+    assert node["write"].startswith("OSError: Read-only file system"), node["write"]
+    assert not any(node["exists"].values()), node["exists"]
+    assert node["shared"] == [], node["shared"][:5]
+    data_roots = [root for root in node["roots"].values() if data.name in root]
+    assert node["roots"]["/data"].endswith(f"{data.name}/1") and len(data_roots) == 1, \
+        node["roots"]
+    # The server holds neither the devices' data nor the shared set.
+    server = seen["superexec-serverapp"]
+    assert isinstance(server, dict), server
+    assert server["data"] is None and server["shared"] == [], server
+    assert not any(server["exists"].values()), server["exists"]
+    print(f"\ncompose with device data: {wall:.0f}s for compose_run.sh; federated accuracy "
+          f"{[round(r['test-acc'], 3) for r in rows]}; images per node "
+          f"{[len(host_files(f)) for f in folders]}; class folders per node {mixes}; "
+          f"round seconds {[round(r['round-seconds'], 1) for r in rows]}")

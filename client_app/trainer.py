@@ -22,7 +22,7 @@ from task.models import get_weights, set_weights
 
 if TYPE_CHECKING:
     from strategies.method import GradientFn, GradientHook, SgdPass
-    from strategies.ri import Weights
+    from strategies.weights import Weights
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """loss_fn(model output, targets) -> scalar loss; cross-entropy for the image tasks."""

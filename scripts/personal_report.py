@@ -18,7 +18,7 @@ from typing import Any
 
 from scripts.report import CellResult, collect, mean_std
 from scripts.sweep_plan import load_plan
-from server_app.personal_eval import KINDS, STATS
+from server_app.personal_summary import KINDS, STATS
 from strategies.registry import METHODS
 
 COLUMNS: tuple[str, ...] = ("test-acc", *(f"local-{k}-{s}" for k in KINDS for s in STATS))

@@ -23,7 +23,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from server_app.federated_eval import evaluate_messages
-from server_app.personal_eval import sample_clients
+from server_app.personal_summary import sample_clients
 from strategies import records as rk
 from task.config import RunConfig
 

@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from server_app.personal_eval import sample_clients
+from server_app.personal_summary import sample_clients
 from strategies import records as rk
 from task.config import RunConfig
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
-from server_app.personal_eval import FIELDS as PERSONAL_FIELDS
-from server_app.personal_eval import KINDS
+from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
+from server_app.personal_summary import KINDS
 from store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
 from strategies import records as rk
 

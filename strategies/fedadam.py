@@ -24,7 +24,7 @@ from strategies.method import (
     check_range,
     zeros_like,
 )
-from strategies.ri import Weights
+from strategies.weights import Weights
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from strategies.method import (
     check_range,
     zeros_like,
 )
-from strategies.ri import Weights
+from strategies.weights import Weights
 
 if TYPE_CHECKING:
     import torch

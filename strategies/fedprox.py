@@ -21,7 +21,7 @@ from strategies.method import (
     check_pull,
     check_range,
 )
-from strategies.ri import Weights
+from strategies.weights import Weights
 
 if TYPE_CHECKING:
     import torch

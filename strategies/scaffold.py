@@ -27,7 +27,7 @@ from strategies.method import (
     zeros_like,
 )
 from strategies.norms import vector_norm
-from strategies.ri import Weights
+from strategies.weights import Weights
 
 if TYPE_CHECKING:
     import torch

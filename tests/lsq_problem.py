@@ -26,7 +26,7 @@ from client_app.round import client_round
 from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
-from strategies.ri import Weights
+from strategies.weights import Weights
 from task.config import RunConfig
 
 NODE_BASE = 1000

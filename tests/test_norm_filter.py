@@ -21,8 +21,8 @@ from flwr.serverapp import Grid
 from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import NORM_HISTORY, MethodStrategy
 from strategies import records as rk
-from strategies.ri import Weights
 from strategies.scaffold import DELTA_C
+from strategies.weights import Weights
 from task.config import RunConfig
 
 RATIO = 20.0

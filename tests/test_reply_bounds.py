@@ -21,8 +21,8 @@ from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
 from strategies import records as rk
-from strategies.ri import Weights
 from strategies.scaffold import DELTA_C
+from strategies.weights import Weights
 from task.config import ConfigError, RunConfig
 
 SIZES = (30, 50, 70, 90)

@@ -21,8 +21,8 @@ from flwr.serverapp import Grid
 from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
 from strategies import records as rk
-from strategies.ri import Weights
 from strategies.robust import combine
+from strategies.weights import Weights
 from task.config import RunConfig
 
 SHAPES = [(3, 2), (4,)]

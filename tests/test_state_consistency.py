@@ -23,7 +23,7 @@ from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import ACCOUNTED_STATE
 from store.files import read_record
-from store.simulation import RUN_SUBDIR
+from store.simulated_state import RUN_SUBDIR
 from strategies.feddyn import H_LOCAL
 from strategies.scaffold import C_LOCAL
 from task.config import RunConfig

@@ -195,7 +195,7 @@ def test_w0_is_one_build_shared_by_server_clients_and_cache() -> None:
     cached = model_cache.initial_weights(cfg)
     assert model_cache.initial_weights(cfg) is cached
     for got in (initial_weights(cfg, data), cached, get_weights(initial_model(cfg, data)),
-                get_weights(model_cache.fresh_model(cfg))):
+                get_weights(model_cache.cached_model(cfg))):
         assert len(got) == len(built)
         assert all(np.array_equal(a, b) for a, b in zip(got, built, strict=True))
     other = initial_weights(RunConfig.parse({"train-limit": 1000, "seed": 4}), data)

@@ -27,10 +27,10 @@ from client_app.model_cache import (
 )
 from client_app.personal_accuracy import personal_evaluation
 from client_app.round import client_round
+from methods import wire as rk
 from store.client_store import ClientStore
 from store.simulated_state import STATE_ROOT
 from store.state_dir import StateDir
-from strategies import records as rk
 from task.config import RunConfig
 from task.evaluation import evaluate as evaluate_model
 from task.models import set_weights

@@ -16,10 +16,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from methods.registry import METHODS
 from scripts.report import CellResult, collect, mean_std
 from scripts.sweep_plan import load_plan
 from server_app.personal_summary import KINDS, STATS
-from strategies.registry import METHODS
 
 COLUMNS: tuple[str, ...] = ("test-acc", *(f"local-{k}-{s}" for k in KINDS for s in STATS))
 HEADER: tuple[str, ...] = ("global (central test)",

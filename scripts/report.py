@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from methods.registry import METHODS
 from scripts.run_files import read_json
 from scripts.sweep_plan import Cell, PlanError, SweepPlan, load_plan, matches
 from server_app.results import ACCURACY_LABEL, DIVERGENCE_LABEL, smoothed_peak
-from strategies.registry import METHODS
 
 SECTION_KEYS: tuple[str, ...] = ("model", "dataset", "local-epochs")
 CSV_FIELDS: tuple[str, ...] = (

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
+from methods.registry import METHOD_NAMES
 from scripts.flower_env import REPO
-from strategies.registry import METHOD_NAMES
 from task.config import ConfigError, RunConfig, load_defaults
 from task.config_keys import (  # two runs differing only in NOT_IDENTITY: the same cell
     NOT_IDENTITY,

@@ -40,8 +40,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
+from methods import wire as rk
 from server_app.engine_facts import in_simulation, nodes_in_registration_order
-from strategies import records as rk
 from task.config import RunConfig
 
 RETRY_SECONDS = 10.0

@@ -20,6 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from methods import wire as rk
 from server_app.central_eval import CentralEvaluator
 from server_app.checkpoint import (
     Checkpoint,
@@ -37,7 +38,6 @@ from server_app.personal_summary import KINDS
 from server_app.results import Recorder
 from server_app.strategy import MethodStrategy
 from store.files import atomic_write_bytes
-from strategies import records as rk
 from task import config_keys
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present

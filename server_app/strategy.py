@@ -1,5 +1,5 @@
 """The one Flower strategy every method runs in: the wire and the checks around a pure core
-(the method's ``ServerRule`` in ``strategies/<method>.py``).
+(the method's ``ServerRule`` in ``methods/<method>.py``).
 
 ``MethodStrategy`` (a Flower ``Strategy``) samples clients by partition id, sends the model
 with the method's extra arrays, checks every reply and decodes it once into a
@@ -21,14 +21,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from methods import wire as rk
+from methods.method import ClientUpdate, RoundInput, ServerRule, ServerState
+from methods.norms import update_norms, vector_norm
+from methods.ri import aggregate_update, divergence
+from methods.robust import combine
+from methods.sampling import sample_available
+from methods.weights import Weights
 from server_app import personal_summary
-from strategies import records as rk
-from strategies.method import ClientUpdate, RoundInput, ServerRule, ServerState
-from strategies.norms import update_norms, vector_norm
-from strategies.ri import aggregate_update, divergence
-from strategies.robust import combine
-from strategies.sampling import sample_available
-from strategies.weights import Weights
 from task.config import RunConfig
 from task.federated_data import num_steps, partition_sizes
 

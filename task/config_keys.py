@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from strategies.registry import method_param_keys
+from methods.registry import method_param_keys
 
 
 class KeyRole(NamedTuple):

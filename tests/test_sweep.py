@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from methods.registry import METHOD_NAMES
 from scripts.flower_env import REPO, flower_env
 from scripts.report import collect, finished_run, markdown, metric_of, write_report
 from scripts.sweep import dry_run, select, set_aside_unfinished
 from scripts.sweep_plan import Cell, PlanError, load_plan
-from strategies.registry import METHOD_NAMES
 from tests.conftest import kill_local_superlink
 
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))

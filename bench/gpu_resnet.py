@@ -30,8 +30,8 @@ import torch
 
 from bench.scale_clients import stop_superlinks
 from client_app.trainer import local_sgd
+from methods.ri import relaxed_start, weighted_mean
 from scripts.flower_env import flower_env
-from strategies.ri import relaxed_start, weighted_mean
 from task.datasets import load_dataset, to_tensor
 from task.device import device
 from task.evaluation import evaluate

@@ -1,7 +1,7 @@
 """The compute floor: the same federated training as a plain single-process PyTorch loop.
 
 Same clients sampled per round, same partitions, same RI start points, same local SGD with
-the same seeds, the same method core (``strategies``: the server rule's update, RI's start
+the same seeds, the same method core (``methods``: the server rule's update, RI's start
 point and aggregate, the client rule's ``train`` with the same SGD pass), same central
 evaluation -- but no Flower, no Ray, no messages, no client store on disk. What a `flwr run`
 simulation spends beyond this is the framework's overhead. Works for every registered method.
@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from client_app.trainer import SgdSettings, sgd_pass
-from strategies.method import ClientUpdate, LocalJob, RoundInput
-from strategies.ri import aggregate_update, relaxed_start, upload_vector
-from strategies.robust import combine
-from strategies.sampling import sample_clients
+from methods.method import ClientUpdate, LocalJob, RoundInput
+from methods.ri import aggregate_update, relaxed_start, upload_vector
+from methods.robust import combine
+from methods.sampling import sample_clients
 from task.config import RunConfig
 from task.datasets import to_tensor
 from task.evaluation import evaluate

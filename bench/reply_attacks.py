@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
+from methods import wire as rk
+from methods.norms import update_norms, vector_norm
+from methods.scaffold import DELTA_C
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
-from strategies import records as rk
-from strategies.norms import update_norms, vector_norm
-from strategies.scaffold import DELTA_C
 from task.config import RunConfig
 
 ATTACKER = 1000  # node of partition 0

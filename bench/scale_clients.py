@@ -40,8 +40,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from methods.sampling import sample_clients
 from scripts.flower_env import flower_env
-from strategies.sampling import sample_clients
 
 REPO = Path(__file__).resolve().parents[1]
 

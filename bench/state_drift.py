@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
+from methods import wire as rk
+from methods.feddyn import H_LOCAL
+from methods.scaffold import C_LOCAL
 from scripts.inprocess_grid import InProcessGrid
 from server_app import experiment
 from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
-from strategies import records as rk
-from strategies.feddyn import H_LOCAL
-from strategies.scaffold import C_LOCAL
 from task.config import RunConfig
 
 SIZE = {"num-clients": 20, "fraction-train": 0.5, "train-limit": 6000, "local-epochs": 1,

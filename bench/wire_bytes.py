@@ -17,9 +17,9 @@ import tempfile
 
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from methods.registry import METHODS
 from scripts.inprocess_grid import InProcessGrid
 from server_app.strategy import MethodStrategy
-from strategies.registry import METHODS
 from task.config import RunConfig
 from task.federated_data import dataset_of
 from task.models import initial_weights

@@ -3,7 +3,7 @@ node with its own data, by the client id the server's node registry gives it).
 
 train: restore state -> RI start point -> the method's local rule -> store state -> reply.
 query: tell the server who this node is (partition id), so sampling is by client, not node.
-evaluate: personalized evaluation on this client's local test split (``personal_eval.py``),
+evaluate: personalized evaluation on this client's local test split (``personal_accuracy.py``),
 federated evaluation (the received model on the local test split), or the received model's
 accuracy on its training data.
 With ``dataset=device`` the client's data is what its node holds (node config ``data-dir``);
@@ -20,17 +20,17 @@ from flwr.clientapp import ClientApp
 
 from client_app.divergence import divergence_to_global
 from client_app.model_cache import (
+    cached_model,
     client_tensors,
     client_test_tensors,
-    fresh_model,
     initial_weights,
 )
-from client_app.personal_eval import personal_evaluation
+from client_app.personal_accuracy import personal_evaluation
 from client_app.round import client_round
+from methods import wire as rk
 from store.client_store import ClientStore
-from store.simulation import STATE_ROOT
+from store.simulated_state import STATE_ROOT
 from store.state_dir import StateDir
-from strategies import records as rk
 from task.config import RunConfig
 from task.evaluation import evaluate as evaluate_model
 from task.models import set_weights
@@ -74,7 +74,7 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
     (node config ``state-dir``, else run config ``client-state-dir``), or none when neither
     is set or the server names no experiment. A simulated client (the server names its state
     directory, ``sim_root``) keeps its state on disk only, so the simulation process holds
-    nothing of it between participations (store/simulation.py)."""
+    nothing of it between participations (store/simulated_state.py)."""
     node_root = str(context.node_config.get("state-dir", ""))
     if sim_root and experiment and not node_root:
         return ClientStore(memory=None, disk=StateDir(Path(sim_root), experiment, pid))
@@ -98,7 +98,7 @@ def train_fn(msg: Message, context: Context) -> Message:
                               cfg.spec.client.accounted_keys)
     x, y = client_tensors(cfg, pid, data_dir_of(context))
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
-                           fresh_model(cfg), x, y, initial=lambda: initial_weights(cfg),
+                           cached_model(cfg), x, y, initial=lambda: initial_weights(cfg),
                            partition_id=pid)
     content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
     state.save(experiment, server_round)
@@ -115,7 +115,7 @@ def query_fn(msg: Message, context: Context) -> Message:
 
 
 def evaluate_fn(msg: Message, context: Context) -> Message:
-    """Personalized evaluation when the message asks for it (``personal_eval``); federated
+    """Personalized evaluation when the message asks for it (``personal_accuracy``); federated
     evaluation (``federated-eval``: the received model on the local test split); otherwise
     loss and accuracy of the received model on this client's training data. Never changes
     the client's state."""
@@ -136,11 +136,11 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
         snapshot = client_store(context, cfg, experiment, pid,
                                 str(conf.get(STATE_ROOT, ""))).snapshot()
         metrics = personal_evaluation(cfg, cfg.spec.client(cfg.params), msg.content, snapshot,
-                                      fresh_model(cfg), client_tensors(cfg, pid, data_dir),
+                                      cached_model(cfg), client_tensors(cfg, pid, data_dir),
                                       client_test_tensors(cfg, pid, data_dir),
                                       partition_id=pid)
         return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
-    model = fresh_model(cfg)
+    model = cached_model(cfg)
     set_weights(model, msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
     x, y = client_tensors(cfg, pid, data_dir)
     loss, acc = evaluate_model(model, x, y)
@@ -156,7 +156,7 @@ def federated_evaluation(cfg: RunConfig, msg: Message,
     x, y = test
     metrics: dict[str, int | float] = {rk.NUM_TEST: len(y)}
     if len(y):
-        model = fresh_model(cfg)
+        model = cached_model(cfg)
         set_weights(model, msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
         metrics[rk.EVAL_LOSS], metrics[rk.EVAL_ACC] = evaluate_model(model, x, y)
     return MetricRecord(metrics)

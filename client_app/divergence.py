@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
+from methods import wire as rk
 from store.client_store import W_PREV, ClientStore
-from strategies import records as rk
 
 
 def divergence_to_global(received: RecordDict, store: ClientStore,

@@ -24,7 +24,7 @@ from task.federated_data import client_examples, client_test_examples
 
 
 @functools.lru_cache(maxsize=4)
-def fresh_model(cfg: RunConfig) -> nn.Module:
+def cached_model(cfg: RunConfig) -> nn.Module:
     """The run's model at w_0 (seeded), on the device; callers overwrite its weights."""
     return models.initial_model(cfg).to(device())
 

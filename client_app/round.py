@@ -16,10 +16,10 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
 from client_app.trainer import LossFn, SgdSettings, sgd_pass
+from methods import wire as rk
+from methods.method import ClientRule, LocalJob
+from methods.ri import relaxed_start, upload_vector
 from store.client_store import W_PREV, ClientStore
-from strategies import records as rk
-from strategies.method import ClientRule, LocalJob
-from strategies.ri import relaxed_start, upload_vector
 from task.config import RunConfig
 
 

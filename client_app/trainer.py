@@ -4,7 +4,7 @@ Step order (docs/algorithms.md, Rules): the batch gradient (backward of the loss
 method's own ``GradientFn``: FedSAM's gradient at the perturbed point) -> the method's
 correction hook (SCAFFOLD, FedDyn, ...) -> clip the gradient norm -> SGD step (weight decay).
 Nothing here knows a method: a method's ``ClientRule.train`` picks the hook, the gradient and
-the passes (``strategies/method.py``).
+the passes (``methods/method.py``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from strategies.method import TrainedPass
+from methods.method import TrainedPass
 from task.models import get_weights, set_weights
 
 if TYPE_CHECKING:
-    from strategies.method import GradientFn, GradientHook, SgdPass
-    from strategies.ri import Weights
+    from methods.method import GradientFn, GradientHook, SgdPass
+    from methods.weights import Weights
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """loss_fn(model output, targets) -> scalar loss; cross-entropy for the image tasks."""

@@ -16,10 +16,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from scripts.grid import load_grid
+from methods.registry import METHODS
 from scripts.report import CellResult, collect, mean_std
-from server_app.personal_eval import KINDS, STATS
-from strategies.registry import METHODS
+from scripts.sweep_plan import load_plan
+from server_app.personal_summary import KINDS, STATS
 
 COLUMNS: tuple[str, ...] = ("test-acc", *(f"local-{k}-{s}" for k in KINDS for s in STATS))
 HEADER: tuple[str, ...] = ("global (central test)",
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", type=Path, required=True)
     ap.add_argument("--csv", type=Path, help="also write one line per finished cell here")
     args = ap.parse_args(argv)
-    grid = load_grid(args.grid)
-    text, flat = tables(collect(grid, args.cells.resolve()))
+    plan = load_plan(args.grid)
+    text, flat = tables(collect(plan, args.cells.resolve()))
     print(text)
     if args.csv is not None and flat:
         with args.csv.open("w", newline="") as f:

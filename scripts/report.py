@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scripts.grid import Cell, Grid, GridError, load_grid, matches
+from methods.registry import METHODS
 from scripts.run_files import read_json
+from scripts.sweep_plan import Cell, PlanError, SweepPlan, load_plan, matches
 from server_app.results import ACCURACY_LABEL, DIVERGENCE_LABEL, smoothed_peak
-from strategies.registry import METHODS
 
 SECTION_KEYS: tuple[str, ...] = ("model", "dataset", "local-epochs")
 CSV_FIELDS: tuple[str, ...] = (
@@ -77,17 +77,17 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in lines if x.strip()]
 
 
-def collect(grid: Grid, cells_dir: Path) -> list[CellResult]:
+def collect(plan: SweepPlan, cells_dir: Path) -> list[CellResult]:
     """Every cell of the grid with its results where it finished."""
     out = []
-    for cell in grid.cells:
+    for cell in plan.cells:
         res = CellResult(cell)
         run = finished_run(cells_dir / cell.id, cell)
         if run is not None:
             res.run_dir = run
             res.summary = read_json(run / "summary.json") or {}
             res.rows = _read_rows(run / "rounds.jsonl")
-            res.metric = metric_of(res.summary, res.rows, grid.metric)
+            res.metric = metric_of(res.summary, res.rows, plan.metric)
         out.append(res)
     return out
 
@@ -136,9 +136,9 @@ def row_labels(keys: Iterable[tuple[str, float]]) -> dict[tuple[str, float], str
     return labels
 
 
-def section_of(config: dict[str, Any], grid: Grid) -> str:
+def section_of(config: dict[str, Any], plan: SweepPlan) -> str:
     """The sub-table a cell belongs to (one per model/dataset the grid varies)."""
-    parts = [f"{k}={config[k]}" for k in SECTION_KEYS if k in grid.axes]
+    parts = [f"{k}={config[k]}" for k in SECTION_KEYS if k in plan.axes]
     return ", ".join(parts) or "all"
 
 
@@ -169,12 +169,12 @@ class Table:
     results: list[CellResult]
 
 
-def tables(grid: Grid, results: Sequence[CellResult]) -> list[Table]:
+def tables(plan: SweepPlan, results: Sequence[CellResult]) -> list[Table]:
     """Results grouped into sections, rows and columns in the grid's order."""
     out: dict[str, Table] = {}
     for res in results:
         cfg = res.cell.config
-        title = section_of(cfg, grid)
+        title = section_of(cfg, plan)
         t = out.setdefault(title, Table(title, [], [], {}, {}, []))
         r, c = row_key(cfg), col_key(cfg)
         if r not in t.rows:
@@ -194,19 +194,19 @@ def _md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]
     return lines
 
 
-def markdown(grid: Grid, results: Sequence[CellResult], command: str) -> str:
+def markdown(plan: SweepPlan, results: Sequence[CellResult], command: str) -> str:
     """results.md: the metric table(s), RI gains, seconds per round, settings, command."""
     done = sum(r.done for r in results)
-    window, last = grid.metric.get("window", 5), grid.metric.get("last", 50)
-    lines = [f"# {grid.name}", ""]
-    if grid.description:
-        lines += [grid.description, ""]
+    window, last = plan.metric.get("window", 5), plan.metric.get("last", 50)
+    lines = [f"# {plan.name}", ""]
+    if plan.description:
+        lines += [plan.description, ""]
     lines += [f"Reproduce: `{command}`", "",
               f"Cells finished: {done} / {len(results)}. Entries: smoothed peak test accuracy "
               f"(max over the last {last} evaluated rounds of the {window}-point moving average), "
               "%, "
               "mean ± sample std over seeds; (k/n) = only k of n seeds finished.", ""]
-    for t in tables(grid, results):
+    for t in tables(plan, results):
         labels = row_labels(t.rows)
         lines += [f"## {t.title}", ""]
         header = ["Method", *(col_label(c) for c in t.columns)]
@@ -222,10 +222,10 @@ def markdown(grid: Grid, results: Sequence[CellResult], command: str) -> str:
         lines += _md_table(header, _divergence(t, labels, last)) + [""]
         lines += ["Seconds per round (mean over finished cells):", ""]
         lines += _md_table(["Method", "s/round", "cells"], _round_seconds(t, labels)) + [""]
-    lines += ["## Settings", "", "base: " + _kv(grid.base) + ("  " if grid.base else "")]
-    for method, ov in grid.overrides.items():
+    lines += ["## Settings", "", "base: " + _kv(plan.base) + ("  " if plan.base else "")]
+    for method, ov in plan.overrides.items():
         lines.append(f"overrides for {method}: " + _kv(ov) + "  ")
-    lines += ["grid: " + "; ".join(f"{a}: {v}" for a, v in grid.axes.items()), ""]
+    lines += ["grid: " + "; ".join(f"{a}: {v}" for a, v in plan.axes.items()), ""]
     return "\n".join(lines)
 
 
@@ -311,7 +311,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower()
 
 
-def plot_curves(grid: Grid, results: Sequence[CellResult], out_dir: Path) -> list[Path]:
+def plot_curves(plan: SweepPlan, results: Sequence[CellResult], out_dir: Path) -> list[Path]:
     """One PNG per section and column: accuracy and divergence against rounds, per row."""
     import matplotlib
 
@@ -320,7 +320,7 @@ def plot_curves(grid: Grid, results: Sequence[CellResult], out_dir: Path) -> lis
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for t in tables(grid, results):
+    for t in tables(plan, results):
         labels = row_labels(t.rows)
         for c in t.columns:
             fig, (ax_acc, ax_div) = plt.subplots(1, 2, figsize=(11, 4))
@@ -348,7 +348,7 @@ def plot_curves(grid: Grid, results: Sequence[CellResult], out_dir: Path) -> lis
                 ax.set_xlabel("round")
                 ax.grid(alpha=0.3)
             ax_acc.legend(fontsize=7, ncol=2 if drawn > 7 else 1)
-            title = f"{grid.name}: {col_label(c)}"
+            title = f"{plan.name}: {col_label(c)}"
             fig.suptitle(title if t.title == "all" else f"{title}, {t.title}")
             fig.tight_layout()
             name = _slug(col_label(c)) + ("" if t.title == "all" else "-" + _slug(t.title))
@@ -359,14 +359,14 @@ def plot_curves(grid: Grid, results: Sequence[CellResult], out_dir: Path) -> lis
     return written
 
 
-def write_report(grid: Grid, results: Sequence[CellResult], out: Path, command: str,
+def write_report(plan: SweepPlan, results: Sequence[CellResult], out: Path, command: str,
                  plots: bool = True) -> None:
     """results.csv, results.md and (optionally) plots/ under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     write_csv(results, out / "results.csv")
-    (out / "results.md").write_text(markdown(grid, results, command))
+    (out / "results.md").write_text(markdown(plan, results, command))
     if plots:
-        plot_curves(grid, results, out / "plots")
+        plot_curves(plan, results, out / "plots")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,14 +377,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", type=Path, help="where the cells live (default OUT/cells)")
     args = ap.parse_args(argv)
     try:
-        grid = load_grid(args.grid)
-    except GridError as err:
+        plan = load_plan(args.grid)
+    except PlanError as err:
         print(f"report: {err}", file=sys.stderr)
         return 2
-    out = args.out or Path("outputs/sweeps") / grid.name
-    results = collect(grid, args.cells or out / "cells")
+    out = args.out or Path("outputs/sweeps") / plan.name
+    results = collect(plan, args.cells or out / "cells")
     cells = f" --cells {args.cells}" if args.cells else ""
-    write_report(grid, results, out, f"fedinit-sweep {args.grid} --out {out}{cells}")
+    write_report(plan, results, out, f"fedinit-sweep {args.grid} --out {out}{cells}")
     print(f"report: {sum(r.done for r in results)}/{len(results)} cells; {out / 'results.md'}")
     return 0
 

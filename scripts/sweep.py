@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from scripts.flower_env import REPO, flower_env
-from scripts.grid import Cell, Grid, GridError, load_grid
 from scripts.report import collect, finished_run, run_dirs, write_report
 from scripts.run_files import RoundsFollower, RoundsTail
 from scripts.simulate import (
@@ -38,6 +37,7 @@ from scripts.simulate import (
     run_status,
     toml_line,
 )
+from scripts.sweep_plan import Cell, PlanError, SweepPlan, load_plan
 
 
 def hms(seconds: float) -> str:
@@ -184,12 +184,12 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run_sweep(grid: Grid, cells: Sequence[Cell], out: Path, cells_dir: Path,
+def run_sweep(plan: SweepPlan, cells: Sequence[Cell], out: Path, cells_dir: Path,
               connection: str | None, command: str, env: dict[str, str],
               in_process: bool = False) -> int:
     """Run every unfinished cell in order; return 0 if all of them finished."""
     todo = [c for c in cells if finished_run(cells_dir / c.id, c) is None]
-    print(f"sweep {grid.name}: {len(cells)} cells, {len(cells) - len(todo)} already finished, "
+    print(f"sweep {plan.name}: {len(cells)} cells, {len(cells) - len(todo)} already finished, "
           f"{len(todo)} to run; results in {out}", flush=True)
     prog = Progress(sum(int(c.config["num-server-rounds"]) for c in todo), len(todo))
     failed: list[str] = []
@@ -211,7 +211,7 @@ def run_sweep(grid: Grid, cells: Sequence[Cell], out: Path, cells_dir: Path,
                   f"{hms(time.monotonic() - t)}, sweep {prog.elapsed()}, ETA {prog.eta()}",
                   flush=True)
 
-        cmd = command_for(cell, cell_dir, connection, grid.resources, in_process)
+        cmd = command_for(cell, cell_dir, connection, plan.resources, in_process)
         run_ = CellRun()
         rounds = RoundsTail(cell_dir, since=time.time())
         try:
@@ -221,7 +221,7 @@ def run_sweep(grid: Grid, cells: Sequence[Cell], out: Path, cells_dir: Path,
         except KeyboardInterrupt:
             print(f"{head} interrupted; stopped Flower run {run_.run_id}; rerun to resume",
                   flush=True)
-            write_report(grid, collect(grid, cells_dir), out, command)
+            write_report(plan, collect(plan, cells_dir), out, command)
             return 130
         prog.end_cell()
         status = "completed" if run_.code == 0 else f"exit {run_.code}"
@@ -237,19 +237,19 @@ def run_sweep(grid: Grid, cells: Sequence[Cell], out: Path, cells_dir: Path,
                       "the ServerApp writes output-dir on its own machine; make that path "
                       "shared (or copy the run back) and rerun with --report", flush=True)
         else:
-            summary = collect_one(grid, cells_dir, cell)
+            summary = collect_one(plan, cells_dir, cell)
             print(f"{head} done in {hms(time.monotonic() - t_cell)}: {summary}", flush=True)
-        write_report(grid, collect(grid, cells_dir), out, command)
-    write_report(grid, collect(grid, cells_dir), out, command)
-    print(f"sweep {grid.name}: {len(todo) - len(failed)}/{len(todo)} ran, "
+        write_report(plan, collect(plan, cells_dir), out, command)
+    write_report(plan, collect(plan, cells_dir), out, command)
+    print(f"sweep {plan.name}: {len(todo) - len(failed)}/{len(todo)} ran, "
           f"{len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; "
           f"{out / 'results.md'}", flush=True)
     return 1 if failed else 0
 
 
-def collect_one(grid: Grid, cells_dir: Path, cell: Cell) -> str:
+def collect_one(plan: SweepPlan, cells_dir: Path, cell: Cell) -> str:
     """'smoothed peak 71.20%, final 70.93%' for a finished cell."""
-    (res,) = [r for r in collect(grid, cells_dir) if r.cell.id == cell.id]
+    (res,) = [r for r in collect(plan, cells_dir) if r.cell.id == cell.id]
     final = res.summary.get("final-test-acc")
     metric = f"{100 * res.metric:.2f}%" if res.metric is not None else "n/a"
     return f"metric {metric}, final {100 * final:.2f}%" if final is not None else metric
@@ -292,13 +292,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sweep: --set {err}", file=sys.stderr)
         return 2
     try:
-        grid = load_grid(args.grid, extra)
-    except GridError as err:
+        plan = load_plan(args.grid, extra)
+    except PlanError as err:
         print(f"sweep: {err}", file=sys.stderr)
         return 2
-    out = (args.out or REPO / "outputs" / "sweeps" / grid.name).resolve()
+    out = (args.out or REPO / "outputs" / "sweeps" / plan.name).resolve()
     cells_dir = (args.cells or out / "cells").resolve()
-    cells = select(grid.cells, args.only)
+    cells = select(plan.cells, args.only)
     if not cells:
         print(f"sweep: no cell id matches {args.only!r}", file=sys.stderr)
         return 2
@@ -310,14 +310,14 @@ def main(argv: list[str] | None = None) -> int:
         dry_run(cells, cells_dir)
         return 0
     if args.report:
-        write_report(grid, collect(grid, cells_dir), out, command)
+        write_report(plan, collect(plan, cells_dir), out, command)
         print(f"sweep: report written to {out / 'results.md'}")
         return 0
-    connection = args.connection or grid.connection
+    connection = args.connection or plan.connection
     for key in ("num-cpus-per-client", "num-gpus-per-client"):
         value = getattr(args, key.replace("-", "_"))
         if value is not None:
-            grid.resources[key] = value
+            plan.resources[key] = value
     env = flower_env()
     if connection is not None and not os.environ.get("FLWR_HOME"):
         print("sweep: note: FLWR_HOME is not set; the connection must be in "
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.in_process and connection is not None:
         print("sweep: --in-process runs locally; it cannot take a connection", file=sys.stderr)
         return 2
-    return run_sweep(grid, cells, out, cells_dir, connection, command, env, args.in_process)
+    return run_sweep(plan, cells, out, cells_dir, connection, command, env, args.in_process)
 
 
 if __name__ == "__main__":

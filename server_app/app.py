@@ -10,9 +10,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from server_app.checkpoint import CheckpointError
 from server_app.clients import FederationError
+from server_app.engine_facts import in_simulation
 from server_app.experiment import ModelDiverged, NothingTrained, TooFewReplies, run_experiment
 from server_app.fast_grid import FastPollGrid
-from server_app.simulation import in_simulation
 from task.config import ConfigError, RunConfig
 from task.datasets import DataFormatError, DataNotFoundError
 
@@ -30,7 +30,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         cfg = RunConfig.parse(context.run_config)
         # the simulation's own grid already pulls every 0.1 s, and the server reads its node
-        # list (server_app/simulation.py), so it is used as it is
+        # list (server_app/engine_facts.py), so it is used as it is
         run_experiment(grid if in_simulation(grid) else FastPollGrid(grid), cfg)
     except (ConfigError, DataNotFoundError, DataFormatError, FederationError,
             CheckpointError, TooFewReplies, ModelDiverged, NothingTrained) as err:

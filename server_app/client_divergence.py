@@ -22,9 +22,9 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from methods import wire as rk
 from server_app.federated_eval import evaluate_messages
-from server_app.personal_eval import sample_clients
-from strategies import records as rk
+from server_app.personal_summary import sample_clients
 from task.config import RunConfig
 
 SAMPLE_STREAM = 17

@@ -5,7 +5,7 @@ The server asks every SuperNode who it is (a QUERY message), so sampling is by c
 id is the node's benchmark ``partition-id``; a node without one (device-local data) is the
 client its ``node-registry`` entry names. In a simulation Flower's engine already assigned the
 ids: the map is read from its node list and checked with three queries, not N
-(server_app/simulation.py).
+(server_app/engine_facts.py).
 
 A deployment changes under the run: ``Fleet.discover`` waits for ``min-clients`` identified
 clients (default all ``num-clients``); later nodes are asked beside the rounds (``ask`` pushes
@@ -40,8 +40,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
-from server_app.simulation import in_simulation, nodes_in_registration_order
-from strategies import records as rk
+from methods import wire as rk
+from server_app.engine_facts import in_simulation, nodes_in_registration_order
 from task.config import RunConfig
 
 RETRY_SECONDS = 10.0
@@ -290,7 +290,7 @@ def _identify(grid: Grid, cfg: RunConfig, nodes: list[int]) -> dict[int, int]:
 
 def _simulated_clients(grid: InMemoryGrid, cfg: RunConfig) -> dict[int, int]:
     """{partition id: node id} as Flower's simulation engine assigned them, read from its
-    node list (server_app/simulation.py) instead of asking each of the N nodes: three
+    node list (server_app/engine_facts.py) instead of asking each of the N nodes: three
     queries in all. The engine registers every node before it runs any ClientApp, so the
     answers of the first two nodes (asked together: on a 2-core machine that loads the
     ClientApp in both actors at once) also say the node list is complete; they and the last

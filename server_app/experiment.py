@@ -20,6 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from methods import wire as rk
 from server_app.central_eval import CentralEvaluator
 from server_app.checkpoint import (
     Checkpoint,
@@ -30,14 +31,13 @@ from server_app.checkpoint import (
 )
 from server_app.client_divergence import ClientDivergence
 from server_app.clients import Fleet
+from server_app.engine_facts import client_state_entry
 from server_app.federated_eval import FederatedEvaluator
-from server_app.personal_eval import KINDS
 from server_app.personal_round import personal_round
+from server_app.personal_summary import KINDS
 from server_app.results import Recorder
-from server_app.simulation import client_state_entry
 from server_app.strategy import MethodStrategy
 from store.files import atomic_write_bytes
-from strategies import records as rk
 from task import config_keys
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present

@@ -25,8 +25,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from server_app.personal_eval import sample_clients
-from strategies import records as rk
+from methods import wire as rk
+from server_app.personal_summary import sample_clients
 from task.config import RunConfig
 
 SAMPLE_STREAM = 16

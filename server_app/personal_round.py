@@ -13,7 +13,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
-from server_app.personal_eval import client_rows
+from server_app.personal_summary import client_rows
 from server_app.strategy import MethodStrategy
 
 

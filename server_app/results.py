@@ -17,19 +17,19 @@ from typing import Any
 
 import numpy as np
 
+from methods import wire as rk
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
-from server_app.personal_eval import FIELDS as PERSONAL_FIELDS
-from server_app.personal_eval import KINDS
+from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
+from server_app.personal_summary import KINDS
 from store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
-from strategies import records as rk
 
 ACCURACY_LABEL = "test accuracy (%)"
 EVAL_SOURCE_LABELS = {"central": "central test set",
                       "federated": "federated: clients' local test splits"}
 """Where ``test-acc`` came from (``RunConfig.eval_source``), as the accuracy plot says it."""
 DIVERGENCE_LABEL = r"divergence $\frac{1}{|S|}\sum_{i \in S} \|w_{i,K} - w_{t+1}\|^2$"
-"""The paper's consistency term, as ``strategies.ri.divergence`` computes it each round: the
+"""The paper's consistency term, as ``methods.ri.divergence`` computes it each round: the
 mean squared distance of the selected clients' final local models from the new global model."""
 
 ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, "lr",

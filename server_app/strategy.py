@@ -1,5 +1,5 @@
 """The one Flower strategy every method runs in: the wire and the checks around a pure core
-(the method's ``ServerRule`` in ``strategies/<method>.py``).
+(the method's ``ServerRule`` in ``methods/<method>.py``).
 
 ``MethodStrategy`` (a Flower ``Strategy``) samples clients by partition id, sends the model
 with the method's extra arrays, checks every reply and decodes it once into a
@@ -21,13 +21,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from server_app import personal_eval
-from strategies import records as rk
-from strategies.method import ClientUpdate, RoundInput, ServerRule, ServerState
-from strategies.norms import update_norms, vector_norm
-from strategies.ri import Weights, aggregate_update, divergence
-from strategies.robust import combine
-from strategies.sampling import sample_available
+from methods import wire as rk
+from methods.method import ClientUpdate, RoundInput, ServerRule, ServerState
+from methods.norms import update_norms, vector_norm
+from methods.ri import aggregate_update, divergence
+from methods.robust import combine
+from methods.sampling import sample_available
+from methods.weights import Weights
+from server_app import personal_summary
 from task.config import RunConfig
 from task.federated_data import num_steps, partition_sizes
 
@@ -79,7 +80,7 @@ class MethodStrategy(Strategy):
         self._w_t: Weights = []
         self._sent_to: dict[int, int] = {}
         self._eval_sent_to: dict[int, int] = {}
-        self.personal_scores: list[personal_eval.ClientScores] = []
+        self.personal_scores: list[personal_summary.ClientScores] = []
         """The last personalized evaluation's per-client scores."""
 
     @property
@@ -190,13 +191,13 @@ class MethodStrategy(Strategy):
         evaluated centrally by the experiment)."""
         c = self.cfg
         self._eval_sent_to = {}
-        if not personal_eval.due(c, server_round):
+        if not personal_summary.due(c, server_round):
             return []
         eval_config = ConfigRecord({**dict(config), rk.ROUND: server_round,
                                     rk.LR: c.lr_at(server_round), rk.PERSONAL_EVAL: True})
         messages = []
         online = set(self.available())
-        for pid in personal_eval.eval_clients(c):
+        for pid in personal_summary.eval_clients(c):
             if pid not in online:  # not identified or not connected: no score this time
                 continue
             node = self.node_of_partition[pid]
@@ -210,10 +211,10 @@ class MethodStrategy(Strategy):
                            replies: Iterable[Message]) -> MetricRecord | None:
         """Mean, p10 and min of each accuracy over the clients; their scores are kept in
         ``personal_scores`` (the per-client file)."""
-        scores: list[personal_eval.ClientScores] = []
+        scores: list[personal_summary.ClientScores] = []
         for msg in replies:
             node = msg.metadata.src_node_id
-            decoded: personal_eval.ClientScores | str
+            decoded: personal_summary.ClientScores | str
             if msg.has_error():
                 decoded = f"client error: {msg.error.reason}"
             elif node not in self._eval_sent_to:
@@ -221,7 +222,7 @@ class MethodStrategy(Strategy):
             elif rk.METRICS not in msg.content.metric_records:
                 decoded = f"missing MetricRecord {rk.METRICS!r}"
             else:
-                decoded = personal_eval.decode(self._eval_sent_to[node],
+                decoded = personal_summary.decode(self._eval_sent_to[node],
                                                msg.content.metric_records[rk.METRICS])
             if isinstance(decoded, str):
                 log(WARNING, "round %d: ignored the evaluation reply of node %s (partition "
@@ -231,7 +232,7 @@ class MethodStrategy(Strategy):
         self.personal_scores = scores
         if not self._eval_sent_to:
             return None
-        return MetricRecord(personal_eval.summarize(scores))
+        return MetricRecord(personal_summary.summarize(scores))
 
     def reply_weights(self, updates: Sequence[ClientUpdate]) -> list[float]:
         """Each reply's weight in the round's mean (``weighting``): its examples, or 1."""

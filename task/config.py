@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from strategies.method import MethodSpec, ParamError, Params
-from strategies.registry import (
+from methods.method import MethodSpec, ParamError, Params
+from methods.registry import (
     AGGREGATIONS,
     METHOD_NAMES,
     METHODS,
@@ -100,7 +100,7 @@ class RunConfig:
     simulation_client_state: str
     node_registry: str
     params: Params = field(default_factory=Params)
-    """The chosen method's own keys, checked by the method (``strategies.<method>``)."""
+    """The chosen method's own keys, checked by the method (``methods.<method>``)."""
     method_values: tuple[tuple[str, Any], ...] = ()
     """Every method's keys as given (all are checked, whichever method runs), for
     ``to_dict``: a summary or checkpoint records the whole config."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from scripts.flower_env import REPO
 
-APP_PARTS = ("pyproject.toml", "client_app", "server_app", "strategies", "task")
+APP_PARTS = ("pyproject.toml", "client_app", "server_app", "methods", "task")
 ANCHOR = "    pid = partition_of(context, cfg, msg)\n    conf ="
 ROUND = "    _round = int(msg.content.config_records[rk.CONFIG][rk.ROUND])\n"
 

@@ -23,10 +23,10 @@ from flwr.supercore.inflatable.inflatable_object import (
 from torch import nn
 
 from client_app.round import client_round
+from methods.weights import Weights
 from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
-from strategies.ri import Weights
 from task.config import RunConfig
 
 NODE_BASE = 1000

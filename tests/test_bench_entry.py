@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("bench", "client_app", "node", "scripts", "server_app", "store", "strategies",
+PACKAGES = ("bench", "client_app", "node", "scripts", "server_app", "store", "methods",
             "task", "tests")
 
 

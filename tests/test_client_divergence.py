@@ -20,7 +20,7 @@ from flwr.app import Message, MessageType
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from store.files import read_record
-from store.simulation import RUN_SUBDIR
+from store.simulated_state import RUN_SUBDIR
 from task.config import ConfigError, RunConfig
 from task.models import initial_weights
 from tests.sim_engine import InProcessSimulation

@@ -5,10 +5,10 @@ from pathlib import Path
 import numpy as np
 from flwr.app import RecordDict
 
+from methods import wire as rk
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
-from strategies import records as rk
 from task.config import RunConfig
 
 SMALL = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4, "train-limit": 1200,

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from strategies.registry import METHOD_NAMES, METHODS
+from methods.registry import METHOD_NAMES, METHODS
 from task.config import ConfigError, RunConfig, load_defaults
 
 
@@ -92,7 +92,7 @@ def test_the_bound_is_where_the_ditto_pull_starts_to_diverge(product: float) -> 
     import numpy as np
     import torch
 
-    from strategies.ditto import DittoClient, DittoParams
+    from methods.ditto import DittoClient, DittoParams
 
     lr, lam = 0.1, product / 0.1
     anchor = [np.zeros(3, dtype=np.float32)]

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from methods.scaffold import C_LOCAL
 from scripts.deploy_local import CONNECTION, Deployment, Proc, descendants, stop_pids
 from scripts.flower_env import REPO
 from scripts.simulate import RUN_ID, run_status, toml_line
 from store.client_store import W_PREV
 from store.state_dir import StateDir
-from strategies.scaffold import C_LOCAL
 from tests.deploy_helpers import pids_mentioning, rounds
 
 NODES = 3

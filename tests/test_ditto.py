@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from methods.ditto import PERSONAL
 from store.client_store import W_PREV
-from strategies.ditto import PERSONAL
 from tests.lsq_problem import Federation, lsq_problem, quadratic_problem
 
 A = [[2.0, 0.0], [0.0, 4.0], [-3.0, 1.0]]

@@ -67,7 +67,7 @@ def test_config_check_imports_neither_torch_nor_flower() -> None:
     code = ("import sys; from task.config import RunConfig; import scripts.simulate; "
             "RunConfig.parse({}); "
             "print(sorted(({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'ray'}) "
-            "| ({m for m in sys.modules} & {'strategies.robust', 'client_app', 'server_app'})))")
+            "| ({m for m in sys.modules} & {'methods.robust', 'client_app', 'server_app'})))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]"

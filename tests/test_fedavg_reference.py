@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from client_app.trainer import local_sgd
+from methods.sampling import sample_clients
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
-from strategies.sampling import sample_clients
 from task.config import RunConfig
 from task.datasets import to_tensor
 from task.federated_data import client_examples, dataset_of

@@ -14,12 +14,12 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from client_app.app import partition_of
+from methods import wire as rk
+from methods.sampling import sample_available, sample_clients
 from scripts.inprocess_grid import InProcessGrid
 from server_app import clients
 from server_app.clients import FederationError, Fleet
 from server_app.experiment import run_experiment
-from strategies import records as rk
-from strategies.sampling import sample_available, sample_clients
 from task.config import ConfigError, RunConfig
 
 SMALL = {"num-clients": 3, "fraction-train": 1.0, "num-server-rounds": 3, "train-limit": 300,

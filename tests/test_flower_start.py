@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
+from methods import wire as rk
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
-from strategies import records as rk
 from task.config import RunConfig
 from task.models import initial_weights
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from scripts import inprocess_run
-from scripts.grid import load_grid
 from scripts.sweep import command_for
+from scripts.sweep_plan import load_plan
 
 
 def test_in_process_cells_run_inprocess_run_with_the_cells_overrides(tmp_path: Path) -> None:
     path = tmp_path / "g.yaml"
     path.write_text("name: g\nbase:\n  num-clients: 10\ngrid:\n  method: [ditto]\n")
-    cell = load_grid(path).cells[0]
+    cell = load_plan(path).cells[0]
     cmd = command_for(cell, tmp_path / "c", None, {}, in_process=True)
     assert cmd[1:3] == ["-m", "scripts.inprocess_run"]
     assert 'method="ditto"' in cmd and f'output-dir="{(tmp_path / "c").resolve()}"' in cmd

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.grid import load_grid, matches
+from scripts.sweep_plan import load_plan, matches
 from server_app import experiment
 from server_app.checkpoint import CheckpointError
 from task.config import RunConfig
@@ -17,7 +17,7 @@ from task.config_keys import BEFORE_KEY
 def _cell(tmp_path: Path, base: str) -> object:
     path = tmp_path / "g.yaml"
     path.write_text(f"name: g\nbase:\n  num-clients: 10\n{base}grid:\n  seed: [0]\n")
-    return load_grid(path).cells[0]
+    return load_plan(path).cells[0]
 
 
 def test_a_run_made_before_the_local_split_matches_only_a_cell_without_it(

@@ -9,13 +9,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ALLOWED: dict[str, set[str]] = {
-    "strategies": set(),
+    "methods": set(),
     "store": set(),
     "node": set(),
-    "task": {"strategies", "store"},
-    "client_app": {"task", "strategies", "store"},
-    "server_app": {"task", "strategies", "store"},
-    "scripts": {"server_app", "client_app", "task", "strategies", "store"},
+    "task": {"methods", "store"},
+    "client_app": {"task", "methods", "store"},
+    "server_app": {"task", "methods", "store"},
+    "scripts": {"server_app", "client_app", "task", "methods", "store"},
 }
 PROJECT = {*ALLOWED, "bench", "tests"}
 

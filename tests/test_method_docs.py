@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from strategies.method import MethodSpec
-from strategies.registry import METHODS
+from methods.method import MethodSpec
+from methods.registry import METHODS
 from task.config import ConfigError, RunConfig
 
 REPO = Path(__file__).resolve().parents[1]

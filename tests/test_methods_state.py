@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
+from methods.feddyn import H_LOCAL
+from methods.registry import METHODS
+from methods.scaffold import C_LOCAL
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
-from strategies.feddyn import H_LOCAL
-from strategies.registry import METHODS
-from strategies.scaffold import C_LOCAL
 from task.config import RunConfig
 from tests.lsq_problem import Federation, lsq_problem
 

@@ -16,14 +16,14 @@ from flwr.app import Context, Message, MessageType
 
 import client_app.app as client_app
 from client_app.model_cache import client_test_tensors
+from methods import wire as rk
+from methods.ditto import PERSONAL
 from scripts import inprocess_grid
 from scripts.inprocess_grid import InProcessGrid
-from server_app import personal_eval as pe
+from server_app import personal_summary as pe
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV
-from store.simulation import STATE_ROOT
-from strategies import records as rk
-from strategies.ditto import PERSONAL
+from store.simulated_state import STATE_ROOT
 from task.config import ConfigError, RunConfig
 from task.federated_data import dataset_of
 from task.models import initial_model, set_weights

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from bench.plain_loop import plain_run
+from methods.registry import METHODS
 from scripts.inprocess_grid import InProcessGrid
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from strategies.registry import METHODS
 from task.config import RunConfig
 
 SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 2, "train-limit": 400,

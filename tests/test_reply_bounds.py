@@ -16,13 +16,13 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from methods import wire as rk
+from methods.scaffold import DELTA_C
+from methods.weights import Weights
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
-from strategies import records as rk
-from strategies.ri import Weights
-from strategies.scaffold import DELTA_C
 from task.config import ConfigError, RunConfig
 
 SIZES = (30, 50, 70, 90)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
+from methods import wire as rk
 from scripts.inprocess_grid import InProcessGrid
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import TooFewReplies, run_experiment
 from store.client_store import W_PREV, ClientStore
-from strategies import records as rk
 from task.config import RunConfig
 
 SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 4, "train-limit": 800,

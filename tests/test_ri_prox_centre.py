@@ -17,9 +17,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from client_app.round import client_round
+from methods import wire as rk
+from methods.feddyn import H_LOCAL
 from store.client_store import W_PREV, ClientStore
-from strategies import records as rk
-from strategies.feddyn import H_LOCAL
 from task.config import RunConfig
 from tests.lsq_problem import Federation, VectorModel, half_mse, lsq_problem
 

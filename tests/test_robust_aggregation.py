@@ -1,6 +1,6 @@
 """``aggregation=median|trimmed-mean`` against an independent numpy computation.
 
-Both are coordinate-wise and ignore the example weights (``strategies/robust.py``): a client
+Both are coordinate-wise and ignore the example weights (``methods/robust.py``): a client
 cannot buy influence by claiming more examples. The trimmed mean drops floor(trim * n)
 values at EACH end of every coordinate (the float product, as Flower's and scipy's
 ``trim_mean`` do). The reference below sorts each coordinate in plain Python; the first
@@ -18,11 +18,11 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from methods import wire as rk
+from methods.robust import combine
+from methods.weights import Weights
 from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
-from strategies import records as rk
-from strategies.ri import Weights
-from strategies.robust import combine
 from task.config import RunConfig
 
 SHAPES = [(3, 2), (4,)]

@@ -3,10 +3,10 @@
 import json
 from pathlib import Path
 
+from methods import wire as rk
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from server_app.results import ROUND_FIELDS
-from strategies import records as rk
 from task.config import RunConfig
 
 SMALL = {"num-clients": 3, "num-server-rounds": 2, "train-limit": 150, "local-epochs": 1,

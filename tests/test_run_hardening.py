@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
+from methods import wire as rk
+from methods.fedavg import FedAvgServer
 from scripts.inprocess_grid import InProcessGrid
 from server_app.app import RunAborted, main
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import ModelDiverged, run_experiment
 from server_app.results import TIMING_FIELDS
 from store.state_dir import StateDir
-from strategies import records as rk
-from strategies.fedavg import FedAvgServer
 from task.config import ConfigError
 from tests.test_resume_and_faults import CrashingGrid, config, corrupt, rows
 

@@ -14,9 +14,9 @@ from flwr.app import Message, MessageType
 
 from scripts.inprocess_grid import InProcessGrid
 from server_app.clients import FederationError, discover_clients
+from server_app.engine_facts import client_state_entry
 from server_app.experiment import run_experiment
-from server_app.simulation import client_state_entry
-from store.simulation import RUN_SUBDIR
+from store.simulated_state import RUN_SUBDIR
 from task.config import RunConfig
 from tests.sim_engine import InProcessSimulation
 

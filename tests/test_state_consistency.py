@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 from flwr.app import Message, MessageType
 
+from methods.feddyn import H_LOCAL
+from methods.scaffold import C_LOCAL
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import ACCOUNTED_STATE
 from store.files import read_record
-from store.simulation import RUN_SUBDIR
-from strategies.feddyn import H_LOCAL
-from strategies.scaffold import C_LOCAL
+from store.simulated_state import RUN_SUBDIR
 from task.config import RunConfig
 from tests.sim_engine import InProcessSimulation
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from methods.registry import METHOD_NAMES
 from scripts.flower_env import REPO, flower_env
-from scripts.grid import Cell, GridError, load_grid
 from scripts.report import collect, finished_run, markdown, metric_of, write_report
 from scripts.sweep import dry_run, select, set_aside_unfinished
-from strategies.registry import METHOD_NAMES
+from scripts.sweep_plan import Cell, PlanError, load_plan
 from tests.conftest import kill_local_superlink
 
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))
@@ -29,15 +29,15 @@ def write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:
 
 
 def error_of(path: Path) -> str:
-    with pytest.raises(GridError) as info:
-        load_grid(path)
+    with pytest.raises(PlanError) as info:
+        load_plan(path)
     return str(info.value)
 
 
 # --------------------------------------------------------------------------- parsing
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.name for p in EXPERIMENTS])
 def test_every_shipped_grid_is_valid(path: Path) -> None:
-    grid = load_grid(path)
+    grid = load_plan(path)
     assert grid.cells and len({c.id for c in grid.cells}) == len(grid.cells)
 
 
@@ -80,7 +80,7 @@ def test_bad_files_name_the_file_line_and_key(tmp_path: Path, text: str, expecte
 
 # --------------------------------------------------------------------------- expansion
 def test_grid_expands_to_the_product_with_per_method_overrides(tmp_path: Path) -> None:
-    grid = load_grid(write(tmp_path, """
+    grid = load_plan(write(tmp_path, """
         base: {num-server-rounds: 5, lr-decay: 0.998}
         grid:
           method: [fedavg, fedadam, feddyn]
@@ -121,25 +121,25 @@ def test_variant_axis_gives_table4_rows_and_set_overrides_base(tmp_path: Path) -
             - {method: fedavg, beta: 0.1}
           seed: [0, 1]
     """)
-    grid = load_grid(path, {"num-server-rounds": 3})
+    grid = load_plan(path, {"num-server-rounds": 3})
     assert [(c.config["method"], c.config["beta"]) for c in grid.cells[::2]] == [
         ("fedavg", 0.0), ("scaffold", 0.0), ("fedavg", 0.1)]
     assert {c.config["num-server-rounds"] for c in grid.cells} == {3}
-    with pytest.raises(GridError, match="--set seed: the grid varies this key"):
-        load_grid(path, {"seed": 3})
-    with pytest.raises(GridError, match="--set num-server-rounds: run config"):
-        load_grid(path, {"num-server-rounds": -1})
+    with pytest.raises(PlanError, match="--set seed: the grid varies this key"):
+        load_plan(path, {"seed": 3})
+    with pytest.raises(PlanError, match="--set num-server-rounds: run config"):
+        load_plan(path, {"num-server-rounds": -1})
 
 
 def test_cell_ids_ignore_paths_and_follow_the_experiment(tmp_path: Path) -> None:
-    a = load_grid(write(tmp_path, "base: {data-dir: /a}\ngrid: {seed: [0]}\n", "a.yaml"))
-    b = load_grid(write(tmp_path, "base: {data-dir: /b}\ngrid: {seed: [0]}\n", "b.yaml"))
-    c = load_grid(write(tmp_path, "base: {lr: 0.2}\ngrid: {seed: [0]}\n", "c.yaml"))
+    a = load_plan(write(tmp_path, "base: {data-dir: /a}\ngrid: {seed: [0]}\n", "a.yaml"))
+    b = load_plan(write(tmp_path, "base: {data-dir: /b}\ngrid: {seed: [0]}\n", "b.yaml"))
+    c = load_plan(write(tmp_path, "base: {lr: 0.2}\ngrid: {seed: [0]}\n", "c.yaml"))
     assert a.cells[0].id == b.cells[0].id != c.cells[0].id
 
 
 def test_only_selects_by_glob_or_substring(tmp_path: Path) -> None:
-    grid = load_grid(write(tmp_path, "grid:\n  method: [fedavg, scaffold]\n  seed: [0, 1]\n"))
+    grid = load_plan(write(tmp_path, "grid:\n  method: [fedavg, scaffold]\n  seed: [0, 1]\n"))
     assert len(select(grid.cells, "scaffold")) == 2
     assert len(select(grid.cells, "*-s1-*")) == 2
     assert len(select(grid.cells, "fedavg-*-s0-*")) == 1
@@ -147,7 +147,7 @@ def test_only_selects_by_glob_or_substring(tmp_path: Path) -> None:
 
 
 def test_shipped_grids_cover_every_registered_method() -> None:
-    grid = load_grid(REPO / "experiments" / "fmnist-table6.yaml")
+    grid = load_plan(REPO / "experiments" / "fmnist-table6.yaml")
     assert {c.config["method"] for c in grid.cells} == set(METHOD_NAMES)
     assert {c.config["beta"] for c in grid.cells} == {0.0, 0.1}
 
@@ -175,7 +175,7 @@ def fake_run(cell_dir: Path, cell: Cell, accs: list[float], name: str = "run-1",
 
 def test_finished_cells_are_skipped_and_stale_runs_set_aside(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    grid = load_grid(write(tmp_path, "grid:\n  beta: [0.0, 0.1]\n"))
+    grid = load_plan(write(tmp_path, "grid:\n  beta: [0.0, 0.1]\n"))
     cells_dir = tmp_path / "cells"
     done, todo = grid.cells
     run = fake_run(cells_dir / done.id, done, [0.5, 0.6], data_dir="/elsewhere")
@@ -196,7 +196,7 @@ def test_finished_cells_are_skipped_and_stale_runs_set_aside(
 
 def test_a_sweep_with_every_cell_finished_runs_nothing(tmp_path: Path) -> None:
     path = write(tmp_path, "grid:\n  beta: [0.0, 0.1]\n")
-    grid = load_grid(path)
+    grid = load_plan(path)
     for cell in grid.cells:
         fake_run(tmp_path / "out" / "cells" / cell.id, cell, [0.4, 0.5])
     proc = subprocess.run([sys.executable, "-m", "scripts.sweep", str(path),
@@ -220,7 +220,7 @@ def test_bad_grid_fails_before_running_anything(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- tables
 def test_table_is_laid_out_like_the_paper_with_mean_and_std_over_seeds(tmp_path: Path) -> None:
-    grid = load_grid(write(tmp_path, """
+    grid = load_plan(write(tmp_path, """
         name: fake
         grid:
           method: [fedavg, scaffold]
@@ -265,7 +265,7 @@ def test_table_is_laid_out_like_the_paper_with_mean_and_std_over_seeds(tmp_path:
 
 
 def test_beta_rows_are_labelled_by_beta_and_metric_window_is_recomputed(tmp_path: Path) -> None:
-    grid = load_grid(write(tmp_path, """
+    grid = load_plan(write(tmp_path, """
         grid: {beta: [-0.1, 0.0, 0.05]}
         metric: {window: 2, last: 2}
     """))

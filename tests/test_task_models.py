@@ -168,7 +168,7 @@ def test_models_build_and_run_without_torchvision() -> None:
         "            out = model(torch.zeros(2, channels, side, side))\n"
         "        assert out.shape == (2, 10), (name, out.shape)\n"
         "import importlib, pkgutil\n"  # and every module of the apps imports without it
-        "for pkg in ('task', 'client_app', 'server_app', 'strategies'):\n"
+        "for pkg in ('task', 'client_app', 'server_app', 'methods'):\n"
         "    for info in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + '.'):\n"
         "        importlib.import_module(info.name)\n"
         "assert 'torchvision' not in sys.modules or sys.modules['torchvision'] is None\n"
@@ -195,7 +195,7 @@ def test_w0_is_one_build_shared_by_server_clients_and_cache() -> None:
     cached = model_cache.initial_weights(cfg)
     assert model_cache.initial_weights(cfg) is cached
     for got in (initial_weights(cfg, data), cached, get_weights(initial_model(cfg, data)),
-                get_weights(model_cache.fresh_model(cfg))):
+                get_weights(model_cache.cached_model(cfg))):
         assert len(got) == len(built)
         assert all(np.array_equal(a, b) for a, b in zip(got, built, strict=True))
     other = initial_weights(RunConfig.parse({"train-limit": 1000, "seed": 4}), data)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strategies.method import (
+from methods.method import (
     ClientRule,
     GradientHook,
     MethodSpec,
@@ -26,8 +26,8 @@ from strategies.method import (
     apply_step,
     zeros_like,
 )
-from strategies.norms import vector_norm
-from strategies.ri import Weights
+from methods.norms import vector_norm
+from methods.weights import Weights
 
 if TYPE_CHECKING:
     import torch

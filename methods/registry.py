@@ -7,8 +7,8 @@ the labels. Adding a method is one module with a ``SPEC`` and one line below.
 
 from __future__ import annotations
 
-from strategies import ditto, fedadam, fedavg, fedcm, feddyn, fedprox, fedsam, scaffold
-from strategies.method import MethodSpec
+from methods import ditto, fedadam, fedavg, fedcm, feddyn, fedprox, fedsam, scaffold
+from methods.method import MethodSpec
 
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec for spec in (fedavg.SPEC, fedprox.SPEC, fedadam.SPEC, scaffold.SPEC,

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
+from methods.registry import METHOD_NAMES
 from scripts.flower_env import REPO
-from strategies.registry import METHOD_NAMES
 from task.config import ConfigError, RunConfig, load_defaults
 from task.config_keys import (  # two runs differing only in NOT_IDENTITY: the same cell
     NOT_IDENTITY,
@@ -46,7 +46,7 @@ SWEEP_OWNED: frozenset[str] = frozenset({"output-dir"})
 Path_ = tuple[str | int, ...]
 
 
-class GridError(ValueError):
+class PlanError(ValueError):
     """A grid file that cannot be used; the message is ``file:line: key: what is wrong``."""
 
 
@@ -65,7 +65,7 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class Grid:
+class SweepPlan:
     """A parsed grid file: its cells in run order and the settings around them."""
 
     path: Path
@@ -101,7 +101,7 @@ class _Located:
             for key_node, value_node in node.value:
                 key = str(key_node.value)
                 if key in seen:
-                    raise GridError(f"{self.file}:{key_node.start_mark.line + 1}: "
+                    raise PlanError(f"{self.file}:{key_node.start_mark.line + 1}: "
                                     f"{_dotted((*path, key))}: duplicate key")
                 seen.add(key)
                 self._walk(value_node, (*path, key))
@@ -110,14 +110,14 @@ class _Located:
             for i, item in enumerate(node.value):
                 self._walk(item, (*path, i))
 
-    def error(self, path: Path_, message: str) -> GridError:
-        """A GridError at the line of ``path`` (or of its nearest located parent)."""
+    def error(self, path: Path_, message: str) -> PlanError:
+        """A PlanError at the line of ``path`` (or of its nearest located parent)."""
         probe = path
         while probe not in self.lines and probe:
             probe = probe[:-1]
         line = self.lines.get(probe, 1)
         where = _dotted(path) or "(top level)"
-        return GridError(f"{self.file}:{line}: {where}: {message}")
+        return PlanError(f"{self.file}:{line}: {where}: {message}")
 
 
 def _dotted(path: Path_) -> str:
@@ -136,9 +136,9 @@ def _read_yaml(path: Path) -> tuple[Any, _Located]:
         mark = getattr(err, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise GridError(f"{path}:{line}: not valid YAML: {problem}") from None
+        raise PlanError(f"{path}:{line}: not valid YAML: {problem}") from None
     if node is None:
-        raise GridError(f"{path}:1: the file is empty; expected a mapping with base: and grid:")
+        raise PlanError(f"{path}:1: the file is empty; expected a mapping with base: and grid:")
     return data, _Located(str(path), node)
 
 
@@ -149,7 +149,7 @@ def _type_name(value: Any) -> str:
 
 def _check_value(loc: _Located, path: Path_, key: str, value: Any,
                  defaults: Mapping[str, Any]) -> Any:
-    """A run-config value of the right type (as its pyproject default), else a GridError."""
+    """A run-config value of the right type (as its pyproject default), else a PlanError."""
     if key not in defaults:
         raise loc.error(path, f"unknown run-config key {key!r}; known keys: "
                         f"{', '.join(sorted(defaults))}")
@@ -322,7 +322,7 @@ def expand(loc: _Located, base: Mapping[str, Any], axes: Mapping[str, list[Any]]
             match = _KEY_IN_ERROR.search(str(err))
             key = next((g for g in match.groups() if g), "") if match else ""
             if source.get(key, ("",))[0] == "--set":
-                raise GridError(f"{loc.file}: --set {key}: {err}") from None
+                raise PlanError(f"{loc.file}: --set {key}: {err}") from None
             raise loc.error(source.get(key, ("grid",)), f"{err} (in cell {coords})") from None
         cells.append(Cell(cell_id(config, values), values, coords, config))
     ids = [c.id for c in cells]
@@ -331,7 +331,7 @@ def expand(loc: _Located, base: Mapping[str, Any], axes: Mapping[str, list[Any]]
     return cells
 
 
-def load_grid(path: str | Path, extra: Mapping[str, Any] | None = None) -> Grid:
+def load_plan(path: str | Path, extra: Mapping[str, Any] | None = None) -> SweepPlan:
     """Read, check and expand a grid file; ``extra`` overrides base (e.g. from --set)."""
     path = Path(path)
     data, loc = _read_yaml(path)
@@ -353,15 +353,15 @@ def load_grid(path: str | Path, extra: Mapping[str, Any] | None = None) -> Grid:
     extra = dict(extra or {})
     for key in extra:
         if key not in defaults or key in SWEEP_OWNED:
-            raise GridError(f"{path}: --set {key}: not a run-config key the sweep can set")
+            raise PlanError(f"{path}: --set {key}: not a run-config key the sweep can set")
         if key in grid_keys:
-            raise GridError(f"{path}: --set {key}: the grid varies this key")
+            raise PlanError(f"{path}: --set {key}: the grid varies this key")
     overrides = _overrides(loc, data.get("overrides"), axes, defaults)
     metric = _small_block(loc, "metric", data.get("metric"), METRIC_KEYS, 1)
     resources = _small_block(loc, "resources", data.get("resources"),
                              dict.fromkeys(RESOURCE_KEYS, float), 0)
     cells = expand(loc, base, axes, overrides, extra)
-    return Grid(path=path, name=str(data.get("name") or path.stem),
+    return SweepPlan(path=path, name=str(data.get("name") or path.stem),
                 description=str(data.get("description") or "").strip(), base=base, axes=axes,
                 overrides=overrides, cells=cells, connection=data.get("connection"),
                 metric=metric, resources=resources)

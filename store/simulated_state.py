@@ -2,7 +2,7 @@
 
 Flower's simulation engine keeps every simulated node's ``Context`` in the simulation
 process, so state kept in ``context.state`` grows by N x model size there. The ServerApp, which
-alone can tell a simulation from a deployment (``server_app/simulation.py``), names in every
+alone can tell a simulation from a deployment (``server_app/engine_facts.py``), names in every
 train message the directory where simulated clients keep their state; a client that is given
 one reads its state from there and writes it back, holding nothing between participations.
 """

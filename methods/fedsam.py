@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from strategies.method import (
+from methods.method import (
     ClientRule,
     GradientFn,
     LocalJob,

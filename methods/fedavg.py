@@ -4,7 +4,7 @@ Server: w_{t+1} = w_t + eta_g * D, D the RI-variant aggregate update. Client: pl
 from the RI start point. Neither half adds anything: FedAvg is the base every method extends.
 """
 
-from strategies.method import ClientRule, MethodSpec, Params, ServerRule, ServerState
+from methods.method import ClientRule, MethodSpec, Params, ServerRule, ServerState
 
 
 class FedAvgServer(ServerRule[Params, ServerState]):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-Weights = list[np.ndarray]
+from methods.weights import Weights
 
 
 def relaxed_start(w: Weights, w_prev: Weights, beta: float) -> Weights:

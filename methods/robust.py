@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
-from strategies.ri import Weights, weighted_mean
+from methods.ri import weighted_mean
+from methods.weights import Weights
 
 
 def coordinate_median(vectors: Sequence[Weights]) -> Weights:

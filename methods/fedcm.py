@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strategies.method import (
+from methods.method import (
     ClientRule,
     ClientUpdate,
     GradientHook,
@@ -32,7 +32,7 @@ from strategies.method import (
     check_range,
     zeros_like,
 )
-from strategies.ri import Weights
+from methods.weights import Weights
 
 if TYPE_CHECKING:
     import torch

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from strategies.method import (
+from methods.method import (
     ClientRule,
     GradientHook,
     MethodSpec,
@@ -21,7 +21,7 @@ from strategies.method import (
     check_pull,
     check_range,
 )
-from strategies.ri import Weights
+from methods.weights import Weights
 
 if TYPE_CHECKING:
     import torch

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies.method import (
+from methods.method import (
     ClientRule,
     MethodSpec,
     Params,
@@ -24,7 +24,7 @@ from strategies.method import (
     check_range,
     zeros_like,
 )
-from strategies.ri import Weights
+from methods.weights import Weights
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
-from store.simulation import STATE_ROOT, state_root
+from store.simulated_state import STATE_ROOT, state_root
 from task.config import RunConfig, check_writable
 
 

@@ -18,9 +18,9 @@ from flwr.app import MetricRecord, RecordDict
 from torch import nn
 
 from client_app.trainer import local_generator, local_sgd
+from methods import wire as rk
+from methods.method import ClientRule
 from store.client_store import W_PREV, ClientStore
-from strategies import records as rk
-from strategies.method import ClientRule
 from task.config import RunConfig
 from task.evaluation import evaluate
 from task.models import set_weights

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from strategies.ri import Weights
+from methods.weights import Weights
 
 if TYPE_CHECKING:
     import torch

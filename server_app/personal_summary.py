@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies import records as rk
+from methods import wire as rk
 from task.config import RunConfig
 
 KINDS: dict[str, str] = {"global": rk.ACC_GLOBAL, "finetuned": rk.ACC_FINETUNED,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strategies.ri import Weights
+from methods.weights import Weights
 
 
 def vector_norm(vector: Weights) -> float:

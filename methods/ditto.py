@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from strategies.method import (
+from methods.method import (
     ClientRule,
     GradientHook,
     LocalJob,
@@ -26,7 +26,7 @@ from strategies.method import (
     check_pull,
     check_range,
 )
-from strategies.ri import Weights
+from methods.weights import Weights
 
 if TYPE_CHECKING:
     import torch

@@ -5,7 +5,7 @@ state, its pure server update and its client rule, plus the pieces they share.
   ``ClientRule``, ``MethodSpec``) and what a round hands in (``ClientUpdate``, ``RoundInput``).
 - ``registry.py``: the one list of methods, from which the run config is built.
 - ``ri.py``: relaxed initialization, which composes with every method; ``norms.py``: the
-  norms the reply filter measures; ``sampling.py``: seeded client sampling; ``records.py``:
+  norms the reply filter measures; ``sampling.py``: seeded client sampling; ``wire.py``:
   the names on the wire and of the round metrics.
 - ``robust.py``: the robust aggregation statistics (Flower's trimmed mean; the only module
   here that imports Flower).

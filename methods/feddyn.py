@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strategies.method import (
+from methods.method import (
     ClientRule,
     GradientHook,
     MethodSpec,
@@ -33,7 +33,7 @@ from strategies.method import (
     check_range,
     zeros_like,
 )
-from strategies.ri import Weights
+from methods.weights import Weights
 
 if TYPE_CHECKING:
     import torch

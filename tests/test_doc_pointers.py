@@ -33,7 +33,8 @@ def _ignore_patterns() -> list[str]:
 
 
 def _ignored(rel: Path, patterns: list[str]) -> bool:
-    """Whether .gitignore's simple patterns (``name/``, ``dir/sub/``, ``*.ext``) cover ``rel``."""
+    """Whether .gitignore's simple patterns (``name/``, ``dir/sub/``, ``*.ext``, ``name``)
+    cover ``rel``."""
     for pattern in patterns:
         if pattern.endswith("/"):
             folder = pattern.rstrip("/")
@@ -42,8 +43,8 @@ def _ignored(rel: Path, patterns: list[str]) -> bool:
                     return True
             elif any(fnmatch.fnmatch(part, folder) for part in rel.parts[:-1]):
                 return True
-        elif fnmatch.fnmatch(rel.name, pattern):
-            return True
+        elif any(fnmatch.fnmatch(part, pattern) for part in rel.parts):
+            return True  # no slash: a file or folder of that name at any depth, as git has it
     return False
 
 

@@ -30,12 +30,13 @@ TINY = {"num-clients": 6, "fraction-train": 0.34, "num-server-rounds": 3, "train
         "personal-eval-every": 0, "divergence-every": 1}
 
 
-def by_hand(run_dir: Path, cfg: RunConfig) -> tuple[float, int]:
-    """(mean over all clients of ||w_prev_i - w||^2, clients still at w_0) from the files."""
+def by_hand(run_dir: Path, cfg: RunConfig) -> tuple[float, int, float]:
+    """(mean over all clients of ||w_prev_i - w||^2, clients still at w_0, the mean over the
+    clients that trained) from the files."""
     w = load_checkpoint(run_dir).weights
     w0 = initial_weights(cfg)
     exp = run_dir / RUN_SUBDIR / run_dir.name
-    total, untrained = [], 0
+    total, trained, untrained = [], [], 0
     for pid in range(cfg.num_clients):
         files = sorted((exp / f"client-{pid}").glob("r*.npz"))
         if files:
@@ -44,14 +45,16 @@ def by_hand(run_dir: Path, cfg: RunConfig) -> tuple[float, int]:
             w_prev, untrained = w0, untrained + 1
         total.append(sum(float(np.sum((p.astype(np.float64) - g.astype(np.float64)) ** 2))
                          for p, g in zip(w_prev, w, strict=True)))
-    return float(np.mean(total)), untrained
+        if files:
+            trained.append(total[-1])
+    return float(np.mean(total)), untrained, float(np.mean(trained))
 
 
-def run(tmp: Path, **over: Any) -> tuple[list[dict[str, Any]], list[tuple[float, int]]]:
+def run(tmp: Path, **over: Any) -> tuple[list[dict[str, Any]], list[tuple[float, int, float]]]:
     overrides = {**TINY, **over, "output-dir": str(tmp / "out")}
     cfg = RunConfig.parse(overrides)
     run_dir = tmp / "run"
-    expected: list[tuple[float, int]] = []
+    expected: list[tuple[float, int, float]] = []
     with InProcessSimulation(cfg.num_clients, overrides) as sim:
         send = sim.grid.send_and_receive
 
@@ -74,10 +77,11 @@ def run(tmp: Path, **over: Any) -> tuple[list[dict[str, Any]], list[tuple[float,
 def test_all_client_divergence_equals_the_mean_over_the_stored_states(tmp_path: Path) -> None:
     rows, expected = run(tmp_path)
     assert len(rows) == len(expected) == 3
-    for row, (mean, untrained) in zip(rows, expected, strict=True):
+    for row, (mean, untrained, trained) in zip(rows, expected, strict=True):
         assert row["divergence-clients"] == 6
         assert row["divergence-untrained"] == untrained
         assert row["divergence-all"] == pytest.approx(mean, rel=1e-9)
+        assert row["divergence-trained"] == pytest.approx(trained, rel=1e-9)
         assert row.get("divergence-sample") is None
     assert expected[0][1] == 4  # 2 of 6 trained in round 1: four counted at w_0
     # it is not the sampled-client term the row's `divergence` has always held

@@ -18,6 +18,7 @@ from torch import nn
 from client_app.trainer import LossFn, local_sgd
 from store.client_store import W_PREV, ClientStore
 from strategies import records as rk
+from strategies.dp import Mechanism
 from strategies.method import ClientRule
 from strategies.ri import relaxed_start, upload_vector
 from task.config import RunConfig
@@ -90,7 +91,8 @@ def client_round(
     metrics = MetricRecord({rk.NUM_EXAMPLES: result.num_examples,
                             rk.TRAIN_LOSS: result.mean_loss, rk.NUM_STEPS: result.num_steps,
                             rk.COMPUTE_SECONDS: time.perf_counter() - t0})
-    return RecordDict({rk.ARRAYS: ArrayRecord(
-                           upload_vector(final, start, "update" if delta else "model")),
+    upload, extras = Mechanism.from_config(cfg).release(  # DP: clipped (local: noised)
+        upload_vector(final, start, "update" if delta else "model"), extras)
+    return RecordDict({rk.ARRAYS: ArrayRecord(upload),
                        rk.METRICS: metrics, rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: delta}),
                        **{k: ArrayRecord(v) for k, v in extras.items()}})

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from strategies.method import ClientUpdate
 from strategies.ri import Weights
-
-if TYPE_CHECKING:
-    from task.config import RunConfig
 
 MODES: tuple[str, ...] = ("off", "central", "local")
 REFUSED_METHODS: dict[str, str] = {
@@ -30,6 +27,26 @@ REFUSED_METHODS: dict[str, str] = {
              "which depend on their data and are not privatized",
 }
 """Methods whose server update uses a data-dependent value that DP does not cover, and why."""
+
+
+class DpSettings(Protocol):
+    """The run config's DP keys (``task.config.RunConfig`` has them; strategies/ sits below
+    task/, so it names the fields rather than importing the class)."""
+
+    @property
+    def dp(self) -> str: ...
+    @property
+    def dp_clip(self) -> float: ...
+    @property
+    def dp_clip_extra(self) -> float: ...
+    @property
+    def dp_noise_multiplier(self) -> float: ...
+    @property
+    def dp_delta(self) -> float: ...
+    @property
+    def num_clients(self) -> int: ...
+    @property
+    def clients_per_round(self) -> int: ...
 
 
 def norm(vec: Weights) -> float:
@@ -71,7 +88,7 @@ class Mechanism:
     """m: the fixed denominator (clients sampled per round), whatever number replies."""
 
     @classmethod
-    def from_config(cls, c: RunConfig) -> Mechanism:
+    def from_config(cls, c: DpSettings) -> Mechanism:
         return cls(mode=c.dp, clip=c.dp_clip, clip_extra=c.dp_clip_extra or c.dp_clip,
                    noise_multiplier=c.dp_noise_multiplier,
                    expected_clients=c.clients_per_round)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dp_accounting import DpEvent
 
-    from task.config import RunConfig
+    from strategies.dp import DpSettings
 
 REPLACE_SENSITIVITY = 2.0
 """A channel's L2 sensitivity in multiples of its clip bound under replace-one."""
@@ -57,7 +57,7 @@ class Budget:
         self._cache: dict[int, float] = {0: 0.0}
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, channels: int) -> Budget:
+    def for_run(cls, cfg: DpSettings, channels: int) -> Budget:
         """The budget of ``cfg``'s mechanism with ``channels`` uploaded vectors per reply."""
         return cls(cfg.dp, cfg.dp_noise_multiplier, channels, cfg.num_clients,
                    cfg.clients_per_round, cfg.dp_delta)

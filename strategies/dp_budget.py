@@ -9,7 +9,10 @@ What one round is, as the accountant sees it (docs/algorithms.md, section DP):
   compose as one Gaussian (``ComposedDpEvent``).
 - ``central``: the server samples exactly m of N clients without replacement each round
   (``strategies.sampling``, drawn from a secret seed under DP), which is the accountant's
-  ``SampledWithoutReplacementDpEvent(N, m, ...)``; rounds compose.
+  ``SampledWithoutReplacementDpEvent(N, m, ...)``; rounds compose. Sampling never costs
+  privacy, but the library's bound for it (Wang et al. 2019) exceeds the plain Gaussian's at
+  small noise and large m / N, so the reported epsilon is the smaller of the two bounds,
+  each the library's.
 - ``local``: each client's upload is itself the Gaussian mechanism; the server knows who was
   sampled, so there is no amplification by sampling: every round counts in full (a client
   that took part in every round, the worst case).
@@ -51,8 +54,12 @@ class Budget:
         from dp_accounting.rdp import RdpAccountant
 
         self.event = round_event(mode, noise_multiplier, channels, num_clients, per_round)
+        plain = round_event(mode, noise_multiplier, channels, num_clients, num_clients)
+        self.events = [self.event] if plain == self.event else [self.event, plain]
+        """The round as sampled, and unsampled: both bounds hold; the smaller is reported."""
         self.delta = delta
-        self._accountant = RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
+        self._new = lambda: RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
+        self._accountants = [self._new() for _ in self.events]
         self._rounds = 0
         self._cache: dict[int, float] = {0: 0.0}
 
@@ -66,11 +73,11 @@ class Budget:
         """Epsilon at ``delta`` after ``rounds`` rounds (inf when there is no noise)."""
         if rounds not in self._cache:
             if rounds < self._rounds:  # asked backwards (a resume): recount from zero
-                self._accountant = type(self._accountant)(
-                    neighboring_relation=self._accountant.neighboring_relation)
+                self._accountants = [self._new() for _ in self.events]
                 self._rounds = 0
-            self._accountant.compose(self.event, rounds - self._rounds)
+            for accountant, event in zip(self._accountants, self.events, strict=True):
+                accountant.compose(event, rounds - self._rounds)
             self._rounds = rounds
-            eps = float(self._accountant.get_epsilon(self.delta))
+            eps = min(float(a.get_epsilon(self.delta)) for a in self._accountants)
             self._cache[rounds] = eps if math.isfinite(eps) else math.inf
         return self._cache[rounds]

@@ -215,6 +215,21 @@ def test_epsilon_equals_the_library_reference() -> None:
     assert Budget("local", 1.1, 1, 100, 10, 1e-5).epsilon(30) > want  # no amplification
 
 
+def test_central_epsilon_is_never_above_the_unsampled_gaussian() -> None:
+    """At small noise and half the clients sampled the library's sampling bound is the larger:
+    the smaller of the two library bounds is reported (sampling never costs privacy)."""
+    import dp_accounting as dpa
+    from dp_accounting.rdp import RdpAccountant
+
+    sampled = RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    sampled.compose(dpa.SampledWithoutReplacementDpEvent(10, 5, dpa.GaussianDpEvent(0.25)), 5)
+    plain = RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    plain.compose(dpa.GaussianDpEvent(0.25), 5)
+    assert sampled.get_epsilon(1e-5) > plain.get_epsilon(1e-5)  # the case this guards
+    assert Budget("central", 0.5, 1, 10, 5, 1e-5).epsilon(5) == pytest.approx(
+        plain.get_epsilon(1e-5), rel=1e-9)
+
+
 def test_two_channels_cost_as_one_gaussian_of_z_over_sqrt2() -> None:
     """Two channels each noised at z x bound are one Gaussian of multiplier z / sqrt(2)."""
     two = Budget("central", 2.0, 2, 50, 5, 1e-6)

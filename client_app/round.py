@@ -17,6 +17,7 @@ from torch import nn
 
 from client_app.trainer import LossFn, SgdSettings, sgd_pass
 from methods import wire as rk
+from methods.dp import Mechanism
 from methods.method import ClientRule, LocalJob
 from methods.ri import relaxed_start, upload_vector
 from store.client_store import W_PREV, ClientStore
@@ -67,7 +68,8 @@ def client_round(
     metrics = MetricRecord({rk.NUM_EXAMPLES: trained.num_examples,
                             rk.TRAIN_LOSS: trained.mean_loss, rk.NUM_STEPS: trained.num_steps,
                             rk.COMPUTE_SECONDS: time.perf_counter() - t0})
-    return RecordDict({rk.ARRAYS: ArrayRecord(
-                           upload_vector(final, start, "update" if delta else "model")),
+    upload, extras = Mechanism.from_config(cfg).release(  # DP: clipped (local: noised)
+        upload_vector(final, start, "update" if delta else "model"), outcome.extras)
+    return RecordDict({rk.ARRAYS: ArrayRecord(upload),
                        rk.METRICS: metrics, rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: delta}),
-                       **{k: ArrayRecord(v) for k, v in outcome.extras.items()}})
+                       **{k: ArrayRecord(v) for k, v in extras.items()}})

@@ -35,7 +35,8 @@ from server_app.engine_facts import client_state_entry
 from server_app.federated_eval import FederatedEvaluator
 from server_app.personal_round import personal_round
 from server_app.personal_summary import KINDS
-from server_app.results import Recorder
+from server_app.privacy import budget_spent, privacy_budget
+from server_app.results import DP_FIELDS, Recorder
 from server_app.strategy import MethodStrategy
 from store.files import atomic_write_bytes
 from task import config_keys
@@ -121,13 +122,17 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     if resume:
         weights, first = resume[1].weights, resume[1].server_round + 1
         strategy.load_server_state(resume[1].strategy_state)
+    budget = privacy_budget(cfg, strategy)
     rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1,
-                   rows=resume[1].rows if resume else None, eval_source=cfg.eval_source)
+                   rows=resume[1].rows if resume else None, eval_source=cfg.eval_source,
+                   extra_fields=DP_FIELDS if budget else ())
     arrays = ArrayRecord(weights)
     round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
     n = cfg.num_server_rounds
     failed = 0
     for rnd in range(first, n + 1):
+        if budget is not None and budget_spent(budget, cfg, rnd, out):
+            break
         t0 = time.monotonic()
         fleet.collect()  # newcomers identified beside the last round take part from now on
         fleet.ask()  # identity queries to new nodes, answered beside this round
@@ -155,7 +160,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
                **timing, **m, **personal, **evaluated,
-               "clients-trained": clients_trained(replies, strategy.sent_to)}
+               "clients-trained": clients_trained(replies, strategy.sent_to),
+               **({"dp-epsilon": budget.epsilon(rnd)} if budget else {})}
         rec.add_round(row)
         save_checkpoint(out, Checkpoint(rnd, arrays.to_numpy_ndarrays(),
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
@@ -176,7 +182,9 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
     atomic_write_bytes(out / "model.pt", buf.getvalue())
-    summary = rec.finish(final, {"results-dir": str(out), "eval-source": cfg.eval_source})
+    summary = rec.finish(final, {"results-dir": str(out), "eval-source": cfg.eval_source,
+                                 **({"dp-epsilon": rec.rows[-1].get("dp-epsilon")}
+                                    if budget else {})})
     log(INFO, "done: final acc %.2f%%, best %.2f%%, %.1f s; results in %s",
         100 * (summary["final-test-acc"] or math.nan), 100 * (summary["best-test-acc"] or math.nan),
         summary["wall-seconds"], out)

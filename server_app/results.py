@@ -37,6 +37,9 @@ ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERG
                 rk.NORM_LIMIT_USED, "round-seconds", "elapsed-seconds", "collect-seconds",
                 "client-seconds-max", *PERSONAL_FIELDS, *FEDERATED_FIELDS, *DIVERGENCE_FIELDS,
                 "clients-trained")
+DP_FIELDS = ("dp-epsilon",)
+"""Round fields of a run with differential privacy (``dp`` on): epsilon at ``dp-delta`` after
+the round. Other runs' rows keep exactly ROUND_FIELDS."""
 TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
                            "client-seconds-max", "local-eval-seconds", "fed-eval-seconds",
                            "divergence-seconds"})
@@ -64,31 +67,33 @@ class Recorder:
 
     def __init__(self, out_dir: Path, config: dict[str, Any], keep_rounds: int = 0,
                  rows: list[dict[str, Any]] | None = None,
-                 eval_source: str = "central") -> None:
+                 eval_source: str = "central", extra_fields: tuple[str, ...] = ()) -> None:
         """Start a run's files; when resuming, keep the rows of rounds 1..``keep_rounds``.
 
         The kept rows are ``rows`` (the copy stored in the checkpoint) when given, else what
         can be read back from rounds.jsonl. Rows beyond the checkpoint (a round that finished
         but was not checkpointed) are dropped, so the files hold each round exactly once.
         """
+        self.fields = (*ROUND_FIELDS, *extra_fields)
+        """The row's columns: ROUND_FIELDS, then e.g. DP_FIELDS."""
         self.dir = out_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.eval_source = eval_source
         kept = rows if rows is not None else self._earlier_rows(keep_rounds)
-        self.rows = [{k: r.get(k) for k in ROUND_FIELDS} for r in kept
+        self.rows = [{k: r.get(k) for k in self.fields} for r in kept
                      if 0 < r.get("round", 0) <= keep_rounds]
         self.t0 = time.monotonic() - (self.rows[-1]["elapsed-seconds"] if self.rows else 0.0)
         lines = "".join(json.dumps(r) + "\n" for r in self.rows)
         atomic_write_text(self.dir / "rounds.jsonl", lines)
         text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=ROUND_FIELDS)
+        writer = csv.DictWriter(text, fieldnames=self.fields)
         writer.writeheader()
         writer.writerows(self.rows)
         atomic_write_text(self.dir / "rounds.csv", text.getvalue())
         self._jsonl = (self.dir / "rounds.jsonl").open("a")
         self._csv_file = (self.dir / "rounds.csv").open("a", newline="")
-        self._csv = csv.DictWriter(self._csv_file, fieldnames=ROUND_FIELDS)
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=self.fields)
         atomic_write_text(self.dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
 
     def _earlier_rows(self, keep_rounds: int) -> list[dict[str, Any]]:
@@ -112,7 +117,7 @@ class Recorder:
 
     def add_round(self, row: dict[str, Any]) -> None:
         """Append one round's row to both files and flush them to disk."""
-        full = {k: row.get(k) for k in ROUND_FIELDS}
+        full = {k: row.get(k) for k in self.fields}
         self.rows.append(full)
         self._jsonl.write(json.dumps(full) + "\n")
         self._csv.writerow(full)

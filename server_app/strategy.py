@@ -12,6 +12,7 @@ checkpointed server state.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from logging import WARNING
 
@@ -22,6 +23,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from methods import wire as rk
+from methods.dp import Mechanism
 from methods.method import ClientUpdate, RoundInput, ServerRule, ServerState
 from methods.norms import update_norms, vector_norm
 from methods.ri import aggregate_update, divergence
@@ -68,6 +70,11 @@ class MethodStrategy(Strategy):
         self.available = available or (lambda: list(self.node_of_partition))
         """The client ids that may be sampled now (identified, node connected)."""
         self.rule: ServerRule = cfg.spec.server(cfg.params)
+        self.privacy = Mechanism.from_config(cfg)
+        """Client-level DP (``dp``): re-clipping, the noise and the fixed denominator."""
+        self.sampling_seed = secrets.randbits(63) if self.privacy.on else cfg.seed
+        """Under DP the sample is drawn from a secret seed: amplification by sampling holds
+        only if who was sampled is unknown, and the run's seed is public (config.json)."""
         self.state: ServerState = self.rule.init(w0)
         self.norm_history: dict[str, list[float]] = {}
         self.expected_examples: tuple[int, ...] | None = (
@@ -109,8 +116,8 @@ class MethodStrategy(Strategy):
         """Send the model, the round's settings and the method's extras to sampled clients."""
         c = self.cfg
         self._w_t = arrays.to_numpy_ndarrays()
-        chosen = sample_available(c.seed, server_round, c.num_clients, c.clients_per_round,
-                                  self.available())
+        chosen = sample_available(self.sampling_seed, server_round, c.num_clients,
+                                  c.clients_per_round, self.available())
         round_config = ConfigRecord(
             {**dict(config), rk.ROUND: server_round, rk.LR: c.lr_at(server_round),
              rk.BETA: c.beta, rk.UPLOAD_DELTA: c.ri_aggregation == "update"}
@@ -164,11 +171,12 @@ class MethodStrategy(Strategy):
                 "unchanged", server_round, len(good), c.min_replies)
             return None, MetricRecord(counts)
 
-        updates = [u for _, u in good]
+        updates = self.privacy.replies([u for _, u in good])  # DP: clipped and noised
         weights = self.reply_weights(updates)
         aggregate, finals = aggregate_update(
             self._w_t, [u.upload for u in updates], weights, c.ri_aggregation,
-            mean=lambda v, w: combine(v, w, c.aggregation, c.trim_fraction))
+            mean=self.privacy.mean if self.privacy.on
+            else lambda v, w: combine(v, w, c.aggregation, c.trim_fraction))
         rnd = RoundInput(server_round=server_round, aggregate=aggregate, updates=updates,
                          weights=weights, variant=c.ri_aggregation, num_clients=c.num_clients,
                          lr=c.lr_at(server_round), server_lr=c.server_lr)
@@ -325,8 +333,8 @@ class MethodStrategy(Strategy):
         Returns the kept replies, how many were dropped, and the largest norm / limit seen
         (a round metric: how close honest replies come to the limit).
         """
-        if self.cfg.max_update_norm_ratio == 0.0 or not good:
-            return good, 0, 0.0
+        if self.cfg.max_update_norm_ratio == 0.0 or not good or self.privacy.on:
+            return good, 0, 0.0  # under DP clipping bounds every reply (docs: DP)
         keys = (rk.ARRAYS, *self.rule.up_keys)
         updates = [u for _, u in good]
         norms = {key: self.upload_norms(key, updates) for key in keys}

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from methods.dp import MODES as DP_MODES
+from methods.dp import refusal as dp_refusal
 from methods.method import MethodSpec, ParamError, Params
 from methods.registry import (
     AGGREGATIONS,
@@ -95,6 +97,12 @@ class RunConfig:
     trim_fraction: float
     max_update_norm_ratio: float
     max_examples_per_client: int
+    dp: str
+    dp_clip: float
+    dp_clip_extra: float
+    dp_noise_multiplier: float
+    dp_delta: float
+    dp_target_epsilon: float
     resume_dir: str
     client_state_dir: str
     simulation_client_state: str
@@ -174,11 +182,12 @@ class RunConfig:
         except ParamError as err:
             raise ConfigError(str(err)) from None
         spec = METHODS[cfg.method]
-        # ``auto`` and 0 are resolved here, so the rest sees model | update and the method's eta_g
+        # ``auto`` and 0 are resolved here, so the rest sees model | update and the method's
+        # eta_g; under DP ``auto`` is ``update`` for every method (RI inside the clipped move)
+        auto = "update" if cfg.dp != "off" else spec.ri_aggregation
         return dataclasses.replace(
             cfg, params=chosen[cfg.method],
-            ri_aggregation=(spec.ri_aggregation if cfg.ri_aggregation == "auto"
-                            else cfg.ri_aggregation),
+            ri_aggregation=auto if cfg.ri_aggregation == "auto" else cfg.ri_aggregation,
             server_lr=cfg.server_lr or spec.server_lr)
 
 
@@ -294,6 +303,28 @@ def _check_evaluation(c: RunConfig) -> None:
                    "splits)")
 
 
+def _check_dp(c: RunConfig) -> None:
+    """Differential privacy's keys, and the settings it cannot run with (``methods.dp``)."""
+    if c.dp not in DP_MODES:
+        raise ConfigError(f"run config: dp={c.dp!r} is not allowed{did_you_mean(c.dp, DP_MODES)}"
+                          f"; allowed: {' | '.join(DP_MODES)}")
+    for key, value in (("dp-clip", c.dp_clip), ("dp-clip-extra", c.dp_clip_extra),
+                       ("dp-noise-multiplier", c.dp_noise_multiplier),
+                       ("dp-target-epsilon", c.dp_target_epsilon)):
+        if value < 0.0:
+            raise _bad(key, value, "a number >= 0")
+    if not 0.0 < c.dp_delta < 1.0:
+        raise _bad("dp-delta", c.dp_delta, "0 < dp-delta < 1 (typically below 1 / num-clients)")
+    if c.dp == "off":
+        return
+    for key, value in (("dp-clip", c.dp_clip), ("dp-noise-multiplier", c.dp_noise_multiplier)):
+        if value == 0.0:
+            raise _bad(key, value, f"a number > 0 with dp={c.dp!r}")
+    refused = dp_refusal(c.method, c.dp, c.ri_aggregation, c.weighting, c.aggregation)
+    if refused is not None:
+        raise _bad(*refused)
+
+
 def _check_ranges(c: RunConfig) -> None:
     """Range checks, one per key, in the order a reader would look for them."""
     choices = {
@@ -379,6 +410,7 @@ def _check_ranges(c: RunConfig) -> None:
                    "0 <= local-test-fraction < 1 (0 turns the local test split off)")
     _check_personal_eval(c)
     _check_evaluation(c)
+    _check_dp(c)
     if c.seed < 0:
         raise _bad("seed", c.seed, "an integer >= 0")
     if not c.output_dir:

@@ -61,6 +61,9 @@ SPECIAL: dict[str, KeyRole] = {
                                              "may extend a run"),
     "min-replies": KeyRole(True, True, "decides which rounds are aggregated; a resume may lower "
                                        "it to get past nodes that are gone"),
+    "dp-target-epsilon": KeyRole(True, True, "decides when the run stops, not what a round "
+                                             "computes; a resume may raise it to spend more "
+                                             "budget, as num-server-rounds may extend a run"),
 }
 
 EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
@@ -77,6 +80,8 @@ EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
     "device-mean", "device-std",
     # the server's defences: they change which replies are aggregated and how
     "aggregation", "trim-fraction", "max-update-norm-ratio", "max-examples-per-client",
+    # differential privacy: what is clipped and how much noise is added
+    "dp", "dp-clip", "dp-clip-extra", "dp-noise-multiplier", "dp-delta",
 })
 """Identity keys that a resume must keep: they decide what is computed."""
 

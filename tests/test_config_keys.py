@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import grid
+from scripts import sweep_plan
 from server_app import experiment
 from server_app.checkpoint import CheckpointError
 from task.config import RunConfig, load_defaults
@@ -25,11 +25,11 @@ def test_every_run_config_key_is_classified_once() -> None:
 
 
 def test_the_sweep_and_the_resume_check_use_the_table() -> None:
-    assert grid.NOT_IDENTITY is NOT_IDENTITY
+    assert sweep_plan.NOT_IDENTITY is NOT_IDENTITY
     assert experiment.RESUME_MAY_CHANGE is RESUME_MAY_CHANGE
     config = RunConfig.parse({}).to_dict()
-    assert set(grid.identity(config)) == set(config) - NOT_IDENTITY
-    assert "num-server-rounds" in grid.identity(config)  # identity, yet resumable
+    assert set(sweep_plan.identity(config)) == set(config) - NOT_IDENTITY
+    assert "num-server-rounds" in sweep_plan.identity(config)  # identity, yet resumable
     assert "client-state-dir" not in RESUME_MAY_CHANGE  # not identity, yet fixed on resume
 
 

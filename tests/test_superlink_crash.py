@@ -142,6 +142,7 @@ def test_killed_superlink_restarts_on_its_database_and_the_run_resumes_bit_ident
     assert all(r["clients-trained"] == every for r in rows[done:]), rows
     assert same
     # The killed run is stopped at the restart, so a node busy pulling one of its messages
-    # gives up at once; left running, it waited until the run's heartbeat lapsed (74 s from
-    # the restart to the first resumed row with 3 nodes, against 9 s; 5 nodes: 30 s).
-    assert t_first - t_up < 45, f"{t_first - t_up:.0f}s from the restart to the first row"
+    # gives up at once; left running, it waited until the run's heartbeat lapsed: 74 s from
+    # the restart to the first resumed row (3 nodes), against 9-32 s (5 nodes: 30-42 s, the
+    # upper ends at load 14 on 2 cores).
+    assert t_first - t_up < 60, f"{t_first - t_up:.0f}s from the restart to the first row"

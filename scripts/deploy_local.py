@@ -197,6 +197,36 @@ class Deployment:
             time.sleep(0.5)
         raise DeployError(f"SuperLink not ready within {timeout:g}s:\n" + proc.tail())
 
+    def restart_link(self, timeout: float = 90.0) -> tuple[Proc, list[str]]:
+        """Start the SuperLink again after it died, on its database and ports, and stop the
+        runs it left running: (the SuperLink, the stopped run ids).
+
+        The database keeps the registered nodes (they reconnect with their keys on their own)
+        and the runs. A run whose ServerApp died with the SuperLink stays ``running`` until its
+        task heartbeat lapses (about 60 s), and a node that was pulling one of its messages
+        retries that pull until then before it takes a new run's message; stopping the run
+        makes the SuperLink refuse those pulls at once (Flower's node logs "Run ID ... is not
+        in `RUNNING` status. Ignoring message"). Resume with ``resume-dir`` afterwards."""
+        proc = self.start_link(timeout)
+        stopped = []
+        for run in self.runs():
+            if run.get("status") in ("running", "starting"):
+                subprocess.run(["flwr", "stop", str(run["run-id"]), CONNECTION],
+                               env=self.cli_env(), capture_output=True, check=False,
+                               timeout=60)
+                stopped.append(str(run["run-id"]))
+        return proc, stopped
+
+    def runs(self) -> list[dict[str, Any]]:
+        """The SuperLink's runs (`flwr ls --format json`); [] when it cannot say."""
+        out = subprocess.run(["flwr", "ls", CONNECTION, "--format", "json"],
+                             env=self.cli_env(), capture_output=True, text=True,
+                             check=False, timeout=60).stdout
+        try:
+            return list(json.loads(out[out.index("{"):])["runs"])
+        except (ValueError, KeyError, TypeError):
+            return []
+
     def register(self, public_key: Path) -> int:
         """`flwr supernode register KEY.pub`: the node id the SuperLink assigned."""
         out = subprocess.run(

@@ -7,7 +7,7 @@ the labels. Adding a method is one module with a ``SPEC`` and one line below.
 
 from __future__ import annotations
 
-from strategies import ditto, fedadam, fedavg, fedcm, feddyn, fedprox, fedsam, scaffold
+from strategies import ditto, fedadam, fedavg, fedcm, feddyn, fedprox, fedsam, robust, scaffold
 from strategies.method import MethodSpec
 
 METHODS: dict[str, MethodSpec] = {
@@ -23,7 +23,8 @@ Algorithm 1 (FedInit). The methods whose server state is built from the aggregat
 beta (w_t - w_prev_i) enters D, that state replays it into the next rounds, and the loop gains
 > 1 (measured: FedAdam + RI -18/-20 points, FedCM + RI to chance; docs/reproduction.md)."""
 WEIGHTINGS: tuple[str, ...] = ("examples", "uniform")
-AGGREGATIONS: tuple[str, ...] = ("mean", "median", "trimmed-mean")
+AGGREGATIONS: tuple[str, ...] = robust.AGGREGATIONS
+"""``aggregation`` choices (``strategies.robust``)."""
 
 
 def method_param_keys() -> frozenset[str]:

@@ -74,7 +74,8 @@ EXPERIMENT: frozenset[str] = frozenset({
     "local-test-fraction", "device-classes", "device-image-size", "device-channels",
     "device-mean", "device-std",
     # the server's defences: they change which replies are aggregated and how
-    "aggregation", "trim-fraction", "max-update-norm-ratio", "max-examples-per-client",
+    "aggregation", "trim-fraction", "byzantine-f", "max-update-norm-ratio",
+    "max-examples-per-client",
 })
 """Identity keys that a resume must keep: they decide what is computed."""
 

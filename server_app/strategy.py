@@ -26,7 +26,8 @@ from strategies import records as rk
 from strategies.method import ClientUpdate, RoundInput, ServerRule, ServerState
 from strategies.norms import update_norms, vector_norm
 from strategies.ri import Weights, aggregate_update, divergence
-from strategies.robust import SELECTIONS, combine, min_replies, select
+from strategies.robust import combine, select
+from strategies.robust_choices import SELECTIONS, min_replies
 from strategies.sampling import sample_available
 from task.config import RunConfig
 from task.federated_data import num_steps, partition_sizes

@@ -20,7 +20,7 @@ model upload and for every extra upload (``RoundInput.combine``).
   (``bulyan.aggregate_n_closest_weights``), unweighted.
 
 n is the number of usable replies and f ``byzantine-f``; Krum and Multi-Krum need n > 2f + 2,
-Bulyan n >= 4f + 3 (``min_replies``).
+Bulyan n >= 4f + 3 (``robust_choices.min_replies``).
 """
 
 from __future__ import annotations
@@ -34,20 +34,7 @@ from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 
 from strategies.ri import Weights, weighted_mean
-
-SELECTIONS: tuple[str, ...] = ("krum", "multi-krum", "bulyan")
-"""The choices that select whole replies before combining."""
-AGGREGATIONS: tuple[str, ...] = ("mean", "median", "trimmed-mean", *SELECTIONS)
-"""Every ``aggregation`` choice."""
-
-
-def min_replies(kind: str, f: int) -> int:
-    """The fewest replies the rule is defined for (its assumption for f attackers)."""
-    if kind in ("krum", "multi-krum"):
-        return 2 * f + 3
-    if kind == "bulyan":
-        return 4 * f + 3
-    return 1
+from strategies.robust_choices import SELECTIONS, min_replies
 
 
 def coordinate_median(vectors: Sequence[Weights]) -> Weights:

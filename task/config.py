@@ -27,7 +27,7 @@ from strategies.registry import (
     WEIGHTINGS,
     method_param_keys,
 )
-from strategies.robust import min_replies
+from strategies.robust_choices import min_replies
 from task.choices import MODEL_NAMES, PARTITION_NAMES, check_model_input
 from task.config_checks import ConfigError, bad_value, did_you_mean
 from task.data_sets import DATASET_NAMES, default_data_dir, spec_of, split_floats, split_names

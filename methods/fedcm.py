@@ -7,7 +7,9 @@ their ``num-steps`` averaged with the SAME weights as D (examples by default), s
 is a per-step direction also when client sizes differ. (An unweighted mean K under-counts the
 large clients that dominate an example-weighted D; with the unequal Dirichlet-0.1 split that
 over-scaled d by about 1.7x, and d fed back into the next D at a gain above 1: FedCM fell to
-chance.) eta_prev is the local lr of the round that produced D.
+chance.) Under a robust ``aggregation`` K is combined by D's rule too (the median step
+count under ``median``, the picked reply's under ``krum``: ``RoundInput.combine_scalars``).
+eta_prev is the local lr of the round that produced D.
 Down: twice FedAvg's bytes; up: FedAvg's.
 """
 
@@ -70,8 +72,7 @@ class FedCmServer(ServerRule[FedCmParams, FedCmState]):
 
     def update(self, state: FedCmState, w_t: Weights,
                rnd: RoundInput) -> tuple[Weights, FedCmState]:
-        steps = np.asarray([u.num_steps for u in rnd.updates], dtype=np.float64)
-        k = float(np.average(steps, weights=list(rnd.weights)))  # weights as in D's mean
+        k = rnd.combine_scalars([u.num_steps for u in rnd.updates])  # D's rule and weights
         scale = -1.0 / (k * rnd.lr)
         d = [(scale * u.astype(np.float64)).astype(np.float32) for u in rnd.aggregate]
         return apply_step(w_t, rnd.aggregate, rnd.server_lr), FedCmState(d=d)

@@ -64,6 +64,8 @@ class FedDynServer(ServerRule[FedDynParams, FedDynState]):
     """FedDyn's server half: keeps H = sum_j h_j and adds H / N to the averaged models."""
 
     state_type = FedDynState
+    robust_refusal = ("FedDyn's H must stay the sum over all clients of h_i, and each client "
+                      "sums its own raw moves into h_i: a robust rule would break H = sum_j h_j")
 
     def init(self, w0: Weights) -> FedDynState:
         return FedDynState(h_sum=zeros_like(w0, np.float64))

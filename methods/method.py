@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from methods.ri import weighted_mean
 from methods.weights import Weights
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
+Combine = Callable[[Sequence[Weights], Sequence[float]], Weights]
+"""The round's combination rule: one vector per reply and the weights -> one vector."""
 GradientHook = Callable[[list["torch.Tensor"]], None]
 """Called after ``backward`` and before clipping with the model's parameters (grads set)."""
 LossFn = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
@@ -99,6 +102,35 @@ class RoundInput:
     lr: float
     """The round's local learning rate eta_t."""
     server_lr: float
+    combine: Combine = weighted_mean
+    """The round's rule (``aggregation``): one vector per reply of ``updates`` -> one, with
+    ``weights``. The rule D was built by; a method combines its extra uploads with it."""
+    aggregation: str = "mean"
+    """The ``aggregation`` choice ``combine`` implements (``mean``: the weighted mean)."""
+
+    def sum_of(self, vectors: Sequence[Weights]) -> Weights:
+        """What replaces a method's sum over the replies: the exact float64 sum under ``mean``
+        (as before robust rules existed); otherwise m * combine(vectors, uniform weights)
+        with m = len(vectors), the sum's scale with the rule's robustness (under Krum and
+        Multi-Krum, m * the uniform mean of the selected replies is again their sum)."""
+        if self.aggregation == "mean":
+            total = [np.zeros(a.shape, dtype=np.float64) for a in vectors[0]]
+            for vec in vectors:
+                for acc, d in zip(total, vec, strict=True):
+                    acc += d
+            return total
+        m = float(len(vectors))
+        return [m * a.astype(np.float64) for a in self.combine(vectors, [1.0] * len(vectors))]
+
+    def combine_scalars(self, values: Sequence[float]) -> float:
+        """One number per reply (e.g. FedCM's step counts) combined by the rule and weights
+        D was built with: np.average with ``weights`` under ``mean``, else ``combine``."""
+        if self.aggregation == "mean":
+            return float(np.average(np.asarray(values, dtype=np.float64),
+                                    weights=list(self.weights)))
+        out = self.combine([[np.asarray([v], dtype=np.float64)] for v in values],
+                           list(self.weights))
+        return float(out[0][0])
 
     def moves(self, w_t: Weights) -> list[Weights]:
         """Each client's move as the server sees it: Delta_i (``update``) or w_iK - w_t."""
@@ -148,6 +180,10 @@ class ServerRule(Generic[P, S]):
     state_type: ClassVar[type[ServerState]] = ServerState
     up_keys: ClassVar[tuple[str, ...]] = ()
     """Extra ArrayRecords each reply must carry (model-shaped)."""
+    robust_refusal: ClassVar[str] = ""
+    """Why the method's server state cannot be built by a robust ``aggregation`` (the run
+    config refuses the combination with this reason); '' where ``RoundInput.combine`` and
+    ``sum_of`` cover every uploaded vector."""
 
     def __init__(self, params: P) -> None:
         self.params = params
@@ -321,7 +357,7 @@ def check_pull(key: str, strength: float, lr: float) -> None:
                          f">= 2 moves the model further from its anchor: it diverges)")
 
 
-__all__ = ["ParamError", "GradientHook", "GradientFn", "LossFn", "Params", "ClientUpdate",
-           "RoundInput", "ServerState", "ServerRule", "TrainedPass", "SgdPass", "LocalJob",
-           "LocalOutcome", "ClientRule", "MethodSpec", "apply_step",
-           "zeros_like", "check_range", "check_pull"]
+__all__ = ["ParamError", "Combine", "GradientHook", "GradientFn", "LossFn", "Params",
+           "ClientUpdate", "RoundInput", "ServerState", "ServerRule", "TrainedPass", "SgdPass",
+           "LocalJob", "LocalOutcome", "ClientRule", "MethodSpec", "apply_step", "zeros_like",
+           "check_range", "check_pull"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from methods import ditto, fedadam, fedavg, fedcm, feddyn, fedprox, fedsam, scaffold
 from methods.method import MethodSpec
+from methods.robust_choices import AGGREGATIONS as AGGREGATIONS  # the run config's list
 
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec for spec in (fedavg.SPEC, fedprox.SPEC, fedadam.SPEC, scaffold.SPEC,
@@ -23,7 +24,6 @@ Algorithm 1 (FedInit). The methods whose server state is built from the aggregat
 beta (w_t - w_prev_i) enters D, that state replays it into the next rounds, and the loop gains
 > 1 (measured: FedAdam + RI -18/-20 points, FedCM + RI to chance; docs/reproduction.md)."""
 WEIGHTINGS: tuple[str, ...] = ("examples", "uniform")
-AGGREGATIONS: tuple[str, ...] = ("mean", "median", "trimmed-mean")
 
 
 def method_param_keys() -> frozenset[str]:

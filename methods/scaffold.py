@@ -4,6 +4,9 @@ Client: each local step uses grad + c - c_i (added before clipping); afterwards
 c_i+ = c_i - c + (s_i - y_K) / (K * eta_t), with s_i the client's (RI) start point, and it
 uploads Delta_c_i = c_i+ - c_i next to its model. Server: w_{t+1} = w_t + eta_g * D and
 c <- c + (1/N) * sum_i Delta_c_i over ALL N clients (not the m sampled: the known trap).
+Under a robust ``aggregation`` the sum over the m aggregated replies is replaced by
+m * rule(Delta_c_i) with the rule D was built by (``RoundInput.sum_of``): c <- c + (m/N) *
+median(Delta_c_i) under ``median``; the replies Krum/Bulyan dropped are not in the m.
 Control variates start at zero. Wire: twice FedAvg's bytes in each direction.
 """
 
@@ -60,10 +63,7 @@ class ScaffoldServer(ServerRule[Params, ScaffoldState]):
 
     def update(self, state: ScaffoldState, w_t: Weights,
                rnd: RoundInput) -> tuple[Weights, ScaffoldState]:
-        total = [np.zeros(a.shape, dtype=np.float64) for a in state.c]
-        for up in rnd.updates:
-            for acc, d in zip(total, up.extras[DELTA_C], strict=True):
-                acc += d
+        total = rnd.sum_of([up.extras[DELTA_C] for up in rnd.updates])
         c = [(c.astype(np.float64) + t / rnd.num_clients).astype(np.float32)
              for c, t in zip(state.c, total, strict=True)]
         return apply_step(w_t, rnd.aggregate, rnd.server_lr), ScaffoldState(c=c)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from logging import WARNING
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -27,7 +27,8 @@ from methods.dp import Mechanism
 from methods.method import ClientUpdate, RoundInput, ServerRule, ServerState
 from methods.norms import update_norms, vector_norm
 from methods.ri import aggregate_update, divergence
-from methods.robust import combine
+from methods.robust import combine, select
+from methods.robust_choices import SELECTIONS, min_replies
 from methods.sampling import sample_available
 from methods.weights import Weights
 from server_app import personal_summary
@@ -171,15 +172,22 @@ class MethodStrategy(Strategy):
                 "unchanged", server_round, len(good), c.min_replies)
             return None, MetricRecord(counts)
 
-        updates = self.privacy.replies([u for _, u in good])  # DP: clipped and noised
+        updates = self.robust_selection(server_round, [u for _, u in good])
+        if updates is None:
+            return None, MetricRecord(counts)
+        updates = self.privacy.replies(updates)  # DP: clipped and noised
         weights = self.reply_weights(updates)
+
+        def rule(vectors: Sequence[Weights], wgt: Sequence[float]) -> Weights:
+            return combine(vectors, wgt, c.aggregation, c.trim_fraction, c.byzantine_f)
+
         aggregate, finals = aggregate_update(
             self._w_t, [u.upload for u in updates], weights, c.ri_aggregation,
-            mean=self.privacy.mean if self.privacy.on
-            else lambda v, w: combine(v, w, c.aggregation, c.trim_fraction))
+            mean=self.privacy.mean if self.privacy.on else rule)
         rnd = RoundInput(server_round=server_round, aggregate=aggregate, updates=updates,
                          weights=weights, variant=c.ri_aggregation, num_clients=c.num_clients,
-                         lr=c.lr_at(server_round), server_lr=c.server_lr)
+                         lr=c.lr_at(server_round), server_lr=c.server_lr, combine=rule,
+                         aggregation=c.aggregation)
         w_next, self.state = self.rule.update(self.state, self._w_t, rnd)
         if self.accounted is not None:
             self.accounted.update((u.partition_id, server_round) for u in updates)
@@ -241,6 +249,31 @@ class MethodStrategy(Strategy):
         if not self._eval_sent_to:
             return None
         return MetricRecord(personal_summary.summarize(scores))
+
+    def robust_selection(self, server_round: int,
+                         updates: list[ClientUpdate]) -> list[ClientUpdate] | None:
+        """The replies Krum, Multi-Krum or Bulyan let through (all under the other rules),
+        judged on each reply's model move and extra uploads concatenated (squared L2
+        distance); None, logged, when too few replies came for ``byzantine-f``: the round is
+        then not aggregated, as with too few replies for ``min-replies``."""
+        c = self.cfg
+        if c.aggregation not in SELECTIONS:
+            return updates
+        moves = RoundInput(server_round=server_round, aggregate=[], updates=updates,
+                           weights=[], variant=c.ri_aggregation, num_clients=c.num_clients,
+                           lr=0.0, server_lr=0.0).moves(self._w_t)
+        joint = [[*m, *(a for k in self.rule.up_keys for a in u.extras[k])]
+                 for m, u in zip(moves, updates, strict=True)]
+        chosen = select(joint, c.aggregation, c.byzantine_f)
+        if chosen is None:
+            log(WARNING, "round %d: %d usable replies < %d that aggregation=%s needs with "
+                "byzantine-f=%d; the global model is unchanged", server_round, len(updates),
+                min_replies(c.aggregation, c.byzantine_f), c.aggregation, c.byzantine_f)
+            return None
+        dropped = [u.partition_id for i, u in enumerate(updates) if i not in chosen]
+        log(INFO, "round %d: %s aggregates partitions %s, leaves out %s", server_round,
+            c.aggregation, [updates[i].partition_id for i in chosen], dropped)
+        return [updates[i] for i in chosen]
 
     def reply_weights(self, updates: Sequence[ClientUpdate]) -> list[float]:
         """Each reply's weight in the round's mean (``weighting``): its examples, or 1."""

@@ -29,6 +29,7 @@ from methods.registry import (
     WEIGHTINGS,
     method_param_keys,
 )
+from methods.robust_choices import min_replies
 from task.choices import MODEL_NAMES, PARTITION_NAMES, check_model_input
 from task.config_checks import ConfigError, bad_value, did_you_mean
 from task.data_sets import DATASET_NAMES, default_data_dir, spec_of, split_floats, split_names
@@ -95,6 +96,7 @@ class RunConfig:
     max_failed_rounds: int
     aggregation: str
     trim_fraction: float
+    byzantine_f: int
     max_update_norm_ratio: float
     max_examples_per_client: int
     dp: str
@@ -242,6 +244,21 @@ def check_writable(key: str, path: Path) -> None:
                           f"{err.strerror or err}") from None
 
 
+def _check_robust(c: RunConfig) -> None:
+    """``byzantine-f`` against the round size, and methods whose state a robust rule breaks."""
+    if c.byzantine_f < 0:
+        raise _bad("byzantine-f", c.byzantine_f, "an integer >= 0")
+    need = min_replies(c.aggregation, c.byzantine_f)
+    if c.clients_per_round < need:
+        rule = "n >= 4f + 3" if c.aggregation == "bulyan" else "n > 2f + 2"
+        raise _bad("byzantine-f", c.byzantine_f,
+                   f"at most what aggregation={c.aggregation!r} tolerates in "
+                   f"{c.clients_per_round} clients per round ({rule}, n = clients per round)")
+    refusal = METHODS[c.method].server.robust_refusal
+    if c.aggregation != "mean" and refusal:
+        raise _bad("aggregation", c.aggregation, f"mean with method={c.method!r} ({refusal})")
+
+
 def _check_personal_eval(c: RunConfig) -> None:
     """Personalized evaluation needs local test splits and at most every client."""
     for key, value in (("divergence-every", c.divergence_every),
@@ -382,6 +399,7 @@ def _check_ranges(c: RunConfig) -> None:
         raise _bad("lr-decay", c.lr_decay, "0 < lr-decay <= 1")
     if not 0.0 <= c.trim_fraction < 0.5:
         raise _bad("trim-fraction", c.trim_fraction, "0 <= trim-fraction < 0.5")
+    _check_robust(c)
     if not 0 <= c.min_clients <= c.num_clients:
         raise _bad("min-clients", c.min_clients,
                    f"0 (all) to num-clients={c.num_clients} clients to start with")

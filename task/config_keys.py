@@ -79,7 +79,8 @@ EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
     "local-test-fraction", "device-classes", "device-image-size", "device-channels",
     "device-mean", "device-std",
     # the server's defences: they change which replies are aggregated and how
-    "aggregation", "trim-fraction", "max-update-norm-ratio", "max-examples-per-client",
+    "aggregation", "trim-fraction", "byzantine-f", "max-update-norm-ratio",
+    "max-examples-per-client",
     # differential privacy: what is clipped and how much noise is added
     "dp", "dp-clip", "dp-clip-extra", "dp-noise-multiplier", "dp-delta",
 })

@@ -8,11 +8,19 @@ a deployment serves it beside the unchanged app.
 from __future__ import annotations
 
 import shutil
+import tomllib
 from pathlib import Path
 
 from scripts.flower_env import REPO
 
-APP_PARTS = ("pyproject.toml", "client_app", "server_app", "methods", "task")
+
+def app_parts() -> tuple[str, ...]:
+    """pyproject.toml and every package it declares: a hand-kept list missed ``store/``
+    once, and the copy's ServerApp failed to import (exit code 607)."""
+    with (REPO / "pyproject.toml").open("rb") as f:
+        packages = tomllib.load(f)["tool"]["setuptools"]["packages"]
+    return ("pyproject.toml", *packages)
+
 ANCHOR = "    pid = partition_of(context, cfg, msg)\n    conf ="
 ROUND = "    _round = int(msg.content.config_records[rk.CONFIG][rk.ROUND])\n"
 
@@ -56,7 +64,7 @@ def fault_app(dest: Path, *faults: str) -> Path:
     """Copy the app to ``dest`` with ``faults`` (from the functions above) in its train
     handler; the copy's ``client_app/app.py`` fails loudly if the anchor moved."""
     dest.mkdir(parents=True)
-    for part in APP_PARTS:
+    for part in app_parts():
         src = REPO / part
         if src.is_dir():
             shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__"))

@@ -25,6 +25,7 @@ from methods.method import (
     ServerState,
     check_pull,
     check_range,
+    proximal_hook,
 )
 from methods.weights import Weights
 
@@ -73,20 +74,7 @@ class DittoClient(ClientRule[DittoParams]):
 
     def pull(self, w_t: Weights, device: torch.device) -> GradientHook | None:
         """The personal pass's gradient correction lambda (v - w_t); none at lambda = 0."""
-        import torch
-
-        lam = self.params.ditto_lambda
-        if lam == 0.0:
-            return None
-        anchor = [torch.from_numpy(a).to(device) for a in w_t]
-
-        def hook(params: list[torch.Tensor]) -> None:
-            for p, w in zip(params, anchor, strict=True):
-                g = p.grad
-                assert g is not None
-                g.add_(p.detach() - w, alpha=lam)
-
-        return hook
+        return proximal_hook(w_t, self.params.ditto_lambda, device)
 
 
 SPEC = MethodSpec(name="ditto", label="Ditto", params=DittoParams, server=DittoServer,

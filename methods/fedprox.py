@@ -20,6 +20,7 @@ from methods.method import (
     ServerState,
     check_pull,
     check_range,
+    proximal_hook,
 )
 from methods.weights import Weights
 
@@ -48,20 +49,7 @@ class FedProxClient(ClientRule[FedProxParams]):
 
     def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
               lr: float, device: torch.device) -> GradientHook | None:
-        import torch
-
-        mu = self.params.prox_mu
-        if mu == 0.0:
-            return None
-        s = [torch.from_numpy(a).to(device) for a in start]
-
-        def hook(params: list[torch.Tensor]) -> None:
-            for p, si in zip(params, s, strict=True):
-                g = p.grad
-                assert g is not None
-                g.add_(p.detach() - si, alpha=mu)
-
-        return hook
+        return proximal_hook(start, self.params.prox_mu, device)
 
 
 SPEC = MethodSpec(name="fedprox", label="FedProx", params=FedProxParams, server=FedProxServer,

@@ -140,6 +140,25 @@ class RoundInput:
                 for up in self.updates]
 
 
+def proximal_hook(anchor: Weights, strength: float,
+                  device: torch.device) -> GradientHook | None:
+    """The gradient of (strength / 2) ||w - anchor||^2 added to each step's gradient (before
+    clipping): FedProx's pull to its start point, Ditto's pull of v_i to w_t. None at 0."""
+    if strength == 0.0:
+        return None
+    import torch
+
+    centre = [torch.from_numpy(a).to(device) for a in anchor]
+
+    def hook(params: list[torch.Tensor]) -> None:
+        for p, c in zip(params, centre, strict=True):
+            g = p.grad
+            assert g is not None
+            g.add_(p.detach() - c, alpha=strength)
+
+    return hook
+
+
 def apply_step(w_t: Weights, update: Weights, eta: float) -> Weights:
     """w_t + eta * D in float64, returned as float32: FedAvg's server rule."""
     return [(w.astype(np.float64) + eta * d.astype(np.float64)).astype(np.float32)
@@ -359,5 +378,6 @@ def check_pull(key: str, strength: float, lr: float) -> None:
 
 __all__ = ["ParamError", "Combine", "GradientHook", "GradientFn", "LossFn", "Params",
            "ClientUpdate", "RoundInput", "ServerState", "ServerRule", "TrainedPass", "SgdPass",
-           "LocalJob", "LocalOutcome", "ClientRule", "MethodSpec", "apply_step", "zeros_like",
+           "LocalJob", "LocalOutcome", "ClientRule", "MethodSpec", "apply_step", "proximal_hook",
+           "zeros_like",
            "check_range", "check_pull"]

@@ -29,8 +29,8 @@ fi
 [ -f "$conf" ] || { echo "qemu_binfmt: $conf missing after installing qemu-user-static" >&2; exit 1; }
 
 if [ ! -f "$bfm/register" ]; then
-  if ! mount -t binfmt_misc binfmt_misc "$bfm" 2>/tmp/qemu_binfmt.err; then
-    echo "qemu_binfmt: binfmt_misc cannot be mounted here: $(cat /tmp/qemu_binfmt.err)" >&2
+  if ! err=$(mount -t binfmt_misc binfmt_misc "$bfm" 2>&1); then
+    echo "qemu_binfmt: binfmt_misc cannot be mounted here: $err" >&2
     exit 3
   fi
 fi

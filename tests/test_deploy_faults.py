@@ -39,16 +39,18 @@ def final_model(run: Path) -> list[np.ndarray]:
 
 
 class FlwrRun:
-    """`flwr run --stream` against ``dep``, output to a log file; not watched."""
+    """`flwr run --stream` of ``app`` (this checkout's, or a copy such as ``fault_app``'s)
+    against ``dep``, output to a log file; not watched."""
 
-    def __init__(self, dep: Deployment, name: str, cfg: dict[str, Any]) -> None:
+    def __init__(self, dep: Deployment, name: str, cfg: dict[str, Any],
+                 app: Path = REPO) -> None:
         self.dep = dep
         cfg_file = dep.work_dir / f"{name}.toml"
         cfg_file.write_text("\n".join(toml_line(k, v) for k, v in cfg.items()) + "\n")
         self.log = dep.logs / f"{name}.log"
         with self.log.open("wb") as out:
             self.popen = subprocess.Popen(
-                ["flwr", "run", str(REPO), CONNECTION, "--run-config", str(cfg_file),
+                ["flwr", "run", str(app), CONNECTION, "--run-config", str(cfg_file),
                  "--stream"], env=dep.cli_env(), stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
 

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from scripts.deploy_local import CONNECTION, stop_pids
-from scripts.simulate import toml_line
+from scripts.deploy_local import stop_pids
 from task.data_paths import default_data_dir
 from task.datasets import load_dataset
 from tests.deploy_helpers import pids_mentioning
@@ -44,22 +41,6 @@ TIMEOUT = 15.0
 PER_NODE = 150
 BASE_PORT = int(os.environ.get("FEDINIT_TEST_EDGE_FLEET_PORT", "39660"))
 """SuperLink on BASE_PORT and +1, nodes on +10..+15; the environment moves them."""
-
-
-class AppRun(FlwrRun):
-    """FlwrRun of another Flower App (here the copy with the hung task)."""
-
-    def __init__(self, dep: DeviceDeployment, name: str, cfg: dict[str, Any],
-                 app: Path) -> None:
-        self.dep = dep
-        cfg_file = dep.work_dir / f"{name}.toml"
-        cfg_file.write_text("\n".join(toml_line(k, v) for k, v in cfg.items()) + "\n")
-        self.log = dep.logs / f"{name}.log"
-        with self.log.open("wb") as out:
-            self.popen = subprocess.Popen(
-                ["flwr", "run", str(app), CONNECTION, "--run-config", str(cfg_file),
-                 "--stream"], env=dep.cli_env(), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def wrong_identity(dep: DeviceDeployment) -> list[str]:
@@ -98,7 +79,7 @@ def test_an_edge_fleet_of_own_data_late_dead_wrong_and_hung_nodes_completes(
                "local-epochs": 1, "seed": 0, "personal-eval-every": 0,
                "node-wait-timeout": 60.0, "round-timeout": TIMEOUT,
                "node-registry": str(dep.registry), "output-dir": str(out)}
-        run = AppRun(dep, "run", cfg, app)
+        run = FlwrRun(dep, "run", cfg, app)
         try:
             run.run_id()
             wait_rounds(out, 1, 240, run)

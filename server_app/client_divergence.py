@@ -17,15 +17,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from logging import WARNING
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from methods import wire as rk
-from server_app.federated_eval import evaluate_messages
+from server_app.federated_eval import evaluate_messages, usable_replies
 from server_app.personal_summary import sample_clients
 from task.config import RunConfig
 
@@ -81,28 +79,11 @@ class ClientDivergence:
         messages, sent_to = evaluate_messages(self.clients, self.node_of_client,
                                               self.available, arrays, conf)
         replies = list(grid.send_and_receive(messages, timeout=self.cfg.round_timeout))
-        found: dict[int, float] = {}
-        trained: list[float] = []
-        untrained = 0
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            decoded: tuple[float, bool] | str
-            if msg.has_error():
-                decoded = f"client error: {msg.error.reason}"
-            elif node not in sent_to:
-                decoded = "reply from a node that was not asked"
-            elif rk.METRICS not in msg.content.metric_records:
-                decoded = f"missing MetricRecord {rk.METRICS!r}"
-            else:
-                decoded = decode(msg.content.metric_records[rk.METRICS])
-            if isinstance(decoded, str):
-                log(WARNING, "round %d: ignored the divergence reply of node %s (client %s): %s",
-                    server_round, node, sent_to.get(node, "?"), decoded)
-                continue
-            found[sent_to[node]] = decoded[0]
-            untrained += not decoded[1]
-            if decoded[1]:
-                trained.append(decoded[0])
+        usable = usable_replies(server_round, replies, sent_to,
+                                lambda _client, metrics: decode(metrics), "divergence")
+        found = {client: sq for client, (sq, _) in usable}
+        trained = [sq for _, (sq, has_trained) in usable if has_trained]
+        untrained = len(usable) - len(trained)
         self.last = found
         # every answer counts once whatever the reply order: exactly rounded sum
         mean = math.fsum(found.values()) / len(found) if found else None

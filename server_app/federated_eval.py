@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import WARNING
-from typing import Any
+from typing import Any, TypeVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
@@ -29,6 +29,7 @@ from methods import wire as rk
 from server_app.personal_summary import sample_clients
 from task.config import RunConfig
 
+T = TypeVar("T")
 SAMPLE_STREAM = 16
 """Seed-sequence word of the evaluated-client sample (apart from training and personal eval)."""
 FIELDS: tuple[str, ...] = ("fed-eval-clients", "fed-eval-examples", "fed-eval-seconds")
@@ -94,6 +95,32 @@ def evaluate_messages(clients: Sequence[int], node_of_client: Mapping[int, int],
     return messages, sent_to
 
 
+def usable_replies(server_round: int, replies: Sequence[Message], sent_to: Mapping[int, int],
+                   decode: Callable[[int, Mapping[str, Any]], T | str],
+                   what: str) -> list[tuple[int, T]]:
+    """(client id, decoded metrics) of each usable evaluate reply; an error reply, one from a
+    node that was not asked, one without metrics or one ``decode`` refuses (a one-line
+    reason) is logged as an ignored ``what`` reply and left out."""
+    out: list[tuple[int, T]] = []
+    for msg in replies:
+        node = msg.metadata.src_node_id
+        decoded: T | str
+        if msg.has_error():
+            decoded = f"client error: {msg.error.reason}"
+        elif node not in sent_to:
+            decoded = f"{what} reply from a node that was not asked"
+        elif rk.METRICS not in msg.content.metric_records:
+            decoded = f"missing MetricRecord {rk.METRICS!r}"
+        else:
+            decoded = decode(sent_to[node], msg.content.metric_records[rk.METRICS])
+        if isinstance(decoded, str):
+            log(WARNING, "round %d: ignored the %s reply of node %s (client %s): %s",
+                server_round, what, node, sent_to.get(node, "?"), decoded)
+            continue
+        out.append((sent_to[node], decoded))
+    return out
+
+
 class FederatedEvaluator:
     """Sends the global model to the evaluated clients and averages their scores."""
 
@@ -117,24 +144,8 @@ class FederatedEvaluator:
     def scores(self, server_round: int, replies: Sequence[Message],
                sent_to: Mapping[int, int]) -> list[LocalScore]:
         """The usable replies' scores; each unusable one is logged with its reason."""
-        out: list[LocalScore] = []
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            decoded: LocalScore | str
-            if msg.has_error():
-                decoded = f"client error: {msg.error.reason}"
-            elif node not in sent_to:
-                decoded = "evaluation reply from a node that was not asked"
-            elif rk.METRICS not in msg.content.metric_records:
-                decoded = f"missing MetricRecord {rk.METRICS!r}"
-            else:
-                decoded = decode(sent_to[node], msg.content.metric_records[rk.METRICS])
-            if isinstance(decoded, str):
-                log(WARNING, "round %d: ignored the federated-evaluation reply of node %s "
-                    "(client %s): %s", server_round, node, sent_to.get(node, "?"), decoded)
-                continue
-            out.append(decoded)
-        return sorted(out, key=lambda s: s.client)
+        usable = usable_replies(server_round, replies, sent_to, decode, "federated-evaluation")
+        return sorted((score for _, score in usable), key=lambda s: s.client)
 
     def __call__(self, grid: Grid, server_round: int, arrays: ArrayRecord,
                  config: ConfigRecord) -> tuple[float | None, float | None, dict[str, Any]]:

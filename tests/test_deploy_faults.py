@@ -80,6 +80,17 @@ class FlwrRun:
         stop_pids([self.popen.pid], grace=5.0)
 
 
+def completed_run(dep: Deployment, name: str, cfg: dict[str, Any], out: Path) -> Path:
+    """Run ``cfg`` to completion (the reference of a fault test) and return its run dir."""
+    run = FlwrRun(dep, name, {**cfg, "output-dir": str(out)})
+    try:
+        assert run.wait(300) == "finished:completed", run.text()[-3000:]
+    finally:
+        run.stop()
+    (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
+    return run_dir
+
+
 def wait_rounds(out: Path, n: int, timeout: float, run: FlwrRun) -> Path:
     """The run dir under ``out`` once its rounds.jsonl has ``n`` rows (polled every 0.1 s)."""
     deadline = time.monotonic() + timeout
@@ -201,12 +212,7 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_model(
     t0 = time.monotonic()
     # 3 rounds, central evaluation after the last only: three runs must fit in 5 minutes.
     cfg = {**BASE, "num-server-rounds": 3, "eval-every": 3, "round-timeout": 45.0}
-    ref = FlwrRun(dep, "ref", {**cfg, "output-dir": str(tmp_path / "ref")})
-    try:
-        assert ref.wait(300) == "finished:completed", ref.text()[-3000:]
-    finally:
-        ref.stop()
-    (ref_dir,) = [d for d in (tmp_path / "ref").iterdir() if d.is_dir()]
+    ref_dir = completed_run(dep, "ref", cfg, tmp_path / "ref")
 
     out = tmp_path / "crash"
     crash = FlwrRun(dep, "crash", {**cfg, "output-dir": str(out)})

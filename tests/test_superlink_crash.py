@@ -21,7 +21,14 @@ import pytest
 from scripts.deploy_local import CONNECTION, Deployment, stop_pids
 from scripts.simulate import run_status
 from tests.deploy_helpers import pids_mentioning, rounds
-from tests.test_deploy_faults import BASE, FlwrRun, final_model, kill_tree, wait_rounds
+from tests.test_deploy_faults import (
+    BASE,
+    FlwrRun,
+    completed_run,
+    final_model,
+    kill_tree,
+    wait_rounds,
+)
 
 BASE_PORT = int(os.environ.get("FEDINIT_TEST_CRASH_PORT", "39800"))
 ROUNDS = 3
@@ -82,12 +89,7 @@ def test_killed_superlink_restarts_on_its_database_and_the_run_resumes_bit_ident
     t0 = time.monotonic()
     cfg = {**BASE, "num-clients": nodes, "num-server-rounds": ROUNDS, "eval-every": ROUNDS,
            "round-timeout": 45.0, "node-registry": str(dep.registry)}
-    ref = FlwrRun(dep, "ref", {**cfg, "output-dir": str(tmp_path / "ref")})
-    try:
-        assert ref.wait(300) == "finished:completed", ref.text()[-3000:]
-    finally:
-        ref.stop()
-    (ref_dir,) = [d for d in (tmp_path / "ref").iterdir() if d.is_dir()]
+    ref_dir = completed_run(dep, "ref", cfg, tmp_path / "ref")
 
     out = tmp_path / "crash"
     crash = FlwrRun(dep, "crash", {**cfg, "output-dir": str(out)})

@@ -19,6 +19,7 @@ from methods.method import ClientUpdate, LocalJob, RoundInput
 from methods.ri import aggregate_update, relaxed_start, upload_vector
 from methods.robust import combine
 from methods.sampling import sample_clients
+from store.server_models import ServerModels
 from task.config import RunConfig
 from task.datasets import to_tensor
 from task.evaluation import evaluate
@@ -42,6 +43,7 @@ def plain_run(cfg: RunConfig) -> tuple[dict[str, float], list[np.ndarray]]:
     rule = cfg.spec.server(cfg.params)
     client = cfg.spec.client(cfg.params)
     state = rule.init(w0)
+    rule.bind(ServerModels(None), None)  # FedRelax's per-client models: a temporary folder
     w_prev: dict[int, list[np.ndarray]] = {}
     client_state: dict[int, dict[str, list[np.ndarray]]] = {}
     tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -60,11 +62,14 @@ def plain_run(cfg: RunConfig) -> tuple[dict[str, float], list[np.ndarray]]:
                 x, y = client_examples(cfg, pid)
                 tensors[pid] = (to_tensor(x, data.mean, data.std),
                                 torch.from_numpy(y.copy()).long())
-            start = relaxed_start(w, w_prev.get(pid, w0), cfg.beta)
+            own = rule.down_to(state, pid, w)  # a method with per-client messages
+            w_i, down_i = (w, down) if own is None else (own.model, dict(own.extras))
+            start = relaxed_start(w_i, w_prev.get(pid, w0), cfg.beta)
             kept = client_state.get(pid, {})
             job = LocalJob(
-                w_t=w, start=start, down=down,
-                state={k: kept.get(k) or client.initial_state(k, w) for k in client.state_keys},
+                w_t=w_i, start=start, down=down_i,
+                state={k: kept.get(k) or client.initial_state(k, w_i)
+                       for k in client.state_keys},
                 lr=lr, device=torch.device("cpu"),
                 sgd=sgd_pass(model, *tensors[pid], SgdSettings(
                     epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,

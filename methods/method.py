@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -170,6 +171,28 @@ def zeros_like(w: Weights, dtype: type = np.float32) -> Weights:
 
 
 # ====================================================================== server half
+class ModelFiles(Protocol):
+    """The server's copy of each client's model, by version (``store/server_models.py``)."""
+
+    def read(self, partition_id: int, version: int) -> Weights:
+        """The model client ``partition_id`` uploaded in round ``version``."""
+        ...
+
+    def write(self, partition_id: int, version: int, model: Weights, current: int) -> None:
+        """Store version ``version``, keep version ``current`` (what the last checkpoint
+        names), drop any other."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClientDown:
+    """One client's own message content (``ServerRule.down_to``): the model-shaped array sent
+    in place of the global model, and the method's extra arrays (its ``down_keys``)."""
+
+    model: Weights
+    extras: Mapping[str, Weights] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class ServerState:
     """A method's server state: model-shaped fields only, all checkpointed. Empty for
@@ -199,6 +222,9 @@ class ServerRule(Generic[P, S]):
     state_type: ClassVar[type[ServerState]] = ServerState
     up_keys: ClassVar[tuple[str, ...]] = ()
     """Extra ArrayRecords each reply must carry (model-shaped)."""
+    per_client_refusal: ClassVar[str] = ""
+    """Why RI (beta != 0, ``ri-aggregation=update``) and DP cannot run with the method (the
+    run config refuses them with this reason); '' where they compose."""
     robust_refusal: ClassVar[str] = ""
     """Why the method's server state cannot be built by a robust ``aggregation`` (the run
     config refuses the combination with this reason); '' where ``RoundInput.combine`` and
@@ -214,6 +240,17 @@ class ServerRule(Generic[P, S]):
     def down(self, state: S) -> dict[str, Weights]:
         """Extra arrays sent to every sampled client with the model (e.g. SCAFFOLD's c)."""
         return {}
+
+    def down_to(self, state: S, partition_id: int, w_t: Weights) -> ClientDown | None:
+        """What client ``partition_id`` receives in place of the shared message (w_t and
+        ``down(state)``), for a method whose clients each get their own content (FedRelax's
+        neighbourhood term, a cluster's model); None (the default): the shared message."""
+        return None
+
+    def bind(self, models: ModelFiles, results: Path | None) -> None:
+        """Where the method may keep per-client models (``models``, on disk) and write what it
+        reports (``results``: the run directory; None in tests without one); given by the
+        server app before round 1 or a resume. Methods that keep none ignore it."""
 
     def update(self, state: S, w_t: Weights, rnd: RoundInput) -> tuple[Weights, S]:
         """(w_{t+1}, the new state). FedAvg's rule: w_t + eta_g * D, state unchanged."""
@@ -377,7 +414,8 @@ def check_pull(key: str, strength: float, lr: float) -> None:
 
 
 __all__ = ["ParamError", "Combine", "GradientHook", "GradientFn", "LossFn", "Params",
-           "ClientUpdate", "RoundInput", "ServerState", "ServerRule", "TrainedPass", "SgdPass",
+           "ClientUpdate", "RoundInput", "ClientDown", "ModelFiles", "ServerState", "ServerRule",
+           "TrainedPass", "SgdPass",
            "LocalJob", "LocalOutcome", "ClientRule", "MethodSpec", "apply_step", "proximal_hook",
            "zeros_like",
            "check_range", "check_pull"]

@@ -7,13 +7,25 @@ the labels. Adding a method is one module with a ``SPEC`` and one line below.
 
 from __future__ import annotations
 
-from methods import ditto, fedadam, fedavg, fedcm, feddyn, fedprox, fedsam, scaffold
+from methods import (
+    clustered,
+    ditto,
+    fedadam,
+    fedavg,
+    fedcm,
+    feddyn,
+    fedprox,
+    fedrelax,
+    fedsam,
+    scaffold,
+)
 from methods.method import MethodSpec
 from methods.robust_choices import AGGREGATIONS as AGGREGATIONS  # the run config's list
 
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec for spec in (fedavg.SPEC, fedprox.SPEC, fedadam.SPEC, scaffold.SPEC,
-                                 feddyn.SPEC, fedcm.SPEC, fedsam.SPEC, ditto.SPEC)
+                                 feddyn.SPEC, fedcm.SPEC, fedsam.SPEC, ditto.SPEC,
+                                 fedrelax.SPEC, clustered.SPEC)
 }
 METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
 
@@ -29,3 +41,10 @@ WEIGHTINGS: tuple[str, ...] = ("examples", "uniform")
 def method_param_keys() -> frozenset[str]:
     """Every run-config key that belongs to one method's parameters."""
     return frozenset(key for spec in METHODS.values() for key in spec.params.config_keys())
+
+
+def composes_with_ri(method: str) -> bool:
+    """Whether ``method`` runs with RI (beta != 0) and DP; FedRelax and clustered FL do not
+    (``ServerRule.per_client_refusal``): their clients train from their own or their
+    cluster's model, not a global one."""
+    return not METHODS[method].server.per_client_refusal

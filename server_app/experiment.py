@@ -116,6 +116,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     log(INFO, "results: %s%s", out, f" (resuming after round {resume[1].server_round})"
         if resume else "")
     strategy = MethodStrategy.for_run(cfg, node_of, weights, available=fleet.available)
+    strategy.bind_run_dir(out)  # a method's own server files (FedRelax's client models)
     strategy.summary()
 
     first = 1

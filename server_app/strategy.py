@@ -15,6 +15,7 @@ import math
 import secrets
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -32,6 +33,7 @@ from methods.robust_choices import SELECTIONS, min_replies
 from methods.sampling import sample_available
 from methods.weights import Weights
 from server_app import personal_summary
+from store.server_models import ServerModels
 from task.config import RunConfig
 from task.federated_data import num_steps, partition_sizes
 
@@ -48,6 +50,9 @@ NORMS_STATE = "norms:"
 """Server-state name prefix of a vector's norm history (``norms:<record name>``)."""
 ACCOUNTED_STATE = "accounted-rounds"
 """Server-state name of the round each client's last aggregated reply came from (0: none)."""
+
+SERVER_MODELS = "server-models"
+"""Folder of the run directory with the server's per-client models (FedRelax)."""
 
 Accepted = tuple[int, ClientUpdate]
 """A reply that passed the checks: (source node id, its decoded update)."""
@@ -77,6 +82,7 @@ class MethodStrategy(Strategy):
         """Under DP the sample is drawn from a secret seed: amplification by sampling holds
         only if who was sampled is unknown, and the run's seed is public (config.json)."""
         self.state: ServerState = self.rule.init(w0)
+        self.rule.bind(ServerModels(None), None)  # a run's own place: ``bind_run_dir``
         self.norm_history: dict[str, list[float]] = {}
         self.expected_examples: tuple[int, ...] | None = (
             None if examples is None else tuple(int(n) for n in examples))
@@ -90,6 +96,11 @@ class MethodStrategy(Strategy):
         self._eval_sent_to: dict[int, int] = {}
         self.personal_scores: list[personal_summary.ClientScores] = []
         """The last personalized evaluation's per-client scores."""
+
+    def bind_run_dir(self, run_dir: Path) -> None:
+        """A method's server files go into the run directory: the per-client models it keeps
+        (``store/server_models.py``, in ``server-models/``) and what it reports."""
+        self.rule.bind(ServerModels(run_dir / SERVER_MODELS), run_dir)
 
     @property
     def sent_to(self) -> dict[int, int]:
@@ -129,12 +140,22 @@ class MethodStrategy(Strategy):
         for pid in chosen:
             node = self.node_of_partition[pid]
             self._sent_to[node] = pid
-            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: self._client_config(
-                round_config, pid), **extras})
+            model, own = self._content_for(pid, arrays, extras, self._w_t)
+            content = RecordDict({rk.ARRAYS: model, rk.CONFIG: self._client_config(
+                round_config, pid), **own})
             messages.append(
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
             )
         return messages
+
+    def _content_for(self, pid: int, arrays: ArrayRecord, extras: dict[str, ArrayRecord],
+                     w_t: Weights) -> tuple[ArrayRecord, dict[str, ArrayRecord]]:
+        """The model and extra records client ``pid`` receives: the shared ones, unless the
+        method gives each client its own (``ServerRule.down_to``)."""
+        own = self.rule.down_to(self.state, pid, w_t)
+        if own is None:
+            return arrays, extras
+        return ArrayRecord(own.model), {k: ArrayRecord(v) for k, v in own.extras.items()}
 
     def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
         """The round's settings for client ``pid``: its id and, when tracked, its accounted
@@ -203,12 +224,14 @@ class MethodStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Personalized evaluation in the rounds it is due (``personal-eval-every``): the
-        global model to the evaluated clients; none otherwise (the global model is also
+        global model (or the client's own content, ``ServerRule.down_to``) to the evaluated
+        clients; none otherwise (the global model is also
         evaluated centrally by the experiment)."""
         c = self.cfg
         self._eval_sent_to = {}
         if not personal_summary.due(c, server_round):
             return []
+        w_t = arrays.to_numpy_ndarrays()
         eval_config = ConfigRecord({**dict(config), rk.ROUND: server_round,
                                     rk.LR: c.lr_at(server_round), rk.PERSONAL_EVAL: True})
         messages = []
@@ -218,7 +241,8 @@ class MethodStrategy(Strategy):
                 continue
             node = self.node_of_partition[pid]
             self._eval_sent_to[node] = pid
-            content = RecordDict({rk.ARRAYS: arrays, rk.CONFIG: _for_client(eval_config, pid)})
+            model, _ = self._content_for(pid, arrays, {}, w_t)
+            content = RecordDict({rk.ARRAYS: model, rk.CONFIG: _for_client(eval_config, pid)})
             messages.append(
                 Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node))
         return messages

@@ -259,6 +259,20 @@ def _check_robust(c: RunConfig) -> None:
         raise _bad("aggregation", c.aggregation, f"mean with method={c.method!r} ({refusal})")
 
 
+def _check_per_client(c: RunConfig) -> None:
+    """RI and DP with a method whose clients each get their own model (FedRelax, clustered
+    FL: ``ServerRule.per_client_refusal``) are refused with the method's reason."""
+    refusal = METHODS[c.method].server.per_client_refusal
+    if not refusal:
+        return
+    for key, value, ok, allowed in (("beta", c.beta, c.beta == 0.0, "0"),
+                                    ("ri-aggregation", c.ri_aggregation,
+                                     c.ri_aggregation != "update", "auto or model"),
+                                    ("dp", c.dp, c.dp == "off", "off")):
+        if not ok:
+            raise _bad(key, value, f"{allowed} with method={c.method!r} ({refusal})")
+
+
 def _check_personal_eval(c: RunConfig) -> None:
     """Personalized evaluation needs local test splits and at most every client."""
     for key, value in (("divergence-every", c.divergence_every),
@@ -400,6 +414,7 @@ def _check_ranges(c: RunConfig) -> None:
     if not 0.0 <= c.trim_fraction < 0.5:
         raise _bad("trim-fraction", c.trim_fraction, "0 <= trim-fraction < 0.5")
     _check_robust(c)
+    _check_per_client(c)
     if not 0 <= c.min_clients <= c.num_clients:
         raise _bad("min-clients", c.min_clients,
                    f"0 (all) to num-clients={c.num_clients} clients to start with")

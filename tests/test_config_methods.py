@@ -4,14 +4,14 @@ import dataclasses
 
 import pytest
 
-from methods.registry import METHOD_NAMES, METHODS
+from methods.registry import METHOD_NAMES, METHODS, composes_with_ri
 from task.config import ConfigError, RunConfig, load_defaults
 
 
 def test_every_method_is_registered_under_its_config_name() -> None:
     assert METHOD_NAMES[0] == "fedavg"
     for name in METHOD_NAMES:
-        cfg = RunConfig.parse({"method": name})
+        cfg = RunConfig.parse({"method": name, **({} if composes_with_ri(name) else {"beta": 0.0})})
         assert cfg.method == name and cfg.spec is METHODS[name]
         assert isinstance(cfg.params, METHODS[name].params)
 

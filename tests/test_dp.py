@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 from methods import wire as rk
 from methods.dp import Mechanism, clip, norm
 from methods.dp_budget import Budget
-from methods.registry import METHODS
+from methods.registry import METHODS, composes_with_ri
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
@@ -33,7 +33,7 @@ from task.config import ConfigError, RunConfig
 from tests.lsq_problem import Federation, lsq_problem
 
 DP = {"dp": "central", "weighting": "uniform"}
-DP_METHODS = [m for m in METHODS if m != "fedcm"]
+DP_METHODS = [m for m in METHODS if m != "fedcm" and composes_with_ri(m)]
 
 
 # ---------------------------------------------------------------- clipping, client path

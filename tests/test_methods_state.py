@@ -16,7 +16,7 @@ import pytest
 from flwr.app import RecordDict
 
 from methods.feddyn import H_LOCAL
-from methods.registry import METHODS
+from methods.registry import METHODS, composes_with_ri
 from methods.scaffold import C_LOCAL
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
@@ -35,7 +35,8 @@ def snapshot(store: RecordDict) -> dict[str, bytes]:
 
 
 def run_checked(method: str, rounds: int = 5) -> Federation:
-    f = Federation(lsq_problem(num_clients=N, dim=4, n=10, seed=2), {"method": method, **RAW})
+    raw = RAW if composes_with_ri(method) else {**RAW, "beta": 0.0, "ri-aggregation": "auto"}
+    f = Federation(lsq_problem(num_clients=N, dim=4, n=10, seed=2), {"method": method, **raw})
     keys = {W_PREV, *METHODS[method].client.state_keys}
     ever: set[int] = set()
     kept = 0  # times a client with state sat a round out
@@ -91,7 +92,8 @@ def test_short_fashion_mnist_run_through_the_client_app(method: str, tmp_path: P
     """Each method runs end to end (real ClientApp handlers, CNN, Fashion-MNIST), stays
     finite, and leaves its state exactly in the contexts of the clients that trained."""
     raw = {"method": method, "num-clients": 10, "fraction-train": 0.3, "num-server-rounds": 2,
-           "train-limit": 2000, "eval-every": 2, "output-dir": str(tmp_path)}
+           "train-limit": 2000, "eval-every": 2, "output-dir": str(tmp_path),
+           **({} if composes_with_ri(method) else {"beta": 0.0})}
     if method == "fedadam":
         raw["server-lr"] = 0.1  # the paper's FedAdam setting
     grid = InProcessGrid(10, raw)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bench.plain_loop import plain_run
-from methods.registry import METHODS
+from methods.registry import METHODS, composes_with_ri
 from scripts.inprocess_grid import InProcessGrid
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
@@ -24,7 +24,8 @@ SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 2, "train
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_plain_loop_ends_on_the_flower_path_model(method: str, tmp_path: Path) -> None:
-    raw = {**SMALL, "method": method, "output-dir": str(tmp_path)}
+    raw = {**SMALL, "method": method, "output-dir": str(tmp_path),
+           **({} if composes_with_ri(method) else {"beta": 0.0})}
     cfg = RunConfig.parse(raw)
     _, plain = plain_run(cfg)
     run_experiment(InProcessGrid(cfg.num_clients, raw), cfg, out_dir=tmp_path / "run")

@@ -1,0 +1,232 @@
+"""FedRelax (book section 5.6, eq. (123)): GTVMin over the FL network by local relaxation.
+
+GTVMin (eq. (58)): min over w^(1..n) of sum_i L_i(w^(i)) + alpha sum_{edges} A_ii' ||w^(i) -
+w^(i')||^2. Each client keeps its own model w^(i) (client state ``fedrelax-w``); when sampled
+it minimizes L_i(w) + alpha sum_i' A_ii' ||w - w^(i')||^2 = L_i(w) + alpha d_i ||w - m_i||^2 +
+const by the run's local SGD from its stored model, where d_i = sum_i' A_ii' is its degree and
+m_i = sum_i' A_ii' w^(i') / d_i the A-weighted mean of its neighbours' latest models: the
+gradient gains 2 alpha d_i (w - m_i). A fixed point of these updates is a stationary point of
+GTVMin (its gradient in w^(i) is that of the local objective).
+
+Server: keeps each client's latest uploaded model on disk (``ModelFiles``, one file per client
+and version; the checkpointed state names the current version of each), builds m_i from the
+neighbours' files when it sends to client i, and sends ONE model-shaped array (m_i, in place of
+the global model) plus d_i; a client with no neighbour gets its own stored model back and
+trains on L_i alone. A client never receives a single other client's model unless that client
+is its only neighbour (non-zero weight). The "global" model the server returns each round is
+the mean of all clients' current models (the central accuracy curve); personal evaluation
+scores each client's own w^(i).
+
+Graph (``graph``): ``file:<path>`` of weighted edges (``methods/graph.py``), or ``knn``: every
+client that has trained linked to its ``graph-k`` most cosine-similar clients by their latest
+update (its upload minus its previous model, sketched), rebuilt after round 1 and every
+``graph-refresh-every`` rounds; no edges before round 1 ends. The graph in use is written to
+the run directory (``graph.json``, ``graph.png``) each time it changes.
+
+RI and DP are refused: RI's start point is built from a global model the clients do not train
+from (each starts from its own w^(i), which is what RI's w_prev carries), and the server needs
+each client's exact model, which DP's clipped, noised uploads are not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from methods import graph as gr
+from methods.method import (
+    ClientDown,
+    ClientRule,
+    LocalJob,
+    LocalOutcome,
+    MethodSpec,
+    ModelFiles,
+    Params,
+    RoundInput,
+    ServerRule,
+    ServerState,
+    check_range,
+    proximal_hook,
+)
+from methods.weights import Weights
+
+OWN = "fedrelax-w"
+"""Client state: the client's own model w^(i)."""
+DEGREE = "fedrelax-degree"
+"""Down array: the client's degree d_i = sum_i' A_ii' (one number)."""
+GRAPH_FILE = "graph.json"
+GRAPH_PNG = "graph.png"
+DRAW_LIMIT = 500
+"""Largest federation whose graph is drawn (a PNG of more nodes shows nothing)."""
+PER_CLIENT = ("each client trains from its own model, not from a global one, and the server "
+              "needs every client's exact model for its neighbours' terms")
+
+
+@dataclass(frozen=True)
+class FedRelaxParams(Params):
+    fedrelax_alpha: float
+    """alpha: the weight of the GTV term; 0 = local training only."""
+    graph: str
+    """``knn`` (learned) or ``file:<path>`` (edges ``i j [weight]``)."""
+    graph_k: int
+    """Neighbours per client in the learned graph."""
+    graph_refresh_every: int
+    """Rounds between rebuilds of the learned graph (after round 1 and every this many)."""
+
+    def check(self) -> None:
+        check_range("fedrelax-alpha", self.fedrelax_alpha, self.fedrelax_alpha >= 0,
+                    "a number >= 0 (0 = local training only)")
+        check_range("graph", self.graph, self.graph == "knn" or (
+            self.graph.startswith(gr.FILE_PREFIX) and len(self.graph) > len(gr.FILE_PREFIX)),
+            "knn | file:<path of an edge list 'i j [weight]' per line>")
+        check_range("graph-k", self.graph_k, self.graph_k >= 1, "an integer >= 1")
+        check_range("graph-refresh-every", self.graph_refresh_every,
+                    self.graph_refresh_every >= 1, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class FedRelaxState(ServerState):
+    """Everything but the models themselves (those are files): checkpointed."""
+
+    w0: Weights
+    """The initial model: the server's copy of a client that has not uploaded yet."""
+    version: Weights
+    """[int64 (N,)]: the round of each client's current stored model (0: none yet)."""
+    graph: Weights
+    """[edges (E, 2) int64, weights (E,) float64]: the graph in use."""
+    sketch: Weights
+    """[float32 (N, SKETCH_DIM)]: each client's latest update, sketched (learned graph)."""
+
+
+def _grown(a: np.ndarray, n: int) -> np.ndarray:
+    """``a`` with at least ``n`` rows (new rows zero)."""
+    if len(a) >= n:
+        return a.copy()
+    return np.concatenate([a, np.zeros((n - len(a), *a.shape[1:]), dtype=a.dtype)])
+
+
+class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
+    """Stores the uploads, sends each client its neighbourhood term, learns the graph."""
+
+    state_type = FedRelaxState
+    per_client_refusal = PER_CLIENT
+    robust_refusal = ("each client's model is its own; there is no aggregate for a robust "
+                      "rule to build")
+
+    def __init__(self, params: FedRelaxParams) -> None:
+        super().__init__(params)
+        self.models: ModelFiles | None = None
+        self.results: Path | None = None
+
+    def bind(self, models: ModelFiles, results: Path | None) -> None:
+        self.models, self.results = models, results
+
+    def init(self, w0: Weights) -> FedRelaxState:
+        graph = (gr.empty() if self.params.graph == "knn"
+                 else gr.read_edges(Path(self.params.graph.removeprefix(gr.FILE_PREFIX))))
+        return FedRelaxState(w0=[a.copy() for a in w0], version=[np.zeros(0, dtype=np.int64)],
+                             graph=graph,
+                             sketch=[np.zeros((0, gr.SKETCH_DIM), dtype=np.float32)])
+
+    def model_of(self, state: FedRelaxState, pid: int) -> Weights:
+        """The server's copy of client ``pid``'s current model (w_0 before its first upload)."""
+        version = state.version[0]
+        if pid >= len(version) or version[pid] == 0:
+            return state.w0
+        assert self.models is not None
+        return self.models.read(pid, int(version[pid]))
+
+    def term(self, state: FedRelaxState, pid: int) -> tuple[Weights, float]:
+        """(m_i, d_i): the A-weighted mean of client ``pid``'s neighbours' models and its
+        degree; its own model and 0 without neighbours."""
+        ids, weights = gr.neighbours(state.graph, pid)
+        degree = float(weights.sum())
+        if degree == 0.0:
+            return self.model_of(state, pid), 0.0
+        total = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
+        for j, a in zip(ids, weights, strict=True):
+            for acc, w in zip(total, self.model_of(state, int(j)), strict=True):
+                acc += a * w.astype(np.float64)
+        return [(t / degree).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)], degree
+
+    def down_to(self, state: FedRelaxState, partition_id: int, w_t: Weights) -> ClientDown:
+        mean, degree = self.term(state, partition_id)
+        return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)]})
+
+    def update(self, state: FedRelaxState, w_t: Weights,
+               rnd: RoundInput) -> tuple[Weights, FedRelaxState]:
+        """Store each reply's model; w_{t+1} = the mean of all clients' current models
+        (updated by the replies' moves); rebuild the learned graph when due."""
+        assert self.models is not None and rnd.variant == "model"
+        n = rnd.num_clients
+        if rnd.server_round == 1:
+            gr.check_ids(state.graph, n, self.params.graph)
+        version = _grown(state.version[0], n)
+        sketch = _grown(state.sketch[0], n) if self.params.graph == "knn" else state.sketch[0]
+        moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
+        for u in rnd.updates:
+            pid = u.partition_id
+            old = self.model_of(state, pid)
+            move = [new.astype(np.float64) - o.astype(np.float64)
+                    for new, o in zip(u.upload, old, strict=True)]
+            self.models.write(pid, rnd.server_round, u.upload, int(version[pid]))
+            version[pid] = rnd.server_round
+            for acc, m in zip(moved, move, strict=True):
+                acc += m
+            if self.params.graph == "knn":
+                sketch[pid] = gr.sketch(move)
+        w_next = [(w.astype(np.float64) + m / n).astype(w.dtype)
+                  for w, m in zip(w_t, moved, strict=True)]
+        graph = state.graph
+        rebuild = self.params.graph == "knn" and (
+            rnd.server_round == 1 or rnd.server_round % self.params.graph_refresh_every == 0)
+        if rebuild:
+            graph = gr.knn_graph(sketch, version > 0, self.params.graph_k)
+        if rebuild or rnd.server_round == 1:
+            self.report(graph, n, rnd.server_round)
+        return w_next, dataclasses.replace(state, version=[version], graph=graph,
+                                           sketch=[sketch])
+
+    def report(self, graph: list[np.ndarray], n: int, server_round: int) -> None:
+        """``graph.json`` (the edge list in use, from which round) and ``graph.png``."""
+        if self.results is None:
+            return
+        text = json.dumps({"round": server_round, "source": self.params.graph,
+                           "num-clients": n, "edges": gr.as_json(graph)})
+        tmp = self.results / f".{GRAPH_FILE}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.results / GRAPH_FILE)
+        if n <= DRAW_LIMIT:
+            gr.draw(graph, n, self.results / GRAPH_PNG,
+                    f"FedRelax graph ({self.params.graph}) after round {server_round}")
+
+
+class FedRelaxClient(ClientRule[FedRelaxParams]):
+    """Local SGD on L_i(w) + alpha d_i ||w - m_i||^2 from the client's own model."""
+
+    state_keys = (OWN,)
+    down_keys = (DEGREE,)
+    personal_key = OWN
+
+    def initial_state(self, key: str, w_t: Weights) -> Weights:
+        """w^(i) starts from the first term the client receives (w_0 in round 1)."""
+        return [a.copy() for a in w_t] if key == OWN else super().initial_state(key, w_t)
+
+    def train(self, job: LocalJob) -> LocalOutcome:
+        degree = float(np.asarray(job.down[DEGREE][0]).reshape(-1)[0])
+        strength = 2.0 * self.params.fedrelax_alpha * degree
+        if job.lr * strength >= 2.0:
+            raise ValueError(f"fedrelax-alpha={self.params.fedrelax_alpha!r} with degree "
+                             f"{degree:g} at lr={job.lr!r}: lr x 2 alpha d_i = "
+                             f"{job.lr * strength:g} >= 2 diverges; lower fedrelax-alpha")
+        trained = job.sgd(job.state[OWN], proximal_hook(job.w_t, strength, job.device))
+        return LocalOutcome(trained, {OWN: trained.final}, {})
+
+
+SPEC = MethodSpec(name="fedrelax", label="FedRelax", params=FedRelaxParams,
+                  server=FedRelaxServer, client=FedRelaxClient, ri_aggregation="model")

@@ -55,12 +55,21 @@ class CrashingGrid(InProcessGrid):
         return out
 
 
-@pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedadam", "feddyn", "fedcm"])
+PER_CLIENT = {"fedrelax": {"beta": 0.0, "graph-refresh-every": 2, "graph-k": 1},
+              "clustered": {"beta": 0.0, "cluster-every": 2}}
+"""FedRelax (server copies of the clients' models on disk, the learned graph rebuilt after
+the resume) and clustered FL (cluster models, the assignment re-clustered after the resume)."""
+
+
+@pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedadam", "feddyn", "fedcm",
+                                    "fedrelax", "clustered"])
 def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) -> None:
     """Guards the checkpoint of every kind of server state (SCAFFOLD's c, Adam's moments,
-    FedDyn's H, FedCM's momentum d, the norm history): a server killed after round 3's
-    training and resumed ends with the same model and the same server state, bit for bit."""
-    over = {"method": method, **({"server-lr": 0.1} if method == "fedadam" else {})}
+    FedDyn's H, FedCM's momentum d, the norm history, FedRelax's per-client versions and
+    graph, clustered FL's models and assignment): a server killed after round 3's training
+    and resumed ends with the same model and the same server state, bit for bit."""
+    over = {"method": method, **({"server-lr": 0.1} if method == "fedadam" else {}),
+            **PER_CLIENT.get(method, {})}
     ref_cfg = config(tmp_path / "ref", **over)
     run_experiment(InProcessGrid(4, ref_cfg.to_dict()), ref_cfg, out_dir=tmp_path / "ref-run")
 
@@ -83,6 +92,48 @@ def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) 
     if method != "fedavg":  # the method's own state is there and not all zeros
         own = [k for k in want_state if not k.startswith("norms:")]
         assert own and any(np.any(a != 0) for k in own for a in want_state[k])
+
+
+def test_fedrelax_killed_after_writing_its_client_models_resumes_bit_identical(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server dies after round 3 stored the replies' models (server-models/) but before
+    its checkpoint: the resumed run reads the versions round 2's checkpoint names, not the
+    newer files, and ends as the uninterrupted run, server copies and graph included."""
+    over = {"method": "fedrelax", **PER_CLIENT["fedrelax"], "num-server-rounds": 5}
+    ref_cfg = config(tmp_path / "ref", **over)
+    run_experiment(InProcessGrid(4, ref_cfg.to_dict()), ref_cfg, out_dir=tmp_path / "ref-run")
+
+    import server_app.experiment as experiment
+
+    real_save = experiment.save_checkpoint
+
+    def dying_save(run_dir: Path, ckpt: Any) -> None:
+        if ckpt.server_round == 3:
+            raise KeyboardInterrupt("server killed before round 3's checkpoint")
+        real_save(run_dir, ckpt)
+
+    cfg = config(tmp_path / "crash", **over)
+    run_dir = tmp_path / "crash-run"
+    monkeypatch.setattr(experiment, "save_checkpoint", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(InProcessGrid(4, cfg.to_dict()), cfg, out_dir=run_dir)
+    monkeypatch.setattr(experiment, "save_checkpoint", real_save)
+    assert load_checkpoint(run_dir).server_round == 2
+    stale = sorted(p.relative_to(run_dir).as_posix()
+                   for p in (run_dir / "server-models").glob("*/r3.npz"))
+    assert stale  # round 3 had written its clients' models
+    resumed = config(tmp_path / "crash", **over, **{"resume-dir": str(run_dir)})
+    run_experiment(InProcessGrid(4, resumed.to_dict()), resumed)
+    assert bitwise_equal(final_model(run_dir), final_model(tmp_path / "ref-run"))
+    got, want = (load_checkpoint(d).strategy_state for d in (run_dir, tmp_path / "ref-run"))
+    assert set(got) == set(want) and all(bitwise_equal(got[k], want[k]) for k in want)
+    assert len(want["graph"][0]) > 0  # a learned graph, rebuilt after the resume (round 4)
+
+    def copies(d: Path) -> dict[str, bytes]:
+        return {p.relative_to(d).as_posix(): b"".join(a.tobytes() for a in np.load(p).values())
+                for p in (d / "server-models").glob("*/r*.npz")}
+
+    assert copies(run_dir) == copies(tmp_path / "ref-run")
 
 
 def test_restarted_supernode_restores_its_saved_state(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import tempfile
 
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from methods.registry import METHODS
+from methods.registry import METHODS, composes_with_ri
 from scripts.inprocess_grid import InProcessGrid
 from server_app.strategy import MethodStrategy
 from task.config import RunConfig
@@ -61,7 +61,7 @@ def main() -> None:
             "output-dir": out}
     rows = []
     for method in METHODS:
-        for beta in (0.0, 0.1):
+        for beta in (0.0, 0.1) if composes_with_ri(method) else (0.0,):
             m = measure({**base, "method": method, "beta": beta})
             rows.append((method + ("+RI" if beta else ""), m))
     ref = dict(rows)["fedavg"]

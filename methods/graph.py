@@ -144,9 +144,13 @@ def draw(graph: list[np.ndarray], num_clients: int, path: Path, title: str,
     angle = 2 * np.pi * np.arange(num_clients) / max(num_clients, 1)
     x, y = np.cos(angle), np.sin(angle)
     fig, ax = plt.subplots(figsize=(6, 6))
+    from matplotlib.collections import LineCollection
+
     top = float(graph[1].max()) if len(graph[1]) else 1.0
-    for (i, j), w in zip(graph[0], graph[1], strict=True):
-        ax.plot([x[i], x[j]], [y[i], y[j]], color="0.5", lw=0.3 + 1.5 * w / top, zorder=1)
+    ends = np.stack([np.stack([x, y], axis=1)[graph[0][:, 0]],
+                     np.stack([x, y], axis=1)[graph[0][:, 1]]], axis=1)
+    ax.add_collection(LineCollection(list(ends), colors="0.5", zorder=1,
+                                     linewidths=list(0.3 + 1.5 * graph[1] / top)))
     if groups is None:
         ax.scatter(x, y, color="tab:blue", s=12, zorder=2)
     else:

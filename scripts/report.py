@@ -25,6 +25,7 @@ from typing import Any
 from methods.registry import METHODS
 from scripts.run_files import read_json
 from scripts.sweep_plan import Cell, PlanError, SweepPlan, load_plan, matches
+from scripts.time_to_target import NOT_REACHED, TargetHit, first_reaching, summarize
 from server_app.results import ACCURACY_LABEL, DIVERGENCE_LABEL, smoothed_peak
 
 SECTION_KEYS: tuple[str, ...] = ("model", "dataset", "local-epochs")
@@ -33,6 +34,8 @@ CSV_FIELDS: tuple[str, ...] = (
     "num-clients", "fraction-train", "seed", "local-epochs", "num-server-rounds", "rounds",
     "metric", "smoothed-peak-acc", "final-test-acc", "best-test-acc", "wall-seconds",
     "mean-round-seconds", "run-dir")
+TARGET_FIELDS: tuple[str, ...] = ("target-round", "target-seconds")
+"""results.csv columns added (before run-dir) when the grid's metric has a target."""
 PENDING = "–"
 
 
@@ -45,6 +48,7 @@ class CellResult:
     summary: dict[str, Any] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)
     metric: float | None = None
+    target: TargetHit | None = None  # when the grid has metric.target and the run reached it
 
     @property
     def done(self) -> bool:
@@ -88,6 +92,9 @@ def collect(plan: SweepPlan, cells_dir: Path) -> list[CellResult]:
             res.summary = read_json(run / "summary.json") or {}
             res.rows = _read_rows(run / "rounds.jsonl")
             res.metric = metric_of(res.summary, res.rows, plan.metric)
+            if plan.target is not None:
+                res.target = first_reaching(res.rows, plan.target,
+                                            plan.metric.get("window", 5))
         out.append(res)
     return out
 
@@ -218,6 +225,11 @@ def markdown(plan: SweepPlan, results: Sequence[CellResult], command: str) -> st
         if gains:
             lines += ["RI gain (+RI minus the plain method, percentage points of the means):", ""]
             lines += _md_table(header, gains) + [""]
+        if plan.target is not None:
+            lines += [f"Rounds / wall seconds to reach {plan.target:g}% ({window}-point moving "
+                      "average of the test accuracy; means over the seeds that reached it):",
+                      ""]
+            lines += _md_table(header, _to_target(t, labels)) + [""]
         lines += [f"Divergence term (mean over the last {last} rounds, then over seeds):", ""]
         lines += _md_table(header, _divergence(t, labels, last)) + [""]
         lines += ["Seconds per round (mean over finished cells):", ""]
@@ -267,6 +279,19 @@ def _divergence(t: Table, labels: dict[tuple[str, float], str], last: int) -> li
     return body
 
 
+def _to_target(t: Table, labels: dict[tuple[str, float], str]) -> list[list[str]]:
+    """Per row and column: rounds and seconds to the target over the finished seeds."""
+    body = []
+    for r in t.rows:
+        row = [labels[r]]
+        for c in t.columns:
+            hits = [x.target for x in t.results
+                    if x.done and row_key(x.cell.config) == r and col_key(x.cell.config) == c]
+            row.append(summarize(hits) or PENDING)
+        body.append(row)
+    return body
+
+
 def _round_seconds(t: Table, labels: dict[tuple[str, float], str]) -> list[list[str]]:
     body = []
     for r in t.rows:
@@ -277,13 +302,19 @@ def _round_seconds(t: Table, labels: dict[tuple[str, float], str]) -> list[list[
     return body
 
 
-def write_csv(results: Sequence[CellResult], path: Path) -> None:
-    """One line per cell: its coordinates, status and numbers."""
+def write_csv(results: Sequence[CellResult], path: Path, target: float | None = None) -> None:
+    """One line per cell: its coordinates, status and numbers (and, with a target, the round
+    and seconds that reached it, or 'not reached')."""
+    fields = CSV_FIELDS if target is None else (*CSV_FIELDS[:-1], *TARGET_FIELDS, CSV_FIELDS[-1])
     with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for res in results:
             cfg, s = res.cell.config, res.summary
+            hit: dict[str, Any] = {}
+            if target is not None and res.done:
+                hit = ({"target-round": res.target.round, "target-seconds": res.target.seconds}
+                       if res.target else dict.fromkeys(TARGET_FIELDS, NOT_REACHED))
             w.writerow({**{k: cfg.get(k) for k in CSV_FIELDS if k in cfg},
                         "cell-id": res.cell.id, "status": "done" if res.done else "pending",
                         "rounds": s.get("rounds"), "metric": res.metric,
@@ -292,7 +323,7 @@ def write_csv(results: Sequence[CellResult], path: Path) -> None:
                         "best-test-acc": s.get("best-test-acc"),
                         "wall-seconds": s.get("wall-seconds"),
                         "mean-round-seconds": s.get("mean-round-seconds"),
-                        "run-dir": str(res.run_dir or "")})
+                        "run-dir": str(res.run_dir or ""), **hit})
 
 
 # --------------------------------------------------------------------------- plots
@@ -363,7 +394,7 @@ def write_report(plan: SweepPlan, results: Sequence[CellResult], out: Path, comm
                  plots: bool = True) -> None:
     """results.csv, results.md and (optionally) plots/ under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(results, out / "results.csv")
+    write_csv(results, out / "results.csv", plan.target)
     (out / "results.md").write_text(markdown(plan, results, command))
     if plots:
         plot_curves(plan, results, out / "plots")

@@ -33,13 +33,16 @@ VALUE_AXES: tuple[str, ...] = ("method", "beta", "dirichlet-alpha", "fraction-tr
                                "num-clients", "seed", "model", "dataset", "local-epochs")
 # Axes whose items are mappings that set several keys together (zipped, not crossed).
 ZIPPED_AXES: dict[str, tuple[str, ...]] = {
-    "participation": ("num-clients", "fraction-train"),  # the paper's "10%-100", "5%-200"
+    # the paper's "10%-100", "5%-200"; train-limit lets a grid keep the data per client fixed
+    "participation": ("num-clients", "fraction-train", "train-limit"),
     "setup": ("num-clients", "fraction-train", "dirichlet-alpha"),  # Figure 2's panels
     "variant": ("method", "beta"),  # rows of Table 4: six plain methods and FedInit
 }
 TOP_KEYS: tuple[str, ...] = ("name", "description", "base", "grid", "overrides", "connection",
                              "metric", "resources")
-METRIC_KEYS: dict[str, type] = {"window": int, "last": int}
+METRIC_KEYS: dict[str, type] = {"window": int, "last": int, "target": float}
+"""metric: window and last of the smoothed peak; target: an accuracy in % whose time to reach
+the report gives (scripts/time_to_target.py)."""
 RESOURCE_KEYS: tuple[str, ...] = ("num-cpus-per-client", "num-gpus-per-client")
 SWEEP_OWNED: frozenset[str] = frozenset({"output-dir"})
 
@@ -77,6 +80,7 @@ class SweepPlan:
     cells: list[Cell]
     connection: str | None = None
     metric: dict[str, int] = field(default_factory=dict)
+    target: float | None = None  # metric.target: report rounds and seconds to reach it (%)
     resources: dict[str, float] = field(default_factory=dict)
 
 
@@ -358,10 +362,14 @@ def load_plan(path: str | Path, extra: Mapping[str, Any] | None = None) -> Sweep
             raise PlanError(f"{path}: --set {key}: the grid varies this key")
     overrides = _overrides(loc, data.get("overrides"), axes, defaults)
     metric = _small_block(loc, "metric", data.get("metric"), METRIC_KEYS, 1)
+    target = metric.pop("target", None)
+    if target is not None and target > 100:
+        raise loc.error(("metric", "target"), f"expected an accuracy in % (1 to 100), "
+                        f"got {target!r}")
     resources = _small_block(loc, "resources", data.get("resources"),
                              dict.fromkeys(RESOURCE_KEYS, float), 0)
     cells = expand(loc, base, axes, overrides, extra)
     return SweepPlan(path=path, name=str(data.get("name") or path.stem),
                 description=str(data.get("description") or "").strip(), base=base, axes=axes,
                 overrides=overrides, cells=cells, connection=data.get("connection"),
-                metric=metric, resources=resources)
+                metric=metric, target=target, resources=resources)

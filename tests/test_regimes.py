@@ -1,0 +1,174 @@
+"""Regimes (task/regimes.py): clients fall into a few seeded, balanced groups whose examples are
+rotated or relabelled the group's way, the same in train and local test split and in any
+process; with ``num-regimes`` 0 nothing changes."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from scripts.regime_graph import main as graph_main
+from scripts.regime_graph import read_edges
+from server_app.regime_files import read_regimes, write_regimes
+from task.config import ConfigError, RunConfig
+from task.datasets import load_dataset
+from task.federated_data import (
+    client_examples,
+    client_indices,
+    client_test_examples,
+    local_test_indices,
+    regime_of,
+    regimes_of,
+)
+from task.regimes import (
+    client_regimes,
+    label_permutation,
+    rotate,
+    same_regime_edges,
+)
+
+RUN = {"num-clients": 8, "train-limit": 800, "partition": "iid", "seed": 3,
+       "num-regimes": 4, "regime-kind": "rotate"}
+
+
+def _raw(cfg: RunConfig, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    data = load_dataset(cfg.dataset, cfg.resolved_data_dir)
+    return data.train_x[idx], data.train_y[idx]
+
+
+def test_assignment_is_balanced_and_seeded() -> None:
+    for n, r in ((50, 4), (7, 3), (10, 10), (5, 1)):
+        regimes = client_regimes(n, r, seed=0)
+        counts = np.bincount(regimes, minlength=r)
+        assert counts.size == r and counts.max() - counts.min() <= 1, (n, r, counts)
+    a = client_regimes(50, 4, seed=0)
+    np.testing.assert_array_equal(a, client_regimes(50, 4, seed=0))
+    assert not np.array_equal(a, client_regimes(50, 4, seed=1))
+    assert not np.array_equal(a, np.arange(50) % 4)  # shuffled, not by id
+
+
+def test_permutations_are_bijections_identity_only_in_regime_zero() -> None:
+    np.testing.assert_array_equal(label_permutation(10, 0, seed=5), np.arange(10))
+    perms = [label_permutation(10, r, seed=5) for r in range(1, 6)]
+    for p in perms:
+        np.testing.assert_array_equal(np.sort(p), np.arange(10))  # a bijection
+        assert not np.array_equal(p, np.arange(10))
+    assert len({p.tobytes() for p in perms}) == 5
+    np.testing.assert_array_equal(perms[0], label_permutation(10, 1, seed=5))
+    assert not np.array_equal(perms[0], label_permutation(10, 1, seed=6))
+    # two classes: the only other permutation is the swap
+    np.testing.assert_array_equal(label_permutation(2, 3, seed=0), [1, 0])
+
+
+def test_rotate_is_np_rot90_of_each_image() -> None:
+    x = np.random.default_rng(0).integers(0, 256, size=(3, 5, 5, 2), dtype=np.uint8)
+    for r in range(4):
+        out = rotate(x, r)
+        for i in range(3):
+            np.testing.assert_array_equal(out[i], np.rot90(x[i], k=r))
+    assert out.flags.c_contiguous
+    with pytest.raises(ValueError, match="square"):
+        rotate(np.zeros((1, 4, 6, 1), np.uint8), 1)
+
+
+def test_rotated_clients_see_rot90_of_their_raw_images_in_both_splits() -> None:
+    cfg = RunConfig.parse(RUN)
+    plain = RunConfig.parse({**RUN, "num-regimes": 0})
+    assert sorted(set(regimes_of(cfg))) == [0, 1, 2, 3]
+    for pid in range(cfg.num_clients):
+        k = regime_of(cfg, pid)
+        for examples, indices in ((client_examples, client_indices),
+                                  (client_test_examples, local_test_indices)):
+            x, y = examples(cfg, pid)
+            raw_x, raw_y = _raw(cfg, indices(cfg, pid))
+            assert x.shape[0] > 0
+            np.testing.assert_array_equal(y, raw_y)
+            for i in range(x.shape[0]):
+                np.testing.assert_array_equal(x[i], np.rot90(raw_x[i], k=k))
+            # the same examples as without regimes, only turned
+            np.testing.assert_array_equal(examples(plain, pid)[0], raw_x)
+            if k:
+                assert not np.array_equal(x, raw_x)
+
+
+def test_label_permutation_applies_to_train_and_test_alike() -> None:
+    cfg = RunConfig.parse({**RUN, "regime-kind": "permute-labels", "num-regimes": 3})
+    for pid in range(cfg.num_clients):
+        perm = label_permutation(10, regime_of(cfg, pid), cfg.seed)
+        for examples, indices in ((client_examples, client_indices),
+                                  (client_test_examples, local_test_indices)):
+            x, y = examples(cfg, pid)
+            raw_x, raw_y = _raw(cfg, indices(cfg, pid))
+            np.testing.assert_array_equal(x, raw_x)
+            np.testing.assert_array_equal(y, perm[raw_y])
+    assert {regime_of(cfg, p) for p in range(cfg.num_clients)} == {0, 1, 2}
+
+
+def test_regimes_off_leaves_the_data_untouched() -> None:
+    cfg = RunConfig.parse({**RUN, "num-regimes": 0})
+    for pid in (0, 5):
+        x, y = client_examples(cfg, pid)
+        raw_x, raw_y = _raw(cfg, client_indices(cfg, pid))
+        np.testing.assert_array_equal(x, raw_x)
+        np.testing.assert_array_equal(y, raw_y)
+
+
+def test_another_process_derives_the_same_regimes() -> None:
+    """A deployed client derives its regime and data from run config + partition id."""
+    cfg = RunConfig.parse({**RUN, "regime-kind": "permute-labels"})
+    code = ("from task.config import RunConfig; from task.federated_data import "
+            "client_examples as e, regimes_of; import hashlib; "
+            f"c = RunConfig.parse({RUN | {'regime-kind': 'permute-labels'}!r}); "
+            "print(regimes_of(c), hashlib.sha256(b''.join(e(c, p)[1].tobytes() "
+            "for p in range(8))).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={"PYTHONHASHSEED": "7", "PATH": ""}, cwd=".")
+    mine = hashlib.sha256(b"".join(client_examples(cfg, p)[1].tobytes()
+                                   for p in range(8))).hexdigest()
+    assert out.stdout.split() == [*str(regimes_of(cfg)).split(), mine]
+
+
+@pytest.mark.parametrize(("update", "key"), [
+    ({"num-regimes": 5}, "num-regimes"),  # rotate: 0/90/180/270 only
+    ({"num-regimes": -1}, "num-regimes"),
+    ({"num-regimes": 9, "regime-kind": "permute-labels"}, "num-regimes"),  # > num-clients
+    ({"regime-kind": "flip"}, "regime-kind"),
+])
+def test_bad_regime_settings_are_refused_in_one_line(update: dict, key: str) -> None:
+    with pytest.raises(ConfigError, match=f"^run config: {key}=") as err:
+        RunConfig.parse({**RUN, **update})
+    assert "\n" not in str(err.value)
+
+
+def test_same_regime_edges_connect_exactly_the_clients_of_a_regime() -> None:
+    regimes = [0, 1, 0, 2, 1, 0]
+    edges = same_regime_edges(regimes, weight=0.5)
+    assert {(i, j) for i, j, _ in edges} == {(0, 2), (0, 5), (2, 5), (1, 4)}
+    assert all(w == 0.5 for *_, w in edges)
+    with pytest.raises(ValueError, match="weight"):
+        same_regime_edges(regimes, weight=0.0)
+
+
+def test_results_file_and_graph_file_round_trip(tmp_path) -> None:
+    cfg = RunConfig.parse(RUN)
+    write_regimes(tmp_path, cfg)
+    regimes = read_regimes(tmp_path)
+    assert regimes == dict(enumerate(regimes_of(cfg)))
+    text = (tmp_path / "regimes.csv").read_text()
+    assert "rot90" in text and "rot270" in text
+    out = tmp_path / "graph.txt"
+    assert graph_main(["--run-dir", str(tmp_path), "--out", str(out)]) == 0
+    edges = read_edges(out)
+    assert edges == same_regime_edges([regimes[p] for p in range(8)])
+    # the same graph straight from the run config, without a run
+    out2 = tmp_path / "graph2.txt"
+    assert graph_main(["--out", str(out2), *(f"{k}={v}" for k, v in RUN.items())]) == 0
+    assert read_edges(out2) == edges
+    off = tmp_path / "off"
+    off.mkdir()
+    write_regimes(off, RunConfig.parse({**RUN, "num-regimes": 0}))
+    assert read_regimes(off) == {}

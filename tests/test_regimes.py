@@ -172,3 +172,46 @@ def test_results_file_and_graph_file_round_trip(tmp_path) -> None:
     off.mkdir()
     write_regimes(off, RunConfig.parse({**RUN, "num-regimes": 0}))
     assert read_regimes(off) == {}
+
+
+def _fake_run(run_dir, regimes: dict[int, int], own: dict[int, float]) -> list[dict]:
+    """A finished run's files as the report reads them: regimes.csv, personal_clients.csv."""
+    run_dir.mkdir(parents=True)
+    if regimes:
+        (run_dir / "regimes.csv").write_text(
+            "partition-id,regime,transform\n"
+            + "".join(f"{p},{r},x\n" for p, r in regimes.items()))
+    (run_dir / "personal_clients.csv").write_text(
+        "round,partition-id,num-test,acc-global,acc-finetuned,acc-own\n"
+        + "".join(f"30,{p},40,0.5,0.6,{a}\n" for p, a in own.items()))
+    return [{"round": 30, "test-acc": 0.7, "local-global-mean": 0.5, "local-own-mean": 0.8}]
+
+
+def test_report_groups_by_data_set_and_gives_each_regimes_mean(tmp_path) -> None:
+    from scripts.personal_report import tables
+    from scripts.report import CellResult
+    from scripts.sweep_plan import load_plan
+
+    cells = [c for c in load_plan("experiments/fmnist-network.yaml").cells
+             if c.config["method"] == "fedavg" and c.config["beta"] == 0.0
+             and c.config["seed"] in (0, 1)]
+    results = []
+    for i, cell in enumerate(cells):
+        reg = {0: 0, 1: 1, 2: 0, 3: 1} if cell.config["num-regimes"] else {}
+        own = {0: 0.9, 1: 0.2 + 0.1 * i, 2: 0.7, 3: 0.4}
+        rows = _fake_run(tmp_path / cell.id, reg, own)
+        results.append(CellResult(cell, run_dir=tmp_path / cell.id, rows=rows))
+    text, flat = tables(results)
+    assert "4 rotate regimes, iid (mean" in text and "Dir-0.1 (mean" in text
+    per_regime = [line for line in text.splitlines() if line.startswith("| FedAvg")]
+    assert len(per_regime) == 3  # two data sets, one per-regime table
+    # regime 0 holds clients 0 and 2 (0.9, 0.7), regime 1 clients 1 and 3 (0.2 + 0.1 i, 0.4)
+    for i, row in enumerate(flat):
+        if row["num-regimes"]:
+            assert abs(row["r0-own"] - 80.0) < 1e-9
+            assert abs(row["r1-own"] - 100 * (0.6 + 0.1 * i) / 2) < 1e-9
+            assert row["r2-own"] is None  # no client of regime 2 in this fake run
+        else:
+            assert row["r0-own"] is None
+    assert per_regime[-1] == ("| FedAvg | 2 | 50.0 ± 0.0 | 50.0 ± 0.0 | – | – | 60.0 ± 0.0 | "
+                              "60.0 ± 0.0 | – | – | 80.0 ± 0.0 | 32.5 ± 3.5 | – | – |")

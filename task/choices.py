@@ -9,6 +9,9 @@ from __future__ import annotations
 
 MODEL_NAMES: tuple[str, ...] = ("cnn", "resnet18-gn", "vgg11")
 PARTITION_NAMES: tuple[str, ...] = ("dirichlet", "dirichlet-equal", "iid")
+REGIME_KINDS: tuple[str, ...] = ("rotate", "permute-labels")
+MAX_ROTATIONS = 4
+"""Distinct rotations by multiples of 90 degrees: ``rotate`` allows at most this many regimes."""
 
 
 def check_model_input(name: str, image_size: int) -> None:

@@ -30,7 +30,13 @@ from methods.registry import (
     method_param_keys,
 )
 from methods.robust_choices import min_replies
-from task.choices import MODEL_NAMES, PARTITION_NAMES, check_model_input
+from task.choices import (
+    MAX_ROTATIONS,
+    MODEL_NAMES,
+    PARTITION_NAMES,
+    REGIME_KINDS,
+    check_model_input,
+)
 from task.config_checks import ConfigError, bad_value, did_you_mean
 from task.data_sets import DATASET_NAMES, default_data_dir, spec_of, split_floats, split_names
 from task.data_sets.device import NAME as DEVICE
@@ -73,6 +79,8 @@ class RunConfig:
     device_std: str
     partition: str
     dirichlet_alpha: float
+    num_regimes: int
+    regime_kind: str
     channel_noise: float
     brightness_noise: float
     train_limit: int
@@ -273,6 +281,16 @@ def _check_per_client(c: RunConfig) -> None:
             raise _bad(key, value, f"{allowed} with method={c.method!r} ({refusal})")
 
 
+def _check_regimes(c: RunConfig) -> None:
+    """``num-regimes``: 0 (off) or 1..num-clients; rotations by 90 degrees give at most 4."""
+    if not 0 <= c.num_regimes <= c.num_clients:
+        raise _bad("num-regimes", c.num_regimes,
+                   f"0 (off) to num-clients={c.num_clients} regimes")
+    if c.regime_kind == "rotate" and c.num_regimes > MAX_ROTATIONS:
+        raise _bad("num-regimes", c.num_regimes,
+                   f"0 (off) to {MAX_ROTATIONS} with regime-kind='rotate' (0/90/180/270 degrees)")
+
+
 def _check_personal_eval(c: RunConfig) -> None:
     """Personalized evaluation needs local test splits and at most every client."""
     for key, value in (("divergence-every", c.divergence_every),
@@ -365,6 +383,7 @@ def _check_ranges(c: RunConfig) -> None:
         "aggregation": (c.aggregation, AGGREGATIONS),
         "dataset": (c.dataset, DATASET_NAMES),
         "partition": (c.partition, PARTITION_NAMES),
+        "regime-kind": (c.regime_kind, REGIME_KINDS),
         "model": (c.model, MODEL_NAMES),
         "simulation-client-state": (c.simulation_client_state, ("disk", "memory")),
         "evaluation": (c.evaluation, EVALUATIONS),
@@ -441,6 +460,7 @@ def _check_ranges(c: RunConfig) -> None:
     if not 0.0 <= c.local_test_fraction < 1.0:
         raise _bad("local-test-fraction", c.local_test_fraction,
                    "0 <= local-test-fraction < 1 (0 turns the local test split off)")
+    _check_regimes(c)
     _check_personal_eval(c)
     _check_evaluation(c)
     _check_dp(c)

@@ -76,8 +76,8 @@ EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
     "personal-eval-every", "personal-eval-clients", "finetune-epochs",
     # the data
     "dataset", "partition", "dirichlet-alpha", "channel-noise", "brightness-noise", "train-limit",
-    "local-test-fraction", "device-classes", "device-image-size", "device-channels",
-    "device-mean", "device-std",
+    "num-regimes", "regime-kind", "local-test-fraction", "device-classes", "device-image-size",
+    "device-channels", "device-mean", "device-std",
     # the server's defences: they change which replies are aggregated and how
     "aggregation", "trim-fraction", "byzantine-f", "max-update-norm-ratio",
     "max-examples-per-client",

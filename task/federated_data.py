@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from task.data_sets import device_schema
+from task.data_sets import device_schema, schema_of
 from task.data_sets.device import DeviceDataError, load_device_data
 from task.datasets import DataSplits, load_dataset
 from task.local_split import local_test_count, split_positions
 from task.noise import class_brightness_shift, client_channel_scale
 from task.partition import split
+from task.regimes import apply_regime, client_regimes
 
 if TYPE_CHECKING:
     from task.config import RunConfig
@@ -120,6 +121,31 @@ def _partition_examples(cfg: RunConfig, partition_id: int,
     return x, y
 
 
+@functools.lru_cache(maxsize=8)
+def _regimes(num_clients: int, num_regimes: int, seed: int) -> tuple[int, ...]:
+    return tuple(int(r) for r in client_regimes(num_clients, num_regimes, seed))
+
+
+def regimes_of(cfg: RunConfig) -> tuple[int, ...]:
+    """Every client's regime by partition id (``num-regimes`` > 0; task/regimes.py)."""
+    return _regimes(cfg.num_clients, cfg.num_regimes, cfg.seed)
+
+
+def regime_of(cfg: RunConfig, partition_id: int) -> int:
+    """One client's regime: what a deployed client derives from run config + partition id."""
+    return regimes_of(cfg)[partition_id]
+
+
+def _as_regime_sees(cfg: RunConfig, partition_id: int, x: np.ndarray,
+                    y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A client's examples transformed by its regime (unchanged with regimes off). Applied
+    after the train/test positions are drawn from the raw labels, to both splits alike."""
+    if cfg.num_regimes == 0:
+        return x, y
+    return apply_regime(x, y, cfg.regime_kind, regime_of(cfg, partition_id),
+                        schema_of(cfg).num_classes, cfg.seed)
+
+
 def _positions(cfg: RunConfig, partition_id: int, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) positions: the benchmark split (cached indices) or the device's."""
     if cfg.on_devices:
@@ -133,7 +159,7 @@ def client_examples(cfg: RunConfig, partition_id: int,
     node's own data (device data only)."""
     x, y = _partition_examples(cfg, partition_id, data_dir)
     train = _positions(cfg, partition_id, y)[0]
-    return x[train], y[train]
+    return _as_regime_sees(cfg, partition_id, x[train], y[train])
 
 
 def client_test_examples(cfg: RunConfig, partition_id: int,
@@ -142,4 +168,4 @@ def client_test_examples(cfg: RunConfig, partition_id: int,
     there are none."""
     x, y = _partition_examples(cfg, partition_id, data_dir)
     test = _positions(cfg, partition_id, y)[1]
-    return x[test], y[test]
+    return _as_regime_sees(cfg, partition_id, x[test], y[test])

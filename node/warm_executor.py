@@ -5,7 +5,9 @@ imports torch and the app and reloads its partition (seconds per message on a sm
 This executor takes the SuperExec's place for a SuperNode in ``--isolation process``:
 
 * the supervisor (this process) imports Python, flwr and torch once, never touches CUDA, and
-  polls the SuperNode's Runtime API for tasks every ``--poll`` seconds;
+  asks the SuperNode's Runtime API for a task every ``--poll`` seconds, or, with
+  ``--wake-fd`` (``node.launch`` passes it), whenever the node writes to that pipe (a message
+  waits: ``node.fast_poll``), the poll then only a safety net;
 * each task goes to a worker forked from the supervisor (so it starts with everything
   imported); the worker keeps the app's module caches (data, partition, w_0, model) from task
   to task. One worker per FAB: a task of another FAB (another app, changed code) retires the
@@ -37,6 +39,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import select
 import signal
 import sys
 import time
@@ -198,9 +201,11 @@ class WarmExecutor:
 
     def __init__(self, address: str, insecure: bool, certificates: bytes | None,
                  poll: float, status_file: Path | None, max_workers: int = 4,
-                 task_deadline: float = 0.0) -> None:
+                 task_deadline: float = 0.0, wake_fd: int | None = None) -> None:
         self.address, self.insecure, self.certificates = address, insecure, certificates
         self.poll = poll
+        self.wake_fd = wake_fd
+        """A pipe the SuperNode writes to when a message waits; None: poll only."""
         self.task_deadline = task_deadline
         """The node's ``--task-deadline`` (0: each run's config decides)."""
         self.status_file = status_file
@@ -241,11 +246,21 @@ class WarmExecutor:
                     if res.HasField("task") and res.token:
                         self.dispatch(res.token, res.task.task_id, res.task.fab_hash)
                         continue
-                time.sleep(self.poll)
+                self.pause()
         finally:
             for w in self.workers:
                 w.stop()
             client.close()
+
+    def pause(self) -> None:
+        """Wait ``poll`` seconds, or less when the node wakes us (a message waits)."""
+        if self.wake_fd is None:
+            time.sleep(self.poll)
+            return
+        ready, _, _ = select.select([self.wake_fd], [], [], self.poll)
+        if ready and not os.read(self.wake_fd, 4096):  # the node is gone: poll from now on
+            os.close(self.wake_fd)
+            self.wake_fd = None
 
     def idle_worker(self, fab_hash: str | None) -> Worker | None:
         """The idle worker (of ``fab_hash``, or any) with the most tasks done."""
@@ -386,6 +401,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="kill a task that runs longer than this many seconds and answer it "
                         "with an error reply; wins over the run config's task-deadline "
                         "(default 0: the run config decides, its 0 meaning round-timeout)")
+    p.add_argument("--wake-fd", type=int,
+                   help="an inherited pipe the SuperNode writes to when a message waits: "
+                        "ask for a task at once (node.launch passes it)")
     p.add_argument("--parent-pid", type=int, help="exit when this process exits")
     p.add_argument("--status-file", type=Path, help="write counters here after each task")
     args = p.parse_args(argv)
@@ -409,7 +427,8 @@ def main(argv: list[str] | None = None) -> None:
     certificates = (None if args.insecure
                     else Path(args.root_certificates).read_bytes())
     executor = WarmExecutor(args.runtime_api_address, args.insecure, certificates, args.poll,
-                            args.status_file, args.max_workers, args.task_deadline)
+                            args.status_file, args.max_workers, args.task_deadline,
+                            args.wake_fd)
     executor.preload()
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from node.launch import DEFAULT_IDLE_POLL, DEFAULT_NODE_POLL
 from scripts.flower_env import REPO, flower_env
 from scripts.run_files import read_json, run_of
 from scripts.simulate import RUN_ID, parse_overrides, run_status, toml_line
@@ -79,8 +80,12 @@ class Deployment:
     threads_per_node: int = 1
     executor: str = "warm"
     """ClientApp executor of every node: ``warm`` (node.warm_executor) or ``flower``."""
-    node_poll: float = 0.5
-    """Seconds between an idle SuperNode's pulls (0: Flower's own 3 s)."""
+    node_poll: float = DEFAULT_NODE_POLL
+    """Seconds between a SuperNode's pulls while a run is active (0: Flower's own 3 s)."""
+    idle_poll: float = DEFAULT_IDLE_POLL
+    """Seconds between its pulls when idle (node.launch --idle-poll)."""
+    wake: bool = True
+    """The node wakes its warm executor (False: the executor polls every 0.1 s)."""
     num_partitions: int = 0
     """``num-partitions`` in the nodes' node config (0: num_nodes); a test may register more
     node keys than the run has clients."""
@@ -244,7 +249,8 @@ class Deployment:
         """SuperNode ``i`` with its executor (``node.launch``); key/root_ca/no_ca override
         the defaults, ``extra`` goes to flower-supernode."""
         cmd = [sys.executable, "-m", "node.launch", "--executor", self.executor,
-               "--node-poll", str(self.node_poll),
+               "--node-poll", str(self.node_poll), "--idle-poll", str(self.idle_poll),
+               *([] if self.wake else ["--no-wake"]),
                "--status-file", str(self.executor_status(i)), "--",
                "--superlink", self.fleet_address,
                "--host", "127.0.0.1", "--port", str(self.node_port(i)),
@@ -510,9 +516,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor", choices=("warm", "flower"), default="warm",
                     help="ClientApp executor per node: warm (one torch import per node, "
                          "default) or flower (Flower's, a new process per message)")
-    ap.add_argument("--node-poll", type=float, default=0.5,
-                    help="seconds between an idle SuperNode's pulls (default 0.5; 0 keeps "
-                         "Flower's 3 s)")
+    ap.add_argument("--node-poll", type=float, default=DEFAULT_NODE_POLL,
+                    help="seconds between a SuperNode's pulls while a run is active "
+                         f"(default {DEFAULT_NODE_POLL:g}; 0 keeps Flower's 3 s)")
+    ap.add_argument("--idle-poll", type=float, default=DEFAULT_IDLE_POLL,
+                    help="seconds between its pulls when idle (default "
+                         f"{DEFAULT_IDLE_POLL:g})")
+    ap.add_argument("--no-wake", action="store_true",
+                    help="warm executors poll every 0.1 s instead of being woken by their "
+                         "node (the fixed polls of before, for comparison)")
     ap.add_argument("--app", type=Path, default=REPO, help="the Flower App (default: this repo)")
     ap.add_argument("--run-timeout", type=float, default=3600.0,
                     help="give up on the run after this many seconds (default 3600)")
@@ -531,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, raise_on_signal)
     dep = Deployment(work_dir, args.num_nodes, args.base_port, args.insecure,
-                     args.threads_per_node, args.executor, args.node_poll)
+                     args.threads_per_node, args.executor, args.node_poll, args.idle_poll,
+                     not args.no_wake)
     code = 1
     try:
         dep.up()

@@ -76,19 +76,68 @@ def test_supernode_poll_patch_applies_to_the_checked_flower_only(
     from flwr.supernode import start_client_internal as loop
 
     monkeypatch.setattr(loop, "time", loop.time)  # restored after the test
-    assert fast_poll.install(idle=0.2, reply=0.01)
+    assert fast_poll.install(fast_poll.AdaptivePoll(fast=0.2, idle=2.0, window=30, reply=0.01))
     slept: list[float] = []
     monkeypatch.setattr(fast_poll.time, "sleep", slept.append)
     loop.time.sleep(3)
     loop.time.sleep(0.5)
+    loop.time.sleep(3)
     loop.time.sleep(7)
-    assert slept == [0.2, 0.01, 7]
+    assert slept == [2.0, 0.01, 0.2, 7]  # idle, reply check, active after a message, other
     assert loop.time.monotonic is fast_poll.time.monotonic  # everything else passes through
 
     import flwr
     monkeypatch.setattr(flwr, "__version__", "1.40.0")
     assert "not the checked" in (fast_poll.why_not_patchable() or "")
-    assert not fast_poll.install(idle=0.2, reply=0.01)
+    assert not fast_poll.install(fast_poll.AdaptivePoll(fast=0.2, idle=2, window=30, reply=0.01))
+
+
+def test_node_polls_fast_only_within_the_window_after_a_message_and_wakes_once() -> None:
+    now = [1000.0]
+    woken: list[float] = []
+    poll = fast_poll.AdaptivePoll(fast=0.2, idle=3.0, window=30.0, reply=0.05,
+                                  wake=lambda: woken.append(now[0]), clock=lambda: now[0])
+    assert poll.idle_wait() == 3.0  # never had a message: idle
+    assert [poll.reply_wait() for _ in range(3)] == [0.05] * 3  # one message, three checks
+    assert woken == [1000.0]  # the executor is woken once per message, not per check
+    now[0] += 29.0
+    assert poll.idle_wait() == 0.2  # inside the window: a run is active
+    now[0] += 1.5
+    assert poll.idle_wait() == 3.0  # 30.5 s after the last reply check: idle again
+    poll.reply_wait()
+    assert woken == [1000.0, 1030.5]  # the next message wakes it again
+    assert poll.idle_wait() == 0.2
+
+
+def test_executor_waits_for_the_nodes_wake_instead_of_polling() -> None:
+    from node.warm_executor import WarmExecutor
+
+    wake = fast_poll.PipeWaker()
+    read = wake.read_fd
+    ex = WarmExecutor("127.0.0.1:1", True, None, poll=5.0, status_file=None, wake_fd=read)
+    for _ in range(3):
+        wake()  # several wakes before the executor looks: one short pause drains them all
+    t0 = time.monotonic()
+    ex.pause()
+    assert time.monotonic() - t0 < 0.5
+    ex.poll = 0.3
+    t0 = time.monotonic()
+    ex.pause()  # nothing written: waits its poll
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    import threading
+
+    threading.Timer(0.2, wake).start()
+    ex.poll = 10.0
+    t0 = time.monotonic()
+    ex.pause()  # woken mid-wait
+    assert 0.15 <= time.monotonic() - t0 < 2.0
+    assert ex.wake_fd == read
+    wake.close()  # the node is gone: the executor notices and polls from now on
+    ex.poll = 0.05
+    ex.pause()
+    assert ex.wake_fd is None
+    ex.pause()  # plain sleep, no busy loop on a closed pipe
+
 
 
 def test_launcher_keeps_the_runtime_api_on_loopback_in_process_isolation() -> None:

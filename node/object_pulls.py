@@ -49,6 +49,9 @@ def install(module_name: str) -> bool:
     from flwr.supercore import log
     from flwr.supercore.inflatable import inflatable_utils
 
+    current = getattr(importlib.import_module(module_name), "pull_objects", None)
+    if isinstance(current, functools.partial) and current.func is inflatable_utils.pull_objects:
+        return True  # installed already (a second run in the same process)
     reason = why_not_patchable(module_name)
     if reason is not None:
         log(WARNING, "fast object pulls not applied (%s); Flower's 1 s retry stays", reason)

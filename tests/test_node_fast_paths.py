@@ -203,3 +203,40 @@ def test_a_stuck_task_does_not_hold_up_the_next_and_idle_extras_are_retired(
     assert first.stopped and not second.stopped and ex.workers == [second]
     ex.dispatch("t4", 4, "fabB")  # another FAB: the idle worker of the old one is retired
     assert second.stopped and len(ex.workers) == 1 and ex.workers[0].fab_hash == "fabB"
+
+
+def test_object_pull_retry_patch_applies_to_the_checked_flower_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both callers still call Flower's pull_objects, which still takes initial_backoff: if an
+    # upgrade changes that, this fails and the patch (which then refuses) must be re-checked.
+    from flwr.supercore.inflatable import inflatable_utils
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    from node import object_pulls
+
+    for name in (object_pulls.SUPERNODE, object_pulls.SERVERAPP):
+        assert object_pulls.why_not_patchable(name) is None, name
+    from flwr.superlink.grid import http_grid
+
+    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)  # restored after
+    assert object_pulls.install(object_pulls.SERVERAPP)
+    calls: list[float] = []
+
+    def arrives_late(object_id: str) -> bytes:  # not there on the first ask, as on the wire
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise ObjectUnavailableError(object_id)
+        return b"content"
+
+    t0 = time.monotonic()
+    assert http_grid.pull_objects(["a"], arrives_late) == {"a": b"content"}
+    assert time.monotonic() - t0 < 0.5  # Flower's first retry comes after 0.8-1.2 s
+    assert len(calls) == 2
+    assert object_pulls.install(object_pulls.SERVERAPP)  # a second install changes nothing
+    assert http_grid.pull_objects.func is inflatable_utils.pull_objects  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(http_grid, "pull_objects", inflatable_utils.pull_objects)
+    import flwr
+    monkeypatch.setattr(flwr, "__version__", "1.40.0")
+    assert not object_pulls.install(object_pulls.SERVERAPP)
+    assert http_grid.pull_objects is inflatable_utils.pull_objects

@@ -54,6 +54,11 @@ PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.optim",
            "node.task_runner")
 """Imported once by the supervisor, before any fork: what every ClientApp task needs."""
 CLIENT_APP_TASK = "flwr-clientapp"  # flwr.supercore.constant.TaskType.CLIENT_APP
+ORPHAN_SECONDS = 60.0
+"""A task whose worker has not pulled its message this long after hand-over, when the node
+hands out a newer one, is an orphan: the node gave up on its message (a SuperLink crash:
+Flower 1.39's node fails the task, but the worker would wait 15 min for it). Its worker is
+killed then, not kept with its ~600 MiB."""
 
 
 @dataclass
@@ -68,6 +73,8 @@ class Stats:
     worker_crashes: int = 0
     tasks_timed_out: int = 0
     """Tasks killed at their deadline (their workers are not counted in worker_crashes)."""
+    orphans_killed: int = 0
+    """Workers killed because their task's message never came (``ORPHAN_SECONDS``)."""
     cold_workers: int = 0
     """Workers that had to import torch themselves (should stay 0: the fork inherits it)."""
     start_seconds: list[float] = field(default_factory=list)
@@ -272,6 +279,7 @@ class WarmExecutor:
         """Send the task to an idle warm worker of its FAB, forking one if there is none."""
         from flwr.supercore import log
 
+        self.reap_orphans(time.monotonic())
         for old in [w for w in self.workers if w.fab_hash != fab_hash and w.task is None]:
             log(INFO, "warm executor: FAB %s, retiring a worker of FAB %s", fab_hash[:8],
                 old.fab_hash[:8])
@@ -288,6 +296,20 @@ class WarmExecutor:
                 log(INFO, "warm executor: %d workers (the others are busy)", len(self.workers))
         worker.task = InFlight(task_id, token, deadline=self.task_deadline)
         worker.conn.send((task_id, token))
+
+    def reap_orphans(self, now: float) -> None:
+        """Kill workers whose task never got its message (``ORPHAN_SECONDS``): the node hands
+        out a newer task, so it gave up on theirs."""
+        from flwr.supercore import log
+
+        for w in [w for w in self.workers if w.task is not None and w.task.pulled is None
+                  and now - w.task.started > ORPHAN_SECONDS]:
+            assert w.task is not None
+            log(WARNING, "warm executor: task %d got no message in %.0f s and the node has "
+                "moved on; killing its worker", w.task.task_id, now - w.task.started)
+            w.kill()
+            self.workers.remove(w)
+            self.stats.orphans_killed += 1
 
     def retire(self, w: Worker) -> None:
         self.workers.remove(w)

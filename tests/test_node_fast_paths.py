@@ -182,6 +182,9 @@ class FakeWorker:
     def stop(self) -> None:
         self.stopped = True
 
+    def kill(self) -> None:
+        self.killed = True
+
 
 def test_a_stuck_task_does_not_hold_up_the_next_and_idle_extras_are_retired(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -240,3 +243,28 @@ def test_object_pull_retry_patch_applies_to_the_checked_flower_only(
     monkeypatch.setattr(flwr, "__version__", "1.40.0")
     assert not object_pulls.install(object_pulls.SERVERAPP)
     assert http_grid.pull_objects is inflatable_utils.pull_objects
+
+
+def test_a_worker_whose_message_never_came_is_killed_when_the_node_moves_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from node import warm_executor as we
+
+    FakeWorker.started = []
+    monkeypatch.setattr(we, "Worker", FakeWorker)
+    ex = we.WarmExecutor("127.0.0.1:1", True, None, 0.1, None)
+    ex.dispatch("t1", 1, "fabA")  # its message never arrives (the SuperLink died)
+    ex.dispatch("t2", 2, "fabA")  # a long task whose message did arrive
+    orphan, training = FakeWorker.started
+    ex.on_report(training, ("pulled", 2, _Pulled()))  # type: ignore[arg-type]
+    for w in (orphan, training):
+        assert w.task is not None
+        w.task.started -= we.ORPHAN_SECONDS + 1
+    ex.dispatch("t3", 3, "fabA")
+    assert getattr(orphan, "killed", False) and orphan not in ex.workers
+    assert not getattr(training, "killed", False) and training in ex.workers
+    assert ex.stats.orphans_killed == 1
+    assert FakeWorker.started[-1].sent == [(3, "t3")]
+
+
+class _Pulled:
+    deadline = 0.0

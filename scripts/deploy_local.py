@@ -36,7 +36,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from node.launch import DEFAULT_IDLE_POLL, DEFAULT_NODE_POLL
 from scripts.flower_env import REPO, flower_env
 from scripts.run_files import read_json, run_of
 from scripts.simulate import RUN_ID, parse_overrides, run_status, toml_line
@@ -80,10 +79,11 @@ class Deployment:
     threads_per_node: int = 1
     executor: str = "warm"
     """ClientApp executor of every node: ``warm`` (node.warm_executor) or ``flower``."""
-    node_poll: float = DEFAULT_NODE_POLL
-    """Seconds between a SuperNode's pulls while a run is active (0: Flower's own 3 s)."""
-    idle_poll: float = DEFAULT_IDLE_POLL
-    """Seconds between its pulls when idle (node.launch --idle-poll)."""
+    node_poll: float | None = None
+    """Seconds between a SuperNode's pulls while a run is active (0: Flower's own 3 s;
+    None: node.launch's default)."""
+    idle_poll: float | None = None
+    """Seconds between its pulls when idle (None: node.launch's default)."""
     wake: bool = True
     """The node wakes its warm executor (False: the executor polls every 0.1 s)."""
     num_partitions: int = 0
@@ -249,7 +249,8 @@ class Deployment:
         """SuperNode ``i`` with its executor (``node.launch``); key/root_ca/no_ca override
         the defaults, ``extra`` goes to flower-supernode."""
         cmd = [sys.executable, "-m", "node.launch", "--executor", self.executor,
-               "--node-poll", str(self.node_poll), "--idle-poll", str(self.idle_poll),
+               *([] if self.node_poll is None else ["--node-poll", str(self.node_poll)]),
+               *([] if self.idle_poll is None else ["--idle-poll", str(self.idle_poll)]),
                *([] if self.wake else ["--no-wake"]),
                "--status-file", str(self.executor_status(i)), "--",
                "--superlink", self.fleet_address,
@@ -516,12 +517,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor", choices=("warm", "flower"), default="warm",
                     help="ClientApp executor per node: warm (one torch import per node, "
                          "default) or flower (Flower's, a new process per message)")
-    ap.add_argument("--node-poll", type=float, default=DEFAULT_NODE_POLL,
+    ap.add_argument("--node-poll", type=float,
                     help="seconds between a SuperNode's pulls while a run is active "
-                         f"(default {DEFAULT_NODE_POLL:g}; 0 keeps Flower's 3 s)")
-    ap.add_argument("--idle-poll", type=float, default=DEFAULT_IDLE_POLL,
-                    help="seconds between its pulls when idle (default "
-                         f"{DEFAULT_IDLE_POLL:g})")
+                         "(default: node.launch's, 0.2; 0 keeps Flower's 3 s)")
+    ap.add_argument("--idle-poll", type=float,
+                    help="seconds between its pulls when idle (default: node.launch's, 3)")
     ap.add_argument("--no-wake", action="store_true",
                     help="warm executors poll every 0.1 s instead of being woken by their "
                          "node (the fixed polls of before, for comparison)")

@@ -14,6 +14,7 @@ SuperLink (with its ServerApp executor), also per connected node.
   defaults  node 0.2 s while active, 3 s idle, executor woken by its node (node.fast_poll)
   fixed     the fixed fast polls of before: node 0.5 s, executor 0.1 s, always
   flower    Flower's own: node 3 s, flower-superexec (1 s task poll, a process per message)
+  idle10    the defaults with a 10 s idle poll (``--idle-poll 10``): the price of 3 s
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from scripts.flower_env import REPO
 
 SETTINGS = {"defaults": [],
             "fixed": ["--node-poll", "0.5", "--idle-poll", "0.5", "--no-wake"],
-            "flower": ["--executor", "flower", "--node-poll", "0"]}
+            "flower": ["--executor", "flower", "--node-poll", "0"],
+            "idle10": ["--idle-poll", "10"]}
 TICKS = os.sysconf("SC_CLK_TCK")
 ROLES = ("supernode", "executor", "worker")
 
@@ -107,7 +109,8 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=60.0, help="idle span, seconds (default 60)")
     ap.add_argument("--active-window", type=float, default=DEFAULT_ACTIVE_WINDOW,
                     help="span right after the run, seconds (default: node.launch's window)")
-    ap.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--settings", nargs="*", default=["defaults", "fixed", "flower"],
+                    choices=list(SETTINGS))
     ap.add_argument("--base-port", type=int, default=29700)
     args = ap.parse_args()
     cols = ("supernode", "executor", "worker", "device", "superlink", "link/node")

@@ -26,6 +26,7 @@ import argparse
 import multiprocessing as mp
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -337,6 +338,7 @@ def main() -> int:
     ap.add_argument("--run-timeout", type=float, default=1800.0)
     ap.add_argument("--base-port", type=int, default=29600)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the link and nodes too
     print(f"fake fleet: TLS + node auth, {args.procs} fake-node processes, model {args.dim} "
           f"floats, pulls {args.poll:g} s active / {args.idle_poll:g} s idle, {args.rounds} "
           f"rounds; CPU in % of one core (2-core machine: fake nodes and link share it)")

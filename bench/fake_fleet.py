@@ -294,6 +294,10 @@ def run_scale(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
         out["idle-link-%"] = 100 * (c1[0] - c0[0]) / (w1 - w0)
         out["idle-fleet-%"] = 100 * (f1 - f0) / (w1 - w0)
         out["idle-rss"] = rss_mib(link.popen.pid) or 0.0
+        print(f"  {n} nodes: {connected} up; registered in {out['register-s']:.1f} s, "
+              f"connected in {out['connect-s']:.1f} s; idle: link {out['idle-link-%']:.1f}% "
+              f"({out['idle-link-%'] / n:.3f}% per node), fake nodes {out['idle-fleet-%']:.0f}%,"
+              f" link RSS {out['idle-rss']:.0f} MiB; now the run", flush=True)
         cmd = ["flwr", "run", str(app), CONNECTION, "--stream", "--run-config",
                f"nodes={connected} rounds={args.rounds} dim={args.dim}"]
         run = subprocess.run(cmd, env=dep.cli_env(), capture_output=True, text=True,

@@ -7,7 +7,8 @@ This executor takes the SuperExec's place for a SuperNode in ``--isolation proce
 * the supervisor (this process) imports Python, flwr and torch once, never touches CUDA, and
   asks the SuperNode's Runtime API for a task every ``--poll`` seconds, or, with
   ``--wake-fd`` (``node.launch`` passes it), whenever the node writes to that pipe (a message
-  waits: ``node.fast_poll``), the poll then only a safety net;
+  waits: ``node.fast_poll``); it then also wakes when a busy worker reports or dies, or at a
+  task's deadline, and the poll is only a safety net;
 * each task goes to a worker forked from the supervisor (so it starts with everything
   imported); the worker keeps the app's module caches (data, partition, w_0, model) from task
   to task. One worker per FAB: a task of another FAB (another app, changed code) retires the
@@ -39,13 +40,12 @@ import json
 import math
 import multiprocessing as mp
 import os
-import select
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -260,13 +260,19 @@ class WarmExecutor:
             client.close()
 
     def pause(self) -> None:
-        """Wait ``poll`` seconds, or less when the node wakes us (a message waits)."""
+        """Wait ``poll`` seconds; with a wake pipe, only until the node wakes us (a message
+        waits), a busy worker reports or dies, or a task's deadline passes."""
         if self.wake_fd is None:
             time.sleep(self.poll)
             return
-        ready, _, _ = select.select([self.wake_fd], [], [], self.poll)
-        if ready and not os.read(self.wake_fd, 4096):  # the node is gone: poll from now on
-            os.close(self.wake_fd)
+        busy = [w for w in self.workers if w.task is not None]
+        now = time.monotonic()
+        timeout = min([self.poll, *(w.task.started + w.task.deadline - now + 0.01
+                                    for w in busy if w.task and w.task.deadline > 0)])
+        ready = wait([self.wake_fd, *(w.conn for w in busy),
+                      *(w.process.sentinel for w in busy)], max(0.0, timeout))
+        if self.wake_fd in ready and not os.read(self.wake_fd, 4096):
+            os.close(self.wake_fd)  # the node is gone: poll from now on
             self.wake_fd = None
 
     def idle_worker(self, fab_hash: str | None) -> Worker | None:

@@ -3,6 +3,7 @@ the launcher's checks and the executor's fork-safety."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -132,6 +133,25 @@ def test_executor_waits_for_the_nodes_wake_instead_of_polling() -> None:
     ex.pause()  # woken mid-wait
     assert 0.15 <= time.monotonic() - t0 < 2.0
     assert ex.wake_fd == read
+    import multiprocessing as mp
+    from types import SimpleNamespace
+
+    from node.warm_executor import InFlight
+
+    ours, theirs = mp.Pipe()
+    never, _keep = os.pipe()
+    busy = SimpleNamespace(task=InFlight(7, "tok", deadline=0.3), conn=ours,
+                           process=SimpleNamespace(sentinel=never))
+    ex.workers = [busy]  # type: ignore[list-item]
+    t0 = time.monotonic()
+    ex.pause()  # a busy worker's task deadline ends the wait (poll is 10 s)
+    assert 0.2 <= time.monotonic() - t0 < 2.0
+    busy.task = InFlight(7, "tok")
+    theirs.send(("done", 7))
+    t0 = time.monotonic()
+    ex.pause()  # a busy worker's report ends it too
+    assert time.monotonic() - t0 < 0.5
+    ex.workers = []
     wake.close()  # the node is gone: the executor notices and polls from now on
     ex.poll = 0.05
     ex.pause()

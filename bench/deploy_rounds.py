@@ -9,12 +9,15 @@ Each path runs the same config and seed (3 clients, fraction-train=1.0, train-li
   process-flower  deploy_local.py --executor flower --node-poll 0: Flower's own SuperExec
                   (a new flwr-clientapp process per message) and Flower's 3 s node poll
   process-3s      the warm executor, Flower's 3 s node poll (the poll's share of overhead)
-  process         the warm executor and a 0.5 s node poll (the default)
+  process-fixed   the fixed fast polls of before: node 0.5 s, executor 0.1 s, always
+  process         the defaults: node 0.2 s while a run is active (3 s idle), the executor
+                  woken by its node (node.fast_poll)
   compose         deploy/compose_run.sh (TLS + auth, warm executors), when Docker answers
 
 Per round the ServerApp records ``collect-seconds`` (messages pushed until the last reply
 arrived) and the clients' own compute (``compute-seconds``, measured in the client): the
-overhead is collect minus the slowest client's compute. Means are over rounds 2+ (round 1
+overhead is collect minus the slowest client's compute; ``vs sim`` is the round time minus
+the simulation's (the issue's definition of deployment overhead). Means are over rounds 2+ (round 1
 also loads data). The per-message start cost is the warm executor's own figure (token in
 hand to ClientApp called) against a cold process's imports (``python -c 'import torch,
 flwr..., client_app.app'``). With --memory-rounds N, one more warm process deployment runs N
@@ -41,10 +44,12 @@ from node.warm_executor import rss_mib
 from scripts.deploy_local import descendants, stop_pids
 from scripts.flower_env import REPO, flower_env
 
-PATHS = ("simulation", "process-flower", "process-3s", "process", "compose")
+PATHS = ("simulation", "process-flower", "process-3s", "process-fixed", "process", "compose")
 PROCESS_FLAGS = {"process-flower": ["--executor", "flower", "--node-poll", "0"],
                  "process-3s": ["--executor", "warm", "--node-poll", "0"],
-                 "process": ["--executor", "warm", "--node-poll", "0.5"]}
+                 "process-fixed": ["--executor", "warm", "--node-poll", "0.5",
+                                   "--idle-poll", "0.5", "--no-wake"],
+                 "process": ["--executor", "warm"]}
 COLD_IMPORTS = "import torch, flwr.clientapp, flwr.supernode.runtime.run_clientapp, client_app.app"
 
 
@@ -57,13 +62,13 @@ def results_rows(out: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (run.parent / "rounds.jsonl").read_text().splitlines()]
 
 
-def run_simulation(tmp: Path, args: list[str]) -> Path:
+def run_simulation(tmp: Path, args: list[str], nodes: int, base_port: int) -> Path:
     home = tmp / "sim-home"
-    env = flower_env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT="39391",
-                     FLWR_LOCAL_CONTROL_API_PORT="39393")
+    env = flower_env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(base_port + 91),
+                     FLWR_LOCAL_CONTROL_API_PORT=str(base_port + 93))
     out = tmp / "sim-out"
     try:
-        subprocess.run([sys.executable, "-m", "scripts.simulate", "num-clients=3", *args,
+        subprocess.run([sys.executable, "-m", "scripts.simulate", f"num-clients={nodes}", *args,
                         f"output-dir={out}"], env=env, check=True, capture_output=True,
                        cwd=REPO)
     finally:  # the local SuperLink outlives `flwr run`
@@ -71,11 +76,11 @@ def run_simulation(tmp: Path, args: list[str]) -> Path:
     return out
 
 
-def run_process(tmp: Path, name: str, args: list[str], flags: list[str],
-                sampler: MemorySampler | None = None) -> Path:
+def run_process(tmp: Path, name: str, args: list[str], flags: list[str], nodes: int = 3,
+                base_port: int = 29900, sampler: MemorySampler | None = None) -> Path:
     out, work = tmp / f"{name}-out", tmp / name
-    cmd = [sys.executable, "-m", "scripts.deploy_local", "--num-nodes", "3",
-           "--work-dir", str(work), "--base-port", "29900", *flags, *args,
+    cmd = [sys.executable, "-m", "scripts.deploy_local", "--num-nodes", str(nodes),
+           "--work-dir", str(work), "--base-port", str(base_port), *flags, *args,
            f"output-dir={out}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO)
@@ -181,6 +186,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--nodes", type=int, default=3, help="clients = SuperNodes (default 3)")
+    ap.add_argument("--base-port", type=int, default=29900,
+                    help="the deployments' ports from here; the simulation's local SuperLink "
+                         "on base + 91 and base + 93 (default 29900)")
     ap.add_argument("--skip", nargs="*", default=[], choices=PATHS)
     ap.add_argument("--memory-rounds", type=int, default=100,
                     help="rounds of the memory run of the warm process deployment (0: none)")
@@ -190,9 +199,10 @@ def main() -> int:
         print("compose: skipped (needs a running Docker engine and docker-compose)")
         todo.remove("compose")
     cfg = experiment(args.rounds)
-    print(f"experiment: 3 clients, {' '.join(cfg)}; means over rounds 2-{args.rounds}")
+    print(f"experiment: {args.nodes} clients, {' '.join(cfg)}; means over rounds 2-{args.rounds}")
     print(f"{'path':<15} {'round 1':>8} {'round':>7} {'collect':>8} {'compute':>8} "
-          f"{'overhead':>9} {'max':>6}  (seconds)")
+          f"{'overhead':>9} {'max':>6} {'vs sim':>7}  (seconds)")
+    sim_round: float | None = None
     with tempfile.TemporaryDirectory(prefix="fedinit-bench-") as tmp_name:
         tmp = Path(tmp_name)
         if os.geteuid() == 0:  # compose containers (uid 49999) write into the work dir
@@ -200,16 +210,20 @@ def main() -> int:
         warm_start = None
         for path in todo:
             if path == "simulation":
-                out = run_simulation(tmp, cfg)
+                out = run_simulation(tmp, cfg, args.nodes, args.base_port)
             elif path == "compose":
                 out = run_compose(tmp, cfg)
             else:
-                out = run_process(tmp, path, cfg, PROCESS_FLAGS[path])
+                out = run_process(tmp, path, cfg, PROCESS_FLAGS[path], args.nodes,
+                                  args.base_port)
                 if path == "process":
                     warm_start = warm_start_seconds(tmp / path)
             s = summarize(results_rows(out))
+            if path == "simulation":
+                sim_round = s["round"]
+            vs = "" if sim_round is None else f"{s['round'] - sim_round:7.2f}"
             print(f"{path:<15} {s['first']:8.2f} {s['round']:7.2f} {s['collect']:8.2f} "
-                  f"{s['compute']:8.2f} {s['overhead']:9.2f} {s['overhead-max']:6.2f}",
+                  f"{s['compute']:8.2f} {s['overhead']:9.2f} {s['overhead-max']:6.2f} {vs}",
                   flush=True)
         cold = cold_start_seconds()
         warm = f"{warm_start:.3f} s" if warm_start is not None else "not measured"
@@ -218,7 +232,7 @@ def main() -> int:
         if args.memory_rounds:
             sampler = MemorySampler()
             out = run_process(tmp, "memory", experiment(args.memory_rounds),
-                              PROCESS_FLAGS["process"], sampler)
+                              PROCESS_FLAGS["process"], 3, args.base_port, sampler)
             hist = [json.loads((tmp / "memory" / f"node-{i}" / "executor.json").read_text())
                     ["worker_rss_history"] for i in range(3)]
             s = summarize(results_rows(out))

@@ -1,4 +1,4 @@
-"""Shorter waits inside Flower 1.39's SuperNode loop, applied only where they are known.
+"""Adaptive waits inside Flower 1.39's SuperNode loop, applied only where they are known.
 
 ``flwr.supernode.start_client_internal`` sleeps a hard-coded 3 s after an empty pull from
 the SuperLink (an idle node notices a new round 1.5 s late on average, 3 s at worst) and
@@ -7,13 +7,23 @@ that one module a ``time`` whose ``sleep`` maps exactly those two waits to ours 
 every other call through. An upgrade cannot break this silently: it is applied only to the
 flwr version whose source was checked, and only when that source still contains both calls
 (otherwise the node runs with Flower's own waits and says so); a test checks the source.
+
+The pull interval adapts (``AdaptivePoll``): a reply wait means the node has a message, so
+for ``window`` seconds after one the node pulls every ``fast`` seconds (a run is active: the
+next round comes soon), afterwards every ``idle`` seconds (a device that waits for work all
+day costs little CPU). The first reply wait of each message also calls ``wake``: the warm
+executor beside the node waits on a pipe for that instead of polling the Runtime API.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import math
+import os
 import time
 import types
+from collections.abc import Callable
 from logging import INFO, WARNING
 
 CHECKED_FLWR = "1.39.0"
@@ -24,18 +34,68 @@ REPLY_SLEEP = 0.5
 CALLS = (f"time.sleep({IDLE_SLEEP})", f"time.sleep({REPLY_SLEEP})")
 
 
-class _Time(types.ModuleType):
-    """The ``time`` module with two sleep durations replaced."""
+class AdaptivePoll:
+    """The SuperNode's waits: ``fast`` pulls for ``window`` s after a message, else ``idle``."""
 
-    def __init__(self, mapping: dict[float, float]) -> None:
+    def __init__(self, fast: float, idle: float, window: float, reply: float,
+                 wake: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.fast, self.idle, self.window, self.reply = fast, idle, window, reply
+        self.wake = wake
+        self.clock = clock
+        self.last_message = -math.inf
+        """When the node last waited for a reply (its last message), by ``clock``."""
+        self._waiting = False
+
+    def idle_wait(self) -> float:
+        """Seconds to sleep after an empty pull."""
+        self._waiting = False
+        active = self.clock() - self.last_message < self.window
+        return self.fast if active else self.idle
+
+    def reply_wait(self) -> float:
+        """Seconds to sleep before the next check for a reply; the first check of a message
+        marks the node active and wakes the executor."""
+        self.last_message = self.clock()
+        if not self._waiting:
+            self._waiting = True
+            if self.wake is not None:
+                self.wake()
+        return self.reply
+
+
+class _Time(types.ModuleType):
+    """The ``time`` module with Flower's two hard-coded sleeps replaced by ``poll``'s."""
+
+    def __init__(self, poll: AdaptivePoll) -> None:
         super().__init__("time")
-        self._mapping = mapping
+        self._poll = poll
 
     def __getattr__(self, name: str) -> object:
         return getattr(time, name)
 
     def sleep(self, seconds: float) -> None:
-        time.sleep(self._mapping.get(seconds, seconds))
+        if seconds == IDLE_SLEEP:
+            seconds = self._poll.idle_wait()
+        elif seconds == REPLY_SLEEP:
+            seconds = self._poll.reply_wait()
+        time.sleep(seconds)
+
+
+class PipeWaker:
+    """A pipe: the executor waits on ``read_fd``; calling this writes one byte, never blocking
+    (a full pipe means the executor is woken already)."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.write_fd, False)
+
+    def __call__(self) -> None:
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+            os.write(self.write_fd, b"w")
+
+    def close(self) -> None:
+        os.close(self.write_fd)
 
 
 def why_not_patchable() -> str | None:
@@ -52,8 +112,8 @@ def why_not_patchable() -> str | None:
     return None
 
 
-def install(idle: float, reply: float) -> bool:
-    """Make the SuperNode's idle and reply waits ``idle`` and ``reply`` seconds."""
+def install(poll: AdaptivePoll) -> bool:
+    """Make the SuperNode's idle and reply waits those of ``poll``."""
     from flwr.supercore import log
     from flwr.supernode import start_client_internal as loop
 
@@ -61,6 +121,7 @@ def install(idle: float, reply: float) -> bool:
     if reason is not None:
         log(WARNING, "fast poll not applied (%s); the SuperNode keeps Flower's waits", reason)
         return False
-    loop.time = _Time({IDLE_SLEEP: idle, REPLY_SLEEP: reply})  # type: ignore[assignment]
-    log(INFO, "SuperNode polls every %g s when idle and checks replies every %g s", idle, reply)
+    loop.time = _Time(poll)  # type: ignore[assignment]
+    log(INFO, "SuperNode pulls every %g s for %g s after a message, else every %g s; checks "
+        "replies every %g s", poll.fast, poll.window, poll.idle, poll.reply)
     return True

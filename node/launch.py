@@ -1,7 +1,7 @@
 """Start a SuperNode with its warm ClientApp executor: the one way this project runs a node.
 
     python -m node.launch [--executor warm|flower] [--poll S] [--node-poll S] \
-        [--task-deadline S] -- <flower-supernode arguments>
+        [--idle-poll S] [--active-window S] [--task-deadline S] -- <flower-supernode arguments>
 
 The SuperNode runs in this process, in ``--isolation process`` with its Runtime API on
 loopback (only the executor beside it may reach it: it hands out this client's messages).
@@ -9,6 +9,11 @@ The executor is a child process: the warm one (``node.warm_executor``), or with
 ``--executor flower`` Flower's own ``flower-superexec`` (a new process per message; kept for
 comparison and as a fallback). The same command serves the process deployment, the
 docker-compose stack and the edge kit, so all three behave alike.
+
+Waits (``node.fast_poll``): for ``--active-window`` seconds after a message the SuperNode
+pulls every ``--node-poll`` seconds, afterwards every ``--idle-poll``; the warm executor
+does not poll at all while it can be woken: the node wakes it through a pipe when a message
+waits for it (``--poll`` is its interval only where the node cannot: ``--node-poll 0``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,12 @@ import sys
 from pathlib import Path
 
 DEFAULT_RUNTIME_PORT = 9094
+DEFAULT_NODE_POLL = 0.2
+"""Seconds between the SuperNode's pulls while a run is active."""
+DEFAULT_IDLE_POLL = 3.0
+"""Seconds between its pulls when idle: Flower's own interval."""
+DEFAULT_ACTIVE_WINDOW = 30.0
+"""Seconds after a message that the node counts as active."""
 LOOPBACK = "127.0.0.1"
 
 
@@ -35,10 +46,21 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="warm: node.warm_executor (default); flower: flower-superexec, "
                         "a new process per message")
     p.add_argument("--poll", type=float, default=0.1,
-                   help="the warm executor's task poll when idle, seconds (default 0.1)")
-    p.add_argument("--node-poll", type=float, default=0.5,
-                   help="the SuperNode's pull interval when idle, seconds (Flower: 3; "
-                        "default 0.5); 0 keeps Flower's own waits")
+                   help="the warm executor's task poll where the node cannot wake it "
+                        "(--node-poll 0), seconds (default 0.1)")
+    p.add_argument("--node-poll", type=float, default=DEFAULT_NODE_POLL,
+                   help="the SuperNode's pull interval while a run is active, seconds "
+                        f"(Flower: 3; default {DEFAULT_NODE_POLL:g}); 0 keeps Flower's own "
+                        "waits and the executor polls every --poll")
+    p.add_argument("--idle-poll", type=float, default=DEFAULT_IDLE_POLL,
+                   help="the SuperNode's pull interval when idle (no message for "
+                        f"--active-window seconds), seconds (default {DEFAULT_IDLE_POLL:g})")
+    p.add_argument("--active-window", type=float, default=DEFAULT_ACTIVE_WINDOW,
+                   help="seconds after a message during which the node pulls every "
+                        f"--node-poll (default {DEFAULT_ACTIVE_WINDOW:g})")
+    p.add_argument("--no-wake", action="store_true",
+                   help="the warm executor polls every --poll instead of being woken by the "
+                        "node (the fixed polls of before, for comparison)")
     p.add_argument("--status-file", type=Path,
                    help="the warm executor writes its counters here after each task")
     p.add_argument("--task-deadline", type=float, default=0.0,
@@ -54,6 +76,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                 "warm executor (Flower's own has no task deadline)")
     if args.node_poll and not 0.05 <= args.node_poll <= 3:
         p.error(f"--node-poll {args.node_poll} is not allowed; allowed: 0 or 0.05 to 3")
+    if not 0.05 <= args.idle_poll <= 60:
+        p.error(f"--idle-poll {args.idle_poll} is not allowed; allowed: 0.05 to 60 seconds")
+    if not (math.isfinite(args.active_window) and args.active_window >= 0):
+        p.error(f"--active-window {args.active_window} is not allowed; allowed: 0 or more "
+                "seconds")
     return args, node_args
 
 
@@ -85,12 +112,18 @@ def runtime_address(node_args: list[str]) -> tuple[list[str], str]:
     return [*args, "--isolation", "process"], f"{host}:{port}"
 
 
-def executor_command(args: argparse.Namespace, address: str) -> list[str]:
+def executor_command(args: argparse.Namespace, address: str,
+                     wake_fd: int | None = None) -> list[str]:
+    """The executor's command; with ``wake_fd`` the warm one waits on it (the node wakes it)
+    and polls only every ``--idle-poll`` seconds, in case."""
     parent = ["--parent-pid", str(os.getpid())]
     if args.executor == "flower":
         return ["flower-superexec", "--insecure", "--runtime-api-address", address, *parent]
+    poll = args.poll if wake_fd is None else args.idle_poll
     cmd = [sys.executable, "-m", "node.warm_executor", "--runtime-api-address", address,
-           "--insecure", "--poll", str(args.poll), *parent]
+           "--insecure", "--poll", str(poll), *parent]
+    if wake_fd is not None:
+        cmd += ["--wake-fd", str(wake_fd)]
     if args.task_deadline:
         cmd += ["--task-deadline", str(args.task_deadline)]
     return cmd + (["--status-file", str(args.status_file)] if args.status_file else [])
@@ -111,7 +144,16 @@ def main(argv: list[str] | None = None) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])])
-    executor = subprocess.Popen(executor_command(args, address), env=env)
+    from node import fast_poll
+
+    patch = bool(args.node_poll) and fast_poll.why_not_patchable() is None
+    wakeable = patch and args.executor == "warm" and not args.no_wake
+    wake = fast_poll.PipeWaker() if wakeable else None
+    wake_fd = None if wake is None else wake.read_fd
+    executor = subprocess.Popen(executor_command(args, address, wake_fd), env=env,
+                                pass_fds=() if wake_fd is None else (wake_fd,))
+    if wake_fd is not None:
+        os.close(wake_fd)
 
     def stop_executor() -> None:
         if executor.poll() is None:
@@ -125,9 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     if args.node_poll:
-        from node.fast_poll import install
+        from node import object_pulls
 
-        install(idle=args.node_poll, reply=min(0.05, args.node_poll))
+        object_pulls.install(object_pulls.SUPERNODE)
+        fast_poll.install(fast_poll.AdaptivePoll(
+            fast=args.node_poll, idle=args.idle_poll, window=args.active_window,
+            reply=min(0.05, args.node_poll), wake=wake))
     sys.argv = ["flower-supernode", *node_args]
     try:
         flower_supernode()

@@ -5,7 +5,10 @@ imports torch and the app and reloads its partition (seconds per message on a sm
 This executor takes the SuperExec's place for a SuperNode in ``--isolation process``:
 
 * the supervisor (this process) imports Python, flwr and torch once, never touches CUDA, and
-  polls the SuperNode's Runtime API for tasks every ``--poll`` seconds;
+  asks the SuperNode's Runtime API for a task every ``--poll`` seconds, or, with
+  ``--wake-fd`` (``node.launch`` passes it), whenever the node writes to that pipe (a message
+  waits: ``node.fast_poll``); it then also wakes when a busy worker reports or dies, or at a
+  task's deadline, and the poll is only a safety net;
 * each task goes to a worker forked from the supervisor (so it starts with everything
   imported); the worker keeps the app's module caches (data, partition, w_0, model) from task
   to task. One worker per FAB: a task of another FAB (another app, changed code) retires the
@@ -42,7 +45,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,11 @@ PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.optim",
            "node.task_runner")
 """Imported once by the supervisor, before any fork: what every ClientApp task needs."""
 CLIENT_APP_TASK = "flwr-clientapp"  # flwr.supercore.constant.TaskType.CLIENT_APP
+ORPHAN_SECONDS = 60.0
+"""A task whose worker has not pulled its message this long after hand-over, when the node
+hands out a newer one, is an orphan: the node gave up on its message (a SuperLink crash:
+Flower 1.39's node fails the task, but the worker would wait 15 min for it). Its worker is
+killed then, not kept with its ~600 MiB."""
 
 
 @dataclass
@@ -65,6 +73,8 @@ class Stats:
     worker_crashes: int = 0
     tasks_timed_out: int = 0
     """Tasks killed at their deadline (their workers are not counted in worker_crashes)."""
+    orphans_killed: int = 0
+    """Workers killed because their task's message never came (``ORPHAN_SECONDS``)."""
     cold_workers: int = 0
     """Workers that had to import torch themselves (should stay 0: the fork inherits it)."""
     start_seconds: list[float] = field(default_factory=list)
@@ -198,9 +208,11 @@ class WarmExecutor:
 
     def __init__(self, address: str, insecure: bool, certificates: bytes | None,
                  poll: float, status_file: Path | None, max_workers: int = 4,
-                 task_deadline: float = 0.0) -> None:
+                 task_deadline: float = 0.0, wake_fd: int | None = None) -> None:
         self.address, self.insecure, self.certificates = address, insecure, certificates
         self.poll = poll
+        self.wake_fd = wake_fd
+        """A pipe the SuperNode writes to when a message waits; None: poll only."""
         self.task_deadline = task_deadline
         """The node's ``--task-deadline`` (0: each run's config decides)."""
         self.status_file = status_file
@@ -241,11 +253,27 @@ class WarmExecutor:
                     if res.HasField("task") and res.token:
                         self.dispatch(res.token, res.task.task_id, res.task.fab_hash)
                         continue
-                time.sleep(self.poll)
+                self.pause()
         finally:
             for w in self.workers:
                 w.stop()
             client.close()
+
+    def pause(self) -> None:
+        """Wait ``poll`` seconds; with a wake pipe, only until the node wakes us (a message
+        waits), a busy worker reports or dies, or a task's deadline passes."""
+        if self.wake_fd is None:
+            time.sleep(self.poll)
+            return
+        busy = [w for w in self.workers if w.task is not None]
+        now = time.monotonic()
+        timeout = min([self.poll, *(w.task.started + w.task.deadline - now + 0.01
+                                    for w in busy if w.task and w.task.deadline > 0)])
+        ready = wait([self.wake_fd, *(w.conn for w in busy),
+                      *(w.process.sentinel for w in busy)], max(0.0, timeout))
+        if self.wake_fd in ready and not os.read(self.wake_fd, 4096):
+            os.close(self.wake_fd)  # the node is gone: poll from now on
+            self.wake_fd = None
 
     def idle_worker(self, fab_hash: str | None) -> Worker | None:
         """The idle worker (of ``fab_hash``, or any) with the most tasks done."""
@@ -257,6 +285,7 @@ class WarmExecutor:
         """Send the task to an idle warm worker of its FAB, forking one if there is none."""
         from flwr.supercore import log
 
+        self.reap_orphans(time.monotonic())
         for old in [w for w in self.workers if w.fab_hash != fab_hash and w.task is None]:
             log(INFO, "warm executor: FAB %s, retiring a worker of FAB %s", fab_hash[:8],
                 old.fab_hash[:8])
@@ -273,6 +302,20 @@ class WarmExecutor:
                 log(INFO, "warm executor: %d workers (the others are busy)", len(self.workers))
         worker.task = InFlight(task_id, token, deadline=self.task_deadline)
         worker.conn.send((task_id, token))
+
+    def reap_orphans(self, now: float) -> None:
+        """Kill workers whose task never got its message (``ORPHAN_SECONDS``): the node hands
+        out a newer task, so it gave up on theirs."""
+        from flwr.supercore import log
+
+        for w in [w for w in self.workers if w.task is not None and w.task.pulled is None
+                  and now - w.task.started > ORPHAN_SECONDS]:
+            assert w.task is not None
+            log(WARNING, "warm executor: task %d got no message in %.0f s and the node has "
+                "moved on; killing its worker", w.task.task_id, now - w.task.started)
+            w.kill()
+            self.workers.remove(w)
+            self.stats.orphans_killed += 1
 
     def retire(self, w: Worker) -> None:
         self.workers.remove(w)
@@ -386,6 +429,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="kill a task that runs longer than this many seconds and answer it "
                         "with an error reply; wins over the run config's task-deadline "
                         "(default 0: the run config decides, its 0 meaning round-timeout)")
+    p.add_argument("--wake-fd", type=int,
+                   help="an inherited pipe the SuperNode writes to when a message waits: "
+                        "ask for a task at once (node.launch passes it)")
     p.add_argument("--parent-pid", type=int, help="exit when this process exits")
     p.add_argument("--status-file", type=Path, help="write counters here after each task")
     args = p.parse_args(argv)
@@ -409,7 +455,8 @@ def main(argv: list[str] | None = None) -> None:
     certificates = (None if args.insecure
                     else Path(args.root_certificates).read_bytes())
     executor = WarmExecutor(args.runtime_api_address, args.insecure, certificates, args.poll,
-                            args.status_file, args.max_workers, args.task_deadline)
+                            args.status_file, args.max_workers, args.task_deadline,
+                            args.wake_fd)
     executor.preload()
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)

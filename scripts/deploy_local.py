@@ -79,8 +79,13 @@ class Deployment:
     threads_per_node: int = 1
     executor: str = "warm"
     """ClientApp executor of every node: ``warm`` (node.warm_executor) or ``flower``."""
-    node_poll: float = 0.5
-    """Seconds between an idle SuperNode's pulls (0: Flower's own 3 s)."""
+    node_poll: float | None = None
+    """Seconds between a SuperNode's pulls while a run is active (0: Flower's own 3 s;
+    None: node.launch's default)."""
+    idle_poll: float | None = None
+    """Seconds between its pulls when idle (None: node.launch's default)."""
+    wake: bool = True
+    """The node wakes its warm executor (False: the executor polls every 0.1 s)."""
     num_partitions: int = 0
     """``num-partitions`` in the nodes' node config (0: num_nodes); a test may register more
     node keys than the run has clients."""
@@ -244,7 +249,9 @@ class Deployment:
         """SuperNode ``i`` with its executor (``node.launch``); key/root_ca/no_ca override
         the defaults, ``extra`` goes to flower-supernode."""
         cmd = [sys.executable, "-m", "node.launch", "--executor", self.executor,
-               "--node-poll", str(self.node_poll),
+               *([] if self.node_poll is None else ["--node-poll", str(self.node_poll)]),
+               *([] if self.idle_poll is None else ["--idle-poll", str(self.idle_poll)]),
+               *([] if self.wake else ["--no-wake"]),
                "--status-file", str(self.executor_status(i)), "--",
                "--superlink", self.fleet_address,
                "--host", "127.0.0.1", "--port", str(self.node_port(i)),
@@ -510,9 +517,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor", choices=("warm", "flower"), default="warm",
                     help="ClientApp executor per node: warm (one torch import per node, "
                          "default) or flower (Flower's, a new process per message)")
-    ap.add_argument("--node-poll", type=float, default=0.5,
-                    help="seconds between an idle SuperNode's pulls (default 0.5; 0 keeps "
-                         "Flower's 3 s)")
+    ap.add_argument("--node-poll", type=float,
+                    help="seconds between a SuperNode's pulls while a run is active "
+                         "(default: node.launch's, 0.2; 0 keeps Flower's 3 s)")
+    ap.add_argument("--idle-poll", type=float,
+                    help="seconds between its pulls when idle (default: node.launch's, 3)")
+    ap.add_argument("--no-wake", action="store_true",
+                    help="warm executors poll every 0.1 s instead of being woken by their "
+                         "node (the fixed polls of before, for comparison)")
     ap.add_argument("--app", type=Path, default=REPO, help="the Flower App (default: this repo)")
     ap.add_argument("--run-timeout", type=float, default=3600.0,
                     help="give up on the run after this many seconds (default 3600)")
@@ -531,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, raise_on_signal)
     dep = Deployment(work_dir, args.num_nodes, args.base_port, args.insecure,
-                     args.threads_per_node, args.executor, args.node_poll)
+                     args.threads_per_node, args.executor, args.node_poll, args.idle_poll,
+                     not args.no_wake)
     code = 1
     try:
         dep.up()

@@ -8,6 +8,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from node import object_pulls
 from server_app.checkpoint import CheckpointError
 from server_app.clients import FederationError
 from server_app.engine_facts import in_simulation
@@ -31,6 +32,8 @@ def main(grid: Grid, context: Context) -> None:
         cfg = RunConfig.parse(context.run_config)
         # the simulation's own grid already pulls every 0.1 s, and the server reads its node
         # list (server_app/engine_facts.py), so it is used as it is
+        if not in_simulation(grid):
+            object_pulls.install(object_pulls.SERVERAPP)  # replies' arrays: no 1 s retries
         run_experiment(grid if in_simulation(grid) else FastPollGrid(grid), cfg)
     except (ConfigError, DataNotFoundError, DataFormatError, FederationError,
             CheckpointError, TooFewReplies, ModelDiverged, NothingTrained) as err:

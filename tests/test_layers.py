@@ -14,7 +14,7 @@ ALLOWED: dict[str, set[str]] = {
     "node": set(),
     "task": {"methods", "store"},
     "client_app": {"task", "methods", "store"},
-    "server_app": {"task", "methods", "store"},
+    "server_app": {"task", "methods", "store", "node"},
     "scripts": {"server_app", "client_app", "task", "methods", "store"},
 }
 PROJECT = {*ALLOWED, "bench", "tests"}

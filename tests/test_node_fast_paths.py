@@ -3,6 +3,7 @@ the launcher's checks and the executor's fork-safety."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -76,19 +77,87 @@ def test_supernode_poll_patch_applies_to_the_checked_flower_only(
     from flwr.supernode import start_client_internal as loop
 
     monkeypatch.setattr(loop, "time", loop.time)  # restored after the test
-    assert fast_poll.install(idle=0.2, reply=0.01)
+    assert fast_poll.install(fast_poll.AdaptivePoll(fast=0.2, idle=2.0, window=30, reply=0.01))
     slept: list[float] = []
     monkeypatch.setattr(fast_poll.time, "sleep", slept.append)
     loop.time.sleep(3)
     loop.time.sleep(0.5)
+    loop.time.sleep(3)
     loop.time.sleep(7)
-    assert slept == [0.2, 0.01, 7]
+    assert slept == [2.0, 0.01, 0.2, 7]  # idle, reply check, active after a message, other
     assert loop.time.monotonic is fast_poll.time.monotonic  # everything else passes through
 
     import flwr
     monkeypatch.setattr(flwr, "__version__", "1.40.0")
     assert "not the checked" in (fast_poll.why_not_patchable() or "")
-    assert not fast_poll.install(idle=0.2, reply=0.01)
+    assert not fast_poll.install(fast_poll.AdaptivePoll(fast=0.2, idle=2, window=30, reply=0.01))
+
+
+def test_node_polls_fast_only_within_the_window_after_a_message_and_wakes_once() -> None:
+    now = [1000.0]
+    woken: list[float] = []
+    poll = fast_poll.AdaptivePoll(fast=0.2, idle=3.0, window=30.0, reply=0.05,
+                                  wake=lambda: woken.append(now[0]), clock=lambda: now[0])
+    assert poll.idle_wait() == 3.0  # never had a message: idle
+    assert [poll.reply_wait() for _ in range(3)] == [0.05] * 3  # one message, three checks
+    assert woken == [1000.0]  # the executor is woken once per message, not per check
+    now[0] += 29.0
+    assert poll.idle_wait() == 0.2  # inside the window: a run is active
+    now[0] += 1.5
+    assert poll.idle_wait() == 3.0  # 30.5 s after the last reply check: idle again
+    poll.reply_wait()
+    assert woken == [1000.0, 1030.5]  # the next message wakes it again
+    assert poll.idle_wait() == 0.2
+
+
+def test_executor_waits_for_the_nodes_wake_instead_of_polling() -> None:
+    from node.warm_executor import WarmExecutor
+
+    wake = fast_poll.PipeWaker()
+    read = wake.read_fd
+    ex = WarmExecutor("127.0.0.1:1", True, None, poll=5.0, status_file=None, wake_fd=read)
+    for _ in range(3):
+        wake()  # several wakes before the executor looks: one short pause drains them all
+    t0 = time.monotonic()
+    ex.pause()
+    assert time.monotonic() - t0 < 0.5
+    ex.poll = 0.3
+    t0 = time.monotonic()
+    ex.pause()  # nothing written: waits its poll
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    import threading
+
+    threading.Timer(0.2, wake).start()
+    ex.poll = 10.0
+    t0 = time.monotonic()
+    ex.pause()  # woken mid-wait
+    assert 0.15 <= time.monotonic() - t0 < 2.0
+    assert ex.wake_fd == read
+    import multiprocessing as mp
+    from types import SimpleNamespace
+
+    from node.warm_executor import InFlight
+
+    ours, theirs = mp.Pipe()
+    never, _keep = os.pipe()
+    busy = SimpleNamespace(task=InFlight(7, "tok", deadline=0.3), conn=ours,
+                           process=SimpleNamespace(sentinel=never))
+    ex.workers = [busy]  # type: ignore[list-item]
+    t0 = time.monotonic()
+    ex.pause()  # a busy worker's task deadline ends the wait (poll is 10 s)
+    assert 0.2 <= time.monotonic() - t0 < 2.0
+    busy.task = InFlight(7, "tok")
+    theirs.send(("done", 7))
+    t0 = time.monotonic()
+    ex.pause()  # a busy worker's report ends it too
+    assert time.monotonic() - t0 < 0.5
+    ex.workers = []
+    wake.close()  # the node is gone: the executor notices and polls from now on
+    ex.poll = 0.05
+    ex.pause()
+    assert ex.wake_fd is None
+    ex.pause()  # plain sleep, no busy loop on a closed pipe
+
 
 
 def test_launcher_keeps_the_runtime_api_on_loopback_in_process_isolation() -> None:
@@ -133,6 +202,9 @@ class FakeWorker:
     def stop(self) -> None:
         self.stopped = True
 
+    def kill(self) -> None:
+        self.killed = True
+
 
 def test_a_stuck_task_does_not_hold_up_the_next_and_idle_extras_are_retired(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,3 +226,65 @@ def test_a_stuck_task_does_not_hold_up_the_next_and_idle_extras_are_retired(
     assert first.stopped and not second.stopped and ex.workers == [second]
     ex.dispatch("t4", 4, "fabB")  # another FAB: the idle worker of the old one is retired
     assert second.stopped and len(ex.workers) == 1 and ex.workers[0].fab_hash == "fabB"
+
+
+def test_object_pull_retry_patch_applies_to_the_checked_flower_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both callers still call Flower's pull_objects, which still takes initial_backoff: if an
+    # upgrade changes that, this fails and the patch (which then refuses) must be re-checked.
+    from flwr.supercore.inflatable import inflatable_utils
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    from node import object_pulls
+
+    for name in (object_pulls.SUPERNODE, object_pulls.SERVERAPP):
+        assert object_pulls.why_not_patchable(name) is None, name
+    from flwr.superlink.grid import http_grid
+
+    monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)  # restored after
+    assert object_pulls.install(object_pulls.SERVERAPP)
+    calls: list[float] = []
+
+    def arrives_late(object_id: str) -> bytes:  # not there on the first ask, as on the wire
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise ObjectUnavailableError(object_id)
+        return b"content"
+
+    t0 = time.monotonic()
+    assert http_grid.pull_objects(["a"], arrives_late) == {"a": b"content"}
+    assert time.monotonic() - t0 < 0.5  # Flower's first retry comes after 0.8-1.2 s
+    assert len(calls) == 2
+    assert object_pulls.install(object_pulls.SERVERAPP)  # a second install changes nothing
+    assert http_grid.pull_objects.func is inflatable_utils.pull_objects  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(http_grid, "pull_objects", inflatable_utils.pull_objects)
+    import flwr
+    monkeypatch.setattr(flwr, "__version__", "1.40.0")
+    assert not object_pulls.install(object_pulls.SERVERAPP)
+    assert http_grid.pull_objects is inflatable_utils.pull_objects
+
+
+def test_a_worker_whose_message_never_came_is_killed_when_the_node_moves_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from node import warm_executor as we
+
+    FakeWorker.started = []
+    monkeypatch.setattr(we, "Worker", FakeWorker)
+    ex = we.WarmExecutor("127.0.0.1:1", True, None, 0.1, None)
+    ex.dispatch("t1", 1, "fabA")  # its message never arrives (the SuperLink died)
+    ex.dispatch("t2", 2, "fabA")  # a long task whose message did arrive
+    orphan, training = FakeWorker.started
+    ex.on_report(training, ("pulled", 2, _Pulled()))  # type: ignore[arg-type]
+    for w in (orphan, training):
+        assert w.task is not None
+        w.task.started -= we.ORPHAN_SECONDS + 1
+    ex.dispatch("t3", 3, "fabA")
+    assert getattr(orphan, "killed", False) and orphan not in ex.workers
+    assert not getattr(training, "killed", False) and training in ex.workers
+    assert ex.stats.orphans_killed == 1
+    assert FakeWorker.started[-1].sent == [(3, "t3")]
+
+
+class _Pulled:
+    deadline = 0.0

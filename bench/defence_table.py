@@ -194,8 +194,12 @@ def claim(out: Path, key: str) -> bool:
 
 def cells(methods: list[str], defences: list[str],
           extra: dict[str, Any]) -> list[tuple[str, str, str, int, dict[str, Any]]]:
+    """Every cell, in the order they run: per method, first every defence without attacker
+    and against one attacker of each kind, then against two (a stopped grid has whole
+    columns)."""
     return [(m, d, kind, k, {**cell_config(m, d), **extra})
-            for m in methods for d in defences for kind, k in THREATS]
+            for m in methods for two in (False, True) for d in defences
+            for kind, k in THREATS if (k == 2) == two]
 
 
 def table(done: dict[str, dict[str, Any]], methods: list[str], defences: list[str],

@@ -19,6 +19,7 @@ stopped grid resumes); the markdown table is printed and written to ``--md``.
   python -m bench.defence_table                     # the whole grid (168 cells)
   python -m bench.defence_table --part 1/2          # every other cell; run 2/2 beside it
   python -m bench.defence_table --table             # only the table, from --out
+  python -m bench.defence_table --out experiments/results/defence-table.jsonl  # its missing cells
 """
 
 from __future__ import annotations

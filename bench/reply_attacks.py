@@ -48,6 +48,21 @@ ATTACKS: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
+def move_base(grid: InProcessGrid, up: list[np.ndarray], variant: str) -> list[np.ndarray]:
+    """What the model upload ``up`` of the reply just handled is a move from: the round's
+    global model w_t under ``ri-aggregation=model`` (the upload is w_iK), zero under
+    ``update`` (the upload is the move itself)."""
+    if variant == "model":
+        return grid.sent[-1].content[rk.ARRAYS].to_numpy_ndarrays()
+    return [np.zeros_like(a) for a in up]
+
+
+def scaled_upload(up: list[np.ndarray], base: list[np.ndarray],
+                  scale: float) -> list[np.ndarray]:
+    """The upload whose move from ``base`` is ``scale`` times the honest one."""
+    return [(b + scale * (u - b)).astype(np.float32) for u, b in zip(up, base, strict=True)]
+
+
 def poison(grid: InProcessGrid, kind: str, variant: str) -> Callable[[Message], Message]:
     """A reply filter that turns the attacker's train replies hostile (``kind``)."""
     def change(reply: Message) -> Message:
@@ -55,14 +70,11 @@ def poison(grid: InProcessGrid, kind: str, variant: str) -> Callable[[Message], 
                 or reply.metadata.message_type != "train"):
             return reply
         c = reply.content
-        w_t = grid.sent[-1].content[rk.ARRAYS].to_numpy_ndarrays()
         up = c[rk.ARRAYS].to_numpy_ndarrays()
         scale = {"x50": 50.0, "x15": 15.0, "x1e6": 1e6, "flipped": -1.0,
                  "examples-flipped": -1.0}.get(kind)
         if scale is not None:  # scale the model move, not the weights
-            base = w_t if variant == "model" else [np.zeros_like(a) for a in up]
-            up = [(b + scale * (u - b)).astype(np.float32) for u, b in zip(up, base, strict=True)]
-            c[rk.ARRAYS] = ArrayRecord(up)
+            c[rk.ARRAYS] = ArrayRecord(scaled_upload(up, move_base(grid, up, variant), scale))
         if kind.startswith("examples"):
             m = dict(c[rk.METRICS])
             c[rk.METRICS] = MetricRecord({**m, rk.NUM_EXAMPLES: 10**9})

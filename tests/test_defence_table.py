@@ -1,0 +1,77 @@
+"""The defence table's attackers (``bench/defence_table.py``): each hostile upload has the
+intended move, and exactly k replies of every round are hostile, in a real in-process run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Message
+
+from bench.defence_table import KINDS, FirstK, hostile_upload, unit_direction
+from methods import wire as rk
+from methods.norms import vector_norm
+from scripts.inprocess_grid import InProcessGrid
+from server_app.experiment import run_experiment
+from task.config import RunConfig
+
+
+def flat(w: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([a.astype(np.float64).ravel() for a in w])
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_each_hostile_upload_has_the_intended_move() -> None:
+    rng = np.random.default_rng(1)
+    base = [rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(5).astype(
+        np.float32)]
+    up = [(b + 0.1 * rng.standard_normal(b.shape)).astype(np.float32) for b in base]
+    honest = flat(up) - flat(base)
+    d = unit_direction(up)
+    assert vector_norm(d) == pytest.approx(1.0)
+    assert np.array_equal(flat(d), flat(unit_direction(up)))  # fixed: the same every call
+    assert abs(cosine(flat(d), flat(unit_direction(up, seed=23)))) < 0.9
+    moves = {k: flat(hostile_upload(up, base, k, d)) - flat(base) for k in KINDS}
+    np.testing.assert_allclose(moves["sign-flip"], -honest, atol=1e-6)
+    np.testing.assert_allclose(moves["x15"], 15.0 * honest, atol=1e-5)
+    assert np.linalg.norm(moves["direction"]) == pytest.approx(np.linalg.norm(honest), rel=1e-5)
+    assert cosine(moves["direction"], flat(d)) == pytest.approx(1.0, abs=1e-6)
+    with pytest.raises(ValueError, match="'flip' is not allowed"):
+        hostile_upload(up, base, "flip", d)
+
+
+def test_exactly_k_replies_of_every_round_upload_the_fixed_direction(tmp_path: Path) -> None:
+    """6 clients, 3 per round, 3 rounds, k = 2: per round two moves along the one direction
+    (each as long as a normal move), one honest move that is not."""
+    cfg = RunConfig.parse({"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 3,
+                           "train-limit": 600, "local-epochs": 1, "beta": 0.0,
+                           "eval-every": 1000, "personal-eval-every": 0,
+                           "max-update-norm-ratio": 0.0, "output-dir": str(tmp_path / "out")})
+    grid = InProcessGrid(cfg.num_clients, cfg.to_dict())
+    attack = FirstK(grid, "direction", 2, cfg.ri_aggregation)
+    seen: dict[int, list[np.ndarray]] = {}
+
+    def record(reply: Message) -> Message:
+        out = attack(reply)
+        if reply.metadata.message_type == "train":
+            sent = grid.sent[-1].content
+            w_t = flat(sent[rk.ARRAYS].to_numpy_ndarrays())
+            seen.setdefault(int(sent[rk.CONFIG][rk.ROUND]), []).append(
+                flat(out.content[rk.ARRAYS].to_numpy_ndarrays()) - w_t)
+        return out
+
+    grid.reply_filter = record
+    run_experiment(grid, cfg, out_dir=tmp_path / "run")
+    assert attack.poisoned == {1: 2, 2: 2, 3: 2}
+    first = next(m for m in grid.sent if m.metadata.message_type == "train")
+    d = flat(unit_direction(first.content[rk.ARRAYS].to_numpy_ndarrays()))
+    honest = np.median(attack.honest_norms)
+    for rnd, moves in seen.items():
+        along = [cosine(m, d) > 0.999 for m in moves]
+        assert along == [True, True, False], rnd
+        for m in moves[:2]:
+            assert 0.2 * honest < np.linalg.norm(m) < 5.0 * honest

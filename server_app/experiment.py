@@ -39,7 +39,8 @@ from server_app.privacy import budget_spent, privacy_budget
 from server_app.regime_files import CENTRAL_TEST, write_regimes
 from server_app.results import DP_FIELDS, Recorder
 from server_app.strategy import MethodStrategy
-from store.files import atomic_write_bytes
+from store.files import atomic_write_bytes, sync_filesystem
+from store.simulated_state import STATE_ROOT
 from task import config_keys
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present
@@ -132,6 +133,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     write_regimes(out, cfg)
     arrays = ArrayRecord(weights)
     round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
+    state_root = Path(str(round_config[STATE_ROOT])) if STATE_ROOT in round_config else None
     n = cfg.num_server_rounds
     failed = 0
     for rnd in range(first, n + 1):
@@ -144,6 +146,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         t_send = time.monotonic()
         replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
         timing = reply_timing(replies, time.monotonic() - t_send)
+        if state_root is not None:  # the clients wrote their state without fsync: one
+            sync_filesystem(state_root)  # flush for all, before the checkpoint relies on it
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         failed = 0 if new_arrays is not None else failed + 1
         if new_arrays is not None:

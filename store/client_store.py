@@ -23,8 +23,9 @@ arrays); disk keeps its file (``StateDir.save(keep=...)``). The other keys stay 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from logging import WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -42,12 +43,46 @@ ACCOUNTED_TAG = "client-accounted"
 """The memory entry (a ConfigRecord) holding that version's experiment and round."""
 
 
+class _Arrays:
+    """A list of arrays held as they are (``ArrayRecord``'s reading side, without encoding)."""
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self.arrays = arrays
+
+    def to_numpy_ndarrays(self) -> list[np.ndarray]:
+        return [a.copy() for a in self.arrays]  # fresh arrays, as ArrayRecord's
+
+
+class _PlainMemory:
+    """The part of ``RecordDict`` the store uses, holding arrays unencoded: for a store
+    whose state lives only for one participation (``memory=None``), where ArrayRecord's
+    encoding and decoding of every entry (several per participation) would be pure cost."""
+
+    def __init__(self, items: Iterable[tuple[str, object]] = ()) -> None:
+        self.array_records: dict[str, object] = {}
+        self.config_records: dict[str, object] = {}
+        for key, value in items:
+            self[key] = value
+
+    def __setitem__(self, key: str, value: object) -> None:
+        self.__delitem__(key)
+        store = self.config_records if isinstance(value, ConfigRecord) else self.array_records
+        store[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self.array_records.pop(key, None)
+        self.config_records.pop(key, None)
+
+    def items(self) -> list[tuple[str, object]]:
+        return [*self.array_records.items(), *self.config_records.items()]
+
+
 class ClientStore:
     """One client's state: typed access in memory, restored from and saved to disk."""
 
     def __init__(self, memory: RecordDict | None = None, disk: StateDir | None = None) -> None:
         """``memory=None``: the state lives in this object only, for one participation."""
-        self._mem = memory if memory is not None else RecordDict()
+        self._mem: Any = memory if memory is not None else _PlainMemory()
         self.disk = disk
         self._keep = 0
         """The accounted round of the last ``restore``: its disk version must stay."""
@@ -60,13 +95,20 @@ class ClientStore:
 
     def put(self, key: str, arrays: list[np.ndarray]) -> None:
         """Store (replace) the arrays under ``key``."""
-        self._mem[key] = ArrayRecord([np.ascontiguousarray(a) for a in arrays])
+        if isinstance(self._mem, _PlainMemory):
+            self._mem[key] = _Arrays([np.array(a, order="C") for a in arrays])  # copies
+        else:
+            self._mem[key] = ArrayRecord([np.ascontiguousarray(a) for a in arrays])
 
     def snapshot(self) -> ClientStore:
         """A store to read this client's state from without changing it (evaluation): its
         memory is a new RecordDict holding the same records, which ``restore`` may replace
         but never writes into; its disk is the same directory, which ``restore`` only reads
         (a damaged file is renamed, as any restore would)."""
+        if isinstance(self._mem, _PlainMemory):
+            copy = ClientStore(disk=self.disk)
+            copy._mem = _PlainMemory(self._mem.items())
+            return copy
         return ClientStore(memory=RecordDict(dict(self._mem.items())), disk=self.disk)
 
     def entries(self) -> Entries:
@@ -140,7 +182,7 @@ class ClientStore:
         return False
 
     def _accounted_version(self, experiment: str, accounted: int, keys: Sequence[str],
-                           model: Sequence[Shaped]) -> dict[str, ArrayRecord] | None:
+                           model: Sequence[Shaped]) -> dict[str, Any] | None:
         """``keys`` as of round ``accounted`` (absent = zeros), from memory or disk."""
         if accounted == 0:
             return {}
@@ -156,11 +198,12 @@ class ClientStore:
         except StateError as err:
             log(WARNING, "%s", err)
             return None
-        return {k: ArrayRecord([np.ascontiguousarray(a) for a in entries[k]])
+        wrap = _Arrays if isinstance(self._mem, _PlainMemory) else ArrayRecord
+        return {k: wrap([np.ascontiguousarray(a) for a in entries[k]])
                 for k in keys if k in entries}
 
     def _set_accounted(self, experiment: str, accounted: int,
-                       base: dict[str, ArrayRecord]) -> None:
+                       base: dict[str, Any]) -> None:
         """Keep ``base`` in memory as the accounted version of round ``accounted``."""
         for key in [k for k in self._mem.array_records if k.startswith(ACCOUNTED)]:
             del self._mem[key]

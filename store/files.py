@@ -10,6 +10,9 @@ holding UTF-8 JSON. Server checkpoints and client state files are records.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import io
 import json
 import os
@@ -40,11 +43,14 @@ class RecordError(ValueError):
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], object],
-                 mode: int | None = None) -> None:
+                 mode: int | None = None, sync: bool = True) -> None:
     """Call ``write`` on a temp file beside ``path``, fsync it, then rename it over ``path``.
 
     The file gets the default permissions of a new file (the umask applies), or ``mode``.
     The temp file is removed if anything fails; only a killed process leaves one behind.
+    ``sync=False`` skips the fsync (still atomic for readers and for a killed process): for
+    files whose owner makes them durable in a batch (``sync_filesystem``) before it relies
+    on them.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
@@ -53,7 +59,8 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object],
             f.flush()
             if mode is not None:
                 os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -77,15 +84,18 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-def write_record(path: Path, arrays: dict[str, list[np.ndarray]], meta: dict[str, Any]) -> None:
+def write_record(path: Path, arrays: dict[str, list[np.ndarray]], meta: dict[str, Any],
+                 sync: bool = True) -> None:
     """Write the record atomically: ``<group>/<i>`` for each group's arrays, then ``meta``.
 
     A group without arrays leaves no trace in the file; a format that needs to know about
-    empty groups keeps their counts in ``meta`` (see ``expect_counts``).
+    empty groups keeps their counts in ``meta`` (see ``expect_counts``). ``sync``: as in
+    ``atomic_write``.
     """
     flat = {f"{name}/{i}": a for name, group in arrays.items() for i, a in enumerate(group)}
     flat[META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    atomic_write(path, lambda f: np.savez(f, **flat))  # streamed: no second copy in memory
+    # streamed: no second copy in memory
+    atomic_write(path, lambda f: np.savez(f, **flat), sync=sync)
 
 
 def read_record(path: Path) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
@@ -128,3 +138,29 @@ def expect_counts(path: Path, groups: dict[str, list[np.ndarray]],
         got = len(groups.get(name, []))
         if not isinstance(n, int) or got != n:
             raise RecordError(path, f"is incomplete: {name} has {got} arrays, meta says {n}")
+
+
+@functools.lru_cache(maxsize=1)
+def _syncfs() -> Callable[[int], int] | None:
+    """Linux's syncfs(2) from the C library, or None where there is none."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.syncfs  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+def sync_filesystem(path: Path) -> None:
+    """Make every file written on ``path``'s file system durable, in one call (syncfs(2), or
+    sync(2) where it is missing): one flush for a round's client-state files written with
+    ``sync=False``, instead of one fsync each. Does nothing if ``path`` does not exist."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        syncfs = _syncfs()
+        if syncfs is None or syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)

@@ -56,8 +56,13 @@ writes that layout any more, so one look per directory and process is enough."""
 class StateDir:
     """One client's state files: ``<root>/<experiment>/client-<pid>/r<round>.npz``."""
 
-    def __init__(self, root: Path, experiment: str, partition_id: int) -> None:
+    def __init__(self, root: Path, experiment: str, partition_id: int,
+                 sync: bool = True) -> None:
+        """``sync=False``: versions are written without their own fsync; the writer's owner
+        makes them durable in a batch (a simulation's server, ``store.files.sync_filesystem``,
+        before each checkpoint)."""
         self.dir = root / experiment
+        self.sync = sync
         self.client_dir = self.dir / f"client-{partition_id}"
         self.experiment = experiment
         self.pid = partition_id
@@ -106,7 +111,7 @@ class StateDir:
         self.client_dir.mkdir(parents=True, exist_ok=True)
         meta = {"experiment": self.experiment, "partition-id": self.pid, "round": server_round,
                 "entries": {k: len(v) for k, v in entries.items()}}
-        write_record(self.version_path(server_round), entries, meta)
+        write_record(self.version_path(server_round), entries, meta, sync=self.sync)
         for saved_round, old in self._files()[:-KEEP_VERSIONS]:
             if saved_round != keep:
                 old.unlink(missing_ok=True)

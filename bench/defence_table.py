@@ -228,8 +228,9 @@ def table(done: dict[str, dict[str, Any]], methods: list[str], defences: list[st
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("outputs/defence_table.jsonl"))
-    ap.add_argument("--md", type=Path, default=Path("outputs/defence_table.md"))
+    ap.add_argument("--out", type=Path,
+                    default=Path("experiments/results/defence-table.jsonl"))
+    ap.add_argument("--md", type=Path, default=None, help="also write the table here")
     ap.add_argument("--part", default="1/1", help="i/n: run cells i, i+n, ... (1-based)")
     ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--defences", nargs="*", default=list(DEFENCES), choices=list(DEFENCES))
@@ -256,8 +257,9 @@ def main() -> None:
             f.write(json.dumps(rec) + "\n")
         print(json.dumps(rec), flush=True)
     md = table(load(args.out), args.methods, args.defences, extra)
-    args.md.parent.mkdir(parents=True, exist_ok=True)
-    args.md.write_text(md + "\n")
+    if args.md is not None:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(md + "\n")
     print(md)
 
 

@@ -70,11 +70,6 @@ class ClusteredState(ServerState):
     """[float32 (N, SKETCH_DIM)]: each client's latest update, sketched (zero: none yet)."""
 
 
-def _grown(a: np.ndarray, n: int) -> np.ndarray:
-    if len(a) >= n:
-        return a.copy()
-    return np.concatenate([a, np.zeros((n - len(a), *a.shape[1:]), dtype=a.dtype)])
-
 
 def kmeans(points: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Cluster labels of ``points`` by scipy's k-means (k-means++ start, seeded)."""
@@ -141,8 +136,8 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
                rnd: RoundInput) -> tuple[Weights, ClusteredState]:
         assert rnd.variant == "model"
         n, k = rnd.num_clients, self.params.num_clusters
-        assignment = _grown(state.assignment[0], n)
-        sketch = _grown(state.sketch[0], n)
+        assignment = gr.grown_rows(state.assignment[0], n)
+        sketch = gr.grown_rows(state.sketch[0], n)
         models = [m.copy() for m in state.models]
         by_cluster: dict[int, list[tuple[Weights, float]]] = {}
         for u, weight in zip(rnd.updates, rnd.weights, strict=True):

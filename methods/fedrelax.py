@@ -103,12 +103,6 @@ class FedRelaxState(ServerState):
     """[float32 (N, SKETCH_DIM)]: each client's latest update, sketched (learned graph)."""
 
 
-def _grown(a: np.ndarray, n: int) -> np.ndarray:
-    """``a`` with at least ``n`` rows (new rows zero)."""
-    if len(a) >= n:
-        return a.copy()
-    return np.concatenate([a, np.zeros((n - len(a), *a.shape[1:]), dtype=a.dtype)])
-
 
 class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
     """Stores the uploads, sends each client its neighbourhood term, learns the graph."""
@@ -166,8 +160,9 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         n = rnd.num_clients
         if rnd.server_round == 1:
             gr.check_ids(state.graph, n, self.params.graph)
-        version = _grown(state.version[0], n)
-        sketch = _grown(state.sketch[0], n) if self.params.graph == "knn" else state.sketch[0]
+        version = gr.grown_rows(state.version[0], n)
+        sketch = (gr.grown_rows(state.sketch[0], n) if self.params.graph == "knn"
+                  else state.sketch[0])
         moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
         for u in rnd.updates:
             pid = u.partition_id

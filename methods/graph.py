@@ -31,6 +31,14 @@ class GraphError(ValueError):
     """A graph file that cannot be used: one line naming the file, the line and the problem."""
 
 
+def grown_rows(a: np.ndarray, n: int) -> np.ndarray:
+    """A copy of ``a`` with at least ``n`` rows, new rows zero: per-client server state grows
+    when clients join late (new partition ids)."""
+    if len(a) >= n:
+        return a.copy()
+    return np.concatenate([a, np.zeros((n - len(a), *a.shape[1:]), dtype=a.dtype)])
+
+
 def empty() -> list[np.ndarray]:
     """A graph without edges."""
     return [np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.float64)]

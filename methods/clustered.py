@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +34,7 @@ from methods.method import (
     MethodSpec,
     ModelFiles,
     Params,
+    ReportFiles,
     RoundInput,
     ServerRule,
     ServerState,
@@ -108,9 +108,9 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
 
     def __init__(self, params: ClusteredParams) -> None:
         super().__init__(params)
-        self.results: Path | None = None
+        self.results: ReportFiles | None = None
 
-    def bind(self, models: ModelFiles, results: Path | None) -> None:
+    def bind(self, models: ModelFiles, results: ReportFiles | None) -> None:
         self.results = results
 
     def init(self, w0: Weights) -> ClusteredState:
@@ -179,9 +179,8 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         """One line of ``clusters.jsonl``: the round and every client's cluster."""
         if self.results is None:
             return
-        with (self.results / CLUSTERS_FILE).open("a") as f:
-            f.write(json.dumps({"round": server_round,
-                                "assignment": [int(a) for a in assignment]}) + "\n")
+        self.results.append_line(CLUSTERS_FILE, json.dumps(
+            {"round": server_round, "assignment": [int(a) for a in assignment]}))
 
 
 class ClusteredClient(ClientRule[ClusteredParams]):

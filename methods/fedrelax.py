@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +46,7 @@ from methods.method import (
     MethodSpec,
     ModelFiles,
     Params,
+    ReportFiles,
     RoundInput,
     ServerRule,
     ServerState,
@@ -103,7 +103,6 @@ class FedRelaxState(ServerState):
     """[float32 (N, SKETCH_DIM)]: each client's latest update, sketched (learned graph)."""
 
 
-
 class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
     """Stores the uploads, sends each client its neighbourhood term, learns the graph."""
 
@@ -115,9 +114,9 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
     def __init__(self, params: FedRelaxParams) -> None:
         super().__init__(params)
         self.models: ModelFiles | None = None
-        self.results: Path | None = None
+        self.results: ReportFiles | None = None
 
-    def bind(self, models: ModelFiles, results: Path | None) -> None:
+    def bind(self, models: ModelFiles, results: ReportFiles | None) -> None:
         self.models, self.results = models, results
 
     def init(self, w0: Weights) -> FedRelaxState:
@@ -193,11 +192,9 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             return
         text = json.dumps({"round": server_round, "source": self.params.graph,
                            "num-clients": n, "edges": gr.as_json(graph)})
-        tmp = self.results / f".{GRAPH_FILE}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, self.results / GRAPH_FILE)
+        self.results.replace_text(GRAPH_FILE, text)
         if n <= DRAW_LIMIT:
-            gr.draw(graph, n, self.results / GRAPH_PNG,
+            gr.draw(graph, n, self.results.path(GRAPH_PNG),
                     f"FedRelax graph ({self.params.graph}) after round {server_round}")
 
 

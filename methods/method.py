@@ -184,6 +184,23 @@ class ModelFiles(Protocol):
         ...
 
 
+class ReportFiles(Protocol):
+    """Where a method writes what it reports into the run directory
+    (``store/server_models.py``: ``RunReports``), atomically and without knowing the store."""
+
+    def replace_text(self, name: str, text: str) -> None:
+        """Write file ``name`` whole; readers see the old or the new content, never half."""
+        ...
+
+    def append_line(self, name: str, line: str) -> None:
+        """Append one line (a newline is added) to file ``name``."""
+        ...
+
+    def path(self, name: str) -> Path:
+        """The path of file ``name`` (for writers that take a path, e.g. a PNG)."""
+        ...
+
+
 @dataclass(frozen=True)
 class ClientDown:
     """One client's own message content (``ServerRule.down_to``): the model-shaped array sent
@@ -247,10 +264,10 @@ class ServerRule(Generic[P, S]):
         neighbourhood term, a cluster's model); None (the default): the shared message."""
         return None
 
-    def bind(self, models: ModelFiles, results: Path | None) -> None:
+    def bind(self, models: ModelFiles, results: ReportFiles | None) -> None:
         """Where the method may keep per-client models (``models``, on disk) and write what it
-        reports (``results``: the run directory; None in tests without one); given by the
-        server app before round 1 or a resume. Methods that keep none ignore it."""
+        reports (``results``: files of the run directory; None in tests without one); given by
+        the server app before round 1 or a resume. Methods that keep none ignore it."""
 
     def update(self, state: S, w_t: Weights, rnd: RoundInput) -> tuple[Weights, S]:
         """(w_{t+1}, the new state). FedAvg's rule: w_t + eta_g * D, state unchanged."""
@@ -414,8 +431,8 @@ def check_pull(key: str, strength: float, lr: float) -> None:
 
 
 __all__ = ["ParamError", "Combine", "GradientHook", "GradientFn", "LossFn", "Params",
-           "ClientUpdate", "RoundInput", "ClientDown", "ModelFiles", "ServerState", "ServerRule",
-           "TrainedPass", "SgdPass",
+           "ClientUpdate", "RoundInput", "ClientDown", "ModelFiles", "ReportFiles", "ServerState",
+           "ServerRule", "TrainedPass", "SgdPass",
            "LocalJob", "LocalOutcome", "ClientRule", "MethodSpec", "apply_step", "proximal_hook",
            "zeros_like",
            "check_range", "check_pull"]

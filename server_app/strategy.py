@@ -33,7 +33,7 @@ from methods.robust_choices import SELECTIONS, min_replies
 from methods.sampling import sample_available
 from methods.weights import Weights
 from server_app import personal_summary
-from store.server_models import ServerModels
+from store.server_models import RunReports, ServerModels
 from task.config import RunConfig
 from task.federated_data import num_steps, partition_sizes
 
@@ -100,7 +100,7 @@ class MethodStrategy(Strategy):
     def bind_run_dir(self, run_dir: Path) -> None:
         """A method's server files go into the run directory: the per-client models it keeps
         (``store/server_models.py``, in ``server-models/``) and what it reports."""
-        self.rule.bind(ServerModels(run_dir / SERVER_MODELS), run_dir)
+        self.rule.bind(ServerModels(run_dir / SERVER_MODELS), RunReports(run_dir))
 
     @property
     def sent_to(self) -> dict[int, int]:

@@ -23,6 +23,19 @@ SIM_HTTP_PORT, SIM_CONTROL_PORT = "39291", "39293"
 COMPARED = ("test-acc", "test-loss", "divergence", "train-loss")
 
 
+def deploy_three_insecure(work: Path, out: Path, base_port: int, experiment: list[str]) -> None:
+    """Run ``experiment`` on a 3-node process deployment without TLS (``deploy_local.py``,
+    ports ``base_port`` +0, +1, +10..+12): it completes and leaves no process behind."""
+    dep = subprocess.run(
+        [*DEPLOY_LOCAL, "--num-nodes", "3", "--work-dir", str(work), "--base-port",
+         str(base_port), "--insecure", "--run-timeout", "300", *experiment,
+         f"output-dir={out}"],
+        capture_output=True, text=True, timeout=400, check=False)
+    assert dep.returncode == 0, dep.stdout[-4000:] + dep.stderr[-3000:]
+    assert "status finished:completed" in dep.stdout
+    assert pids_mentioning(str(work)) == [], "deploy_local.py left processes running"
+
+
 def run_dir(out: Path) -> Path:
     """The one results directory the ServerApp wrote under ``out``."""
     dirs = [d for d in out.iterdir() if (d / "summary.json").exists()]

@@ -8,13 +8,12 @@ so the deployment's rounds.jsonl must carry the accountant's epsilon of each rou
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from methods.dp_budget import Budget
-from tests.deploy_helpers import DEPLOY_LOCAL, pids_mentioning, rounds, run_dir
+from tests.deploy_helpers import deploy_three_insecure, rounds, run_dir
 
 BASE_PORT = 41100  # this test's own ports: 41100-41101 and 41110-41112
 EXPERIMENT = ["num-server-rounds=2", "fraction-train=0.67", "train-limit=600", "seed=0",
@@ -24,14 +23,7 @@ EXPERIMENT = ["num-server-rounds=2", "fraction-train=0.67", "train-limit=600", "
 @pytest.mark.slow
 def test_deployment_with_central_dp_reports_epsilon(tmp_path: Path) -> None:
     work, out = tmp_path / "deploy", tmp_path / "out"
-    dep = subprocess.run(
-        [*DEPLOY_LOCAL, "--num-nodes", "3", "--work-dir", str(work), "--base-port",
-         str(BASE_PORT), "--insecure", "--run-timeout", "300", *EXPERIMENT,
-         f"output-dir={out}"],
-        capture_output=True, text=True, timeout=400, check=False)
-    assert dep.returncode == 0, dep.stdout[-4000:] + dep.stderr[-3000:]
-    assert "status finished:completed" in dep.stdout
-    assert pids_mentioning(str(work)) == [], "deploy_local.py left processes running"
+    deploy_three_insecure(work, out, BASE_PORT, EXPERIMENT)
     run = run_dir(out)
     rows = rounds(run)
     budget = Budget("central", 1.0, 1, 3, 2, 1e-5)

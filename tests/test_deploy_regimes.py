@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from server_app.results import read_personal_clients
-from tests.deploy_helpers import DEPLOY_LOCAL, diffs, pids_mentioning, rounds, run_dir
+from tests.deploy_helpers import deploy_three_insecure, diffs, rounds, run_dir
 from tests.test_deploy_process import TOLERANCE
 
 BASE_PORT = int(os.environ.get("FEDINIT_TEST_REGIMES_PORT", "42500"))  # +0, +1, +10..+12
@@ -31,14 +31,7 @@ EXPERIMENT = ["num-server-rounds=2", "fraction-train=1.0", "train-limit=900", "s
 @pytest.mark.slow
 def test_deployed_clients_derive_their_regimes_as_in_process(tmp_path: Path) -> None:
     work, dep_out, ref_out = tmp_path / "deploy", tmp_path / "dep-out", tmp_path / "ref-out"
-    dep = subprocess.run(
-        [*DEPLOY_LOCAL, "--num-nodes", "3", "--work-dir", str(work), "--base-port",
-         str(BASE_PORT), "--insecure", "--run-timeout", "300", *EXPERIMENT,
-         f"output-dir={dep_out}"],
-        capture_output=True, text=True, timeout=400, check=False)
-    assert dep.returncode == 0, dep.stdout[-4000:] + dep.stderr[-3000:]
-    assert "status finished:completed" in dep.stdout
-    assert pids_mentioning(str(work)) == [], "deploy_local.py left processes running"
+    deploy_three_insecure(work, dep_out, BASE_PORT, EXPERIMENT)
     ref = subprocess.run(
         [sys.executable, "-m", "scripts.inprocess_run", "num-clients=3", *EXPERIMENT,
          f"output-dir={ref_out}"], capture_output=True, text=True, timeout=300, check=False)

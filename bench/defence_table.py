@@ -40,6 +40,7 @@ from flwr.app import ArrayRecord, Message
 from bench.reply_attacks import move_base, scaled_upload
 from methods import wire as rk
 from methods.norms import vector_norm
+from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
@@ -118,13 +119,13 @@ class FirstK:
         rnd = int(self.grid.sent[-1].content[rk.CONFIG][rk.ROUND])
         self.replies[rnd] = self.replies.get(rnd, 0) + 1
         c = reply.content
-        up = c[rk.ARRAYS].to_numpy_ndarrays()
+        up = unpack(c[rk.ARRAYS])
         base = move_base(self.grid, up, self.variant)
         if self.poisoned.get(rnd, 0) >= self.k:
             self.honest_norms.append(vector_norm(
                 [u.astype(np.float64) - b for u, b in zip(up, base, strict=True)]))
             if DELTA_C in c:
-                self.delta_c_norms.append(vector_norm(c[DELTA_C].to_numpy_ndarrays()))
+                self.delta_c_norms.append(vector_norm(unpack(c[DELTA_C])))
             return reply
         self.poisoned[rnd] = self.poisoned.get(rnd, 0) + 1
         if self._direction is None:

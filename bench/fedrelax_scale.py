@@ -28,6 +28,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from methods import wire as rk
+from methods.packed_arrays import unpack
 from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import SERVER_MODELS, MethodStrategy
 from task.config import RunConfig
@@ -41,7 +42,7 @@ METHODS = {"fedavg": {"beta": 0.0},
 
 def reply(msg: Message, rng: np.random.Generator) -> Message:
     """A plausible upload: the received model moved by small seeded noise."""
-    got = msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays()
+    got = unpack(msg.content.array_records[rk.ARRAYS])
     up = [(a + 1e-3 * rng.standard_normal(a.shape)).astype(a.dtype) for a in got]
     metrics = MetricRecord({rk.NUM_EXAMPLES: 100, rk.TRAIN_LOSS: 1.0, rk.NUM_STEPS: 8})
     return Message(content=RecordDict({rk.ARRAYS: ArrayRecord(up), rk.METRICS: metrics,

@@ -24,6 +24,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 
 from methods import wire as rk
 from methods.norms import update_norms, vector_norm
+from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
@@ -53,7 +54,7 @@ def move_base(grid: InProcessGrid, up: list[np.ndarray], variant: str) -> list[n
     global model w_t under ``ri-aggregation=model`` (the upload is w_iK), zero under
     ``update`` (the upload is the move itself)."""
     if variant == "model":
-        return grid.sent[-1].content[rk.ARRAYS].to_numpy_ndarrays()
+        return unpack(grid.sent[-1].content[rk.ARRAYS])
     return [np.zeros_like(a) for a in up]
 
 
@@ -70,7 +71,7 @@ def poison(grid: InProcessGrid, kind: str, variant: str) -> Callable[[Message], 
                 or reply.metadata.message_type != "train"):
             return reply
         c = reply.content
-        up = c[rk.ARRAYS].to_numpy_ndarrays()
+        up = unpack(c[rk.ARRAYS])
         scale = {"x50": 50.0, "x15": 15.0, "x1e6": 1e6, "flipped": -1.0,
                  "examples-flipped": -1.0}.get(kind)
         if scale is not None:  # scale the model move, not the weights
@@ -79,7 +80,7 @@ def poison(grid: InProcessGrid, kind: str, variant: str) -> Callable[[Message], 
             m = dict(c[rk.METRICS])
             c[rk.METRICS] = MetricRecord({**m, rk.NUM_EXAMPLES: 10**9})
         if kind == "delta-c":
-            c[DELTA_C] = ArrayRecord([a * np.float32(1e6) for a in c[DELTA_C].to_numpy_ndarrays()])
+            c[DELTA_C] = ArrayRecord([a * np.float32(1e6) for a in unpack(c[DELTA_C])])
         return reply
     return change
 
@@ -106,15 +107,15 @@ def first_round_ratios(over: dict[str, Any], tmp: Path) -> dict[str, Any]:
                            "fraction-train": 1.0, "num-server-rounds": 1})
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())
     run_experiment(grid, cfg, out_dir=tmp / "r1")
-    w0 = next(m for m in grid.sent if m.metadata.message_type == "train").content[
-        rk.ARRAYS].to_numpy_ndarrays()
-    ups = [r.content[rk.ARRAYS].to_numpy_ndarrays() for r in grid.replies
+    w0 = unpack(next(m for m in grid.sent if m.metadata.message_type == "train").content[
+        rk.ARRAYS])
+    ups = [unpack(r.content[rk.ARRAYS]) for r in grid.replies
            if r.metadata.message_type == "train"]
     ratios = np.asarray(update_norms(w0, ups, cfg.ri_aggregation)) / vector_norm(w0)
     out = {"method": cfg.method, "w0-norm": vector_norm(w0), "min": float(ratios.min()),
            "median": float(np.median(ratios)), "max": float(ratios.max())}
     if cfg.method == "scaffold":
-        dc = [vector_norm(r.content[DELTA_C].to_numpy_ndarrays()) for r in grid.replies
+        dc = [vector_norm(unpack(r.content[DELTA_C])) for r in grid.replies
               if r.metadata.message_type == "train"]
         out["delta-c-over-w0-norm-over-lr"] = max(dc) * cfg.lr / vector_norm(w0)
     return out

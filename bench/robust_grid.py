@@ -24,6 +24,7 @@ from flwr.app import Message
 from bench.reply_attacks import ATTACKER, poison
 from methods import wire as rk
 from methods.norms import vector_norm
+from methods.packed_arrays import unpack
 from methods.ri import weighted_mean
 from methods.robust import combine
 from scripts.inprocess_grid import InProcessGrid
@@ -71,8 +72,8 @@ def run(over: dict[str, Any], attack: bool, tmp: Path) -> dict[str, Any]:
         if reply.metadata.message_type == "train" and not reply.has_error():
             sent = grid.sent[-1].content
             rnd = int(sent[rk.CONFIG][rk.ROUND])
-            w_t = sent[rk.ARRAYS].to_numpy_ndarrays()
-            up = reply.content[rk.ARRAYS].to_numpy_ndarrays()
+            w_t = unpack(sent[rk.ARRAYS])
+            up = unpack(reply.content[rk.ARRAYS])
             move = up if cfg.ri_aggregation == "update" else [
                 (u.astype(np.float64) - w).astype(np.float32) for u, w in zip(up, w_t, strict=True)]
             if reply.metadata.src_node_id != ATTACKER or not attack:

@@ -29,6 +29,7 @@ from client_app.model_cache import (
 from client_app.personal_accuracy import personal_evaluation
 from client_app.round import client_round
 from methods import wire as rk
+from methods.packed_arrays import shapes, unpack
 from store.client_store import ClientStore
 from store.simulated_state import STATE_ROOT
 from store.state_dir import StateDir
@@ -119,7 +120,7 @@ def train_fn(msg: Message, context: Context) -> Message:
     # the received arrays' shapes only: client_round decodes the model, once
     accounted = conf.get(rk.ACCOUNTED_ROUND)
     fell_back = state.restore(experiment, server_round,
-                              list(msg.content.array_records[rk.ARRAYS].values()),
+                              shapes(msg.content.array_records[rk.ARRAYS]),
                               None if accounted is None else int(accounted),  # type: ignore[arg-type]
                               cfg.spec.client.accounted_keys)
     x, y = client_tensors(cfg, pid, data_dir_of(context))
@@ -167,7 +168,7 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
                                       partition_id=pid)
         return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
     model = cached_model(cfg)
-    set_weights(model, msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
+    set_weights(model, unpack(msg.content.array_records[rk.ARRAYS]))
     x, y = client_tensors(cfg, pid, data_dir)
     loss, acc = evaluate_model(model, x, y)
     metrics = MetricRecord({rk.EVAL_LOSS: loss, rk.EVAL_ACC: acc, rk.NUM_EXAMPLES: len(y)})
@@ -183,7 +184,7 @@ def federated_evaluation(cfg: RunConfig, msg: Message,
     metrics: dict[str, int | float] = {rk.NUM_TEST: len(y)}
     if len(y):
         model = cached_model(cfg)
-        set_weights(model, msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
+        set_weights(model, unpack(msg.content.array_records[rk.ARRAYS]))
         metrics[rk.EVAL_LOSS], metrics[rk.EVAL_ACC] = evaluate_model(model, x, y)
     return MetricRecord(metrics)
 

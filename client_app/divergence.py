@@ -13,6 +13,7 @@ import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from methods import wire as rk
+from methods.packed_arrays import unpack
 from store.client_store import W_PREV, ClientStore
 
 
@@ -21,7 +22,7 @@ def divergence_to_global(received: RecordDict, store: ClientStore,
     """The reply's metrics: the squared distance (float64) and whether w_prev was trained."""
     conf = received.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
-    w_t = received.array_records[rk.ARRAYS].to_numpy_ndarrays()
+    w_t = unpack(received.array_records[rk.ARRAYS])
     store.restore(experiment, server_round + 1, w_t)
     w_prev = store.get(W_PREV)
     trained = w_prev is not None

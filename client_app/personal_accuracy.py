@@ -20,6 +20,7 @@ from torch import nn
 from client_app.trainer import local_generator, local_sgd
 from methods import wire as rk
 from methods.method import ClientRule
+from methods.packed_arrays import unpack
 from store.client_store import W_PREV, ClientStore
 from task.config import RunConfig
 from task.evaluation import evaluate
@@ -55,7 +56,7 @@ def personal_evaluation(
     conf = received.config_records[rk.CONFIG]
     server_round, lr = int(conf[rk.ROUND]), float(conf[rk.LR])
     experiment = str(conf.get(rk.EXPERIMENT, ""))
-    w_t = received.array_records[rk.ARRAYS].to_numpy_ndarrays()
+    w_t = unpack(received.array_records[rk.ARRAYS])
     x_test, y_test = test
     metrics: dict[str, int | float] = {rk.NUM_TEST: len(y_test)}
     if len(y_test) == 0:

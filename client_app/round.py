@@ -12,13 +12,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from torch import nn
 
 from client_app.trainer import LossFn, SgdSettings, sgd_pass
 from methods import wire as rk
 from methods.dp import Mechanism
 from methods.method import ClientRule, LocalJob
+from methods.packed_arrays import pack, unpack
 from methods.ri import relaxed_start, upload_vector
 from store.client_store import W_PREV, ClientStore
 from task.config import RunConfig
@@ -45,12 +46,12 @@ def client_round(
     conf = received.config_records[rk.CONFIG]
     server_round, lr, beta = int(conf[rk.ROUND]), float(conf[rk.LR]), float(conf[rk.BETA])
     delta = bool(conf[rk.UPLOAD_DELTA])
-    w_t = received.array_records[rk.ARRAYS].to_numpy_ndarrays()
+    w_t = unpack(received.array_records[rk.ARRAYS])
 
     w_prev = state.get(W_PREV) or list(initial())
     start = relaxed_start(w_t, w_prev, beta)
     method_state = {k: state.get(k) or rule.initial_state(k, w_t) for k in rule.state_keys}
-    down = {k: received.array_records[k].to_numpy_ndarrays() for k in rule.down_keys}
+    down = {k: unpack(received.array_records[k]) for k in rule.down_keys}
 
     t0 = time.perf_counter()
     settings = SgdSettings(epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
@@ -70,6 +71,6 @@ def client_round(
                             rk.COMPUTE_SECONDS: time.perf_counter() - t0})
     upload, extras = Mechanism.from_config(cfg).release(  # DP: clipped (local: noised)
         upload_vector(final, start, "update" if delta else "model"), outcome.extras)
-    return RecordDict({rk.ARRAYS: ArrayRecord(upload),
+    return RecordDict({rk.ARRAYS: pack(upload),
                        rk.METRICS: metrics, rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: delta}),
-                       **{k: ArrayRecord(v) for k, v in extras.items()}})
+                       **{k: pack(v) for k, v in extras.items()}})

@@ -130,11 +130,12 @@ def executor_command(args: argparse.Namespace, address: str,
 
 
 def plain_logs_off_terminal() -> None:
-    """Flower colours every log line; a log file (not a terminal) gets them plain."""
+    """Flower colours every log line; a log file (not a terminal) gets them plain, each with
+    its time to the millisecond (what an operator reads a node's timeline from)."""
     if not sys.stderr.isatty():
         from flwr.supercore.logger import update_console_handler
 
-        update_console_handler(colored=False)
+        update_console_handler(colored=False, timestamps=True)
 
 
 def main(argv: list[str] | None = None) -> None:

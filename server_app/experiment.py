@@ -21,6 +21,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from methods import wire as rk
+from methods.packed_arrays import pack, unpack
 from server_app.central_eval import CentralEvaluator
 from server_app.checkpoint import (
     Checkpoint,
@@ -131,7 +132,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                    rows=resume[1].rows if resume else None, eval_source=cfg.eval_source,
                    extra_fields=DP_FIELDS if budget else ())
     write_regimes(out, cfg)
-    arrays = ArrayRecord(weights)
+    arrays = pack(weights)
     round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
     state_root = Path(str(round_config[STATE_ROOT])) if STATE_ROOT in round_config else None
     n = cfg.num_server_rounds
@@ -159,7 +160,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         if (rnd % cfg.eval_every == 0 or rnd == n) and federated is not None:
             loss, acc, evaluated = federated(grid, rnd, arrays, round_config)
         elif (rnd % cfg.eval_every == 0 or rnd == n) and central is not None:
-            loss, acc = central(arrays.to_numpy_ndarrays())
+            loss, acc = central(unpack(arrays))
         evaluated.update(divergence(grid, rnd, arrays, round_config))
         personal, per_client = personal_round(strategy, grid, rnd, arrays, round_config,
                                               cfg.round_timeout)
@@ -171,7 +172,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                "clients-trained": clients_trained(replies, strategy.sent_to),
                **({"dp-epsilon": budget.epsilon(rnd)} if budget else {})}
         rec.add_round(row)
-        save_checkpoint(out, Checkpoint(rnd, arrays.to_numpy_ndarrays(),
+        save_checkpoint(out, Checkpoint(rnd, unpack(arrays),
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
         log(INFO, "%s", _progress_line(row, n, len(messages)))
         if failed >= cfg.max_failed_rounds:
@@ -185,7 +186,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             f"no round of the run aggregated a reply (all {len(rec.rows)} rounds had fewer than "
             f"min-replies={cfg.min_replies} usable replies: see the rejected replies above); "
             "the model is the initial one, so no final results were written")
-    final = arrays.to_numpy_ndarrays()
+    final = unpack(arrays)
     set_weights(model, final)
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
@@ -224,7 +225,7 @@ def clients_trained(replies: list[Message], sent_to: dict[int, int]) -> list[int
 
 def _check_finite(rnd: int, arrays: ArrayRecord, state: dict[str, list[Any]], out: Path) -> None:
     """Stop before a NaN/Inf model is evaluated, recorded or checkpointed over a good one."""
-    bad = non_finite_part(arrays.to_numpy_ndarrays(), state)
+    bad = non_finite_part(unpack(arrays), state)
     if bad is not None:
         kept = f"round {rnd - 1}'s checkpoint in {out} is kept" if rnd > 1 else "nothing kept"
         raise ModelDiverged(f"round {rnd}: the aggregated global model holds NaN or Inf in {bad} "

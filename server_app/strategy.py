@@ -27,6 +27,7 @@ from methods import wire as rk
 from methods.dp import Mechanism
 from methods.method import ClientUpdate, RoundInput, ServerRule, ServerState
 from methods.norms import update_norms, vector_norm
+from methods.packed_arrays import pack, unpack
 from methods.ri import aggregate_update, divergence
 from methods.robust import combine, select
 from methods.robust_choices import SELECTIONS, min_replies
@@ -127,14 +128,14 @@ class MethodStrategy(Strategy):
     ) -> Iterable[Message]:
         """Send the model, the round's settings and the method's extras to sampled clients."""
         c = self.cfg
-        self._w_t = arrays.to_numpy_ndarrays()
+        self._w_t = unpack(arrays)
         chosen = sample_available(self.sampling_seed, server_round, c.num_clients,
                                   c.clients_per_round, self.available())
         round_config = ConfigRecord(
             {**dict(config), rk.ROUND: server_round, rk.LR: c.lr_at(server_round),
              rk.BETA: c.beta, rk.UPLOAD_DELTA: c.ri_aggregation == "update"}
         )
-        extras = {k: ArrayRecord(v) for k, v in self.rule.down(self.state).items()}
+        extras = {k: pack(v) for k, v in self.rule.down(self.state).items()}
         messages = []
         self._sent_to = {}
         for pid in chosen:
@@ -155,7 +156,7 @@ class MethodStrategy(Strategy):
         own = self.rule.down_to(self.state, pid, w_t)
         if own is None:
             return arrays, extras
-        return ArrayRecord(own.model), {k: ArrayRecord(v) for k, v in own.extras.items()}
+        return pack(own.model), {k: pack(v) for k, v in own.extras.items()}
 
     def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
         """The round's settings for client ``pid``: its id and, when tracked, its accounted
@@ -218,7 +219,7 @@ class MethodStrategy(Strategy):
                                                   weights=[u.num_examples for u in updates])),
             rk.DIVERGENCE: divergence(finals, w_next),
         }
-        return ArrayRecord(w_next), MetricRecord(metrics)
+        return pack(w_next), MetricRecord(metrics)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -231,7 +232,7 @@ class MethodStrategy(Strategy):
         self._eval_sent_to = {}
         if not personal_summary.due(c, server_round):
             return []
-        w_t = arrays.to_numpy_ndarrays()
+        w_t = unpack(arrays)
         eval_config = ConfigRecord({**dict(config), rk.ROUND: server_round,
                                     rk.LR: c.lr_at(server_round), rk.PERSONAL_EVAL: True})
         messages = []
@@ -345,7 +346,10 @@ class MethodStrategy(Strategy):
         for key in (rk.ARRAYS, *self.rule.up_keys):
             if key not in content.array_records:
                 return f"missing ArrayRecord {key!r}"
-            arrays[key] = content.array_records[key].to_numpy_ndarrays()
+            try:
+                arrays[key] = unpack(content.array_records[key])
+            except ValueError as err:
+                return f"ArrayRecord {key!r}: {err}"
             problem = _arrays_problem(key, arrays[key], self._w_t)
             if problem is not None:
                 return problem

@@ -23,6 +23,7 @@ from flwr.supercore.inflatable.inflatable_object import (
 from torch import nn
 
 from client_app.round import client_round
+from methods.packed_arrays import unpack
 from methods.weights import Weights
 from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
@@ -135,7 +136,7 @@ class Federation:
     @property
     def weights(self) -> np.ndarray:
         """The current global model as one vector."""
-        return self.arrays.to_numpy_ndarrays()[0]
+        return unpack(self.arrays)[0]
 
     def state_of(self, pid: int, key: str) -> Weights | None:
         """A client's stored state arrays (None before it stored any)."""

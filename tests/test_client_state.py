@@ -6,6 +6,7 @@ import numpy as np
 from flwr.app import RecordDict
 
 from methods import wire as rk
+from methods.packed_arrays import unpack
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
@@ -33,7 +34,7 @@ def test_w_prev_is_the_model_the_client_trained_last_not_the_global(tmp_path: Pa
     for reply in grid.replies:
         if reply.metadata.message_type == "train":
             last_upload[reply.metadata.src_node_id] = (
-                reply.content[rk.ARRAYS].to_numpy_ndarrays())  # model variant: w_iK
+                unpack(reply.content[rk.ARRAYS]))  # model variant: w_iK
     assert len(last_upload) >= 3  # several clients trained, some more than once
     final_global = final_model(tmp_path)
     for node, ctx in grid.contexts.items():

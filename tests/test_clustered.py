@@ -12,6 +12,7 @@ import pytest
 
 from methods import wire as rk
 from methods.clustered import relabel
+from methods.packed_arrays import unpack
 from task.config import ConfigError, RunConfig
 from tests.lsq_problem import Federation, Problem, lsq_optimum
 from tests.test_fedrelax import two_regimes
@@ -47,7 +48,7 @@ def test_two_regimes_fall_into_two_clusters_each_with_its_least_squares(
         assert np.abs(got - want).max() < 0.05 * np.abs(want).max(), (got, want)
     for msg in f.sent:  # each client is sent its own cluster's model
         pid = msg.metadata.dst_node_id - 1000
-        sent = msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays()[0]
+        sent = unpack(msg.content.array_records[rk.ARRAYS])[0]
         np.testing.assert_array_equal(sent, before[assignment[pid]])
     assert (tmp_path / "clusters.jsonl").read_text().count("\n") == 1  # no change, no line
 

@@ -12,6 +12,7 @@ from flwr.app import Message
 from bench.defence_table import KINDS, FirstK, hostile_upload, unit_direction
 from methods import wire as rk
 from methods.norms import vector_norm
+from methods.packed_arrays import unpack
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from task.config import RunConfig
@@ -59,16 +60,16 @@ def test_exactly_k_replies_of_every_round_upload_the_fixed_direction(tmp_path: P
         out = attack(reply)
         if reply.metadata.message_type == "train":
             sent = grid.sent[-1].content
-            w_t = flat(sent[rk.ARRAYS].to_numpy_ndarrays())
+            w_t = flat(unpack(sent[rk.ARRAYS]))
             seen.setdefault(int(sent[rk.CONFIG][rk.ROUND]), []).append(
-                flat(out.content[rk.ARRAYS].to_numpy_ndarrays()) - w_t)
+                flat(unpack(out.content[rk.ARRAYS])) - w_t)
         return out
 
     grid.reply_filter = record
     run_experiment(grid, cfg, out_dir=tmp_path / "run")
     assert attack.poisoned == {1: 2, 2: 2, 3: 2}
     first = next(m for m in grid.sent if m.metadata.message_type == "train")
-    d = flat(unit_direction(first.content[rk.ARRAYS].to_numpy_ndarrays()))
+    d = flat(unit_direction(unpack(first.content[rk.ARRAYS])))
     honest = np.median(attack.honest_norms)
     for rnd, moves in seen.items():
         along = [cosine(m, d) > 0.999 for m in moves]

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from methods.ditto import PERSONAL
+from methods.packed_arrays import unpack
 from store.client_store import W_PREV
 from tests.lsq_problem import Federation, lsq_problem, quadratic_problem
 
@@ -80,7 +81,7 @@ def test_ditto_global_model_is_fedavgs_and_large_lambda_pins_v_to_it() -> None:
     w_received = avg.weights.copy()  # the global model sent in the last round
     last = avg.step()
     moves = {r.metadata.src_node_id - 1000: float(np.linalg.norm(
-        r.content.array_records["arrays"].to_numpy_ndarrays()[0] - w_received))
+        unpack(r.content.array_records["arrays"])[0] - w_received))
         for r in avg.replies}
     errors: dict[float, dict[int, float]] = {}
     for lam in (50.0, 500.0):

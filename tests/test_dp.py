@@ -22,6 +22,7 @@ from flwr.serverapp import Grid
 from methods import wire as rk
 from methods.dp import Mechanism, clip, norm
 from methods.dp_budget import Budget
+from methods.packed_arrays import unpack
 from methods.registry import METHODS, composes_with_ri
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
@@ -52,7 +53,7 @@ def test_clipping_bound_holds_for_every_uploaded_vector_with_ri(method: str) -> 
         f.step()
         for reply in f.replies:
             for key, record in reply.content.array_records.items():
-                seen.setdefault(key, []).append(norm(record.to_numpy_ndarrays()))
+                seen.setdefault(key, []).append(norm(unpack(record)))
     assert set(seen) == {rk.ARRAYS, *f.strategy.rule.up_keys}
     for key, norms in seen.items():
         bound = clip_c if key == rk.ARRAYS else clip_x
@@ -112,7 +113,7 @@ def aggregate(s: MethodStrategy, uploads: dict[int, Weights],
         replies.append(Message(content=content, reply_to=msg))
     arrays, metrics = s.aggregate_train(1, replies)
     assert arrays is not None and metrics is not None and metrics[rk.NUM_REJECTED] == 0
-    return arrays.to_numpy_ndarrays()
+    return unpack(arrays)
 
 
 def big_moves(n: int, seed: int) -> dict[int, Weights]:

@@ -13,6 +13,7 @@ import torch
 
 from methods import wire as rk
 from methods.fedrelax import DEGREE, OWN
+from methods.packed_arrays import unpack
 from task.config import ConfigError, RunConfig
 from tests.lsq_problem import Federation, Problem, lsq_optimum, quadratic_problem
 
@@ -141,9 +142,9 @@ def test_a_fedrelax_round_by_hand_on_three_clients(tmp_path: Path) -> None:
         for i, edges in nbrs.items():
             d = sum(wt for _, wt in edges)
             m_i = sum(wt * w[j] for j, wt in edges) / d
-            got = sent[i].array_records[rk.ARRAYS].to_numpy_ndarrays()[0]
+            got = unpack(sent[i].array_records[rk.ARRAYS])[0]
             np.testing.assert_allclose(got, m_i, atol=1e-6)  # the neighbourhood term
-            assert sent[i].array_records[DEGREE].to_numpy_ndarrays()[0][0] == d
+            assert unpack(sent[i].array_records[DEGREE])[0][0] == d
             terms[i] = (m_i, d)
         w = np.stack([w[i] - lr * ((w[i] - a[i]) + 2 * alpha * d * (w[i] - m_i))
                       for i, (m_i, d) in terms.items()])
@@ -161,13 +162,13 @@ def test_no_client_receives_a_model_of_a_client_it_is_not_linked_to(tmp_path: Pa
     f.run(2)
     before = own_models(f)
     f.step()
-    got = {m.metadata.dst_node_id - 1000: m.content.array_records[rk.ARRAYS]
-           .to_numpy_ndarrays()[0] for m in f.sent}
+    got = {m.metadata.dst_node_id - 1000: unpack(m.content.array_records[rk.ARRAYS])[0]
+           for m in f.sent}
     np.testing.assert_array_equal(got[0], before[1])
     np.testing.assert_array_equal(got[1], before[0])
     np.testing.assert_array_equal(got[2], before[2])
     assert not np.array_equal(got[0], before[2]) and not np.array_equal(got[1], before[2])
-    assert {m.content.array_records[DEGREE].to_numpy_ndarrays()[0][0]
+    assert {unpack(m.content.array_records[DEGREE])[0][0]
             for m in f.sent} == {3.0, 0.0}
 
 

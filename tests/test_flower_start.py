@@ -11,6 +11,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
 from methods import wire as rk
+from methods.packed_arrays import unpack
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
@@ -35,7 +36,7 @@ def test_flowers_strategy_start_trains_what_run_experiment_trains(tmp_path: Path
     result = strategy.start(grid, ArrayRecord(w0), num_rounds=cfg.num_server_rounds,
                             timeout=cfg.round_timeout,
                             train_config=ConfigRecord({rk.EXPERIMENT: "run"}))
-    got = result.arrays.to_numpy_ndarrays()
+    got = unpack(result.arrays)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got, strict=True))
     # the strategy's checks ran: every round aggregated the sampled clients' replies
     assert [m[rk.NUM_REPLIES] for m in result.train_metrics_clientapp.values()] == [2, 2, 2]

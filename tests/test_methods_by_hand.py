@@ -19,6 +19,7 @@ from client_app.trainer import local_sgd
 from methods.fedcm import MOMENTUM
 from methods.feddyn import H_LOCAL
 from methods.fedsam import sam_gradient
+from methods.packed_arrays import unpack
 from methods.sampling import sample_clients
 from methods.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
 from store.client_store import W_PREV
@@ -39,12 +40,12 @@ def close(actual: Any, expected: list[float]) -> None:
 
 def sent(f: Federation, key: str) -> np.ndarray:
     """The extra record ``key`` of this round's first message (the same for every client)."""
-    return f.sent[0].content.array_records[key].to_numpy_ndarrays()[0]
+    return unpack(f.sent[0].content.array_records[key])[0]
 
 
 def replied(f: Federation, pid: int, key: str = "arrays") -> np.ndarray:
     msg = next(r for r in f.replies if r.metadata.src_node_id == 1000 + pid)
-    return msg.content.array_records[key].to_numpy_ndarrays()[0]
+    return unpack(msg.content.array_records[key])[0]
 
 
 def test_setup_samples_clients_0_and_1_twice() -> None:

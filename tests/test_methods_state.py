@@ -16,6 +16,7 @@ import pytest
 from flwr.app import RecordDict
 
 from methods.feddyn import H_LOCAL
+from methods.packed_arrays import unpack
 from methods.registry import METHODS, composes_with_ri
 from methods.scaffold import C_LOCAL
 from scripts.inprocess_grid import InProcessGrid
@@ -30,7 +31,7 @@ RAW = {"fraction-train": 0.5, "batch-size": 5, "lr": 0.05, "beta": 0.1,
 
 
 def snapshot(store: RecordDict) -> dict[str, bytes]:
-    return {k: b"".join(a.tobytes() for a in r.to_numpy_ndarrays())
+    return {k: b"".join(a.tobytes() for a in unpack(r))
             for k, r in store.array_records.items()}
 
 
@@ -70,7 +71,7 @@ def test_w_prev_is_the_clients_last_final_model() -> None:
     for reply in f.replies:  # under ``model`` the upload is the final model
         pid = reply.metadata.src_node_id - 1000
         np.testing.assert_array_equal(f.state_of(pid, W_PREV)[0],
-                                      reply.content.array_records["arrays"].to_numpy_ndarrays()[0])
+                                      unpack(reply.content.array_records["arrays"])[0])
 
 
 def test_scaffold_server_c_is_the_mean_of_all_client_c_i() -> None:

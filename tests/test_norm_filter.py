@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from methods import wire as rk
+from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
 from scripts.inprocess_grid import set_task_identity
@@ -78,7 +79,7 @@ def play(s: MethodStrategy, rnd: int, norms: list[float], w_t: Weights,
         replies.append(Message(content=content, reply_to=msgs[i]))
     arrays, metrics = s.aggregate_train(rnd, replies)
     assert metrics is not None
-    return (None if arrays is None else arrays.to_numpy_ndarrays()), dict(metrics)
+    return (None if arrays is None else unpack(arrays)), dict(metrics)
 
 
 def assert_kept(s: MethodStrategy, rnd: int, norms: list[float], kept: list[float],

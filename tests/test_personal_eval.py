@@ -18,6 +18,7 @@ import client_app.app as client_app
 from client_app.model_cache import client_test_tensors
 from methods import wire as rk
 from methods.ditto import PERSONAL
+from methods.packed_arrays import unpack
 from scripts import inprocess_grid
 from scripts.inprocess_grid import InProcessGrid
 from server_app import personal_summary as pe
@@ -104,7 +105,7 @@ def _fingerprint(ctx: Context, disk: Path | None) -> str:
     h = hashlib.sha256()
     for key, record in sorted(ctx.state.array_records.items()):
         h.update(key.encode())
-        for a in record.to_numpy_ndarrays():
+        for a in unpack(record):
             h.update(a.tobytes())
     for key, record in sorted(ctx.state.config_records.items()):
         h.update(f"{key}{sorted(dict(record).items())}".encode())
@@ -124,7 +125,7 @@ def _stored_models(msg: Message, ctx: Context, raw: dict[str, Any]) -> dict[str,
     store = client_app.client_store(ctx, cfg, str(conf[rk.EXPERIMENT]), pid,
                                     str(conf.get(STATE_ROOT, ""))).snapshot()
     store.restore(str(conf[rk.EXPERIMENT]), int(conf[rk.ROUND]) + 1,
-                  msg.content.array_records[rk.ARRAYS].to_numpy_ndarrays())
+                  unpack(msg.content.array_records[rk.ARRAYS]))
     found = {k: store.get(k) for k in (W_PREV, PERSONAL)}
     return {k: v for k, v in found.items() if v is not None}
 

@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from methods import wire as rk
+from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
@@ -88,7 +89,7 @@ def numpy_mean(ids: list[int]) -> list[np.ndarray]:
 
 def weights_of(result: tuple[ArrayRecord | None, MetricRecord | None]) -> Weights:
     assert result[0] is not None
-    return result[0].to_numpy_ndarrays()
+    return unpack(result[0])
 
 
 # ---------------------------------------------------------------- example counts

@@ -11,6 +11,7 @@ import pytest
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
 from methods import wire as rk
+from methods.packed_arrays import unpack
 from scripts.inprocess_grid import InProcessGrid
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import TooFewReplies, run_experiment
@@ -183,7 +184,7 @@ def corrupt(kind: str, victim: int):  # noqa: ANN201 - returns a reply filter
         if reply.metadata.message_type != "train":
             return reply
         c = reply.content
-        arrays = c[rk.ARRAYS].to_numpy_ndarrays()
+        arrays = unpack(c[rk.ARRAYS])
         if kind == "nan":
             arrays[0] = arrays[0].copy()
             arrays[0].flat[0] = np.nan

@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from client_app.round import client_round
 from methods import wire as rk
 from methods.feddyn import H_LOCAL
+from methods.packed_arrays import unpack
 from store.client_store import W_PREV, ClientStore
 from task.config import RunConfig
 from tests.lsq_problem import Federation, VectorModel, half_mse, lsq_problem
@@ -82,7 +83,7 @@ def run_client(c: RunConfig, state: dict[str, np.ndarray]) -> tuple[np.ndarray, 
         initial=lambda: pytest.fail("w_0 must not be rebuilt: w_prev is stored"),
         partition_id=0, loss_fn=half_mse)
     assert reply[rk.METRICS][rk.NUM_STEPS] == K
-    return reply[rk.ARRAYS].to_numpy_ndarrays()[0], store
+    return unpack(reply[rk.ARRAYS])[0], store
 
 
 def assert_distinguishable(right: np.ndarray, wrong: np.ndarray) -> None:

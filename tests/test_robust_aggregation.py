@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from methods import wire as rk
+from methods.packed_arrays import unpack
 from methods.robust import combine
 from methods.weights import Weights
 from scripts.inprocess_grid import set_task_identity
@@ -170,7 +171,7 @@ def round_with(s: MethodStrategy, moves: list[Weights], variant: str) -> Weights
         replies.append(Message(content=content, reply_to=msg))
     arrays, metrics = s.aggregate_train(1, replies)
     assert arrays is not None and metrics is not None and metrics["num-rejected"] == 0
-    return arrays.to_numpy_ndarrays()
+    return unpack(arrays)
 
 
 @pytest.mark.parametrize("variant", ["model", "update"])

@@ -19,6 +19,7 @@ from flwr.serverapp import Grid
 from methods import wire as rk
 from methods.fedcm import FedCmParams, FedCmServer, FedCmState
 from methods.method import ClientUpdate, RoundInput
+from methods.packed_arrays import unpack
 from methods.robust import combine, select
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
@@ -149,7 +150,7 @@ def scaffold_round(s: MethodStrategy, moves: dict[int, Weights],
     arrays, _ = s.aggregate_train(1, replies)
     if arrays is None:
         return None
-    return arrays.to_numpy_ndarrays(), s.state.arrays()["c"]
+    return unpack(arrays), s.state.arrays()["c"]
 
 
 def rand(seed: int, scale: float = 1.0) -> Weights:

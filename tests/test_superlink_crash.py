@@ -53,7 +53,7 @@ def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deplo
 
 def train_messages(log: Path, run_id: str) -> tuple[int, int]:
     """(train messages received, train replies sent) of run ``run_id`` in a SuperNode log."""
-    events = re.findall(rf"\[RUN {run_id}\]\s*\n\S+ :\s+(Receiving|Sending): train message",
+    events = re.findall(rf"\[RUN {run_id}\]\s*\n[^\n]*?:\s+(Receiving|Sending): train message",
                         log.read_text(errors="replace"))
     return events.count("Receiving"), events.count("Sending")
 

@@ -12,6 +12,8 @@ Each path runs the same config and seed (3 clients, fraction-train=1.0, train-li
   process-fixed   the fixed fast polls of before: node 0.5 s, executor 0.1 s, always
   process         the defaults: node 0.2 s while a run is active (3 s idle), the executor
                   woken by its node (node.fast_poll)
+  process-memory  the defaults with the SuperLink's state in memory (--link-state memory):
+                  no SQL per request, nothing kept across a SuperLink restart
   compose         deploy/compose_run.sh (TLS + auth, warm executors), when Docker answers
 
 Per round the ServerApp records ``collect-seconds`` (messages pushed until the last reply
@@ -44,12 +46,14 @@ from node.warm_executor import rss_mib
 from scripts.deploy_local import descendants, stop_pids
 from scripts.flower_env import REPO, flower_env
 
-PATHS = ("simulation", "process-flower", "process-3s", "process-fixed", "process", "compose")
+PATHS = ("simulation", "process-flower", "process-3s", "process-fixed", "process",
+         "process-memory", "compose")
 PROCESS_FLAGS = {"process-flower": ["--executor", "flower", "--node-poll", "0"],
                  "process-3s": ["--executor", "warm", "--node-poll", "0"],
                  "process-fixed": ["--executor", "warm", "--node-poll", "0.5",
                                    "--idle-poll", "0.5", "--no-wake"],
-                 "process": ["--executor", "warm"]}
+                 "process": ["--executor", "warm"],
+                 "process-memory": ["--executor", "warm", "--link-state", "memory"]}
 COLD_IMPORTS = "import torch, flwr.clientapp, flwr.supernode.runtime.run_clientapp, client_app.app"
 
 

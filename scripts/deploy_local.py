@@ -89,6 +89,10 @@ class Deployment:
     num_partitions: int = 0
     """``num-partitions`` in the nodes' node config (0: num_nodes); a test may register more
     node keys than the run has clients."""
+    link_state: str = "sqlite"
+    """The SuperLink's state: ``sqlite`` (a database file: registered nodes and runs survive
+    a SuperLink restart) or ``memory`` (Flower's in-memory state: faster rounds, everything
+    lost with the process; ``restart_link`` then has nothing to resume)."""
     procs: list[Proc] = field(default_factory=list)
 
     # --------------------------------------------------------------- layout
@@ -171,7 +175,8 @@ class Deployment:
         cmd = ["flower-superlink", "--fleet-api-type", "grpc-rere",
                "--fleet-api-address", self.fleet_address,
                "--host", "127.0.0.1", "--port", str(self.base_port),
-               "--database", str(self.work_dir / "link" / "state.db"),
+               *(["--database", str(self.work_dir / "link" / "state.db")]
+                 if self.link_state == "sqlite" else []),
                "--disable-runtime-dependency-installation"]
         if self.insecure:
             return [*cmd, "--insecure"]
@@ -212,6 +217,9 @@ class Deployment:
         retries that pull until then before it takes a new run's message; stopping the run
         makes the SuperLink refuse those pulls at once (Flower's node logs "Run ID ... is not
         in `RUNNING` status. Ignoring message"). Resume with ``resume-dir`` afterwards."""
+        if self.link_state != "sqlite":
+            raise RuntimeError(f"link_state={self.link_state!r} keeps nothing across a "
+                               "restart; restart_link needs link_state='sqlite'")
         proc = self.start_link(timeout)
         stopped = []
         for run in self.runs():
@@ -525,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-wake", action="store_true",
                     help="warm executors poll every 0.1 s instead of being woken by their "
                          "node (the fixed polls of before, for comparison)")
+    ap.add_argument("--link-state", choices=("sqlite", "memory"), default="sqlite",
+                    help="SuperLink state: sqlite (a database under the work dir: registered "
+                         "nodes and runs survive a SuperLink restart; default) or memory "
+                         "(faster rounds, lost with the process)")
     ap.add_argument("--app", type=Path, default=REPO, help="the Flower App (default: this repo)")
     ap.add_argument("--run-timeout", type=float, default=3600.0,
                     help="give up on the run after this many seconds (default 3600)")
@@ -544,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, raise_on_signal)
     dep = Deployment(work_dir, args.num_nodes, args.base_port, args.insecure,
                      args.threads_per_node, args.executor, args.node_poll, args.idle_poll,
-                     not args.no_wake)
+                     not args.no_wake, link_state=args.link_state)
     code = 1
     try:
         dep.up()

@@ -1,0 +1,89 @@
+"""RI's gain per method over seeds, and whether it is outside the seed-to-seed spread.
+
+    .venv/bin/python -m scripts.ri_gain outputs/sweeps/fmnist-table6-seeds/results.csv
+
+Reads a sweep's ``results.csv`` (``scripts/sweep.py``), pairs each method's RI-off cell
+(beta 0) with its RI-on cell (beta > 0) of the same seed and data split, and prints one
+markdown row per method and split: mean ± sample std of the metric without and with RI, the
+gain of the means, each seed's own gain, and the verdict. **Outside the spread** means both:
+the gain is larger than the two rows' standard deviations added (their ±1 std bands do not
+overlap), and every seed's own gain has the gain's sign. Only seeds finished with and without
+RI count (n).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+Key = tuple[str, str]  # method, dirichlet-alpha
+
+
+def paired(rows: list[dict[str, str]]) -> dict[Key, dict[int, tuple[float, float]]]:
+    """(method, alpha) -> seed -> (metric without RI, with RI), finished pairs only."""
+    cells: dict[tuple[str, str, int, bool], float] = {}
+    for r in rows:
+        if r["status"] != "done" or not r["smoothed-peak-acc"]:
+            continue
+        key = (r["method"], r["dirichlet-alpha"], int(r["seed"]), float(r["beta"]) > 0)
+        cells[key] = 100 * float(r["smoothed-peak-acc"])
+    out: dict[Key, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for (method, alpha, seed, ri), value in cells.items():
+        other = cells.get((method, alpha, seed, not ri))
+        if ri and other is not None:
+            out[(method, alpha)][seed] = (other, value)
+    return out
+
+
+def spread(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else float("nan")
+
+
+def verdict(gain: float, std_off: float, std_on: float, per_seed: list[float]) -> str:
+    if len(per_seed) < 2:
+        return "one seed: no spread"
+    same_sign = all((g > 0) == (gain > 0) and g != 0 for g in per_seed)
+    if abs(gain) > std_off + std_on and same_sign:
+        return "outside the spread" + (" (RI hurts)" if gain < 0 else "")
+    return "within the spread"
+
+
+def table(pairs: dict[Key, dict[int, tuple[float, float]]], order: list[str]) -> list[str]:
+    lines = ["| Method | Dir | n | without RI | with RI | gain | per-seed gain | verdict |",
+             "|---|---|---:|---:|---:|---:|---|---|"]
+    for method in order:
+        for alpha in sorted({a for m, a in pairs if m == method}, key=float, reverse=True):
+            seeds = pairs[(method, alpha)]
+            off = [seeds[s][0] for s in sorted(seeds)]
+            on = [seeds[s][1] for s in sorted(seeds)]
+            gains = [b - a for a, b in zip(off, on, strict=True)]
+            gain = statistics.mean(on) - statistics.mean(off)
+            lines.append(
+                f"| {method} | {alpha} | {len(seeds)} | {statistics.mean(off):.2f} ± "
+                f"{spread(off):.2f} | {statistics.mean(on):.2f} ± {spread(on):.2f} | "
+                f"{gain:+.2f} | {', '.join(f'{g:+.2f}' for g in gains)} | "
+                f"{verdict(gain, spread(off), spread(on), gains)} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", type=Path, help="a sweep's results.csv")
+    args = ap.parse_args(argv)
+    if not args.results.is_file():
+        print(f"ri_gain: {args.results} is not a file", file=sys.stderr)
+        return 2
+    with args.results.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    order = list(dict.fromkeys(r["method"] for r in rows))
+    print("\n".join(table(paired(rows), order)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,11 +1,13 @@
 """RI's gain per method over seeds, and whether it is outside the seed-to-seed spread.
 
     .venv/bin/python -m scripts.ri_gain outputs/sweeps/fmnist-table6-seeds/results.csv
+    .venv/bin/python -m scripts.ri_gain outputs/sweeps/fmnist-local-epochs/results.csv \
+        --by local-epochs
 
 Reads a sweep's ``results.csv`` (``scripts/sweep.py``), pairs each method's RI-off cell
-(beta 0) with its RI-on cell (beta > 0) of the same seed and data split, and prints one
-markdown row per method and split: mean ± sample std of the metric without and with RI, the
-gain of the means, each seed's own gain, and the verdict. **Outside the spread** means both:
+(beta 0) with its RI-on cell (beta > 0) of the same seed and setting (the ``--by`` column,
+default ``dirichlet-alpha``), and prints one markdown row per method and setting: mean ±
+sample std of the metric without and with RI, the gain of the means, each seed's own gain, and the verdict. **Outside the spread** means both:
 the gain is larger than the two rows' standard deviations added (their ±1 std bands do not
 overlap), and every seed's own gain has the gain's sign. Only seeds finished with and without
 RI count (n).
@@ -20,16 +22,17 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-Key = tuple[str, str]  # method, dirichlet-alpha
+Key = tuple[str, str]  # method, the setting (the --by column's value)
 
 
-def paired(rows: list[dict[str, str]]) -> dict[Key, dict[int, tuple[float, float]]]:
-    """(method, alpha) -> seed -> (metric without RI, with RI), finished pairs only."""
+def paired(rows: list[dict[str, str]], by: str = "dirichlet-alpha",
+           ) -> dict[Key, dict[int, tuple[float, float]]]:
+    """(method, setting) -> seed -> (metric without RI, with RI), finished pairs only."""
     cells: dict[tuple[str, str, int, bool], float] = {}
     for r in rows:
         if r["status"] != "done" or not r["smoothed-peak-acc"]:
             continue
-        key = (r["method"], r["dirichlet-alpha"], int(r["seed"]), float(r["beta"]) > 0)
+        key = (r["method"], r[by], int(r["seed"]), float(r["beta"]) > 0)
         cells[key] = 100 * float(r["smoothed-peak-acc"])
     out: dict[Key, dict[int, tuple[float, float]]] = defaultdict(dict)
     for (method, alpha, seed, ri), value in cells.items():
@@ -52,18 +55,19 @@ def verdict(gain: float, std_off: float, std_on: float, per_seed: list[float]) -
     return "within the spread"
 
 
-def table(pairs: dict[Key, dict[int, tuple[float, float]]], order: list[str]) -> list[str]:
-    lines = ["| Method | Dir | n | without RI | with RI | gain | per-seed gain | verdict |",
+def table(pairs: dict[Key, dict[int, tuple[float, float]]], order: list[str],
+          by: str = "dirichlet-alpha") -> list[str]:
+    lines = [f"| Method | {by} | n | without RI | with RI | gain | per-seed gain | verdict |",
              "|---|---|---:|---:|---:|---:|---|---|"]
     for method in order:
-        for alpha in sorted({a for m, a in pairs if m == method}, key=float, reverse=True):
-            seeds = pairs[(method, alpha)]
+        for setting in sorted({a for m, a in pairs if m == method}, key=float, reverse=True):
+            seeds = pairs[(method, setting)]
             off = [seeds[s][0] for s in sorted(seeds)]
             on = [seeds[s][1] for s in sorted(seeds)]
             gains = [b - a for a, b in zip(off, on, strict=True)]
             gain = statistics.mean(on) - statistics.mean(off)
             lines.append(
-                f"| {method} | {alpha} | {len(seeds)} | {statistics.mean(off):.2f} ± "
+                f"| {method} | {setting} | {len(seeds)} | {statistics.mean(off):.2f} ± "
                 f"{spread(off):.2f} | {statistics.mean(on):.2f} ± {spread(on):.2f} | "
                 f"{gain:+.2f} | {', '.join(f'{g:+.2f}' for g in gains)} | "
                 f"{verdict(gain, spread(off), spread(on), gains)} |")
@@ -74,14 +78,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path, help="a sweep's results.csv")
+    ap.add_argument("--by", default="dirichlet-alpha",
+                    help="the results.csv column that tells settings apart (default "
+                         "dirichlet-alpha)")
     args = ap.parse_args(argv)
     if not args.results.is_file():
         print(f"ri_gain: {args.results} is not a file", file=sys.stderr)
         return 2
     with args.results.open(newline="") as f:
         rows = list(csv.DictReader(f))
+    if rows and args.by not in rows[0]:
+        print(f"ri_gain: --by {args.by} is not a column of {args.results}", file=sys.stderr)
+        return 2
     order = list(dict.fromkeys(r["method"] for r in rows))
-    print("\n".join(table(paired(rows), order)))
+    print("\n".join(table(paired(rows, args.by), order, args.by)))
     return 0
 
 

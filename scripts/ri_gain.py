@@ -7,10 +7,10 @@
 Reads a sweep's ``results.csv`` (``scripts/sweep.py``), pairs each method's RI-off cell
 (beta 0) with its RI-on cell (beta > 0) of the same seed and setting (the ``--by`` column,
 default ``dirichlet-alpha``), and prints one markdown row per method and setting: mean ±
-sample std of the metric without and with RI, the gain of the means, each seed's own gain, and the verdict. **Outside the spread** means both:
-the gain is larger than the two rows' standard deviations added (their ±1 std bands do not
-overlap), and every seed's own gain has the gain's sign. Only seeds finished with and without
-RI count (n).
+sample std of the metric without and with RI, the gain of the means, each seed's own gain,
+and the verdict. **Outside the spread** means both: the gain is larger than the two rows'
+standard deviations added (their ±1 std bands do not overlap), and every seed's own gain
+has the gain's sign. Only seeds finished with and without RI count (n).
 """
 
 from __future__ import annotations

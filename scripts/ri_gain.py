@@ -10,7 +10,9 @@ default ``dirichlet-alpha``), and prints one markdown row per method and setting
 sample std of the metric without and with RI, the gain of the means, each seed's own gain,
 and the verdict. **Outside the spread** means both: the gain is larger than the two rows'
 standard deviations added (their ±1 std bands do not overlap), and every seed's own gain
-has the gain's sign. Only seeds finished with and without RI count (n).
+has the gain's sign. Beside it, the paired view (each seed's data split and sampling are
+the same with and without RI): the two-sided p-value of scipy's paired t-test over the seeds'
+gains. Only seeds finished with and without RI count (n).
 """
 
 from __future__ import annotations
@@ -46,6 +48,15 @@ def spread(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else float("nan")
 
 
+def paired_p(off: list[float], on: list[float]) -> str:
+    """Two-sided p of the paired t-test (scipy), or "-" with fewer than 2 seeds."""
+    if len(off) < 2:
+        return "-"
+    from scipy.stats import ttest_rel
+
+    return f"{float(ttest_rel(on, off).pvalue):.3f}"
+
+
 def verdict(gain: float, std_off: float, std_on: float, per_seed: list[float]) -> str:
     if len(per_seed) < 2:
         return "one seed: no spread"
@@ -57,8 +68,9 @@ def verdict(gain: float, std_off: float, std_on: float, per_seed: list[float]) -
 
 def table(pairs: dict[Key, dict[int, tuple[float, float]]], order: list[str],
           by: str = "dirichlet-alpha") -> list[str]:
-    lines = [f"| Method | {by} | n | without RI | with RI | gain | per-seed gain | verdict |",
-             "|---|---|---:|---:|---:|---:|---|---|"]
+    lines = [f"| Method | {by} | n | without RI | with RI | gain | per-seed gain | verdict | "
+             "paired t-test p |",
+             "|---|---|---:|---:|---:|---:|---|---|---:|"]
     for method in order:
         for setting in sorted({a for m, a in pairs if m == method}, key=float, reverse=True):
             seeds = pairs[(method, setting)]
@@ -70,7 +82,7 @@ def table(pairs: dict[Key, dict[int, tuple[float, float]]], order: list[str],
                 f"| {method} | {setting} | {len(seeds)} | {statistics.mean(off):.2f} ± "
                 f"{spread(off):.2f} | {statistics.mean(on):.2f} ± {spread(on):.2f} | "
                 f"{gain:+.2f} | {', '.join(f'{g:+.2f}' for g in gains)} | "
-                f"{verdict(gain, spread(off), spread(on), gains)} |")
+                f"{verdict(gain, spread(off), spread(on), gains)} | {paired_p(off, on)} |")
     return lines
 
 

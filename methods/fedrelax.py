@@ -194,8 +194,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                            "num-clients": n, "edges": gr.as_json(graph)})
         self.results.replace_text(GRAPH_FILE, text)
         if n <= DRAW_LIMIT:
-            gr.draw(graph, n, self.results.path(GRAPH_PNG),
-                    f"FedRelax graph ({self.params.graph}) after round {server_round}")
+            self.results.draw_graph(GRAPH_PNG, graph, n, f"FedRelax graph "
+                                    f"({self.params.graph}) after round {server_round}")
 
 
 class FedRelaxClient(ClientRule[FedRelaxParams]):

@@ -138,33 +138,3 @@ def knn_graph(sketches: np.ndarray, known: np.ndarray, k: int) -> list[np.ndarra
 def as_json(graph: list[np.ndarray]) -> list[list[float]]:
     """The edge list [[i, j, A_ij], ...] for the results."""
     return [[int(i), int(j), float(w)] for (i, j), w in zip(graph[0], graph[1], strict=True)]
-
-
-def draw(graph: list[np.ndarray], num_clients: int, path: Path, title: str,
-         groups: np.ndarray | None = None) -> None:
-    """The graph as a PNG: clients on a circle, edges as lines (width ~ weight), coloured by
-    ``groups`` (cluster ids) when given."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    angle = 2 * np.pi * np.arange(num_clients) / max(num_clients, 1)
-    x, y = np.cos(angle), np.sin(angle)
-    fig, ax = plt.subplots(figsize=(6, 6))
-    from matplotlib.collections import LineCollection
-
-    top = float(graph[1].max()) if len(graph[1]) else 1.0
-    ends = np.stack([np.stack([x, y], axis=1)[graph[0][:, 0]],
-                     np.stack([x, y], axis=1)[graph[0][:, 1]]], axis=1)
-    ax.add_collection(LineCollection(list(ends), colors="0.5", zorder=1,
-                                     linewidths=list(0.3 + 1.5 * graph[1] / top)))
-    if groups is None:
-        ax.scatter(x, y, color="tab:blue", s=12, zorder=2)
-    else:
-        ax.scatter(x, y, c=groups, cmap="tab10", s=12, zorder=2)
-    ax.set_title(title)
-    ax.set_axis_off()
-    ax.set_aspect("equal")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)

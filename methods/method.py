@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -186,7 +185,7 @@ class ModelFiles(Protocol):
 
 class ReportFiles(Protocol):
     """Where a method writes what it reports into the run directory
-    (``store/server_models.py``: ``RunReports``), atomically and without knowing the store."""
+    (``server_app/run_reports.py``: ``RunReports``), atomically and without knowing the store."""
 
     def replace_text(self, name: str, text: str) -> None:
         """Write file ``name`` whole; readers see the old or the new content, never half."""
@@ -196,8 +195,9 @@ class ReportFiles(Protocol):
         """Append one line (a newline is added) to file ``name``."""
         ...
 
-    def path(self, name: str) -> Path:
-        """The path of file ``name`` (for writers that take a path, e.g. a PNG)."""
+    def draw_graph(self, name: str, graph: list[np.ndarray], num_clients: int,
+                   title: str) -> None:
+        """Draw ``graph`` (``methods.graph``'s edge list) over ``num_clients`` as PNG ``name``."""
         ...
 
 

@@ -34,7 +34,8 @@ from methods.robust_choices import SELECTIONS, min_replies
 from methods.sampling import sample_available
 from methods.weights import Weights
 from server_app import personal_summary
-from store.server_models import RunReports, ServerModels
+from server_app.run_reports import RunReports
+from store.server_models import ServerModels
 from task.config import RunConfig
 from task.federated_data import num_steps, partition_sizes
 

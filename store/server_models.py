@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from store.files import RecordError, atomic_write_text, read_record, write_record
+from store.files import RecordError, read_record, write_record
 
 
 class ServerModelError(RecordError):
@@ -60,22 +60,3 @@ class ServerModels:
     def disk_bytes(self) -> int:
         """Bytes of every stored version (the benchmark's disk figure)."""
         return sum(p.stat().st_size for p in self.root.glob("*/r*.npz"))
-
-
-
-class RunReports:
-    """A method's report files in the run directory (``methods.method.ReportFiles``):
-    FedRelax's ``graph.json``/``graph.png``, clustered FL's ``clusters.jsonl``."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-
-    def replace_text(self, name: str, text: str) -> None:
-        atomic_write_text(self.run_dir / name, text)
-
-    def append_line(self, name: str, line: str) -> None:
-        with (self.run_dir / name).open("a") as f:
-            f.write(line + "\n")
-
-    def path(self, name: str) -> Path:
-        return self.run_dir / name

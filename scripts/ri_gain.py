@@ -3,6 +3,8 @@
     .venv/bin/python -m scripts.ri_gain outputs/sweeps/fmnist-table6-seeds/results.csv
     .venv/bin/python -m scripts.ri_gain outputs/sweeps/fmnist-local-epochs/results.csv \
         --by local-epochs
+    .venv/bin/python -m scripts.ri_gain outputs/sweeps/fmnist-participation/results.csv \
+        --by num-clients,dirichlet-alpha
 
 Reads a sweep's ``results.csv`` (``scripts/sweep.py``), pairs each method's RI-off cell
 (beta 0) with its RI-on cell (beta > 0) of the same seed and setting (the ``--by`` column,
@@ -34,7 +36,8 @@ def paired(rows: list[dict[str, str]], by: str = "dirichlet-alpha",
     for r in rows:
         if r["status"] != "done" or not r["smoothed-peak-acc"]:
             continue
-        key = (r["method"], r[by], int(r["seed"]), float(r["beta"]) > 0)
+        setting = " ".join(r[c] for c in by.split(","))
+        key = (r["method"], setting, int(r["seed"]), float(r["beta"]) > 0)
         cells[key] = 100 * float(r["smoothed-peak-acc"])
     out: dict[Key, dict[int, tuple[float, float]]] = defaultdict(dict)
     for (method, alpha, seed, ri), value in cells.items():
@@ -42,6 +45,10 @@ def paired(rows: list[dict[str, str]], by: str = "dirichlet-alpha",
         if ri and other is not None:
             out[(method, alpha)][seed] = (other, value)
     return out
+
+
+def _numbers(setting: str) -> tuple[float | str, ...]:
+    return tuple(float(x) if x.replace(".", "", 1).isdigit() else x for x in setting.split())
 
 
 def spread(values: list[float]) -> float:
@@ -72,7 +79,7 @@ def table(pairs: dict[Key, dict[int, tuple[float, float]]], order: list[str],
              "paired t-test p |",
              "|---|---|---:|---:|---:|---:|---|---|---:|"]
     for method in order:
-        for setting in sorted({a for m, a in pairs if m == method}, key=float, reverse=True):
+        for setting in sorted({a for m, a in pairs if m == method}, key=_numbers, reverse=True):
             seeds = pairs[(method, setting)]
             off = [seeds[s][0] for s in sorted(seeds)]
             on = [seeds[s][1] for s in sorted(seeds)]
@@ -91,16 +98,18 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path, help="a sweep's results.csv")
     ap.add_argument("--by", default="dirichlet-alpha",
-                    help="the results.csv column that tells settings apart (default "
-                         "dirichlet-alpha)")
+                    help="the results.csv column(s), comma-separated, that tell settings "
+                         "apart (default dirichlet-alpha)")
     args = ap.parse_args(argv)
     if not args.results.is_file():
         print(f"ri_gain: {args.results} is not a file", file=sys.stderr)
         return 2
     with args.results.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    if rows and args.by not in rows[0]:
-        print(f"ri_gain: --by {args.by} is not a column of {args.results}", file=sys.stderr)
+    missing = [c for c in args.by.split(",") if rows and c not in rows[0]]
+    if missing:
+        print(f"ri_gain: --by {','.join(missing)} is not a column of {args.results}",
+              file=sys.stderr)
         return 2
     order = list(dict.fromkeys(r["method"] for r in rows))
     print("\n".join(table(paired(rows, args.by), order, args.by)))

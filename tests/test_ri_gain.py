@@ -38,3 +38,13 @@ def test_the_row_holds_the_means_the_std_and_each_seed_s_gain() -> None:
     # degrees of freedom; two-sided p = 0.2254 (t tables)
     assert line == ("| scaffold | 0.1 | 3 | 72.00 ± 2.00 | 73.00 ± 2.65 | +1.00 | "
                     "+1.00, +0.00, +2.00 | within the spread | 0.225 |")
+
+
+def test_settings_of_several_columns_are_kept_apart() -> None:
+    rows = [row("fedavg", b, 0, a, alpha=al) for b, a, al in
+            [(0, 70, "0.1"), (0.1, 74, "0.1"), (0, 77, "0.6"), (0.1, 80, "0.6")]]
+    for r in rows:
+        r["num-clients"] = "200"
+    got = paired(rows, "num-clients,dirichlet-alpha")
+    assert set(got) == {("fedavg", "200 0.1"), ("fedavg", "200 0.6")}
+    assert abs(got[("fedavg", "200 0.6")][0][1] - 80) < 1e-9

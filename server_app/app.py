@@ -11,6 +11,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
 from node import object_pulls
+from server_app import fast_dispatch
 from server_app.checkpoint import CheckpointError
 from server_app.clients import FederationError
 from server_app.engine_facts import in_simulation
@@ -36,6 +37,7 @@ def main(grid: Grid, context: Context) -> None:
         # messages in flight (fast_grid.send_windowed), and stays an InMemoryGrid, whose node
         # list the server reads (server_app/engine_facts.py)
         if in_simulation(grid):
+            fast_dispatch.install(cast(InMemoryGrid, grid).state)  # no scan for idle nodes
             run_experiment(WindowedSimGrid(cast(InMemoryGrid, grid)), cfg)
         else:
             object_pulls.install(object_pulls.SERVERAPP)  # replies' arrays: no 1 s retries

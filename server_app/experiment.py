@@ -15,8 +15,9 @@ from logging import INFO
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -151,8 +152,9 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             sync_filesystem(state_root)  # flush for all, before the checkpoint relies on it
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         failed = 0 if new_arrays is not None else failed + 1
-        if new_arrays is not None:
-            _check_finite(rnd, new_arrays, strategy.server_state(), out)
+        if new_arrays is not None:  # decoded once: evaluation and checkpoint read ``weights``
+            weights = unpack(new_arrays)
+            _check_finite(rnd, weights, strategy.server_state(), out)
             arrays = new_arrays
         m = {**(metrics or {}), "state-fallbacks": state_fallbacks(replies)}
         acc = loss = None
@@ -160,7 +162,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         if (rnd % cfg.eval_every == 0 or rnd == n) and federated is not None:
             loss, acc, evaluated = federated(grid, rnd, arrays, round_config)
         elif (rnd % cfg.eval_every == 0 or rnd == n) and central is not None:
-            loss, acc = central(unpack(arrays))
+            loss, acc = central(weights)
         evaluated.update(divergence(grid, rnd, arrays, round_config))
         personal, per_client = personal_round(strategy, grid, rnd, arrays, round_config,
                                               cfg.round_timeout)
@@ -172,7 +174,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                "clients-trained": clients_trained(replies, strategy.sent_to),
                **({"dp-epsilon": budget.epsilon(rnd)} if budget else {})}
         rec.add_round(row)
-        save_checkpoint(out, Checkpoint(rnd, unpack(arrays),
+        save_checkpoint(out, Checkpoint(rnd, weights,
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
         log(INFO, "%s", _progress_line(row, n, len(messages)))
         if failed >= cfg.max_failed_rounds:
@@ -186,7 +188,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             f"no round of the run aggregated a reply (all {len(rec.rows)} rounds had fewer than "
             f"min-replies={cfg.min_replies} usable replies: see the rejected replies above); "
             "the model is the initial one, so no final results were written")
-    final = unpack(arrays)
+    final = weights
     set_weights(model, final)
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
@@ -223,9 +225,10 @@ def clients_trained(replies: list[Message], sent_to: dict[int, int]) -> list[int
                   if not m.has_error() and m.metadata.src_node_id in sent_to)
 
 
-def _check_finite(rnd: int, arrays: ArrayRecord, state: dict[str, list[Any]], out: Path) -> None:
+def _check_finite(rnd: int, weights: list[np.ndarray], state: dict[str, list[Any]],
+                  out: Path) -> None:
     """Stop before a NaN/Inf model is evaluated, recorded or checkpointed over a good one."""
-    bad = non_finite_part(unpack(arrays), state)
+    bad = non_finite_part(weights, state)
     if bad is not None:
         kept = f"round {rnd - 1}'s checkpoint in {out} is kept" if rnd > 1 else "nothing kept"
         raise ModelDiverged(f"round {rnd}: the aggregated global model holds NaN or Inf in {bad} "

@@ -41,11 +41,9 @@ def _padded(n: int) -> int:
 
 
 def pack(arrays: Sequence[np.ndarray]) -> ArrayRecord:
-    """``arrays`` as one uint8 ``Array`` under ``PACKED``."""
-    parts = [np.asarray(a) for a in arrays]
-    parts = [p if p.flags.c_contiguous else p.copy(order="C") for p in parts]  # 0-d stays 0-d
-    parts = [p.astype(p.dtype.newbyteorder("<")) if p.dtype.byteorder == ">" else p
-             for p in parts]
+    """``arrays`` as one uint8 ``Array`` under ``PACKED``; ValueError for a dtype the
+    receiver's ``unpack`` would refuse (said here, at the sender)."""
+    parts = [_wire_form(a) for a in arrays]
     header = json.dumps([[p.dtype.str, list(p.shape)] for p in parts],
                         separators=(",", ":")).encode()
     offset = _padded(8 + len(header))
@@ -59,6 +57,16 @@ def pack(arrays: Sequence[np.ndarray]) -> ArrayRecord:
     for p, at in zip(parts, offsets, strict=True):
         buf[at:at + p.nbytes] = p.reshape(-1).view(np.uint8)
     return ArrayRecord({PACKED: Array(buf)})
+
+
+def _wire_form(a: np.ndarray) -> np.ndarray:
+    """``a`` little-endian and C-contiguous (0-d stays 0-d), its dtype one of ``DTYPES``."""
+    p = np.asarray(a)
+    if p.dtype.str[0] == ">":
+        p = p.astype(p.dtype.newbyteorder("<"))
+    if p.dtype.str not in DTYPES:
+        raise ValueError(f"dtype {p.dtype.str!r} cannot be packed; allowed: {sorted(DTYPES)}")
+    return p if p.flags.c_contiguous else p.copy(order="C")
 
 
 class Layout(NamedTuple):

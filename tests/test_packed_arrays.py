@@ -109,3 +109,8 @@ def test_shapes_are_read_from_the_header_alone() -> None:
     record = pack(MIXED)
     assert [s.shape for s in shapes(record)] == [a.shape for a in MIXED]
     assert [s.shape for s in shapes(ArrayRecord(list(W_T)))] == [a.shape for a in W_T]
+
+
+def test_a_dtype_the_receiver_would_refuse_is_refused_by_the_sender() -> None:
+    with pytest.raises(ValueError, match=re.escape("dtype '<c8' cannot be packed")):
+        pack([np.zeros(2, np.complex64)])

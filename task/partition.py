@@ -42,17 +42,26 @@ def dirichlet_split(
     labels = _check_inputs(labels, num_clients, alpha)
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
-    parts: list[list[np.ndarray]] = []
+    # A draw is judged by its client sizes alone (cut differences), and only the draw that
+    # is kept is split into chunks: at 1000 clients most of up to 100 draws leave a client
+    # empty, and splitting each one took 0.9 s, before round 1, in the server and in every
+    # worker. The generator is called in the same order, so the partition is unchanged.
+    draw: list[tuple[np.ndarray, np.ndarray]] = []
     for _ in range(MAX_DIRICHLET_REDRAWS):
-        parts = [[] for _ in range(num_clients)]
+        draw = []
+        sizes = np.zeros(num_clients, dtype=np.int64)
         for cls in classes:
             members = rng.permutation(np.flatnonzero(labels == cls))
             proportions = rng.dirichlet(np.full(num_clients, alpha))
             cuts = (np.cumsum(proportions)[:-1] * members.size).astype(np.int64)
-            for client, chunk in enumerate(np.split(members, cuts)):
-                parts[client].append(chunk)
-        if all(sum(chunk.size for chunk in chunks) > 0 for chunks in parts):
+            draw.append((members, cuts))
+            sizes += np.diff(cuts, prepend=0, append=members.size)
+        if bool(np.all(sizes > 0)):
             break
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for members, cuts in draw:
+        for client, chunk in enumerate(np.split(members, cuts)):
+            parts[client].append(chunk)
     merged = [np.concatenate(chunks) for chunks in parts]
     _fill_empty_clients(merged, rng)
     return [np.sort(part).astype(np.int64) for part in merged]

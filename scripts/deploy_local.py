@@ -36,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from scripts.app_source import staged_app
 from scripts.flower_env import REPO, flower_env
 from scripts.run_files import read_json, run_of
 from scripts.simulate import RUN_ID, parse_overrides, run_status, toml_line
@@ -310,26 +311,28 @@ class Deployment:
         with run_config.open("rb") as f:
             config = RunConfig.parse(tomllib.load(f)).to_dict()
         started = time.time()
-        cmd = ["flwr", "run", str(app), CONNECTION, "--run-config", str(run_config), "--stream"]
-        print("deploy:", " ".join(cmd), flush=True)
         watcher = Watcher(self.procs, timeout)
         run_id: str | None = None
-        proc = subprocess.Popen(cmd, env=self.cli_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                start_new_session=True)
-        try:
-            watcher.watch(proc)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                if run_id is None and (m := RUN_ID.search(line)):
-                    run_id = m.group(1)
-            proc.wait()
-        finally:  # also on Ctrl-C: the CLI is in its own session and would stream on
-            watcher.stop()
-            stop_pids([proc.pid], grace=5.0)
-            if proc.stdout is not None:
-                proc.stdout.close()
+        with staged_app(app) as source:  # the app's files only: Flower lists all it is given
+            cmd = ["flwr", "run", str(source), CONNECTION, "--run-config", str(run_config),
+                   "--stream"]
+            print("deploy:", " ".join(cmd), flush=True)
+            proc = subprocess.Popen(cmd, env=self.cli_env(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                    start_new_session=True)
+            try:
+                watcher.watch(proc)
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    sys.stdout.write(line)
+                    if run_id is None and (m := RUN_ID.search(line)):
+                        run_id = m.group(1)
+                proc.wait()
+            finally:  # also on Ctrl-C: the CLI is in its own session and would stream on
+                watcher.stop()
+                stop_pids([proc.pid], grace=5.0)
+                if proc.stdout is not None:
+                    proc.stdout.close()
         if run_id is None:
             raise DeployError("`flwr run` did not start a run (see its output above)")
         if watcher.reason:

@@ -22,6 +22,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from scripts.app_source import staged_app
 from scripts.flower_env import OFFLINE_ENV, REPO, flower_env
 from scripts.flower_output import clean_line
 from scripts.superlink_port import foreign_superlink
@@ -105,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     fed = (f"num-supernodes={cfg.num_clients}"
            f" client-resources-num-cpus={args.num_cpus_per_client:g}"
            f" client-resources-num-gpus={args.num_gpus_per_client:g}")
-    cmd = ["flwr", "run", str(REPO), "local", "--run-config", str(run_cfg_file),
-           "--federation-config", fed, "--stream"]
-    print("simulate:", " ".join(cmd), flush=True)
-    run_id, _ = stream_run(cmd, env)
+    with staged_app(REPO) as app:  # the app's files only: Flower lists all it is given
+        cmd = ["flwr", "run", str(app), "local", "--run-config", str(run_cfg_file),
+               "--federation-config", fed, "--stream"]
+        print("simulate:", " ".join(cmd), flush=True)
+        run_id, _ = stream_run(cmd, env)
     status = run_status(env, run_id) if run_id else "unknown (the run did not start)"
     print(f"simulate: run status {status}", flush=True)
     return 0 if status == "finished:completed" else 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 import time
 from datetime import datetime
 from logging import INFO
@@ -46,7 +47,7 @@ from store.simulated_state import STATE_ROOT
 from task import config_keys
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present
-from task.federated_data import dataset_of
+from task.federated_data import dataset_of, partition_sizes
 from task.models import get_weights, initial_model, set_weights
 
 
@@ -108,7 +109,10 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     if resume:
         check_writable("resume-dir", resume[0])
     fleet = Fleet(grid, cfg)
+    warming = _warm_server_data(cfg)
     node_of = fleet.discover()
+    if warming is not None:
+        warming.join()
     if not cfg.on_devices:
         check_examples(cfg, len(dataset_of(cfg).train_y))
     out = resume[0] if resume else (out_dir or Path(cfg.output_dir).resolve() / run_name(cfg))
@@ -202,6 +206,26 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         100 * (summary["final-test-acc"] or math.nan), 100 * (summary["best-test-acc"] or math.nan),
         summary["wall-seconds"], out)
     return summary
+
+
+def _warm_server_data(cfg: RunConfig) -> threading.Thread | None:
+    """Decode the data set and draw the partitions (both cached in-process) while the
+    federation is found: in a simulation that waits seconds for the engine to start its
+    workers, and the server needs both right after (its evaluator, the clients' sizes). A
+    failure here is left for the same call after discovery to report."""
+    if cfg.on_devices:
+        return None
+
+    def warm() -> None:
+        try:
+            dataset_of(cfg)
+            partition_sizes(cfg)
+        except Exception:  # noqa: BLE001 - reported by the same call on the main thread
+            pass
+
+    thread = threading.Thread(target=warm, name="warm-server-data", daemon=True)
+    thread.start()
+    return thread
 
 
 def reply_timing(replies: list[Any], collect_seconds: float) -> dict[str, float | None]:

@@ -258,7 +258,7 @@ class LinkSampler:
 
 def run_scale(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     work = tmp / f"n{n}"
-    dep = Deployment(work, num_nodes=1, base_port=args.base_port)
+    dep = Deployment(work, num_nodes=1, base_port=args.base_port, link_state=args.link_state)
     app = tmp / "fakeapp"
     app.mkdir(exist_ok=True)
     (app / "pyproject.toml").write_text(APP_PYPROJECT)
@@ -341,6 +341,8 @@ def main() -> int:
                     help="span over which the idle nodes' load is measured (default 20)")
     ap.add_argument("--run-timeout", type=float, default=1800.0)
     ap.add_argument("--base-port", type=int, default=29600)
+    ap.add_argument("--link-state", choices=("sqlite", "memory"), default="sqlite",
+                    help="the SuperLink's state (fedinit-deploy --link-state; default sqlite)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the link and nodes too
     print(f"fake fleet: TLS + node auth, {args.procs} fake-node processes, model {args.dim} "

@@ -24,10 +24,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from scripts.app_source import staged_app
 from scripts.flower_env import REPO, flower_env
 from scripts.report import collect, finished_run, run_dirs, write_report
 from scripts.run_files import RoundsFollower, RoundsTail
@@ -118,9 +120,10 @@ def set_aside_unfinished(cell_dir: Path) -> list[Path]:
 
 
 def command_for(cell: Cell, cell_dir: Path, connection: str | None,
-                resources: dict[str, float], in_process: bool = False) -> list[str]:
+                resources: dict[str, float], in_process: bool = False,
+                app: Path = REPO) -> list[str]:
     """The command that runs one cell: simulate.py, inprocess_run.py (no Flower engine), or
-    `flwr run` against a deployment."""
+    `flwr run APP` against a deployment (APP: the app's files, ``scripts/app_source.py``)."""
     overrides = {**cell.overrides, "output-dir": str(cell_dir.resolve())}
     if in_process:
         return [sys.executable, "-m", "scripts.inprocess_run",
@@ -132,7 +135,7 @@ def command_for(cell: Cell, cell_dir: Path, connection: str | None,
                 *(f"{k}={_arg(v)}" for k, v in overrides.items())]
     cfg_file = cell_dir / "run-config.toml"
     cfg_file.write_text("\n".join(toml_line(k, v) for k, v in overrides.items()) + "\n")
-    return ["flwr", "run", str(REPO), connection, "--run-config", str(cfg_file), "--stream"]
+    return ["flwr", "run", str(app), connection, "--run-config", str(cfg_file), "--stream"]
 
 
 def _arg(value: Any) -> str:
@@ -211,11 +214,12 @@ def run_sweep(plan: SweepPlan, cells: Sequence[Cell], out: Path, cells_dir: Path
                   f"{hms(time.monotonic() - t)}, sweep {prog.elapsed()}, ETA {prog.eta()}",
                   flush=True)
 
-        cmd = command_for(cell, cell_dir, connection, plan.resources, in_process)
         run_ = CellRun()
         rounds = RoundsTail(cell_dir, since=time.time())
         try:
-            with (cell_dir / "sweep.log").open("a") as log:
+            with (cell_dir / "sweep.log").open("a") as log, \
+                    (staged_app(REPO) if connection else nullcontext(REPO)) as app:
+                cmd = command_for(cell, cell_dir, connection, plan.resources, in_process, app)
                 log.write("$ " + " ".join(cmd) + "\n")
                 run_cell(cmd, env, log, rounds, on_round, run_, connection or "local")
         except KeyboardInterrupt:

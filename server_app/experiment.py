@@ -7,6 +7,7 @@ the log sees round, accuracy, loss, divergence and elapsed time.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import threading
@@ -217,11 +218,9 @@ def _warm_server_data(cfg: RunConfig) -> threading.Thread | None:
         return None
 
     def warm() -> None:
-        try:
+        with contextlib.suppress(Exception):  # the same call on the main thread reports it
             dataset_of(cfg)
             partition_sizes(cfg)
-        except Exception:  # noqa: BLE001 - reported by the same call on the main thread
-            pass
 
     thread = threading.Thread(target=warm, name="warm-server-data", daemon=True)
     thread.start()

@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     with staged_app(REPO) as app:  # the app's files only: Flower lists all it is given
         cmd = ["flwr", "run", str(app), "local", "--run-config", str(run_cfg_file),
                "--federation-config", fed, "--stream"]
-        print("simulate:", " ".join(cmd), flush=True)
+        shown = [str(REPO) if part == str(app) else part for part in cmd]
+        print("simulate:", " ".join(shown), f"(its FAB built from a copy of the app's files in "
+              f"{app})" if app != REPO else "", flush=True)
         run_id, _ = stream_run(cmd, env)
     status = run_status(env, run_id) if run_id else "unknown (the run did not start)"
     print(f"simulate: run status {status}", flush=True)

@@ -42,6 +42,7 @@ from node.warm_executor import rss_mib
 from scripts.deploy_local import CONNECTION, Deployment, descendants, stop_pids
 
 ROUND_LINE = re.compile(r"FAKEFLEET round (\d+) replies (\d+)/(\d+) seconds ([0-9.]+)")
+ERROR_LINE = re.compile(r"FAKEFLEET round (\d+) error replies (\d+): ([^\n]*)")
 APP_PYPROJECT = """[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -99,10 +100,15 @@ def main(grid: Grid, context: Context) -> None:
                         dst_node_id=node, message_type="train") for node in nodes]
         waiting = set(grid.push_messages(msgs))
         got = []
+        errors: dict[str, int] = {}
         deadline = t0 + float(cfg["round-timeout"])
         while waiting and time.monotonic() < deadline:
             replies = list(grid.pull_messages(waiting))
             got += [m for m in replies if not m.has_error()]
+            for m in replies:
+                if m.has_error():
+                    why = f"{m.error.code}: {m.error.reason}"[:120]
+                    errors[why] = errors.get(why, 0) + 1
             waiting.difference_update(m.metadata.reply_to_message_id for m in replies)
             if waiting:
                 time.sleep(0.1)
@@ -111,6 +117,8 @@ def main(grid: Grid, context: Context) -> None:
                          for m in got], axis=0)
         log(INFO, "FAKEFLEET round %d replies %d/%d seconds %.3f", r, len(got), len(nodes),
             time.monotonic() - t0)
+        for why, count in sorted(errors.items()):
+            log(INFO, "FAKEFLEET round %d error replies %d: %s", r, count, why)
 '''
 
 
@@ -305,6 +313,9 @@ def run_scale(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
         c2, f2, w2 = sampler.cpu(), sum(cpu_seconds(p) for p in fleet_pids), time.monotonic()
         sampler.close()
         rounds = [m.groups() for m in ROUND_LINE.finditer(run.stdout)]
+        for m in ERROR_LINE.finditer(run.stdout):
+            print(f"  {n} nodes, round {m.group(1)}: {m.group(2)} error replies ({m.group(3)})",
+                  flush=True)
         if not rounds:
             raise RuntimeError(f"n={n}: no rounds in the run's output:\n{run.stdout[-3000:]}"
                                f"{run.stderr[-2000:]}")

@@ -19,11 +19,11 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 
-def _publish_rules() -> tuple[Any, Any] | None:
-    """(filter_paths_for_publish, a .gitignore reader -> PathSpec), or None."""
+def app_files(root: Path) -> dict[str, Path] | None:
+    """{relative posix path: file} of what Flower puts in the FAB of ``root``; None when the
+    rules cannot be applied here (use ``root`` as it is)."""
     try:
         from flwr.cli.utils import (
             build_pathspec,
@@ -32,39 +32,24 @@ def _publish_rules() -> tuple[Any, Any] | None:
         )
     except ImportError:
         return None
-
-    def ignored(gitignore: Path) -> Any:
-        patterns = load_gitignore_patterns(gitignore) if gitignore.is_file() else []
-        if any(p.lstrip().startswith("!") for p in patterns):
-            return None  # a re-included path may sit under an excluded directory
-        return build_pathspec(patterns)
-
-    return filter_paths_for_publish, ignored
-
-
-def app_files(root: Path) -> dict[str, Path] | None:
-    """{relative posix path: file} of what Flower puts in the FAB of ``root``; None when the
-    rules cannot be applied here (use ``root`` as it is)."""
-    rules = _publish_rules()
-    if rules is None:
-        return None
-    keep, ignored = rules
-    spec = ignored(root / ".gitignore")
-    if spec is None:
-        return None
+    gitignore = root / ".gitignore"
+    patterns = load_gitignore_patterns(gitignore) if gitignore.is_file() else []
+    if any(p.lstrip().startswith("!") for p in patterns):
+        return None  # a re-included path may sit under an excluded directory
+    ignored = build_pathspec(patterns)
     resolved_root = root.resolve()
     found: dict[str, Path] = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
         rel_dir = here.relative_to(root).as_posix()
         prefix = "" if rel_dir == "." else rel_dir + "/"
-        dirnames[:] = [d for d in dirnames if not spec.match_file(prefix + d + "/")]
+        dirnames[:] = [d for d in dirnames if not ignored.match_file(prefix + d + "/")]
         for name in filenames:
             path = here / name
             if path.is_symlink() or not path.resolve().is_relative_to(resolved_root):
                 continue  # as Flower's collect_files
             found[prefix + name] = path
-    return dict(keep(found))
+    return dict(filter_paths_for_publish(found))
 
 
 @contextmanager

@@ -40,10 +40,10 @@ def paired(rows: list[dict[str, str]], by: str = "dirichlet-alpha",
         key = (r["method"], setting, int(r["seed"]), float(r["beta"]) > 0)
         cells[key] = 100 * float(r["smoothed-peak-acc"])
     out: dict[Key, dict[int, tuple[float, float]]] = defaultdict(dict)
-    for (method, alpha, seed, ri), value in cells.items():
-        other = cells.get((method, alpha, seed, not ri))
+    for (method, setting, seed, ri), value in cells.items():
+        other = cells.get((method, setting, seed, not ri))
         if ri and other is not None:
-            out[(method, alpha)][seed] = (other, value)
+            out[(method, setting)][seed] = (other, value)
     return out
 
 
@@ -84,12 +84,14 @@ def table(pairs: dict[Key, dict[int, tuple[float, float]]], order: list[str],
             off = [seeds[s][0] for s in sorted(seeds)]
             on = [seeds[s][1] for s in sorted(seeds)]
             gains = [b - a for a, b in zip(off, on, strict=True)]
-            gain = statistics.mean(on) - statistics.mean(off)
+            mean_off, mean_on = statistics.mean(off), statistics.mean(on)
+            std_off, std_on = spread(off), spread(on)
+            gain = mean_on - mean_off
             lines.append(
-                f"| {method} | {setting} | {len(seeds)} | {statistics.mean(off):.2f} ± "
-                f"{spread(off):.2f} | {statistics.mean(on):.2f} ± {spread(on):.2f} | "
-                f"{gain:+.2f} | {', '.join(f'{g:+.2f}' for g in gains)} | "
-                f"{verdict(gain, spread(off), spread(on), gains)} | {paired_p(off, on)} |")
+                f"| {method} | {setting} | {len(seeds)} | {mean_off:.2f} ± {std_off:.2f} | "
+                f"{mean_on:.2f} ± {std_on:.2f} | {gain:+.2f} | "
+                f"{', '.join(f'{g:+.2f}' for g in gains)} | "
+                f"{verdict(gain, std_off, std_on, gains)} | {paired_p(off, on)} |")
     return lines
 
 

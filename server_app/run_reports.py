@@ -45,8 +45,8 @@ def draw_graph(graph: list[np.ndarray], num_clients: int, path: Path, title: str
     from matplotlib.collections import LineCollection
 
     top = float(graph[1].max()) if len(graph[1]) else 1.0
-    ends = np.stack([np.stack([x, y], axis=1)[graph[0][:, 0]],
-                     np.stack([x, y], axis=1)[graph[0][:, 1]]], axis=1)
+    at = np.stack([x, y], axis=1)
+    ends = np.stack([at[graph[0][:, 0]], at[graph[0][:, 1]]], axis=1)
     ax.add_collection(LineCollection(list(ends), colors="0.5", zorder=1,
                                      linewidths=list(0.3 + 1.5 * graph[1] / top)))
     ax.scatter(x, y, color="tab:blue", s=12, zorder=2)

@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
-.venv/bin/python -m pytest "$@"
+# The fast suite on two workers (pytest-xdist): its tests share no ports or files.
+.venv/bin/python -m pytest -n "${FAST_TEST_WORKERS:-2}" "$@"
 .venv/bin/python -m pytest -m slow "$@"

@@ -3,6 +3,7 @@ fails before the data is decoded, and `results: <dir>` is printed only for a run
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,12 @@ def test_missing_data_fails_before_waiting_for_nodes(tmp_path: Path, logged: lis
 
 def test_wrong_federation_fails_before_the_data_is_loaded(tmp_path: Path, logged: list[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = config(tmp_path)
-    monkeypatch.setattr(experiment, "dataset_of", lambda _c: pytest.fail("data loaded"))
+    # node-wait-timeout short: the grid has 3 of 4 nodes, so discovery waits all of it.
+    cfg = config(tmp_path, **{"node-wait-timeout": 1.0})
+    loaded_by: list[str] = []  # the warm-up thread may decode early; the run itself must not
+    monkeypatch.setattr(experiment, "dataset_of",
+                        lambda _c: loaded_by.append(threading.current_thread().name))
     with pytest.raises(FederationError, match="num-supernodes=4"):
         experiment.run_experiment(InProcessGrid(3, cfg.to_dict()), cfg)
+    assert threading.main_thread().name not in loaded_by
     assert not any(line.startswith("results:") for line in logged)

@@ -115,6 +115,7 @@ def test_idx_bad_magic_and_short_data(tmp_path: Path) -> None:
         load_dataset("fashion-mnist", str(tmp_path))
 
 
+@pytest.mark.slow  # a fresh cache (CI's) decodes 60k JPEGs: ~20 s; the format is covered fast below
 @pytest.mark.skipif(not CIFAR10_TARBALL.is_file(), reason=f"no CIFAR-10 copy at {CIFAR10_TARBALL}")
 def test_cifar10_jpeg_tarball() -> None:
     # The first call in a fresh cache decodes 60k JPEGs (~25 s); later ones read the .npz cache.

@@ -206,7 +206,7 @@ PY
 mkdir -p "$wheels"
 fetch common "flwr==1.39.0" "numpy==2.4.6" "pyyaml==6.0.4"
 [ "$arch" = arm64 ] && [[ ! " ${targets[*]} " =~ " serverapp " ]] \
-  || fetch server "matplotlib==3.11.2" "numpy==2.4.6" "dp-accounting==0.6.0"
+  || fetch server "matplotlib==3.11.2" "numpy==2.4.6" "dp-accounting==0.6.0" "tensorboard==2.21.0"
 fetch pillow "pillow==13.0.0"
 read -r -a cpu_specs <<< "$TORCH_CPU_WHEEL"  # a file, or specs such as "torch==2.9.1 torchvision==0.24.1"
 fetch cpu "${cpu_specs[@]}"

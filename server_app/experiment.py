@@ -43,6 +43,7 @@ from server_app.privacy import budget_spent, privacy_budget
 from server_app.regime_files import CENTRAL_TEST, write_regimes
 from server_app.results import DP_FIELDS, Recorder
 from server_app.strategy import MethodStrategy
+from server_app.tracking import check_available as check_tracking
 from store.files import atomic_write_bytes, sync_filesystem
 from store.simulated_state import STATE_ROOT
 from task import config_keys
@@ -106,6 +107,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     # With device data the server holds none: the model is built from the run's schema.
     if not cfg.on_devices:
         check_present(cfg.dataset, Path(cfg.resolved_data_dir))
+    check_tracking(cfg.tracking)
     resume = resume_point(cfg)
     if resume:
         check_writable("resume-dir", resume[0])
@@ -136,7 +138,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     budget = privacy_budget(cfg, strategy)
     rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1,
                    rows=resume[1].rows if resume else None, eval_source=cfg.eval_source,
-                   extra_fields=DP_FIELDS if budget else ())
+                   extra_fields=DP_FIELDS if budget else (), tracking=cfg.tracking)
     write_regimes(out, cfg)
     arrays = pack(weights)
     round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})

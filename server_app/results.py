@@ -22,6 +22,7 @@ from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
 from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
 from server_app.personal_summary import KINDS
+from server_app.tracking import TensorBoardTracker, client_columns
 from store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
 
 ACCURACY_LABEL = "test accuracy (%)"
@@ -67,7 +68,8 @@ class Recorder:
 
     def __init__(self, out_dir: Path, config: dict[str, Any], keep_rounds: int = 0,
                  rows: list[dict[str, Any]] | None = None,
-                 eval_source: str = "central", extra_fields: tuple[str, ...] = ()) -> None:
+                 eval_source: str = "central", extra_fields: tuple[str, ...] = (),
+                 tracking: str = "off") -> None:
         """Start a run's files; when resuming, keep the rows of rounds 1..``keep_rounds``.
 
         The kept rows are ``rows`` (the copy stored in the checkpoint) when given, else what
@@ -95,6 +97,9 @@ class Recorder:
         self._csv_file = (self.dir / "rounds.csv").open("a", newline="")
         self._csv = csv.DictWriter(self._csv_file, fieldnames=self.fields)
         atomic_write_text(self.dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
+        self.tracker = (TensorBoardTracker(self.dir, config, first_round=keep_rounds + 1)
+                        if tracking == "tensorboard" else None)
+        """TensorBoard event files (``tracking``), written with each row."""
 
     def _earlier_rows(self, keep_rounds: int) -> list[dict[str, Any]]:
         """Rows read back from rounds.jsonl (checkpoints without stored rows): a torn or
@@ -124,6 +129,8 @@ class Recorder:
         for f in (self._jsonl, self._csv_file):
             f.flush()
             os.fsync(f.fileno())
+        if self.tracker is not None:
+            self.tracker.add_round(full)
 
     def write_personal_clients(self, rows: list[dict[str, Any]]) -> None:
         """Replace the per-client file with the latest personalized evaluation's rows."""
@@ -132,6 +139,9 @@ class Recorder:
         writer.writeheader()
         writer.writerows({k: r.get(k) for k in CLIENT_FIELDS} for r in rows)
         atomic_write_text(self.dir / PERSONAL_CLIENTS, text.getvalue())
+        if self.tracker is not None and rows:
+            self.tracker.add_clients(int(rows[0]["round"]),
+                                     client_columns(rows, CLIENT_FIELDS[3:]))
 
     def aggregated_rounds(self) -> int:
         """Rounds whose replies were aggregated: only those report a train loss."""
@@ -161,6 +171,8 @@ class Recorder:
         self.plot()
         self._jsonl.close()
         self._csv_file.close()
+        if self.tracker is not None:
+            self.tracker.close()
         return summary
 
     def plot(self) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 MODEL_NAMES: tuple[str, ...] = ("cnn", "resnet18-gn", "vgg11")
 PARTITION_NAMES: tuple[str, ...] = ("dirichlet", "dirichlet-equal", "iid")
 REGIME_KINDS: tuple[str, ...] = ("rotate", "permute-labels")
+TRACKINGS: tuple[str, ...] = ("tensorboard", "off")
+"""``tracking``: TensorBoard event files under the run directory (server_app/tracking.py)."""
 MAX_ROTATIONS = 4
 """Distinct rotations by multiples of 90 degrees: ``rotate`` allows at most this many regimes."""
 

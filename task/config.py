@@ -35,6 +35,7 @@ from task.choices import (
     MODEL_NAMES,
     PARTITION_NAMES,
     REGIME_KINDS,
+    TRACKINGS,
     check_model_input,
 )
 from task.config_checks import ConfigError, bad_value, did_you_mean
@@ -96,6 +97,7 @@ class RunConfig:
     personal_eval_clients: int
     finetune_epochs: int
     output_dir: str
+    tracking: str
     round_timeout: float
     node_wait_timeout: float
     task_deadline: float
@@ -387,6 +389,7 @@ def _check_ranges(c: RunConfig) -> None:
         "model": (c.model, MODEL_NAMES),
         "simulation-client-state": (c.simulation_client_state, ("disk", "memory")),
         "evaluation": (c.evaluation, EVALUATIONS),
+        "tracking": (c.tracking, TRACKINGS),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:

@@ -34,6 +34,8 @@ SPECIAL: dict[str, KeyRole] = {
     # Where things are: a different path holds the same experiment.
     "output-dir": KeyRole(False, True, "where results are written; a resumed run writes into "
                                        "its resume-dir anyway"),
+    "tracking": KeyRole(False, True, "which files the rows are also written to (TensorBoard's); "
+                                     "the rows are the same"),
     "resume-dir": KeyRole(False, True, "which run to continue; empty in the run that started it"),
     "data-dir": KeyRole(False, True, "where the files of `dataset` are; the data set is named by "
                                      "`dataset` and is the same when moved"),

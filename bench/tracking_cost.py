@@ -1,0 +1,76 @@
+"""What TensorBoard tracking costs per round, beside the same run without it.
+
+    .venv/bin/python -m bench.tracking_cost                                  # 10 clients a round
+    .venv/bin/python -m bench.tracking_cost num-clients=400 train-limit=8000  # 200 a round
+
+Runs the same experiment in-process (the real round loop and ClientApp handlers,
+``scripts/inprocess_grid.py``) with ``tracking`` = off, then tensorboard, personalized
+evaluation every round (so the per-client histograms are written too), and prints per run the
+mean round seconds and the seconds a round spends in the Recorder (the rows, and with tracking
+their event files), then the difference as a share of the round. The tracker's one-time start
+(importing TensorBoard's writer, the hyperparameters) is printed apart: it is paid once a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.dp_cost import Timed
+from scripts.inprocess_grid import InProcessGrid
+from scripts.simulate import parse_overrides
+from server_app import tracking
+from server_app.experiment import run_experiment
+from server_app.results import Recorder
+from task.config import RunConfig
+
+BASE: dict[str, Any] = {"num-clients": 20, "fraction-train": 0.5, "train-limit": 4000,
+                        "local-epochs": 1, "beta": 0.1, "eval-every": 1,
+                        "personal-eval-every": 1, "local-test-fraction": 0.2}
+
+
+def one_run(raw: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = {**raw, "output-dir": tmp}
+        cfg = RunConfig.parse(raw)
+        grid = InProcessGrid(cfg.num_clients, raw)
+        with (Timed(Recorder, "add_round") as rows, Timed(Recorder, "write_personal_clients")
+              as clients, Timed(tracking.TensorBoardTracker, "__init__") as start):
+            run_experiment(grid, cfg, Path(tmp) / "run")
+        lines = (Path(tmp) / "run" / "rounds.jsonl").read_text().splitlines()
+    n = len(lines)
+    later = [json.loads(line)["round-seconds"] for line in lines[1:]] or [0.0]
+    return {"tracking": cfg.tracking, "per-round": cfg.clients_per_round,
+            "round-s": statistics.mean(later), "record-s": (rows.seconds + clients.seconds) / n,
+            "start-s": start.seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("overrides", nargs="*", metavar="key=value")
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    raw = {**BASE, "num-server-rounds": args.rounds, **parse_overrides(args.overrides)}
+    off, on = (one_run({**raw, "tracking": mode}) for mode in ("off", "tensorboard"))
+    print(f"\n{on['per-round']} clients a round, {args.rounds} rounds (round 1 left out of the "
+          "round time)")
+    print(f"{'tracking':<12} {'round s':>8} {'recorder s/round':>17} {'start s':>8}")
+    for r in (off, on):
+        print(f"{r['tracking']:<12} {r['round-s']:>8.3f} {r['record-s']:>17.4f} "
+              f"{r['start-s']:>8.3f}")
+    extra = on["record-s"] - off["record-s"]
+    print(f"tracking adds {extra * 1000:.2f} ms a round = {100 * extra / off['round-s']:.2f}% "
+          f"of the round without it")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

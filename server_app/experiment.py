@@ -178,7 +178,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         evaluated.update(divergence(grid, rnd, arrays, round_config))
         personal, per_client = personal_round(strategy, grid, rnd, arrays, round_config,
                                               cfg.round_timeout)
-        if per_client:
+        if per_client and budget is None:  # under DP it says who has trained (DP_LEFT_OUT)
             rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),

@@ -51,9 +51,12 @@ DP_CONVENTIONS = {
                              "samples a fixed m, so it is for comparison, not its guarantee",
 }
 """What each epsilon promises, as summary.json states it beside the figures."""
-DP_LEFT_OUT = ("clients-trained",)
+DP_LEFT_OUT = ("clients-trained", "local-own-clients", "divergence-untrained")
 """Round fields left out under DP: the sample is secret (amplification by sampling needs it
-unknown), so no public file lists who a round sampled or who replied."""
+unknown), so no public file lists who a round sampled or who replied, nor counts how many of
+the evaluated clients have trained (with one evaluated client, whether it was ever sampled).
+The per-client file of personalized evaluation (PERSONAL_CLIENTS: an empty ``acc-own`` says
+that client never trained) is not written either."""
 TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
                            "client-seconds-max", "local-eval-seconds", "fed-eval-seconds",
                            "divergence-seconds"})
@@ -227,6 +230,8 @@ class Recorder:
         atomic_write(self.dir / "personal.png", lambda f: fig.savefig(f, format="png", dpi=100))
         plt.close(fig)
         clients = read_personal_clients(self.dir)
+        if not clients:  # not written (DP): no per-client distribution to draw
+            return
         fig, ax = plt.subplots(figsize=(6, 4))
         for kind, label in KIND_LABELS.items():
             accs = np.sort([100 * float(r[f"acc-{kind}"]) for r in clients

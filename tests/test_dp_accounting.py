@@ -381,6 +381,11 @@ PRIVATE = {CHECKPOINT_FILE, "client-state"}
 simulated clients' own state files say who trained when."""
 
 
+FIELDS = ("clients-trained", "local-own-clients", "divergence-untrained", "partition-id")
+"""Field names that name or count the clients that trained (``partition-id``: the per-client
+personalized-evaluation file, whose empty ``acc-own`` says a client never trained)."""
+
+
 def sample_traces(run_dir: Path, trained: dict[int, list[int]]) -> list[str]:
     """Where the public text files of ``run_dir`` name a round's sampled clients: the field
     name, or the round's list of client ids as JSON or CSV writes it."""
@@ -392,7 +397,7 @@ def sample_traces(run_dir: Path, trained: dict[int, list[int]]) -> list[str]:
                                                                               ".npz"):
             continue
         text = path.read_text()
-        found += [f"{rel}: clients-trained" for _ in range(text.count("clients-trained"))]
+        found += [f"{rel}: {field}" for field in FIELDS if field in text]
         found += [f"{rel}: {ids}" for ids in sorted(lists) if ids in text
                   or ids.replace('"', "") in text.replace('"', "")]
     return found
@@ -412,3 +417,5 @@ def test_no_public_file_names_the_sampled_clients_under_dp(
     traces = sample_traces(tmp_path / "run", off.trained)
     assert any(t.startswith("rounds.jsonl: clients-trained") for t in traces)
     assert any(t.startswith("rounds.csv: [") for t in traces), traces
+    assert "personal_clients.csv: partition-id" in traces
+    assert any(t.startswith("rounds.jsonl: local-own-clients") for t in traces)

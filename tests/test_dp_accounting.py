@@ -45,9 +45,9 @@ from methods.sampling import sample_available, sample_clients
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
-from server_app.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from server_app.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
 from server_app.experiment import _progress_line, run_experiment
-from server_app.privacy import LEDGER_FILE
+from server_app.privacy import LEDGER_FILE, Ledger
 from server_app.strategy import MethodStrategy
 from task.config import RunConfig
 
@@ -373,6 +373,25 @@ def test_a_round_released_before_a_crash_is_counted_after_the_resume(
     assert rows[-1]["dp-epsilon"] == pytest.approx(b.epsilon(5))
     assert rows[-1]["dp-epsilon"] > b.epsilon(4)
     assert ledger_count(run_dir) == 5
+
+
+def test_a_resume_counts_the_largest_of_checkpoint_rows_and_ledger(tmp_path: Path) -> None:
+    rows = [{"round": 1, "dp-rounds-counted": 1}, {"round": 2, "dp-rounds-counted": 3}]
+    assert Ledger.open(tmp_path, 2, rows).counted == 3  # an earlier rerun, in the rows
+    assert Ledger.open(tmp_path, 2, None).counted == 2  # a run from before the ledger
+    (tmp_path / LEDGER_FILE).write_text(json.dumps({"rounds-counted": 5, "last-round": 3}))
+    assert Ledger.open(tmp_path, 2, rows).counted == 5  # round 3 sent twice, never saved
+    assert Ledger.open(tmp_path, 0, None).counted == 0  # a new run ignores a stale file
+    ledger = Ledger.open(tmp_path, 2, rows)
+    assert ledger.count(3) == 6 and ledger_count(tmp_path) == 6
+
+
+@pytest.mark.parametrize("text", ["{torn", '{"rounds-counted": -1}', '{"rounds": 3}'])
+def test_an_unusable_ledger_stops_the_resume_in_one_line(tmp_path: Path, text: str) -> None:
+    (tmp_path / LEDGER_FILE).write_text(text)
+    with pytest.raises(CheckpointError) as err:
+        Ledger.open(tmp_path, 2, None)
+    assert LEDGER_FILE in str(err.value) and "\n" not in str(err.value)
 
 
 # ---------------------------------------------------------------- 5. what is written

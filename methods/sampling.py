@@ -40,3 +40,18 @@ def sample_available(seed: int, server_round: int, num_clients: int, per_round: 
     rng = np.random.default_rng([seed, server_round, REPLACEMENT_STREAM])
     extra = rng.choice(len(spare), size=need, replace=False)
     return sorted(kept + [spare[int(i)] for i in extra])
+
+
+def sample_registered(seed: int, server_round: int, num_clients: int, per_round: int,
+                      available: Collection[int]) -> tuple[list[int], list[int]]:
+    """(sampled, present): ``sample_clients``' m of ALL N registered clients, and those of
+    them that are available now (the only ones messaged).
+
+    Under DP the accountant's rate m / N holds only if every client is sampled with that
+    probability whatever is connected: an absent client is a missing reply (it costs the round
+    a contribution, not privacy), never replaced by another. Replacing it, as
+    ``sample_available`` does, raises each connected client's rate to m / |A|.
+    """
+    sampled = sample_clients(seed, server_round, num_clients, per_round)
+    online = set(available)
+    return sampled, [c for c in sampled if c in online]

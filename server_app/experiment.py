@@ -24,6 +24,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from methods import wire as rk
+from methods.dp_budget import Budget
 from methods.packed_arrays import pack, unpack
 from server_app.central_eval import CentralEvaluator
 from server_app.checkpoint import (
@@ -39,9 +40,9 @@ from server_app.engine_facts import client_state_entry
 from server_app.federated_eval import FederatedEvaluator
 from server_app.personal_round import personal_round
 from server_app.personal_summary import KINDS
-from server_app.privacy import budget_spent, privacy_budget
+from server_app.privacy import COUNTED, Ledger, budget_spent, privacy_budget
 from server_app.regime_files import CENTRAL_TEST, write_regimes
-from server_app.results import DP_FIELDS, Recorder
+from server_app.results import DP_CONVENTIONS, DP_FIELDS, DP_LEFT_OUT, Recorder
 from server_app.strategy import MethodStrategy
 from server_app.tracking import check_available as check_tracking
 from store.files import atomic_write_bytes, sync_filesystem
@@ -136,9 +137,12 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         weights, first = resume[1].weights, resume[1].server_round + 1
         strategy.load_server_state(resume[1].strategy_state)
     budget = privacy_budget(cfg, strategy)
+    ledger = None if budget is None else Ledger.open(out, first - 1,
+                                                     resume[1].rows if resume else None)
     rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1,
                    rows=resume[1].rows if resume else None, eval_source=cfg.eval_source,
-                   extra_fields=DP_FIELDS if budget else (), tracking=cfg.tracking)
+                   extra_fields=DP_FIELDS if budget else (),
+                   left_out=DP_LEFT_OUT if budget else (), tracking=cfg.tracking)
     write_regimes(out, cfg)
     arrays = pack(weights)
     round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
@@ -146,12 +150,15 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     n = cfg.num_server_rounds
     failed = 0
     for rnd in range(first, n + 1):
-        if budget is not None and budget_spent(budget, cfg, rnd, out):
+        if ledger is not None and budget is not None and budget_spent(
+                budget, cfg, rnd, ledger.counted + 1, out):
             break
         t0 = time.monotonic()
         fleet.collect()  # newcomers identified beside the last round take part from now on
         fleet.ask()  # identity queries to new nodes, answered beside this round
         messages = strategy.configure_train(rnd, arrays, round_config, grid)
+        if ledger is not None:  # durable before the round's first message: its uploads (local
+            ledger.count(rnd)  # DP) and its model (evaluation, next round) are then counted
         t_send = time.monotonic()
         replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
         timing = reply_timing(replies, time.monotonic() - t_send)
@@ -173,17 +180,17 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         evaluated.update(divergence(grid, rnd, arrays, round_config))
         personal, per_client = personal_round(strategy, grid, rnd, arrays, round_config,
                                               cfg.round_timeout)
-        if per_client:
+        if per_client and budget is None:  # under DP it says who has trained (DP_LEFT_OUT)
             rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
                **timing, **m, **personal, **evaluated,
                "clients-trained": clients_trained(replies, strategy.sent_to),
-               **({"dp-epsilon": budget.epsilon(rnd)} if budget else {})}
+               **(dp_fields(budget, ledger.counted) if budget and ledger else {})}
         rec.add_round(row)
         save_checkpoint(out, Checkpoint(rnd, weights,
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
-        log(INFO, "%s", _progress_line(row, n, len(messages)))
+        log(INFO, "%s", _progress_line(row, n, len(messages), cfg.dp_delta))
         if failed >= cfg.max_failed_rounds:
             raise TooFewReplies(
                 f"{failed} rounds in a row had fewer than min-replies={cfg.min_replies} usable "
@@ -203,11 +210,12 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     summary = rec.finish(final, {"results-dir": str(out), "eval-source": cfg.eval_source,
                                  **({"central-test": CENTRAL_TEST}
                                     if cfg.num_regimes and central is not None else {}),
-                                 **({"dp-epsilon": rec.rows[-1].get("dp-epsilon")}
-                                    if budget else {})})
-    log(INFO, "done: final acc %.2f%%, best %.2f%%, %.1f s; results in %s",
+                                 **({**{k: rec.rows[-1].get(k) for k in DP_FIELDS},
+                                     "dp-epsilon-conventions": DP_CONVENTIONS,
+                                     "dp-delta": cfg.dp_delta} if budget else {})})
+    log(INFO, "done: final acc %.2f%%, best %.2f%%, %.1f s%s; results in %s",
         100 * (summary["final-test-acc"] or math.nan), 100 * (summary["best-test-acc"] or math.nan),
-        summary["wall-seconds"], out)
+        summary["wall-seconds"], _epsilon_part(summary, cfg.dp_delta) if budget else "", out)
     return summary
 
 
@@ -272,7 +280,7 @@ def state_fallbacks(replies: list[Message]) -> int:
     return count
 
 
-def _progress_line(row: dict[str, Any], n: int, sent: int) -> str:
+def _progress_line(row: dict[str, Any], n: int, sent: int, delta: float = 0.0) -> str:
     """'[round 3/60] acc 71.20% loss 0.8123 div 1.23e-02 ...' for the live log."""
     acc = "  -   " if row["test-acc"] is None else f"{100 * row['test-acc']:5.2f}%"
     loss = "  -   " if row["test-loss"] is None else f"{row['test-loss']:.4f}"
@@ -286,7 +294,24 @@ def _progress_line(row: dict[str, Any], n: int, sent: int) -> str:
     return (f"[round {row['round']}/{n}] acc {acc} loss {loss} div {div_s} train-loss {tl_s} "
             f"replies {row.get('num-replies', 0)}/{sent} rejected {row.get('num-rejected', 0)} "
             f"{_personal_part(row)}| {row['round-seconds']:.1f}s, "
-            f"elapsed {row['elapsed-seconds']:.0f}s")
+            f"elapsed {row['elapsed-seconds']:.0f}s{_epsilon_part(row, delta)}")
+
+
+def dp_fields(budget: Budget, counted: int) -> dict[str, Any]:
+    """A DP round's epsilon under both conventions after ``counted`` runs of the mechanism
+    (``server_app.results.DP_FIELDS``)."""
+    return {"dp-epsilon": budget.epsilon(counted),
+            "dp-epsilon-add-remove": budget.epsilon_add_remove(counted), COUNTED: counted}
+
+
+def _epsilon_part(row: dict[str, Any], delta: float) -> str:
+    """', epsilon 54.41 (replace-one, fixed-size sampling) / 6.337 (add/remove, Poisson q=m/N)
+    at delta 1e-05' for the live log, or '' outside DP."""
+    if row.get("dp-epsilon") is None:
+        return ""
+    return (f", epsilon {row['dp-epsilon']:.4g} (replace-one, fixed-size sampling) / "
+            f"{row['dp-epsilon-add-remove']:.4g} (add/remove, Poisson q=m/N) at delta "
+            f"{delta:g}")
 
 
 def _personal_part(row: dict[str, Any]) -> str:

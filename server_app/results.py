@@ -38,9 +38,26 @@ ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERG
                 rk.NORM_LIMIT_USED, "round-seconds", "elapsed-seconds", "collect-seconds",
                 "client-seconds-max", *PERSONAL_FIELDS, *FEDERATED_FIELDS, *DIVERGENCE_FIELDS,
                 "clients-trained")
-DP_FIELDS = ("dp-epsilon",)
-"""Round fields of a run with differential privacy (``dp`` on): epsilon at ``dp-delta`` after
-the round. Other runs' rows keep exactly ROUND_FIELDS."""
+DP_FIELDS = ("dp-epsilon", "dp-epsilon-add-remove", "dp-rounds-counted")
+"""Round fields of a run with differential privacy (``dp`` on), at ``dp-delta`` after the
+round (``methods.dp_budget``): the replace-one epsilon of the server's fixed-size sampling
+(the one ``dp-target-epsilon`` stops on), the add-or-remove-one epsilon of Poisson sampling at
+q = m / N (the papers' convention, for comparison), and the mechanism's runs counted
+(``server_app.privacy.Ledger``). Other runs' rows keep exactly ROUND_FIELDS."""
+DP_CONVENTIONS = {
+    "dp-epsilon": "replace-one (one client's data replaced, N public), m of N clients sampled "
+                  "without replacement each round: what the server does",
+    "dp-epsilon-add-remove": "add-or-remove-one (one client added or removed), Poisson "
+                             "sampling at q = m/N: the convention papers report; this server "
+                             "samples a fixed m, so it is for comparison, not its guarantee",
+}
+"""What each epsilon promises, as summary.json states it beside the figures."""
+DP_LEFT_OUT = ("clients-trained", "local-own-clients", "divergence-untrained")
+"""Round fields left out under DP: the sample is secret (amplification by sampling needs it
+unknown), so no public file lists who a round sampled or who replied, nor counts how many of
+the evaluated clients have trained (with one evaluated client, whether it was ever sampled).
+The per-client file of personalized evaluation (PERSONAL_CLIENTS: an empty ``acc-own`` says
+that client never trained) is not written either."""
 TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
                            "client-seconds-max", "local-eval-seconds", "fed-eval-seconds",
                            "divergence-seconds"})
@@ -69,15 +86,16 @@ class Recorder:
     def __init__(self, out_dir: Path, config: dict[str, Any], keep_rounds: int = 0,
                  rows: list[dict[str, Any]] | None = None,
                  eval_source: str = "central", extra_fields: tuple[str, ...] = (),
-                 tracking: str = "off") -> None:
+                 left_out: tuple[str, ...] = (), tracking: str = "off") -> None:
         """Start a run's files; when resuming, keep the rows of rounds 1..``keep_rounds``.
 
         The kept rows are ``rows`` (the copy stored in the checkpoint) when given, else what
         can be read back from rounds.jsonl. Rows beyond the checkpoint (a round that finished
         but was not checkpointed) are dropped, so the files hold each round exactly once.
         """
-        self.fields = (*ROUND_FIELDS, *extra_fields)
-        """The row's columns: ROUND_FIELDS, then e.g. DP_FIELDS."""
+        self.fields = (*(f for f in ROUND_FIELDS if f not in left_out), *extra_fields)
+        """The row's columns: ROUND_FIELDS but ``left_out`` (DP_LEFT_OUT under DP), then
+        e.g. DP_FIELDS."""
         self.dir = out_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
@@ -223,6 +241,8 @@ class Recorder:
         atomic_write(self.dir / "personal.png", lambda f: fig.savefig(f, format="png", dpi=100))
         plt.close(fig)
         clients = read_personal_clients(self.dir)
+        if not clients:  # not written (DP): no per-client distribution to draw
+            return
         fig, ax = plt.subplots(figsize=(6, 4))
         for kind, label in KIND_LABELS.items():
             accs = np.sort([100 * float(r[f"acc-{kind}"]) for r in clients

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -31,7 +32,7 @@ from methods.packed_arrays import pack, unpack
 from methods.ri import aggregate_update, divergence
 from methods.robust import combine, select
 from methods.robust_choices import SELECTIONS, min_replies
-from methods.sampling import sample_available
+from methods.sampling import sample_available, sample_registered
 from methods.weights import Weights
 from server_app import personal_summary
 from server_app.run_reports import RunReports
@@ -52,6 +53,12 @@ NORMS_STATE = "norms:"
 """Server-state name prefix of a vector's norm history (``norms:<record name>``)."""
 ACCOUNTED_STATE = "accounted-rounds"
 """Server-state name of the round each client's last aggregated reply came from (0: none)."""
+
+NOT_ARRIVED = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
+                         ErrorCode.NODE_UNAVAILABLE})
+"""Error codes of a reply that never came from the client (the SuperLink's own): under DP
+only replies that arrived count against ``min-replies``; any other error is the client's
+(its ClientApp raised or crashed, possibly because of its data) and counts as arrived."""
 
 SERVER_MODELS = "server-models"
 """Folder of the run directory with the server's per-client models (FedRelax)."""
@@ -95,6 +102,8 @@ class MethodStrategy(Strategy):
         before it was): clients then use their newest state, as that run did."""
         self._w_t: Weights = []
         self._sent_to: dict[int, int] = {}
+        self._sampled = 0
+        """Clients sampled this round, messaged or not (under DP absent ones are not)."""
         self._eval_sent_to: dict[int, int] = {}
         self.personal_scores: list[personal_summary.ClientScores] = []
         """The last personalized evaluation's per-client scores."""
@@ -130,8 +139,7 @@ class MethodStrategy(Strategy):
         """Send the model, the round's settings and the method's extras to sampled clients."""
         c = self.cfg
         self._w_t = unpack(arrays)
-        chosen = sample_available(self.sampling_seed, server_round, c.num_clients,
-                                  c.clients_per_round, self.available())
+        chosen = self.sample(server_round)
         round_config = ConfigRecord(
             {**dict(config), rk.ROUND: server_round, rk.LR: c.lr_at(server_round),
              rk.BETA: c.beta, rk.UPLOAD_DELTA: c.ri_aggregation == "update"}
@@ -149,6 +157,23 @@ class MethodStrategy(Strategy):
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
             )
         return messages
+
+    def sample(self, server_round: int) -> list[int]:
+        """The clients messaged in ``server_round``. Under DP: m of ALL N registered clients
+        (``sample_registered``), the absent ones left out and counted missing, so each client's
+        inclusion rate is the accountant's m / N whoever is connected (docs/algorithms.md, DP).
+        Otherwise ``sample_available``: absent members replaced among the connected."""
+        c = self.cfg
+        if self.privacy.on:
+            sampled, present = sample_registered(self.sampling_seed, server_round,
+                                                 c.num_clients, c.clients_per_round,
+                                                 self.available())
+            self._sampled = len(sampled)
+            return present
+        chosen = sample_available(self.sampling_seed, server_round, c.num_clients,
+                                  c.clients_per_round, self.available())
+        self._sampled = len(chosen)
+        return chosen
 
     def _content_for(self, pid: int, arrays: ArrayRecord, extras: dict[str, ArrayRecord],
                      w_t: Weights) -> tuple[ArrayRecord, dict[str, ArrayRecord]]:
@@ -174,15 +199,19 @@ class MethodStrategy(Strategy):
         c = self.cfg
         good: list[Accepted] = []
         rejected = 0
+        arrived: set[int] = set()
         for msg in replies:
             node = msg.metadata.src_node_id
+            if node in self._sent_to and not (msg.has_error()
+                                              and msg.error.code in NOT_ARRIVED):
+                arrived.add(node)
             decoded = self.decode(msg)
             if isinstance(decoded, str):
                 rejected += 1
                 self._reject(server_round, node, decoded)
                 continue
             good.append((node, decoded))
-        missing = len(self._sent_to) - len(good) - rejected
+        missing = self._sampled - len(good) - rejected
         # Replies arrive in any order; sum them in client order so that a deployment and a
         # simulation of the same seed aggregate bit for bit alike.
         good.sort(key=lambda item: item[1].partition_id)
@@ -190,14 +219,21 @@ class MethodStrategy(Strategy):
         rejected += outliers
         counts = {rk.NUM_REPLIES: len(good), rk.NUM_REJECTED: rejected,
                   rk.NUM_MISSING: missing, rk.NORM_LIMIT_USED: used}
-        if len(good) < c.min_replies:
-            log(WARNING, "round %d: %d usable replies < min-replies=%d; the global model is "
-                "unchanged", server_round, len(good), c.min_replies)
+        # Under DP whether a round is released may not depend on any client's data: only
+        # the replies that arrived count; a rejected one is a zero contribution.
+        usable, what = ((len(arrived), "arrived") if self.privacy.on
+                        else (len(good), "usable"))
+        if usable < c.min_replies:
+            log(WARNING, "round %d: %d %s replies < min-replies=%d; the global model is "
+                "unchanged", server_round, usable, what, c.min_replies)
             return None, MetricRecord(counts)
 
-        updates = self.robust_selection(server_round, [u for _, u in good])
-        if updates is None:
+        real = self.robust_selection(server_round, [u for _, u in good])
+        if real is None:
             return None, MetricRecord(counts)
+        # DP with every arrived reply rejected: the noise alone is released, on a zero
+        # contribution that stands for no client (never counted as any client's round).
+        updates = real or [self._zero_contribution()]
         updates = self.privacy.replies(updates)  # DP: clipped and noised
         weights = self.reply_weights(updates)
 
@@ -212,6 +248,8 @@ class MethodStrategy(Strategy):
                          lr=c.lr_at(server_round), server_lr=c.server_lr, combine=rule,
                          aggregation=c.aggregation)
         w_next, self.state = self.rule.update(self.state, self._w_t, rnd)
+        if not real:
+            return pack(w_next), MetricRecord(counts)
         if self.accounted is not None:
             self.accounted.update((u.partition_id, server_round) for u in updates)
         metrics = {
@@ -221,6 +259,15 @@ class MethodStrategy(Strategy):
             rk.DIVERGENCE: divergence(finals, w_next),
         }
         return pack(w_next), MetricRecord(metrics)
+
+    def _zero_contribution(self) -> ClientUpdate:
+        """A reply of zeros in every channel (model move and extra uploads, model-shaped):
+        what a rejected reply adds to the sum under DP, carrying the round's noise when no
+        reply was accepted."""
+        zeros = [np.zeros_like(w) for w in self._w_t]
+        return ClientUpdate(partition_id=-1, upload=zeros,
+                            extras={k: [z.copy() for z in zeros] for k in self.rule.up_keys},
+                            num_examples=1, train_loss=0.0, num_steps=1)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

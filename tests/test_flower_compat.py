@@ -81,8 +81,8 @@ def _reply_poll() -> None:
 
 
 def _object_pulls() -> None:
-    from flwr.superlink.grid import http_grid
     from flwr.supercore.inflatable import inflatable_utils
+    from flwr.superlink.grid import http_grid
     from flwr.supernode import start_client_internal as loop
 
     from flower_compat import object_pulls
@@ -205,9 +205,9 @@ def test_install_names_the_kinds_it_allows() -> None:
 def test_the_serverapp_install_wraps_the_simulation_grid(warnings: Warnings) -> None:
     from flwr.server.superlink.linkstate import LinkStateFactory
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-    from flwr.superlink.federation import NoOpFederationManager
     from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
     from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation import NoOpFederationManager
     from flwr.superlink.grid import InMemoryGrid
 
     from flower_compat.sim_window import WindowedSimGrid

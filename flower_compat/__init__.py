@@ -9,7 +9,7 @@ per process kind.
 """
 
 from flower_compat.guard import CHECKED_FLWR
-from flower_compat.install import Installed, install
+from flower_compat.installer import Installed, install
 from flower_compat.registry import PATCHES, Patch
 
 __all__ = ["CHECKED_FLWR", "PATCHES", "Installed", "Patch", "install"]

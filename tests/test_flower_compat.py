@@ -274,7 +274,7 @@ def project_modules() -> list[str]:
 
 def test_importing_every_project_module_changes_no_environment_and_patches_nothing() -> None:
     modules = project_modules()
-    assert "flower_compat.install" in modules and "client_app.app" in modules
+    assert "flower_compat.installer" in modules and "client_app.app" in modules
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     out = subprocess.run([sys.executable, "-c", SNAPSHOT, *modules], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=300)

@@ -110,12 +110,14 @@ def call_sites(source: str) -> dict[int, Site] | str:
 
 
 class _Time(types.ModuleType):
-    """The ``time`` module; ``sleep`` called from one of ``sites`` (by file and line) with
-    its checked value waits ``poll``'s time instead."""
+    """The ``time`` module; ``sleep`` called from one of ``sites`` (code of the module whose
+    globals are ``module_globals``, at that line, in that function) with its checked value
+    waits ``poll``'s time instead."""
 
-    def __init__(self, poll: AdaptivePoll, filename: str, sites: dict[int, Site]) -> None:
+    def __init__(self, poll: AdaptivePoll, module_globals: dict[str, object],
+                 sites: dict[int, Site]) -> None:
         super().__init__("time")
-        self._filename, self._sites = filename, sites
+        self._globals, self._sites = module_globals, sites
         self._waits = {"idle": poll.idle_wait, "reply": poll.reply_wait}
 
     def __getattr__(self, name: str) -> object:
@@ -123,8 +125,7 @@ class _Time(types.ModuleType):
 
     def sleep(self, seconds: float) -> None:
         caller = sys._getframe(1)
-        site = self._sites.get(caller.f_lineno) \
-            if caller.f_code.co_filename == self._filename else None
+        site = self._sites.get(caller.f_lineno) if caller.f_globals is self._globals else None
         if site is not None and site.function == caller.f_code.co_name \
                 and seconds == site.seconds:
             seconds = self._waits[site.wait]()
@@ -159,7 +160,7 @@ def apply(poll: AdaptivePoll) -> bool:
         log(WARNING, "flower_compat: %s not applied (%s); the SuperNode keeps Flower's "
             "waits", NAME, sites)
         return False
-    loop.time = _Time(poll, loop.__file__, sites)  # type: ignore[assignment]
+    loop.time = _Time(poll, vars(loop), sites)  # type: ignore[assignment]
     log(INFO, "SuperNode pulls every %g s for %g s after a message, else every %g s; checks "
         "replies every %g s", poll.fast, poll.window, poll.idle, poll.reply)
     return True

@@ -77,14 +77,16 @@ def test_collection_stops_at_the_timeout_with_what_arrived() -> None:
     assert [r.metadata.reply_to_message_id for r in replies] == ["m0"]
 
 
-def _sleep_from(filename: str, line: int, function: str, seconds: float,
-                time_module: object) -> None:
-    """Call ``time_module.sleep(seconds)`` from code that claims ``filename:line`` inside a
-    function called ``function``: how the patched ``time`` sees its caller."""
-    code = "\n" * (line - 2) + f"def {function}(t):\n    t.sleep({seconds!r})\n"
-    scope: dict[str, object] = {}
-    exec(compile(code, filename, "exec"), scope)  # noqa: S102 - a caller at a chosen line
-    scope[function](time_module)  # type: ignore[operator]
+def _sleep_from(module: object, line: int, function: str, seconds: float) -> None:
+    """Call ``module.time.sleep(seconds)`` from a function called ``function`` of
+    ``module`` (its globals) at ``line``: how the patched ``time`` sees its caller. Nothing
+    is added to the module."""
+    import types
+
+    source = "\n" * (line - 2) + f"def {function}():\n    time.sleep({seconds!r})\n"
+    code = next(c for c in compile(source, "<site>", "exec").co_consts
+                if isinstance(c, types.CodeType))
+    types.FunctionType(code, vars(module))()
 
 
 def test_supernode_waits_are_replaced_at_their_call_sites_only(
@@ -105,18 +107,18 @@ def test_supernode_waits_are_replaced_at_their_call_sites_only(
     assert fast_poll.apply(fast_poll.AdaptivePoll(fast=0.2, idle=2.0, window=30, reply=0.01))
     slept: list[float] = []
     monkeypatch.setattr(fast_poll.time, "sleep", slept.append)
-    at = loop.__file__
-    _sleep_from(at, line["start_client_internal"], "start_client_internal", 3, loop.time)
-    _sleep_from(at, line["_push_messages"], "_push_messages", 0.5, loop.time)
-    _sleep_from(at, line["start_client_internal"], "start_client_internal", 3, loop.time)
-    _sleep_from(at, line["yield_object_contents"], "yield_object_contents", 0.5, loop.time)
+    _sleep_from(loop, line["start_client_internal"], "start_client_internal", 3)
+    _sleep_from(loop, line["_push_messages"], "_push_messages", 0.5)
+    _sleep_from(loop, line["start_client_internal"], "start_client_internal", 3)
+    _sleep_from(loop, line["yield_object_contents"], "yield_object_contents", 0.5)
     assert slept == [2.0, 0.01, 0.2, 0.01]  # idle, reply check, active after it, arrays wait
     slept.clear()
     loop.time.sleep(0.5)  # Flower's values from anywhere else pass through
     loop.time.sleep(3)
-    _sleep_from(at, line["_push_messages"] + 1, "_push_messages", 0.5, loop.time)
-    _sleep_from(at, line["_push_messages"], "_push_messages", 7, loop.time)  # another value
-    assert slept == [0.5, 3, 0.5, 7]
+    _sleep_from(loop, line["_push_messages"] + 1, "_push_messages", 0.5)  # another line
+    _sleep_from(loop, line["_push_messages"], "yield_object_contents", 0.5)  # other function
+    _sleep_from(loop, line["_push_messages"], "_push_messages", 7)  # another value
+    assert slept == [0.5, 3, 0.5, 0.5, 7]
     assert loop.time.monotonic is fast_poll.time.monotonic  # everything else passes through
 
 

@@ -11,7 +11,7 @@ Each path runs the same config and seed (3 clients, fraction-train=1.0, train-li
   process-3s      the warm executor, Flower's 3 s node poll (the poll's share of overhead)
   process-fixed   the fixed fast polls of before: node 0.5 s, executor 0.1 s, always
   process         the defaults: node 0.2 s while a run is active (3 s idle), the executor
-                  woken by its node (node.fast_poll)
+                  woken by its node (flower_compat.supernode_waits)
   process-memory  the defaults with the SuperLink's state in memory (--link-state memory):
                   no SQL per request, nothing kept across a SuperLink restart
   compose         deploy/compose_run.sh (TLS + auth, warm executors), when Docker answers

@@ -11,7 +11,8 @@ Printed per span, as % of one core: each node's SuperNode (``node.launch``: the 
 Runtime API), its executor (supervisor or flower-superexec) and warm worker, and the
 SuperLink (with its ServerApp executor), also per connected node.
 
-  defaults  node 0.2 s while active, 3 s idle, executor woken by its node (node.fast_poll)
+  defaults  node 0.2 s while active, 3 s idle, executor woken by its node
+            (flower_compat.supernode_waits)
   fixed     the fixed fast polls of before: node 0.5 s, executor 0.1 s, always
   flower    Flower's own: node 3 s, flower-superexec (1 s task poll, a process per message)
   idle10    the defaults with a 10 s idle poll (``--idle-poll 10``): the price of 3 s

@@ -27,8 +27,8 @@ from client_app.model_cache import (
     initial_weights,
 )
 from client_app.personal_accuracy import personal_evaluation
-from client_app.ray_inline import inline_messages
 from client_app.round import client_round
+from flower_compat import install
 from methods import wire as rk
 from methods.packed_arrays import shapes, unpack
 from store.client_store import ClientStore
@@ -38,7 +38,7 @@ from task.config import RunConfig
 from task.evaluation import evaluate as evaluate_model
 from task.models import set_weights
 
-inline_messages()  # before Flower's simulation starts Ray: messages inline, not in its store
+install("simulation-engine")  # acts only while Flower's engine loads this, before Ray starts
 app = ClientApp()
 
 

@@ -213,11 +213,13 @@ fetch cpu "${cpu_specs[@]}"
 read -r -a cuda_specs <<< "$CUDA_TORCH_SPEC"  # a space-separated list of requirement specs
 [ "$cuda" = 0 ] || fetch cuda "${cuda_specs[@]}"
 
-# The node runtime (warm ClientApp executor + launcher) goes into the client images; the
-# apps themselves arrive as FABs.
-rm -rf "$wheels/node"
-mkdir -p "$wheels/node"
-cp "$(dirname "$here")"/node/*.py "$wheels/node/"
+# The node runtime (warm ClientApp executor + launcher, and flower_compat: the guarded patches
+# it installs) goes into the client images; the apps themselves arrive as FABs.
+for pkg in node flower_compat; do
+  rm -rf "${wheels:?}/$pkg"
+  mkdir -p "$wheels/$pkg"
+  cp "$(dirname "$here")/$pkg"/*.py "$wheels/$pkg/"
+done
 
 # ------------------------------------------------------------------ 3. images
 for t in "${targets[@]}"; do

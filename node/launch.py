@@ -10,7 +10,10 @@ The executor is a child process: the warm one (``node.warm_executor``), or with
 comparison and as a fallback). The same command serves the process deployment, the
 docker-compose stack and the edge kit, so all three behave alike.
 
-Waits (``node.fast_poll``): for ``--active-window`` seconds after a message the SuperNode
+Flower's SuperNode is bent only through ``flower_compat.install("supernode")`` (its waits, its
+object pulls; ``docs/flower_compat.md``), and the warm executor runs only while its guard
+passes (else Flower's ``flower-superexec``, with one warning). Waits
+(``flower_compat.supernode_waits``): for ``--active-window`` seconds after a message the SuperNode
 pulls every ``--node-poll`` seconds, afterwards every ``--idle-poll``; the warm executor
 does not poll at all while it can be woken: the node wakes it through a pipe when a message
 waits for it (``--poll`` is its interval only where the node cannot: ``--node-poll 0``).
@@ -129,6 +132,14 @@ def executor_command(args: argparse.Namespace, address: str,
     return cmd + (["--status-file", str(args.status_file)] if args.status_file else [])
 
 
+def chosen_executor(requested: str) -> str:
+    """``requested``; but the warm executor mirrors Flower's ``flwr-clientapp``, so it runs
+    only while that source reads as checked (else Flower's own, with one warning)."""
+    from flower_compat import warm_executor
+
+    return "flower" if requested == "warm" and not warm_executor.usable() else requested
+
+
 def plain_logs_off_terminal() -> None:
     """Flower colours every log line; a log file (not a terminal) gets them plain, each with
     its time to the millisecond (what an operator reads a node's timeline from)."""
@@ -145,11 +156,12 @@ def main(argv: list[str] | None = None) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])])
-    from node import fast_poll
+    from flower_compat import guard, install, supernode_waits
 
-    patch = bool(args.node_poll) and fast_poll.why_not_patchable() is None
+    args.executor = chosen_executor(args.executor)
+    patch = bool(args.node_poll) and guard.allowed(supernode_waits.NAME)
     wakeable = patch and args.executor == "warm" and not args.no_wake
-    wake = fast_poll.PipeWaker() if wakeable else None
+    wake = supernode_waits.PipeWaker() if wakeable else None
     wake_fd = None if wake is None else wake.read_fd
     executor = subprocess.Popen(executor_command(args, address, wake_fd), env=env,
                                 pass_fds=() if wake_fd is None else (wake_fd,))
@@ -168,10 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     if args.node_poll:
-        from node import object_pulls
-
-        object_pulls.install(object_pulls.SUPERNODE)
-        fast_poll.install(fast_poll.AdaptivePoll(
+        install("supernode", poll=supernode_waits.AdaptivePoll(
             fast=args.node_poll, idle=args.idle_poll, window=args.active_window,
             reply=min(0.05, args.node_poll), wake=wake))
     sys.argv = ["flower-supernode", *node_args]

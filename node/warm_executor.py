@@ -7,8 +7,8 @@ This executor takes the SuperExec's place for a SuperNode in ``--isolation proce
 * the supervisor (this process) imports Python, flwr and torch once, never touches CUDA, and
   asks the SuperNode's Runtime API for a task every ``--poll`` seconds, or, with
   ``--wake-fd`` (``node.launch`` passes it), whenever the node writes to that pipe (a message
-  waits: ``node.fast_poll``); it then also wakes when a busy worker reports or dies, or at a
-  task's deadline, and the poll is only a safety net;
+  waits: ``flower_compat.supernode_waits``); it then also wakes when a busy worker reports
+  or dies, or at a task's deadline, and the poll is only a safety net;
 * each task goes to a worker forked from the supervisor (so it starts with everything
   imported); the worker keeps the app's module caches (data, partition, w_0, model) from task
   to task. One worker per FAB: a task of another FAB (another app, changed code) retires the
@@ -26,7 +26,9 @@ This executor takes the SuperExec's place for a SuperNode in ``--isolation proce
   stays safe).
 
 Every task still runs with Flower's token and returns its reply and context through the
-SuperNode exactly as from ``flwr-clientapp`` (``node.task_runner``).
+SuperNode exactly as from ``flwr-clientapp`` (``node.task_runner``). It mirrors Flower's
+``run_clientapp``, so ``node.launch`` starts it only while that source reads as checked
+(``flower_compat.warm_executor``, table entry ``warm-executor``); else Flower's SuperExec.
 
     python -m node.warm_executor --runtime-api-address 127.0.0.1:9094 --insecure
 """

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from scripts.app_source import staged_app
+from flower_compat.app_source import staged_app
 from scripts.flower_env import REPO, flower_env
 from scripts.run_files import read_json, run_of
 from scripts.simulate import RUN_ID, parse_overrides, run_status, toml_line

@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from scripts.app_source import staged_app
+from flower_compat.app_source import staged_app
 from scripts.flower_env import OFFLINE_ENV, REPO, flower_env
 from scripts.flower_output import clean_line
 from scripts.superlink_port import foreign_superlink

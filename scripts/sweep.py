@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from scripts.app_source import staged_app
+from flower_compat.app_source import staged_app
 from scripts.flower_env import REPO, flower_env
 from scripts.report import collect, finished_run, run_dirs, write_report
 from scripts.run_files import RoundsFollower, RoundsTail
@@ -123,7 +123,7 @@ def command_for(cell: Cell, cell_dir: Path, connection: str | None,
                 resources: dict[str, float], in_process: bool = False,
                 app: Path = REPO) -> list[str]:
     """The command that runs one cell: simulate.py, inprocess_run.py (no Flower engine), or
-    `flwr run APP` against a deployment (APP: the app's files, ``scripts/app_source.py``)."""
+    `flwr run APP` against a deployment (APP: the app's files, ``flower_compat/app_source.py``)."""
     overrides = {**cell.overrides, "output-dir": str(cell_dir.resolve())}
     if in_process:
         return [sys.executable, "-m", "scripts.inprocess_run",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flwr.cli.build import build_fab_from_disk
 
-from scripts.app_source import app_files, staged_app
+from flower_compat.app_source import app_files, staged_app
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -4,10 +4,20 @@ a node with a message gets exactly what Flower's own method gives, and the guard
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from server_app import fast_dispatch
+import pytest
+
+from flower_compat import fast_dispatch, guard
+
+
+@pytest.fixture(autouse=True)
+def fresh_verdicts() -> Iterator[None]:
+    guard.forget()
+    yield
+    guard.forget()
 
 
 @dataclass
@@ -52,11 +62,11 @@ def test_only_nodes_with_an_undelivered_message_reach_flower_s_ask() -> None:
 
 def test_the_installed_flower_is_the_checked_one() -> None:
     """flwr 1.39.0's InMemoryLinkState.get_message_ins still reads as checked; a change in
-    Flower turns the patch off (install returns False) instead of changing behaviour."""
-    assert fast_dispatch.why_not_patchable() is None
+    Flower turns the patch off (apply returns False) instead of changing behaviour."""
+    assert guard.why_not(fast_dispatch.NAME) is None
 
 
-def test_install_patches_only_a_real_in_memory_state() -> None:
+def test_apply_patches_only_a_real_in_memory_state() -> None:
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
     def bare() -> InMemoryLinkState:  # the attributes the ask reads, without a federation
@@ -64,11 +74,11 @@ def test_install_patches_only_a_real_in_memory_state() -> None:
         state.lock, state.message_ins_store = threading.RLock(), {}
         return state
 
-    assert fast_dispatch.install(FakeState({})) is False
+    assert fast_dispatch.apply(FakeState({})) is False
     state = bare()
-    assert fast_dispatch.install(state) is True
+    assert fast_dispatch.apply(state) is True
     assert "get_message_ins" in vars(state)
     patched = vars(state)["get_message_ins"]
-    assert fast_dispatch.install(state) is True and vars(state)["get_message_ins"] is patched
+    assert fast_dispatch.apply(state) is True and vars(state)["get_message_ins"] is patched
     assert state.get_message_ins(node_id=5, limit=1) == []
     assert "get_message_ins" not in vars(bare())  # other states keep Flower's

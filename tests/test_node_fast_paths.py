@@ -7,15 +7,23 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import pytest
 from flwr.app import Message, RecordDict
 
-from node import fast_poll
+from flower_compat import guard
+from flower_compat import supernode_waits as fast_poll
+from flower_compat.reply_poll import FastPollGrid
 from node.launch import runtime_address
 from scripts.inprocess_grid import set_task_identity
-from server_app.fast_grid import FastPollGrid
+
+
+@pytest.fixture(autouse=True)
+def fresh_verdicts() -> Iterator[None]:
+    guard.forget()
+    yield
+    guard.forget()
 
 
 class SlowRepliesGrid:
@@ -69,28 +77,87 @@ def test_collection_stops_at_the_timeout_with_what_arrived() -> None:
     assert [r.metadata.reply_to_message_id for r in replies] == ["m0"]
 
 
-def test_supernode_poll_patch_applies_to_the_checked_flower_only(
+def _sleep_from(module: object, line: int, function: str, seconds: float) -> None:
+    """Call ``module.time.sleep(seconds)`` from a function called ``function`` of
+    ``module`` (its globals) at ``line``: how the patched ``time`` sees its caller. Nothing
+    is added to the module."""
+    import types
+
+    source = "\n" * (line - 2) + f"def {function}():\n    time.sleep({seconds!r})\n"
+    code = next(c for c in compile(source, "<site>", "exec").co_consts
+                if isinstance(c, types.CodeType))
+    types.FunctionType(code, vars(module))()
+
+
+def test_supernode_waits_are_replaced_at_their_call_sites_only(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # The installed flwr still has both hard-coded waits: if an upgrade changes them, this
-    # fails and the patch (which then refuses to apply) must be re-checked.
-    assert fast_poll.why_not_patchable() is None
+    # The installed flwr's loop reads as checked and holds each site once: if an upgrade
+    # changes it, this fails and the patch (which then declines) must be re-checked.
+    assert guard.why_not(fast_poll.NAME) is None
+    import inspect
+
     from flwr.supernode import start_client_internal as loop
 
+    sites = fast_poll.call_sites(inspect.getsource(loop))
+    assert isinstance(sites, dict)
+    assert sorted((s.function, s.seconds) for s in sites.values()) == [
+        ("_push_messages", 0.5), ("start_client_internal", 3), ("yield_object_contents", 0.5)]
+    line = {s.function: n for n, s in sites.items()}
     monkeypatch.setattr(loop, "time", loop.time)  # restored after the test
-    assert fast_poll.install(fast_poll.AdaptivePoll(fast=0.2, idle=2.0, window=30, reply=0.01))
+    assert fast_poll.apply(fast_poll.AdaptivePoll(fast=0.2, idle=2.0, window=30, reply=0.01))
     slept: list[float] = []
     monkeypatch.setattr(fast_poll.time, "sleep", slept.append)
+    _sleep_from(loop, line["start_client_internal"], "start_client_internal", 3)
+    _sleep_from(loop, line["_push_messages"], "_push_messages", 0.5)
+    _sleep_from(loop, line["start_client_internal"], "start_client_internal", 3)
+    _sleep_from(loop, line["yield_object_contents"], "yield_object_contents", 0.5)
+    assert slept == [2.0, 0.01, 0.2, 0.01]  # idle, reply check, active after it, arrays wait
+    slept.clear()
+    loop.time.sleep(0.5)  # Flower's values from anywhere else pass through
     loop.time.sleep(3)
-    loop.time.sleep(0.5)
-    loop.time.sleep(3)
-    loop.time.sleep(7)
-    assert slept == [2.0, 0.01, 0.2, 7]  # idle, reply check, active after a message, other
+    _sleep_from(loop, line["_push_messages"] + 1, "_push_messages", 0.5)  # another line
+    _sleep_from(loop, line["_push_messages"], "yield_object_contents", 0.5)  # other function
+    _sleep_from(loop, line["_push_messages"], "_push_messages", 7)  # another value
+    assert slept == [0.5, 3, 0.5, 0.5, 7]
     assert loop.time.monotonic is fast_poll.time.monotonic  # everything else passes through
 
+
+def test_the_reply_wait_of_flowers_own_push_loop_is_ours(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower's real ``_push_messages`` waits for the ClientApp's reply at our pace."""
+    from flwr.supernode import start_client_internal as loop
+
+    monkeypatch.setattr(loop, "time", loop.time)
+    woken: list[int] = []
+    assert fast_poll.apply(fast_poll.AdaptivePoll(fast=0.2, idle=2.0, window=30, reply=0.01,
+                                                  wake=lambda: woken.append(1)))
+    slept: list[float] = []
+    monkeypatch.setattr(fast_poll.time, "sleep", slept.append)
+
+    class NoReplyYet:
+        asks = 0
+
+        def get_messages(self, is_reply: bool) -> list[Message]:
+            self.asks += 1
+            if self.asks == 3:
+                raise StopIteration  # stop Flower's loop after two waits
+            return []
+
+    with pytest.raises(StopIteration):
+        loop._push_messages(NoReplyYet(), None, None, None)  # type: ignore[arg-type]
+    assert slept == [0.01, 0.01] and woken == [1]  # Flower's 0.5 s, and one wake
+
+
+def test_supernode_waits_decline_on_another_flower(monkeypatch: pytest.MonkeyPatch) -> None:
     import flwr
+    from flwr.supernode import start_client_internal as loop
+
+    monkeypatch.setattr(loop, "time", loop.time)
+    before = loop.time
     monkeypatch.setattr(flwr, "__version__", "1.40.0")
-    assert "not the checked" in (fast_poll.why_not_patchable() or "")
-    assert not fast_poll.install(fast_poll.AdaptivePoll(fast=0.2, idle=2, window=30, reply=0.01))
+    assert "not the checked" in (guard.why_not(fast_poll.NAME) or "")
+    assert not fast_poll.apply(fast_poll.AdaptivePoll(fast=0.2, idle=2, window=30, reply=0.01))
+    assert loop.time is before
 
 
 def test_node_polls_fast_only_within_the_window_after_a_message_and_wakes_once() -> None:
@@ -235,14 +302,13 @@ def test_object_pull_retry_patch_applies_to_the_checked_flower_only(
     from flwr.supercore.inflatable import inflatable_utils
     from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
 
-    from node import object_pulls
+    from flower_compat import object_pulls
 
-    for name in (object_pulls.SUPERNODE, object_pulls.SERVERAPP):
-        assert object_pulls.why_not_patchable(name) is None, name
+    assert guard.why_not(object_pulls.NAME) is None
     from flwr.superlink.grid import http_grid
 
     monkeypatch.setattr(http_grid, "pull_objects", http_grid.pull_objects)  # restored after
-    assert object_pulls.install(object_pulls.SERVERAPP)
+    assert object_pulls.apply(object_pulls.SERVERAPP)
     calls: list[float] = []
 
     def arrives_late(object_id: str) -> bytes:  # not there on the first ask, as on the wire
@@ -255,13 +321,14 @@ def test_object_pull_retry_patch_applies_to_the_checked_flower_only(
     assert http_grid.pull_objects(["a"], arrives_late) == {"a": b"content"}
     assert time.monotonic() - t0 < 0.5  # Flower's first retry comes after 0.8-1.2 s
     assert len(calls) == 2
-    assert object_pulls.install(object_pulls.SERVERAPP)  # a second install changes nothing
+    assert object_pulls.apply(object_pulls.SERVERAPP)  # a second install changes nothing
     assert http_grid.pull_objects.func is inflatable_utils.pull_objects  # type: ignore[attr-defined]
 
     monkeypatch.setattr(http_grid, "pull_objects", inflatable_utils.pull_objects)
     import flwr
     monkeypatch.setattr(flwr, "__version__", "1.40.0")
-    assert not object_pulls.install(object_pulls.SERVERAPP)
+    guard.forget()
+    assert not object_pulls.apply(object_pulls.SERVERAPP)
     assert http_grid.pull_objects is inflatable_utils.pull_objects
 
 

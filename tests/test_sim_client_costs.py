@@ -16,9 +16,9 @@ import server_app.experiment as experiment
 import store.files as files
 from client_app import app as client_app
 from client_app.model_cache import _TensorCache
+from flower_compat.sim_window import WindowedSimGrid
 from server_app.engine_facts import in_simulation
 from server_app.experiment import run_experiment
-from server_app.fast_grid import WindowedSimGrid
 from store.client_store import W_PREV, ClientStore
 from store.state_dir import StateDir
 from task.config import RunConfig

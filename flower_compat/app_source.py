@@ -7,8 +7,10 @@
 a sweep. ``staged_app`` walks the checkout with the directories .gitignore excludes left out,
 keeps what Flower's own rules keep (``filter_paths_for_publish``, the function the build
 applies) and copies those files into a temporary directory for ``flwr run`` to build from:
-the same FAB, byte for byte (``tests/test_app_source.py``). Where Flower's rules cannot be
-read (another Flower), or .gitignore re-includes paths (``!``), the checkout itself is used.
+the same FAB, byte for byte (``tests/test_app_source.py``). Guard (table entry
+``app-source``): ``collect_files`` (what this replaces) and the three rules it applies, as
+checked; declined, or where .gitignore re-includes paths (``!``), the checkout itself is
+used.
 """
 
 from __future__ import annotations
@@ -20,18 +22,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from flower_compat.guard import allowed
+
+NAME = "app-source"
 
 def app_files(root: Path) -> dict[str, Path] | None:
     """{relative posix path: file} of what Flower puts in the FAB of ``root``; None when the
     rules cannot be applied here (use ``root`` as it is)."""
-    try:
-        from flwr.cli.utils import (
-            build_pathspec,
-            filter_paths_for_publish,
-            load_gitignore_patterns,
-        )
-    except ImportError:
+    if not allowed(NAME):
         return None
+    from flwr.cli.utils import build_pathspec, filter_paths_for_publish, load_gitignore_patterns
+
     gitignore = root / ".gitignore"
     patterns = load_gitignore_patterns(gitignore) if gitignore.is_file() else []
     if any(p.lstrip().startswith("!") for p in patterns):

@@ -6,42 +6,25 @@ ask checks every stored message (``InMemoryLinkState.get_message_ins``: expiry a
 federation checks through ``_check_stored_messages``, per message, per node). At 1000 nodes
 with a round's window of 32 messages stored that is 32,000 checks a tick, about a third of a
 core, under the GIL the ServerApp and the engine's workers share. Nearly every ask is for a
-node with nothing waiting. ``install`` gives the run's LinkState (this instance only) a
+node with nothing waiting. ``apply`` gives the run's LinkState (this instance only) a
 ``get_message_ins`` that first looks, under the state's own lock, for an undelivered message
 to that node and answers an empty list at once when there is none; otherwise Flower's own
 method runs unchanged. What is skipped for such a node is only the checks of other nodes'
 messages, which run again on the next ask for a node that has a message and when replies are
-pulled. Guarded like ``node.fast_poll``: only flwr 1.39.0, only while Flower's method still
-reads as checked; else Flower's own, with a warning.
+pulled. Guard: ``flower_compat.guard`` on ``get_message_ins``'s source (table entry
+``fast-dispatch``); declined, Flower's own scan stays.
 """
 
 from __future__ import annotations
 
-import inspect
 import types
 from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
-CHECKED_FLWR = "1.39.0"
-CHECKED_LINES = ("for msg_id in list(self.message_ins_store.keys()):",
-                 "self._check_stored_messages({msg_id})",
-                 "and msg_ins.metadata.dst_node_id == node_id",
-                 'and msg_ins.metadata.delivered_at == ""')
+from flower_compat.guard import allowed
 
-
-def why_not_patchable() -> str | None:
-    """None when the installed ``InMemoryLinkState.get_message_ins`` is the one checked."""
-    import flwr
-    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-
-    if flwr.__version__ != CHECKED_FLWR:
-        return f"flwr {flwr.__version__} is not the checked {CHECKED_FLWR}"
-    source = inspect.getsource(InMemoryLinkState.get_message_ins)
-    missing = [line for line in CHECKED_LINES if line not in source]
-    if missing:
-        return f"get_message_ins no longer contains {missing[0]!r}"
-    return None
+NAME = "fast-dispatch"
 
 
 def skipping_empty(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
@@ -60,16 +43,12 @@ def skipping_empty(original: Callable[..., list[Any]]) -> Callable[..., list[Any
     return get_message_ins
 
 
-def install(state: Any) -> bool:
+def apply(state: Any) -> bool:
     """Give ``state`` (the simulation's InMemoryLinkState) the fast ask; False when not."""
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.supercore import log
 
-    if not isinstance(state, InMemoryLinkState):
-        return False
-    reason = why_not_patchable()
-    if reason is not None:
-        log(WARNING, "fast dispatch not applied (%s); Flower's scan stays", reason)
+    if not isinstance(state, InMemoryLinkState) or not allowed(NAME):
         return False
     if "get_message_ins" not in vars(state):  # not twice (a second run in one process)
         fast = skipping_empty(state.get_message_ins)

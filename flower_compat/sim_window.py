@@ -1,69 +1,27 @@
-"""The round's replies collected as they arrive, not in Flower's 3 s steps.
+"""A simulation round with at most 32 of its messages stored in Flower's LinkState at once.
 
-Flower 1.39's deployment grid (``HttpGrid.send_and_receive``) pushes the messages, then pulls
-replies and sleeps 3 s between pulls: a round that is done after 1.1 s is noticed after 3 s.
-``FastPollGrid`` wraps whatever grid the ServerApp received and does the same push and pull
-with a short pause (``POLL_SECONDS``), until every message is answered or the timeout
-passes. Replies, their order of arrival and the fault handling downstream are unchanged:
-only the waiting is shorter. The simulation's grid already pulls every 0.1 s.
+Flower's simulation engine scans every stored message for every node on each 0.1 s tick
+(``send_windowed`` says what that costs); ``WindowedSimGrid`` is the simulation's own
+``InMemoryGrid`` (a copy of that instance: the same LinkState, run and node) whose
+``send_and_receive`` pushes a window of messages and one more per reply pulled.
+
+Guard (table entry ``sim-window``): the whole ``InMemoryGrid`` class as checked, since this
+copies its instance and overrides one of its methods; declined, ``wrap`` returns the grid it
+was given (each round's messages pushed at once, as Flower does).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
-POLL_SECONDS = 0.1
+from flower_compat.guard import allowed
 
-
-class FastPollGrid(Grid):
-    """Delegates to ``inner``; ``send_and_receive`` pulls every ``poll`` seconds."""
-
-    def __init__(self, inner: Grid, poll: float = POLL_SECONDS) -> None:
-        self.inner = inner
-        self.poll = poll
-
-    def set_run(self, run: Any) -> None:
-        self.inner.set_run(run)
-
-    @property
-    def run(self) -> Any:
-        return self.inner.run
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.inner.get_node_ids()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.inner.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.inner.pull_messages(message_ids)
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
-        """Push, then pull until all are answered or ``timeout`` seconds have passed."""
-        waiting = set(self.inner.push_messages(messages))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        replies: list[Message] = []
-        while waiting:
-            got = list(self.inner.pull_messages(waiting))
-            replies.extend(got)
-            waiting.difference_update(m.metadata.reply_to_message_id for m in got)
-            if not waiting or (deadline is not None and time.monotonic() >= deadline):
-                break
-            time.sleep(self.poll if deadline is None
-                       else max(0.0, min(self.poll, deadline - time.monotonic())))
-        return replies
-
-
+NAME = "sim-window"
 SIM_WINDOW = 32
 """Most messages a simulation round keeps in Flower's LinkState at once (``send_windowed``)."""
 SIM_POLL_SECONDS = 0.02
@@ -100,7 +58,6 @@ def send_windowed(grid: Grid, messages: Iterable[Message], *, timeout: float | N
     return replies
 
 
-
 class WindowedSimGrid(InMemoryGrid):
     """Flower's simulation grid (same LinkState and run) whose ``send_and_receive`` keeps at
     most ``window`` messages stored (``send_windowed``). Still an ``InMemoryGrid``: the
@@ -115,3 +72,8 @@ class WindowedSimGrid(InMemoryGrid):
                          timeout: float | None = None) -> Iterable[Message]:
         return send_windowed(self, messages, timeout=timeout, window=self.window,
                              poll=self.poll)
+
+
+def wrap(grid: InMemoryGrid) -> Grid:
+    """``grid`` as a ``WindowedSimGrid``; ``grid`` itself when the guard declines."""
+    return WindowedSimGrid(grid) if allowed(NAME) else grid

@@ -28,6 +28,7 @@ from client_app.device_privacy import (
     account_release,
     ledger_for,
     local_dp,
+    private_failure,
     refusal,
 )
 from client_app.divergence import divergence_to_global
@@ -125,16 +126,30 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
 
 def train_fn(msg: Message, context: Context) -> Message:
     """One participation: Flower's message and context in, ``client_round`` does the work.
-    A run below the device's privacy floor is refused before anything is read; under local
-    DP the release is counted in the device's ledger before the reply leaves."""
+    A run below the device's privacy floor is refused before anything is read. Under local
+    DP the release is counted in the device's ledger before the reply leaves, and a task
+    that fails says only that it failed (its error's text may tell of the data)."""
     cfg = run_config_of(context)
     floor, refused = device_floor(context, cfg, msg, "train message")
     if refused is not None:
         return refused
+    if not local_dp(cfg, floor):
+        return Message(content=train_content(msg, context, cfg, floor), reply_to=msg)
+    try:
+        return Message(content=train_content(msg, context, cfg, floor), reply_to=msg)
+    except Exception as err:  # noqa: BLE001 - under local DP its text stays on the device
+        return private_failure(msg, "train message", err)
+
+
+def train_content(msg: Message, context: Context, cfg: RunConfig,
+                  floor: DeviceFloor) -> RecordDict:
+    """The reply's content; under local DP the device's ledger is read before any data
+    (a damaged one stops the task) and counts the release once it is made."""
     pid = partition_of(context, cfg, msg)
     conf = msg.content.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
     state = client_store(context, cfg, experiment, pid, str(conf.get(STATE_ROOT, "")))
+    ledger = ledger_for(floor, context, state) if local_dp(cfg, floor) else None
     # the received arrays' shapes only: client_round decodes the model, once
     accounted = conf.get(rk.ACCOUNTED_ROUND)
     fell_back = state.restore(experiment, server_round,
@@ -146,11 +161,10 @@ def train_fn(msg: Message, context: Context) -> Message:
                            cached_model(cfg), x, y, initial=lambda: initial_weights(cfg),
                            partition_id=pid)
     content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
-    if local_dp(cfg, floor):  # every ArrayRecord of the reply is one noised channel
-        account_release(ledger_for(floor, context, state), msg, cfg.dp_noise_multiplier,
-                        len(content.array_records))
+    if ledger is not None:  # every ArrayRecord of the reply is one noised channel
+        account_release(ledger, msg, cfg.dp_noise_multiplier, len(content.array_records))
     state.save(experiment, server_round)
-    return Message(content=content, reply_to=msg)
+    return content
 
 
 def query_fn(msg: Message, context: Context) -> Message:

@@ -17,7 +17,8 @@ about its data or state: every evaluate message (divergence, personalized and fe
 evaluation, the plain evaluate) is refused (a noisy scalar under client-level DP needs noise
 of the order of its whole range), and a train reply carries only the noised uploads, no
 train loss, step or example count or compute time. Each train release is counted in the
-device's ledger (``store.privacy_ledger``) before it leaves, and its epsilon logged.
+device's ledger (``store.privacy_ledger``) before it leaves, and its epsilon logged; a
+task that fails under local DP replies only that it failed (its reason stays in the log).
 
 This is the ClientApp's code: it protects a device as far as the device runs only an app
 its owner approved (a run's app is code the server side submits).
@@ -29,7 +30,7 @@ import dataclasses
 import math
 import tomllib
 from collections.abc import Mapping
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -160,13 +161,26 @@ def refusal(msg: Message, task: str, reason: str) -> Message:
     return Message(Error(code=REFUSED, reason=line), reply_to=msg)
 
 
+def private_failure(msg: Message, task: str, err: Exception) -> Message:
+    """A task that failed under local DP: its reason is logged here only; the reply says
+    that it failed, no more (a schema error names a file and its size, a diverged loss
+    tells of the data)."""
+    where = _round_of(msg)
+    log(ERROR, "%sthe %s%s failed: %s: %s (the reply says only that it failed)", PREFIX,
+        task, where, type(err).__name__, " ".join(str(err).split()))
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                         reason=f"{PREFIX}the {task}{where} failed on this device; the "
+                                "reason is in its log"), reply_to=msg)
+
+
 def ledger_for(floor: DeviceFloor, context: Context, store: ClientStore) -> PrivacyLedger:
     """The device's ledger: its own place (``dp-ledger`` or its ``state-dir``); without
     one (no floor), the client's state directory, else the node's memory."""
     if floor.ledger is not None:
         return PrivacyLedger.at(floor.ledger, floor.delta)
-    if store.disk is not None:
-        return PrivacyLedger.at(store.disk.client_dir / LEDGER_NAME, floor.delta)
+    if store.disk is not None:  # written as the client's state is (a simulation: no fsync)
+        return PrivacyLedger.at(store.disk.client_dir / LEDGER_NAME, floor.delta,
+                                sync=store.disk.sync)
     return PrivacyLedger.in_state(context.state, floor.delta)
 
 

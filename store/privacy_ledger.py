@@ -24,7 +24,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, RecordDict
 
-from store.files import RecordError, atomic_write_text
+from store.files import RecordError, atomic_write
 
 SENSITIVITY = 2.0
 """A channel's L2 sensitivity in multiples of its clip bound: any two inputs' clipped vectors
@@ -74,8 +74,10 @@ class PrivacyLedger:
             self.releases = _parse(where, text)
 
     @classmethod
-    def at(cls, path: Path, delta: float) -> PrivacyLedger:
-        """The ledger kept in ``path`` (created with its directory at the first release)."""
+    def at(cls, path: Path, delta: float, sync: bool = True) -> PrivacyLedger:
+        """The ledger kept in ``path`` (created with its directory at the first release);
+        ``sync=False``: written without an fsync of its own (a simulated client's, made
+        durable with the client's state by its server)."""
         def read() -> str | None:
             try:
                 return path.read_text()
@@ -86,7 +88,7 @@ class PrivacyLedger:
 
         def write(text: str) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, text)
+            atomic_write(path, lambda f: f.write(text.encode()), sync=sync)
 
         return cls(str(path), read, write, delta)
 

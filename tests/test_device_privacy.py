@@ -19,6 +19,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,7 @@ from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
 from store.privacy_ledger import LEDGER_NAME, PrivacyLedger
 from task.config import RunConfig
+from tests.deploy_helpers import pids_mentioning, rounds, run_dir
 
 NODE = 7
 RUN: dict[str, Any] = {"num-clients": 4, "train-limit": 400, "batch-size": 50,
@@ -374,15 +378,42 @@ def test_the_device_epsilon_survives_a_restart_and_equals_the_library(
     assert f"epsilon {_reference_epsilon(1.2, 1, 1e-5):.4g}" in lines[0]
 
 
-def test_a_damaged_ledger_stops_the_release(tmp_path: Path) -> None:
+def test_a_damaged_ledger_stops_the_release(tmp_path: Path,
+                                            caplog: pytest.LogCaptureFixture) -> None:
     """Forgetting releases would understate epsilon: an unreadable ledger fails the task
-    (no reply content leaves) and is left as it was."""
+    before it trains (no state saved, nothing released) and is left as it was."""
     (tmp_path / LEDGER_NAME).write_text("{not json")
     cfg = RunConfig.parse(RUN)
-    with pytest.raises(ValueError, match=f"privacy ledger {tmp_path / LEDGER_NAME} is not "
-                                         "JSON"):
-        train_fn(train_message(cfg), context(tmp_path, RUN, **FLOOR))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        reply = train_fn(train_message(cfg), context(tmp_path, RUN, **FLOOR))
+    assert reply.has_error() and not reply.has_content()
+    assert privacy_lines(caplog) == [
+        f"device privacy: the train message of round 1 failed: LedgerError: privacy ledger "
+        f"{tmp_path / LEDGER_NAME} is not JSON (Expecting property name enclosed in double "
+        "quotes at line 1) (the reply says only that it failed)"]
     assert (tmp_path / LEDGER_NAME).read_text() == "{not json"
+    assert not list(tmp_path.rglob("*.npz"))
+
+
+def test_a_failure_under_local_dp_says_only_that_it_failed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An error's text can tell of the data (a schema error names a file and its size):
+    under local DP the reply says the task failed and the device's log says why; with DP
+    off the error is raised as before (Flower's error reply carries it)."""
+    def bad_data(*_: Any) -> Any:
+        raise ValueError("/data/mine/coat/0007.png: image is 32x32, the schema says 28x28")
+
+    monkeypatch.setattr("client_app.app.client_tensors", bad_data)
+    cfg = RunConfig.parse(RUN)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        reply = train_fn(train_message(cfg, 4), context(tmp_path, RUN, **FLOOR))
+    assert reply.error.reason == ("device privacy: the train message of round 4 failed on "
+                                  "this device; the reason is in its log")
+    assert "0007.png: image is 32x32" in privacy_lines(caplog)[0]
+    off = {**RUN, "dp": "off"}
+    with pytest.raises(ValueError, match="image is 32x32"):
+        train_fn(train_message(RunConfig.parse(off)), context(tmp_path / "off", off))
 
 
 def test_without_a_state_dir_the_ledger_lives_in_the_nodes_memory() -> None:
@@ -460,3 +491,44 @@ def test_a_run_under_device_floors_completes_without_data_dependent_fields(
     refused = [r for r in grid.replies if r.has_error()]
     assert len(refused) == 2 * 2 * 3  # divergence + personal evaluation, each round, each node
     assert all(r.error.code == REFUSED for r in refused)
+
+
+# ---------------------------------------------------------------- a process deployment
+DEPLOY_PORT = int(os.environ.get("FEDINIT_TEST_DEVICE_PRIVACY_PORT", "43770"))  # +0 +1 +10..12
+
+
+@pytest.mark.slow
+def test_a_deployed_device_refuses_a_run_below_its_floor_file(tmp_path: Path) -> None:
+    """scripts/deploy_local.py, 3 SuperNodes, each with a dp-floor.toml in its state dir; node
+    2's floor asks for noise 2 and the run gives 1: node 2 refuses every train message
+    (its log has the line, the server logs the rejected reply), the run completes on nodes
+    0 and 1, whose ledgers count their two releases."""
+    work, out = tmp_path / "deploy", tmp_path / "out"
+    for i, noise in ((0, 1.0), (1, 1.0), (2, 2.0)):
+        state = work / f"node-{i}" / "client-state"
+        state.mkdir(parents=True)
+        (state / "dp-floor.toml").write_text(
+            f'dp-floor = "local"\ndp-max-clip = 1.0\ndp-min-noise = {noise}\n')
+    dep = subprocess.run(
+        [sys.executable, "-m", "scripts.deploy_local", "--num-nodes", "3", "--work-dir",
+         str(work), "--base-port", str(DEPLOY_PORT), "--insecure", "--run-timeout", "300",
+         "num-server-rounds=2", "fraction-train=1.0", "train-limit=600", "seed=0",
+         "dp='local'", "weighting='uniform'", "dp-clip=0.5", "dp-noise-multiplier=1.0",
+         "personal-eval-every=0", f"output-dir={out}"],
+        capture_output=True, text=True, timeout=400, check=False)
+    assert dep.returncode == 0, dep.stdout[-4000:] + dep.stderr[-3000:]
+    assert "status finished:completed" in dep.stdout
+    rows = rounds(run_dir(out))
+    assert [(r["num-replies"], r["num-rejected"], r["train-loss"]) for r in rows] == [
+        (2, 1, None), (2, 1, None)]
+    for i in (0, 1):
+        ledger = json.loads((work / f"node-{i}" / "client-state" / LEDGER_NAME).read_text())
+        assert ledger["participations"] == 2
+        assert ledger["epsilon"] == pytest.approx(_reference_epsilon(1.0, 2, 1e-5))
+    assert not (work / "node-2" / "client-state" / LEDGER_NAME).exists()
+    line = ("device privacy: refused the train message of round 1: run config "
+            "dp-noise-multiplier=1 < this device's dp-min-noise=2")
+    logs = {p.name: p.read_text() for p in (work / "logs").iterdir()}
+    assert any(line in text for name, text in logs.items() if "supernode-2" in name), logs.keys()
+    assert f"client error: {line}" in dep.stdout + "".join(logs.values())
+    assert pids_mentioning(str(work)) == []

@@ -136,6 +136,9 @@ def train_fn(msg: Message, context: Context) -> Message:
     if not local_dp(cfg, floor):
         return Message(content=train_content(msg, context, cfg, floor), reply_to=msg)
     try:
+        spent = floor.budget_spent(cfg)
+        if spent is not None:
+            return refusal(msg, "train message", spent)
         return Message(content=train_content(msg, context, cfg, floor), reply_to=msg)
     except Exception as err:  # noqa: BLE001 - under local DP its text stays on the device
         return private_failure(msg, "train message", err)

@@ -5,12 +5,14 @@ The run config comes from whoever submits the run, so it cannot be what protects
 The floor is the node's own configuration: Flower's ``--node-config`` keys
 
     dp-floor="local" dp-max-clip=1.0 dp-min-noise=1.0 [dp-delta=1e-5] [dp-ledger="/path"]
+    [dp-max-epsilon=50]
 
 or the same keys in a TOML file: ``dp-floor-file="/path"`` in the node config, else
 ``<state-dir>/dp-floor.toml`` when it exists (a key set in both places is refused). With a
 floor, a task whose run config asks for less (``dp`` not ``local``, a clip bound above
-``dp-max-clip`` on any uploaded vector, a noise multiplier below ``dp-min-noise``) gets one
-log line and an error reply, and nothing of the device's data or state is used.
+``dp-max-clip`` on any uploaded vector, a noise multiplier below ``dp-min-noise``), or whose
+next release would take the device's epsilon past ``dp-max-epsilon``, gets one log line and
+an error reply, and nothing of the device's data or state is used.
 
 Under local DP (a floor, or a run config with ``dp=local``) the device answers no exact query
 about its data or state: every evaluate message (divergence, personalized and federated
@@ -48,8 +50,9 @@ MAX_CLIP = "dp-max-clip"
 MIN_NOISE = "dp-min-noise"
 DELTA = "dp-delta"
 LEDGER = "dp-ledger"
+MAX_EPSILON = "dp-max-epsilon"
 FILE = "dp-floor-file"
-KEYS = (FLOOR, MAX_CLIP, MIN_NOISE, DELTA, LEDGER)
+KEYS = (FLOOR, MAX_CLIP, MIN_NOISE, DELTA, LEDGER, MAX_EPSILON)
 """The floor's keys, in the node config or the floor file."""
 DEFAULT_FILE = "dp-floor.toml"
 """The floor file read from the node's ``state-dir`` when the node config names none."""
@@ -75,6 +78,8 @@ class DeviceFloor:
     ledger: Path | None = None
     """Where the device keeps its ledger: ``dp-ledger``, else ``<state-dir>/privacy-ledger.json``
     (None: no place of the device's own)."""
+    max_epsilon: float = math.inf
+    """The device trains no more once one more release would take its epsilon past this."""
 
     @classmethod
     def of(cls, node_config: Mapping[str, Any]) -> DeviceFloor:
@@ -112,7 +117,7 @@ class DeviceFloor:
         ledger = (Path(ledger_value) if ledger_value else
                   Path(state_dir) / LEDGER_NAME if state_dir else None)
         if mode == "off":
-            given = [k for k in (MAX_CLIP, MIN_NOISE) if k in s]
+            given = [k for k in (MAX_CLIP, MIN_NOISE, MAX_EPSILON) if k in s]
             if given:
                 raise FloorError(f"{given[0]} is set but {FLOOR} is {mode!r}{where}; allowed: "
                                  f"{FLOOR}='local' with it (or neither)")
@@ -124,11 +129,15 @@ class DeviceFloor:
         for key, value in ((MAX_CLIP, max_clip), (MIN_NOISE, min_noise)):
             if not (math.isfinite(value) and value > 0):
                 raise FloorError(f"{key}={value!r}{where} is not allowed; allowed: a number > 0")
+        max_epsilon = _number(s, MAX_EPSILON, math.inf, where)
+        if not max_epsilon > 0:
+            raise FloorError(f"{MAX_EPSILON}={max_epsilon!r}{where} is not allowed; allowed: a "
+                             "number > 0 (absent: no limit)")
         if ledger is None:
             raise FloorError(f"{FLOOR}='local' needs state-dir or {LEDGER} in the node config; "
                              "allowed: a directory of the device's own (its privacy ledger "
                              "must survive restarts)")
-        return cls(True, max_clip, min_noise, delta, ledger)
+        return cls(True, max_clip, min_noise, delta, ledger, max_epsilon)
 
     def shortfall(self, cfg: RunConfig) -> str | None:
         """How the run's DP settings fall short of this floor (one line), or None."""
@@ -147,6 +156,21 @@ class DeviceFloor:
             return (f"run config dp-noise-multiplier={cfg.dp_noise_multiplier:g} < this "
                     f"device's {MIN_NOISE}={self.min_noise:g}")
         return None
+
+
+    def budget_spent(self, cfg: RunConfig) -> str | None:
+        """Why one more release of this run would take the device past ``dp-max-epsilon``
+        (one line), or None; reads the ledger (LedgerError when it is damaged)."""
+        if not (self.local and math.isfinite(self.max_epsilon) and self.ledger is not None):
+            return None
+        channels = 1 + len(cfg.spec.server.up_keys)
+        z = cfg.dp_noise_multiplier
+        eps = PrivacyLedger.at(self.ledger, self.delta).epsilon_after(z, channels)
+        if eps <= self.max_epsilon:
+            return None
+        return (f"one more release at noise multiplier {z:g} would take this device's "
+                f"epsilon to {eps:.4g} > {MAX_EPSILON}={self.max_epsilon:g} (delta "
+                f"{self.delta:g})")
 
 
 def local_dp(cfg: RunConfig, floor: DeviceFloor) -> bool:

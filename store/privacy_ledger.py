@@ -112,6 +112,11 @@ class PrivacyLedger:
     def epsilon(self) -> float:
         return epsilon(self.releases, self.delta)
 
+    def epsilon_after(self, noise_multiplier: float, channels: int) -> float:
+        """The epsilon one more release would bring (nothing is recorded)."""
+        key = (float(noise_multiplier), int(channels))
+        return epsilon({**self.releases, key: self.releases.get(key, 0) + 1}, self.delta)
+
     def record(self, noise_multiplier: float, channels: int) -> float:
         """Count one participation (``channels`` Gaussian releases at ``noise_multiplier``)
         and make it durable BEFORE the release leaves the device; its new epsilon."""

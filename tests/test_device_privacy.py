@@ -129,6 +129,7 @@ def test_floor_from_node_config_and_from_its_file(tmp_path: Path) -> None:
     ({**FLOOR, "dp-delta": 1.0}, "dp-delta=1.0"),
     ({**FLOOR, "dp-min-nosie": 2.0}, "'dp-min-nosie' is not a device privacy key"),
     ({"dp-max-clip": 1.0}, "dp-max-clip is set but dp-floor is 'off'"),
+    ({**FLOOR, "dp-max-epsilon": 0}, "dp-max-epsilon=0.0"),
     ({"dp-floor": "local", "dp-max-clip": 1.0, "dp-min-noise": 1.0, "state-dir": ""},
      "needs state-dir or dp-ledger"),
     ({"dp-floor-file": "/nonexistent/floor.toml"}, "is not a file"),
@@ -376,6 +377,24 @@ def test_the_device_epsilon_survives_a_restart_and_equals_the_library(
                          f"1.2; epsilon {want:.4g} at delta 1e-05 after 3 participations "
                          f"(ledger {tmp_path / LEDGER_NAME})")
     assert f"epsilon {_reference_epsilon(1.2, 1, 1e-5):.4g}" in lines[0]
+
+
+def test_a_device_stops_before_its_epsilon_passes_its_own_limit(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """dp-max-epsilon between the library's epsilon after 2 and after 3 releases: a hostile
+    server that keeps asking gets two releases, then the refusal; the ledger stays at 2."""
+    limit = (_reference_epsilon(1.2, 2, 1e-5) + _reference_epsilon(1.2, 3, 1e-5)) / 2
+    cfg = RunConfig.parse(RUN)
+    ctx = context(tmp_path, RUN, **FLOOR, **{"dp-max-epsilon": limit})
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        replies = [train_fn(train_message(cfg, rnd), ctx) for rnd in (1, 2, 3)]
+    assert [r.has_error() for r in replies] == [False, False, True]
+    want = (f"device privacy: refused the train message of round 3: one more release at "
+            f"noise multiplier 1.2 would take this device's epsilon to "
+            f"{_reference_epsilon(1.2, 3, 1e-5):.4g} > dp-max-epsilon={limit:g} "
+            "(delta 1e-05)")
+    assert replies[2].error.reason == want and privacy_lines(caplog)[-1] == want
+    assert json.loads((tmp_path / LEDGER_NAME).read_text())["participations"] == 2
 
 
 def test_a_damaged_ledger_stops_the_release(tmp_path: Path,

@@ -8,6 +8,9 @@ federated evaluation (the received model on the local test split), or the receiv
 accuracy on its training data.
 With ``dataset=device`` the client's data is what its node holds (node config ``data-dir``);
 data that does not meet the run's schema fails the task with one line naming the file.
+Privacy is the device's (``device_privacy.py``): its node config sets a local-DP floor that
+no run config lowers; under local DP it answers no evaluate message and reports no train
+metric, and counts each release in its own ledger.
 """
 
 from __future__ import annotations
@@ -19,6 +22,15 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client_app.device_privacy import (
+    DeviceFloor,
+    FloorError,
+    account_release,
+    ledger_for,
+    local_dp,
+    private_failure,
+    refusal,
+)
 from client_app.divergence import divergence_to_global
 from client_app.model_cache import (
     cached_model,
@@ -113,12 +125,34 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
 
 
 def train_fn(msg: Message, context: Context) -> Message:
-    """One participation: Flower's message and context in, ``client_round`` does the work."""
+    """One participation: Flower's message and context in, ``client_round`` does the work.
+    A run below the device's privacy floor is refused before anything is read. Under local
+    DP the release is counted in the device's ledger before the reply leaves, and a task
+    that fails says only that it failed (its error's text may tell of the data)."""
     cfg = run_config_of(context)
+    floor, refused = device_floor(context, cfg, msg, "train message")
+    if refused is not None:
+        return refused
+    if not local_dp(cfg, floor):
+        return Message(content=train_content(msg, context, cfg, floor), reply_to=msg)
+    try:
+        spent = floor.budget_spent(cfg)
+        if spent is not None:
+            return refusal(msg, "train message", spent)
+        return Message(content=train_content(msg, context, cfg, floor), reply_to=msg)
+    except Exception as err:  # noqa: BLE001 - under local DP its text stays on the device
+        return private_failure(msg, "train message", err)
+
+
+def train_content(msg: Message, context: Context, cfg: RunConfig,
+                  floor: DeviceFloor) -> RecordDict:
+    """The reply's content; under local DP the device's ledger is read before any data
+    (a damaged one stops the task) and counts the release once it is made."""
     pid = partition_of(context, cfg, msg)
     conf = msg.content.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
     state = client_store(context, cfg, experiment, pid, str(conf.get(STATE_ROOT, "")))
+    ledger = ledger_for(floor, context, state) if local_dp(cfg, floor) else None
     # the received arrays' shapes only: client_round decodes the model, once
     accounted = conf.get(rk.ACCOUNTED_ROUND)
     fell_back = state.restore(experiment, server_round,
@@ -130,8 +164,10 @@ def train_fn(msg: Message, context: Context) -> Message:
                            cached_model(cfg), x, y, initial=lambda: initial_weights(cfg),
                            partition_id=pid)
     content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
+    if ledger is not None:  # every ArrayRecord of the reply is one noised channel
+        account_release(ledger, msg, cfg.dp_noise_multiplier, len(content.array_records))
     state.save(experiment, server_round)
-    return Message(content=content, reply_to=msg)
+    return content
 
 
 def query_fn(msg: Message, context: Context) -> Message:
@@ -147,11 +183,19 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     """Personalized evaluation when the message asks for it (``personal_accuracy``); federated
     evaluation (``federated-eval``: the received model on the local test split); otherwise
     loss and accuracy of the received model on this client's training data. Never changes
-    the client's state."""
+    the client's state. Under local DP every one of them is refused: each is an exact
+    answer about the device's data or state."""
     cfg = run_config_of(context)
+    conf = msg.content.config_records.get(rk.CONFIG)
+    task = f"evaluate message ({evaluation_kind(conf)})"
+    floor, refused = device_floor(context, cfg, msg, task)
+    if refused is not None:
+        return refused
+    if local_dp(cfg, floor):
+        return refusal(msg, task, "under local DP this device answers no exact query about "
+                                  "its data or state")
     pid = partition_of(context, cfg, msg)
     data_dir = data_dir_of(context)
-    conf = msg.content.config_records.get(rk.CONFIG)
     if conf is not None and conf.get(rk.FEDERATED_EVAL):
         return Message(content=RecordDict({rk.METRICS: federated_evaluation(
             cfg, msg, client_test_tensors(cfg, pid, data_dir))}), reply_to=msg)
@@ -175,6 +219,28 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     loss, acc = evaluate_model(model, x, y)
     metrics = MetricRecord({rk.EVAL_LOSS: loss, rk.EVAL_ACC: acc, rk.NUM_EXAMPLES: len(y)})
     return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
+
+
+def device_floor(context: Context, cfg: RunConfig, msg: Message,
+                 task: str) -> tuple[DeviceFloor, Message | None]:
+    """The node's privacy floor, and the refusal of ``task`` when the node's privacy
+    settings are unusable or the run asks for less than they allow (else None)."""
+    try:
+        floor = DeviceFloor.of(context.node_config)
+    except FloorError as err:
+        return DeviceFloor(), refusal(msg, task, str(err))
+    short = floor.shortfall(cfg)
+    return floor, None if short is None else refusal(msg, task, short)
+
+
+def evaluation_kind(conf: ConfigRecord | None) -> str:
+    """Which evaluation an evaluate message asks for, by its flag (for log lines)."""
+    for key, kind in ((rk.FEDERATED_EVAL, "federated evaluation"),
+                      (rk.DIVERGENCE_EVAL, "divergence"),
+                      (rk.PERSONAL_EVAL, "personalized evaluation")):
+        if conf is not None and conf.get(key):
+            return kind
+    return "evaluation"
 
 
 def federated_evaluation(cfg: RunConfig, msg: Message,

@@ -12,9 +12,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 from torch import nn
 
+from client_app.device_privacy import train_metrics
 from client_app.trainer import LossFn, SgdSettings, sgd_pass
 from methods import wire as rk
 from methods.dp import Mechanism
@@ -66,9 +67,9 @@ def client_round(
     state.put(W_PREV, final)
     for key, arrays in outcome.state.items():
         state.put(key, arrays)
-    metrics = MetricRecord({rk.NUM_EXAMPLES: trained.num_examples,
-                            rk.TRAIN_LOSS: trained.mean_loss, rk.NUM_STEPS: trained.num_steps,
-                            rk.COMPUTE_SECONDS: time.perf_counter() - t0})
+    metrics = train_metrics(cfg.dp == "local", {  # local DP: none (client_app.device_privacy)
+        rk.NUM_EXAMPLES: trained.num_examples, rk.TRAIN_LOSS: trained.mean_loss,
+        rk.NUM_STEPS: trained.num_steps, rk.COMPUTE_SECONDS: time.perf_counter() - t0})
     upload, extras = Mechanism.from_config(cfg).release(  # DP: clipped (local: noised)
         upload_vector(final, start, "update" if delta else "model"), outcome.extras)
     return RecordDict({rk.ARRAYS: pack(upload),

@@ -106,13 +106,17 @@ class Mechanism:
                 rng: np.random.Generator | None = None,
                 ) -> tuple[Weights, dict[str, Weights]]:
         """What a client sends: each channel clipped and, under ``local``, noised with std
-        z x its bound. Unchanged when DP is off."""
+        z x its bound. A channel that is not finite (training diverged on this client's
+        data) is sent as zeros, so that whether it diverged is released only through the
+        mechanism, never as a NaN the server sees (or rejects). Unchanged when DP is off."""
         if not self.on:
             return upload, dict(extras)
         rng = rng or np.random.default_rng()
         channels: dict[str | None, Weights] = {None: upload, **extras}
         out = {}
         for key, vec in channels.items():
+            if not all(np.isfinite(a).all() for a in vec):
+                vec = [np.zeros_like(a) for a in vec]
             clipped = clip(vec, self.bound(key))
             if self.mode == "local":
                 clipped = add(clipped, gaussian_like(

@@ -162,8 +162,10 @@ class Recorder:
                                      client_columns(rows, CLIENT_FIELDS[3:]))
 
     def aggregated_rounds(self) -> int:
-        """Rounds whose replies were aggregated: only those report a train loss."""
-        return sum(1 for r in self.rows if r.get("train-loss") is not None)
+        """Rounds whose replies were aggregated: only those report a divergence (and, but
+        under local DP, a train loss)."""
+        return sum(1 for r in self.rows
+                   if r.get("train-loss") is not None or r.get("divergence") is not None)
 
     def accuracies(self) -> list[float]:
         return [r["test-acc"] for r in self.rows if r["test-acc"] is not None]

@@ -252,10 +252,10 @@ class MethodStrategy(Strategy):
             return pack(w_next), MetricRecord(counts)
         if self.accounted is not None:
             self.accounted.update((u.partition_id, server_round) for u in updates)
-        metrics = {
+        metrics = {  # local DP: the devices report no train loss
             **counts,
-            rk.ROUND_TRAIN_LOSS: float(np.average([u.train_loss for u in updates],
-                                                  weights=[u.num_examples for u in updates])),
+            **({} if self.privacy.mode == "local" else {rk.ROUND_TRAIN_LOSS: float(np.average(
+                [u.train_loss for u in updates], weights=[u.num_examples for u in updates]))}),
             rk.DIVERGENCE: divergence(finals, w_next),
         }
         return pack(w_next), MetricRecord(metrics)
@@ -371,7 +371,11 @@ class MethodStrategy(Strategy):
         if rk.METRICS not in content.metric_records:
             return f"missing MetricRecord {rk.METRICS!r}"
         metrics = content.metric_records[rk.METRICS]
-        for key in (rk.NUM_EXAMPLES, rk.TRAIN_LOSS, rk.NUM_STEPS):
+        # a device under local DP reports nothing that depends on its data
+        # (client_app.device_privacy): weights are uniform under DP and no server rule DP
+        # runs with reads the counts, so placeholders stand in, whatever a reply claims
+        local = self.privacy.mode == "local"
+        for key in () if local else (rk.NUM_EXAMPLES, rk.TRAIN_LOSS, rk.NUM_STEPS):
             if key not in metrics:
                 return f"missing metric {key!r}"
         said = (content.config_records[rk.CONFIG].get(rk.UPLOAD_DELTA)
@@ -379,17 +383,18 @@ class MethodStrategy(Strategy):
         if said is not (self.cfg.ri_aggregation == "update"):
             return (f"the reply says {rk.UPLOAD_DELTA}={said!r}; the round asked for "
                     f"{'Delta_i' if self.cfg.ri_aggregation == 'update' else 'w_iK'}")
-        n, steps, loss = (metrics[rk.NUM_EXAMPLES], metrics[rk.NUM_STEPS],
-                          metrics[rk.TRAIN_LOSS])
-        for key, value in ((rk.NUM_EXAMPLES, n), (rk.NUM_STEPS, steps)):
-            if not isinstance(value, int) or value <= 0:
-                return f"{key}={value!r} is not a positive integer"
-        assert isinstance(n, int) and isinstance(steps, int)
-        problem = self.examples_problem(pid, n)
-        if problem is not None:
-            return problem
-        if not isinstance(loss, int | float) or not math.isfinite(float(loss)):
-            return f"train-loss={loss!r} is not finite"
+        n, steps, loss = ((1, 1, math.nan) if local else
+                          (metrics[rk.NUM_EXAMPLES], metrics[rk.NUM_STEPS], metrics[rk.TRAIN_LOSS]))
+        if not local:
+            for key, value in ((rk.NUM_EXAMPLES, n), (rk.NUM_STEPS, steps)):
+                if not isinstance(value, int) or value <= 0:
+                    return f"{key}={value!r} is not a positive integer"
+            assert isinstance(n, int) and isinstance(steps, int)
+            problem = self.examples_problem(pid, n)
+            if problem is not None:
+                return problem
+            if not isinstance(loss, int | float) or not math.isfinite(float(loss)):
+                return f"train-loss={loss!r} is not finite"
         arrays: dict[str, Weights] = {}
         for key in (rk.ARRAYS, *self.rule.up_keys):
             if key not in content.array_records:

@@ -49,6 +49,8 @@ RETRY_SECONDS = 10.0
 client still held by another connected node) is asked again after this long."""
 POLL_SECONDS = 1.0
 """How often the start polls for connected nodes and identity answers."""
+IDENTITY_WAIT_SECONDS = 10.0
+"""How long a node's identity query may go unanswered before the log says it is waited for."""
 
 
 class FederationError(RuntimeError):
@@ -142,6 +144,10 @@ class Fleet:
         """Nodes refused for good: never asked again."""
         self.pending: dict[str, int] = {}
         """Identity queries without an answer yet: {message id: node id}."""
+        self.asked_at: dict[int, float] = {}
+        """When each node's pending identity query was pushed (monotonic)."""
+        self.said_waiting: set[int] = set()
+        """Nodes already logged as waiting for their identity answer (said once)."""
         self.retry_at: dict[int, float] = {}
         """Nodes to ask again, with the monotonic time they may be asked."""
         self.reasons: dict[int, str] = {}
@@ -175,10 +181,15 @@ class Fleet:
                 what = (f"min-clients={cfg.min_clients}" if cfg.min_clients
                         else f"num-clients={cfg.num_clients}")
                 refused = "; ".join(f"node {n}: {r}" for n, r in sorted(self.reasons.items()))
+                silent = sorted(self.pending.values())
                 raise FederationError(
                     f"only {len(self.node_of)} of {what} SuperNodes connected and identified "
                     f"within node-wait-timeout={cfg.node_wait_timeout:g}s; " + _size_hint(cfg)
-                    + (f" (refused: {refused})" if refused else ""))
+                    + f"; or set min-clients={max(1, len(self.node_of))} to start with the "
+                    "clients identified and let the others join as they come"
+                    + (f" (refused: {refused})" if refused else "")
+                    + (f" (no identity answer yet from node {', '.join(map(str, silent))})"
+                       if silent else ""))
             time.sleep(POLL_SECONDS)
         log(INFO, "federation: %d of %d clients connected and identified", len(self.node_of),
             cfg.num_clients)
@@ -202,10 +213,13 @@ class Fleet:
         for node, msg_id in zip(new, list(self.grid.push_messages(messages)), strict=True):
             if msg_id:
                 self.pending[msg_id] = node
+                self.asked_at.setdefault(node, now)
                 self.retry_at.pop(node, None)
 
     def collect(self) -> list[int]:
-        """Take the identity answers that came (never waits); the client ids newly placed."""
+        """Take the identity answers that came (never waits); the client ids newly placed.
+        A node still silent IDENTITY_WAIT_SECONDS after its query is logged once as
+        waiting for its identity (registered with the SuperLink, not yet a client)."""
         if not self.pending:
             return []
         placed = []
@@ -213,6 +227,7 @@ class Fleet:
             node = self.pending.pop(reply.metadata.reply_to_message_id, None)
             if node is None:
                 continue
+            self.asked_at.pop(node, None)
             claim = claimed_id(reply, self.cfg, self.registry, node)
             if isinstance(claim, int):
                 claim = self._holder_problem(node, claim)
@@ -224,7 +239,17 @@ class Fleet:
             self.node_of[claim] = node
             self.reasons.pop(node, None)
             placed.append(claim)
+        self._say_waiting()
         return placed
+
+    def _say_waiting(self) -> None:
+        now = time.monotonic()
+        for node in sorted(set(self.pending.values()) - self.said_waiting):
+            if now - self.asked_at.get(node, now) >= IDENTITY_WAIT_SECONDS:
+                log(WARNING, "node %d is connected but has not answered its identity query "
+                    "for %.0f s: waiting for its identity (it takes part once it answers)",
+                    node, now - self.asked_at[node])
+                self.said_waiting.add(node)
 
     def available(self) -> list[int]:
         """Identified clients whose node is connected now (in a simulation: all of them)."""

@@ -109,6 +109,7 @@ def test_late_and_misbehaving_nodes_never_stop_the_run(
         tmp_path: Path, flwr_log: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(clients, "RETRY_SECONDS", 0.0)  # ask the failing node every round
+    monkeypatch.setattr(clients, "IDENTITY_WAIT_SECONDS", 0.0)  # say the silent one at once
     raw = {**SMALL, "num-server-rounds": 4, "min-clients": 2, "output-dir": str(tmp_path)}
     grid = ChangingGrid(raw)
     grid.reply_filter = silent_7777
@@ -124,6 +125,21 @@ def test_late_and_misbehaving_nodes_never_stop_the_run(
     assert queries_to(grid, 6666) >= 2  # an error reply: asked again, logged once
     assert queries_to(grid, 7777) == 1  # no answer yet: pending, not asked again
     assert "refused node 7777" not in log
+    assert log.count("node 7777 is connected but has not answered its identity query") == 1
+    assert "node 1002 is connected but has not answered" not in log  # it answered
+
+
+def test_a_start_that_gives_up_names_min_clients_and_the_silent_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = {**SMALL, "node-wait-timeout": 1.0, "output-dir": str(tmp_path)}
+    grid = InProcessGrid(3, raw)
+    grid.reply_filter = lambda r: None if r.metadata.src_node_id == 1002 else r
+    with pytest.raises(FederationError) as err:
+        run_experiment(grid, RunConfig.parse(raw), out_dir=tmp_path / "run")
+    message = str(err.value)
+    assert "only 2 of num-clients=3 SuperNodes connected and identified" in message
+    assert "or set min-clients=2 to start with the clients identified" in message
+    assert message.endswith("(no identity answer yet from node 1002)")
 
 
 def test_a_node_with_its_own_data_is_the_client_its_registry_entry_names(

@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -108,6 +110,8 @@ class FirstK:
             raise ValueError(f"attack kind {kind!r} is not allowed; allowed: {', '.join(KINDS)}")
         self.grid, self.kind, self.k, self.variant = grid, kind, k, variant
         self.poisoned: dict[int, int] = {}
+        self.hostile: dict[int, set[int]] = {}
+        """Round -> the partitions whose replies were made hostile."""
         self.replies: dict[int, int] = {}
         self.honest_norms: list[float] = []
         self.delta_c_norms: list[float] = []
@@ -128,10 +132,37 @@ class FirstK:
                 self.delta_c_norms.append(vector_norm(unpack(c[DELTA_C])))
             return reply
         self.poisoned[rnd] = self.poisoned.get(rnd, 0) + 1
+        node = reply.metadata.src_node_id
+        self.hostile.setdefault(rnd, set()).add(
+            int(self.grid.contexts[node].node_config["partition-id"]))
         if self._direction is None:
             self._direction = unit_direction(up)
         c[rk.ARRAYS] = ArrayRecord(hostile_upload(up, base, self.kind, self._direction))
         return reply
+
+
+class Selections(logging.Handler):
+    """Reads the server's own log line ``round r: krum aggregates partitions [..]`` (Krum,
+    Multi-Krum, Bulyan): round -> the partitions the selection let through."""
+
+    LINE = re.compile(r"round (\d+): \S+ aggregates partitions \[([\d, ]*)\]")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.chosen: dict[int, set[int]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = self.LINE.match(record.getMessage())
+        if m:
+            self.chosen[int(m[1])] = {int(x) for x in m[2].split(",") if x.strip()}
+
+
+def hostile_selected(attack: FirstK, seen: Selections) -> int | None:
+    """Rounds in which a hostile reply was among those Krum, Multi-Krum or Bulyan selected;
+    None where no selection ran (every other defence) or nobody attacked."""
+    if not seen.chosen or not attack.hostile:
+        return None
+    return sum(1 for rnd, bad in attack.hostile.items() if bad & seen.chosen.get(rnd, set()))
 
 
 def cell_config(method: str, defence: str) -> dict[str, Any]:
@@ -147,8 +178,14 @@ def run_cell(method: str, defence: str, kind: str, k: int, over: dict[str, Any],
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())
     attack = FirstK(grid, kind, k, cfg.ri_aggregation)
     grid.reply_filter = attack
+    seen = Selections()
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.addHandler(seen)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    run_experiment(grid, cfg, out_dir=tmp / "run")
+    try:
+        run_experiment(grid, cfg, out_dir=tmp / "run")
+    finally:
+        flwr_log.removeHandler(seen)
     rows = [json.loads(x) for x in (tmp / "run" / "rounds.jsonl").read_text().splitlines()]
     return {"method": method, "defence": defence, "attack": kind, "attackers": k,
             "final-acc": rows[-1]["test-acc"], "final-loss": rows[-1]["test-loss"],
@@ -156,6 +193,7 @@ def run_cell(method: str, defence: str, kind: str, k: int, over: dict[str, Any],
             "rejected": sum(r.get("num-rejected", 0) for r in rows),
             "unaggregated-rounds": sum(1 for r in rows if r.get("num-replies", 0) < 1),
             "poisoned-per-round": sorted(set(attack.poisoned.values())) or [0],
+            "hostile-selected-rounds": hostile_selected(attack, seen),
             "replies-per-round": sorted(set(attack.replies.values())),
             "honest-move-norm-median": float(np.median(attack.honest_norms)),
             "delta-c-norm-median": float(np.median(attack.delta_c_norms))

@@ -3,13 +3,21 @@ intended move, and exactly k replies of every round are hostile, in a real in-pr
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Message
 
-from bench.defence_table import KINDS, FirstK, hostile_upload, unit_direction
+from bench.defence_table import (
+    KINDS,
+    FirstK,
+    Selections,
+    hostile_selected,
+    hostile_upload,
+    unit_direction,
+)
 from methods import wire as rk
 from methods.norms import vector_norm
 from methods.packed_arrays import unpack
@@ -68,6 +76,8 @@ def test_exactly_k_replies_of_every_round_upload_the_fixed_direction(tmp_path: P
     grid.reply_filter = record
     run_experiment(grid, cfg, out_dir=tmp_path / "run")
     assert attack.poisoned == {1: 2, 2: 2, 3: 2}
+    assert sorted(attack.hostile) == [1, 2, 3]
+    assert all(len(parts) == 2 for parts in attack.hostile.values())
     first = next(m for m in grid.sent if m.metadata.message_type == "train")
     d = flat(unit_direction(unpack(first.content[rk.ARRAYS])))
     honest = np.median(attack.honest_norms)
@@ -76,3 +86,17 @@ def test_exactly_k_replies_of_every_round_upload_the_fixed_direction(tmp_path: P
         assert along == [True, True, False], rnd
         for m in moves[:2]:
             assert 0.2 * honest < np.linalg.norm(m) < 5.0 * honest
+
+
+def test_hostile_selected_counts_rounds_whose_selection_let_an_attacker_in() -> None:
+    """Read from the server's own log line; rounds 1 and 3 let partition 4 or 7 in."""
+    seen = Selections()
+    for rnd, chosen in ((1, "[4]"), (2, "[5, 9]"), (3, "[2, 7, 8]")):
+        seen.handle(logging.makeLogRecord({
+            "msg": "round %d: %s aggregates partitions %s, leaves out %s",
+            "args": (rnd, "multi-krum", chosen, "[1]"), "levelno": logging.INFO}))
+    attack = FirstK.__new__(FirstK)
+    attack.hostile = {1: {4}, 2: {3}, 3: {7, 1}}
+    assert seen.chosen == {1: {4}, 2: {5, 9}, 3: {2, 7, 8}}
+    assert hostile_selected(attack, seen) == 2
+    assert hostile_selected(attack, Selections()) is None

@@ -71,13 +71,23 @@ def upload_channels(joint: Sequence[Weights]) -> int:
     return 1
 
 
-def krum_scores(points: np.ndarray, f: int) -> np.ndarray:
-    """Krum's score of each row of ``points`` (n x d): the sum of its squared L2 distances
-    to its max(1, n - f - 2) nearest other rows (the definition of Flower's
-    ``select_multikrum``), from exact differences in float64."""
-    n = len(points)
+def squared_distances(vectors: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
+    """n x n squared L2 distances between vectors of equal-shaped arrays, summed array by
+    array from exact differences in float64 (never an n x d copy of the whole model)."""
+    n = len(vectors)
+    out = np.zeros((n, n))
+    for k in range(len(vectors[0])):
+        x = np.stack([np.asarray(v[k], np.float64).ravel() for v in vectors])
+        for i in range(n):
+            out[i] += np.sum((x - x[i]) ** 2, axis=1)
+    return out
+
+
+def krum_scores(dist: np.ndarray, f: int) -> np.ndarray:
+    """Krum's score of each of n points, from their n x n squared distances: the sum of the
+    distances to its max(1, n - f - 2) nearest others (Flower's ``select_multikrum``)."""
+    n = len(dist)
     closest = max(1, n - f - 2)
-    dist = np.stack([np.sum((points - p) ** 2, axis=1) for p in points])
     return np.asarray([np.sort(np.delete(dist[i], i))[:closest].sum() for i in range(n)])
 
 
@@ -88,10 +98,7 @@ def channel_scores(joint: Sequence[Weights], channels: int, f: int) -> np.ndarra
     per = len(joint[0]) // channels
     out = np.empty((len(joint), channels))
     for ch in range(channels):
-        points = np.stack([np.concatenate([np.asarray(a, np.float64).ravel()
-                                           for a in v[ch * per:(ch + 1) * per]])
-                           for v in joint])
-        s = krum_scores(points, f)
+        s = krum_scores(squared_distances([v[ch * per:(ch + 1) * per] for v in joint]), f)
         scale = float(np.median(s)) or float(np.mean(s)) or 1.0
         out[:, ch] = s / scale
     return out
@@ -102,7 +109,7 @@ def select(joint: Sequence[Weights], kind: str, f: int,
     """Indices (ascending) of the replies that take part, given each reply's joint vector
     (all its uploads, as the server sees them, split into ``channels`` equal-shaped uploads;
     None: ``upload_channels``); None when there are too few replies for ``kind`` with ``f``
-    attackers."""
+    attackers. Equal scores: the lower index first."""
     n = len(joint)
     if kind not in SELECTIONS:
         return list(range(n))

@@ -13,12 +13,19 @@ replies attack and who attacks changes from round to round. Only the model uploa
 - ``direction``: one fixed random unit direction (seeded, the same for every attacker and
   round) times the norm of the attacker's honest move.
 
+Outside the default grid, for SCAFFOLD only (``--threats flip-mean-dc:1``): ``flip-mean-dc``,
+issue 35's attack on a selection that scores a reply's uploads concatenated: the move is
+sign-flipped AND Delta_c is replaced by the mean of the round's honest Delta_c (the replies of
+a round all reach the server together, so the hostile reply is rewritten as each honest one
+arrives: a perfect estimate, stronger than one from the broadcast c).
+
 One JSON line per cell goes to ``--out`` (finished cells of the same config are skipped, so a
 stopped grid resumes); the markdown table is printed and written to ``--md``.
 
   python -m bench.defence_table                     # the whole grid (168 cells)
   python -m bench.defence_table --part 1/2          # every other cell; run 2/2 beside it
   python -m bench.defence_table --table             # only the table, from --out
+  python -m bench.defence_table --methods SCAFFOLD --defences krum --threats flip-mean-dc:1
   python -m bench.defence_table --out experiments/results/defence-table.jsonl  # its missing cells
 """
 
@@ -27,7 +34,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord, Message, RecordDict
 
 from bench.reply_attacks import move_base, scaled_upload
 from methods import wire as rk
@@ -74,6 +83,10 @@ DEFENCES: dict[str, dict[str, Any]] = {
 }
 KINDS = ("sign-flip", "x15", "direction")
 THREATS: list[tuple[str, int]] = [("none", 0)] + [(k, n) for k in KINDS for n in (1, 2)]
+MEAN_DC = "flip-mean-dc"
+EXTRA_THREATS: list[tuple[str, int]] = [(MEAN_DC, 1), (MEAN_DC, 2)]
+"""SCAFFOLD only, run and shown only when ``--threats`` names them."""
+ALLOWED = (*KINDS, MEAN_DC)
 SCALE = 15.0
 DIRECTION_SEED = 22
 
@@ -89,14 +102,14 @@ def unit_direction(like: list[np.ndarray], seed: int = DIRECTION_SEED) -> list[n
 def hostile_upload(up: list[np.ndarray], base: list[np.ndarray], kind: str,
                    direction: list[np.ndarray]) -> list[np.ndarray]:
     """The upload an attacker sends instead of its honest ``up`` (a move from ``base``)."""
-    if kind == "sign-flip":
+    if kind in ("sign-flip", MEAN_DC):
         return scaled_upload(up, base, -1.0)
     if kind == "x15":
         return scaled_upload(up, base, SCALE)
     if kind == "direction":
         size = vector_norm([u.astype(np.float64) - b for u, b in zip(up, base, strict=True)])
         return [(b + size * d).astype(np.float32) for b, d in zip(base, direction, strict=True)]
-    raise ValueError(f"attack kind {kind!r} is not allowed; allowed: {', '.join(KINDS)}")
+    raise ValueError(f"attack kind {kind!r} is not allowed; allowed: {', '.join(ALLOWED)}")
 
 
 class FirstK:
@@ -104,14 +117,18 @@ class FirstK:
     it also records the honest replies' move norms (and SCAFFOLD's Delta_c norms)."""
 
     def __init__(self, grid: InProcessGrid, kind: str, k: int, variant: str) -> None:
-        if k and kind not in KINDS:
-            raise ValueError(f"attack kind {kind!r} is not allowed; allowed: {', '.join(KINDS)}")
+        if k and kind not in ALLOWED:
+            raise ValueError(f"attack kind {kind!r} is not allowed; allowed: {', '.join(ALLOWED)}")
         self.grid, self.kind, self.k, self.variant = grid, kind, k, variant
         self.poisoned: dict[int, int] = {}
+        self.hostile: dict[int, set[int]] = {}
+        """Round -> the partitions whose replies were made hostile."""
         self.replies: dict[int, int] = {}
         self.honest_norms: list[float] = []
         self.delta_c_norms: list[float] = []
         self._direction: list[np.ndarray] | None = None
+        self._mean_dc: dict[int, tuple[list[RecordDict], list[list[np.ndarray]]]] = {}
+        """``flip-mean-dc``: round -> (its hostile contents, its honest Delta_c so far)."""
 
     def __call__(self, reply: Message) -> Message:
         if reply.has_error() or reply.metadata.message_type != "train":
@@ -126,12 +143,53 @@ class FirstK:
                 [u.astype(np.float64) - b for u, b in zip(up, base, strict=True)]))
             if DELTA_C in c:
                 self.delta_c_norms.append(vector_norm(unpack(c[DELTA_C])))
+                self._follow_mean_dc(rnd, unpack(c[DELTA_C]))
             return reply
         self.poisoned[rnd] = self.poisoned.get(rnd, 0) + 1
+        node = reply.metadata.src_node_id
+        self.hostile.setdefault(rnd, set()).add(
+            int(self.grid.contexts[node].node_config["partition-id"]))
         if self._direction is None:
             self._direction = unit_direction(up)
         c[rk.ARRAYS] = ArrayRecord(hostile_upload(up, base, self.kind, self._direction))
+        if self.kind == MEAN_DC:
+            self._mean_dc.setdefault(rnd, ([], []))[0].append(c)
         return reply
+
+    def _follow_mean_dc(self, rnd: int, delta_c: list[np.ndarray]) -> None:
+        """``flip-mean-dc``: the round's hostile replies upload the mean honest Delta_c."""
+        if self.kind != MEAN_DC or rnd not in self._mean_dc:
+            return
+        targets, seen = self._mean_dc[rnd]
+        seen.append(delta_c)
+        mean = [np.mean([d[i].astype(np.float64) for d in seen], axis=0).astype(np.float32)
+                for i in range(len(delta_c))]
+        for content in targets:
+            content[DELTA_C] = ArrayRecord(mean)
+
+
+class Selections(logging.Handler):
+    """Reads the server's own log line ``round r: krum aggregates partitions [..]`` (Krum,
+    Multi-Krum, Bulyan): round -> the partitions the selection let through."""
+
+    LINE = re.compile(r"round (\d+): \S+ aggregates partitions \[([\d, ]*)\]")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.chosen: dict[int, set[int]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = self.LINE.match(record.getMessage())
+        if m:
+            self.chosen[int(m[1])] = {int(x) for x in m[2].split(",") if x.strip()}
+
+
+def hostile_selected(attack: FirstK, seen: Selections) -> int | None:
+    """Rounds in which a hostile reply was among those Krum, Multi-Krum or Bulyan selected;
+    None where no selection ran (every other defence) or nobody attacked."""
+    if not seen.chosen or not attack.hostile:
+        return None
+    return sum(1 for rnd, bad in attack.hostile.items() if bad & seen.chosen.get(rnd, set()))
 
 
 def cell_config(method: str, defence: str) -> dict[str, Any]:
@@ -147,8 +205,14 @@ def run_cell(method: str, defence: str, kind: str, k: int, over: dict[str, Any],
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())
     attack = FirstK(grid, kind, k, cfg.ri_aggregation)
     grid.reply_filter = attack
+    seen = Selections()
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.addHandler(seen)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    run_experiment(grid, cfg, out_dir=tmp / "run")
+    try:
+        run_experiment(grid, cfg, out_dir=tmp / "run")
+    finally:
+        flwr_log.removeHandler(seen)
     rows = [json.loads(x) for x in (tmp / "run" / "rounds.jsonl").read_text().splitlines()]
     return {"method": method, "defence": defence, "attack": kind, "attackers": k,
             "final-acc": rows[-1]["test-acc"], "final-loss": rows[-1]["test-loss"],
@@ -156,6 +220,7 @@ def run_cell(method: str, defence: str, kind: str, k: int, over: dict[str, Any],
             "rejected": sum(r.get("num-rejected", 0) for r in rows),
             "unaggregated-rounds": sum(1 for r in rows if r.get("num-replies", 0) < 1),
             "poisoned-per-round": sorted(set(attack.poisoned.values())) or [0],
+            "hostile-selected-rounds": hostile_selected(attack, seen),
             "replies-per-round": sorted(set(attack.replies.values())),
             "honest-move-norm-median": float(np.median(attack.honest_norms)),
             "delta-c-norm-median": float(np.median(attack.delta_c_norms))
@@ -194,27 +259,28 @@ def claim(out: Path, key: str) -> bool:
     return True
 
 
-def cells(methods: list[str], defences: list[str],
-          extra: dict[str, Any]) -> list[tuple[str, str, str, int, dict[str, Any]]]:
+def cells(methods: list[str], defences: list[str], extra: dict[str, Any],
+          threats: list[tuple[str, int]] = THREATS,
+          ) -> list[tuple[str, str, str, int, dict[str, Any]]]:
     """Every cell, in the order they run: per method, first every defence without attacker
     and against one attacker of each kind, then against two (a stopped grid has whole
-    columns)."""
+    columns); ``flip-mean-dc`` for SCAFFOLD only."""
     return [(m, d, kind, k, {**cell_config(m, d), **extra})
             for m in methods for two in (False, True) for d in defences
-            for kind, k in THREATS if (k == 2) == two]
+            for kind, k in threats if (k == 2) == two and (kind != MEAN_DC or m == "SCAFFOLD")]
 
 
 def table(done: dict[str, dict[str, Any]], methods: list[str], defences: list[str],
-          extra: dict[str, Any]) -> str:
-    """Markdown: a row per (method, defence), final accuracy per threat, epsilon for DP;
-    ``[n]``: replies the norm filter rejected over the run."""
+          extra: dict[str, Any], threats: list[tuple[str, int]] = THREATS) -> str:
+    """Markdown: a row per (method, defence), final accuracy per threat (``threats[0]``: no
+    attacker), epsilon for DP; ``[n]``: replies the norm filter rejected over the run."""
     head = ["method", "defence", "no attacker"] + [
-        f"{kind} x{k}" for kind, k in THREATS[1:]] + ["epsilon"]
+        f"{kind} x{k}" for kind, k in threats[1:]] + ["epsilon"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for m in methods:
         for d in defences:
             vals, eps = [], "-"
-            for kind, k in THREATS:
+            for kind, k in threats:
                 r = done.get(cell_key({**cell_config(m, d), **extra}, kind, k))
                 if r is None:
                     vals.append("")
@@ -243,7 +309,8 @@ def main() -> None:
     i, n = (int(x) for x in args.part.split("/"))
     if not 1 <= i <= n:
         raise SystemExit(f"--part {args.part} is not allowed; allowed: i/n with 1 <= i <= n")
-    todo = cells(args.methods, args.defences, extra)[i - 1::n]
+    shown = THREATS + [t for t in EXTRA_THREATS if f"{t[0]}:{t[1]}" in (args.threats or [])]
+    todo = cells(args.methods, args.defences, extra, shown)[i - 1::n]
     if args.threats is not None:
         todo = [c for c in todo if f"{c[2]}:{c[3]}" in args.threats]
     torch.set_num_threads(1)
@@ -257,7 +324,7 @@ def main() -> None:
         with args.out.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         print(json.dumps(rec), flush=True)
-    md = table(load(args.out), args.methods, args.defences, extra)
+    md = table(load(args.out), args.methods, args.defences, extra, shown)
     if args.md is not None:
         args.md.parent.mkdir(parents=True, exist_ok=True)
         args.md.write_text(md + "\n")

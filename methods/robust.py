@@ -2,22 +2,29 @@
 a Byzantine-resilient selection of whole replies (Krum, Multi-Krum, Bulyan).
 
 Two steps. ``select`` picks the replies that take part (all of them, except under Krum,
-Multi-Krum and Bulyan); it looks at every uploaded vector of a reply jointly (its model move
-and its extra uploads, e.g. SCAFFOLD's Delta_c_i, concatenated), so a reply is in or out as
-a whole. ``combine`` then folds one vector per selected reply into one: the SAME rule for the
-model upload and for every extra upload (``RoundInput.combine``).
+Multi-Krum and Bulyan), so a reply is in or out as a whole. ``combine`` then folds one vector
+per selected reply into one: the SAME rule for the model upload and for every extra upload
+(``RoundInput.combine``).
+
+Channels. A reply uploads one or more model-shaped vectors (channels): its model move and a
+method's extra uploads, e.g. SCAFFOLD's Delta_c_i. Each channel is judged on its own scale, so
+that no channel can steer the judgement of another:
 
 - ``median``, ``trimmed-mean``: coordinate by coordinate, ignoring the example weights (a
-  client cannot buy influence by claiming more examples). The trimmed mean is Flower's
-  (``fedtrimmedavg.trim_mean``: floor(trim * n) values cut at each end, as scipy's).
-- ``krum``, ``multi-krum``: Flower's ``select_multikrum`` (Blanchard et al. 2017): score of a
-  reply = sum of the squared L2 distances of its joint vector to its n - f - 2 nearest
-  others; Krum keeps the lowest score (combine: that vector), Multi-Krum the n - f lowest
-  (combine: their mean with the round's weights, as Flower's MultiKrum).
-- ``bulyan``: Flower 1.39's Bulyan (El Mhamdi et al. 2018): theta = n - 2f replies selected
-  by Multi-Krum in one pass (Flower's choice; the paper applies Krum theta times), then per
-  coordinate the mean of the beta = theta - 2f values closest to the coordinate-wise median
-  (``bulyan.aggregate_n_closest_weights``), unweighted.
+  client cannot buy influence by claiming more examples): each coordinate, hence each channel,
+  is combined on its own. The trimmed mean is Flower's (``fedtrimmedavg.trim_mean``:
+  floor(trim * n) values cut at each end, as scipy's).
+- ``krum``, ``multi-krum``, ``bulyan``: Krum's score (Blanchard et al. 2017: the sum of the
+  squared L2 distances of a reply to its n - f - 2 nearest others) is computed in each channel
+  alone, divided by that channel's median score over the round's replies, and a reply's score
+  is its largest (worst) channel score: a reply must look honest in every channel, and a
+  channel's scale (Delta_c is about 4x the move) cannot outweigh another. With one channel
+  this is Flower's ``select_multikrum`` itself, unchanged. Krum keeps the lowest score
+  (combine: that vector); Multi-Krum the n - f lowest (combine: their UNWEIGHTED mean: the
+  claimed example counts get no say); Bulyan (El Mhamdi et al. 2018, as Flower 1.39) the
+  theta = n - 2f lowest in one pass, then per coordinate the mean of the beta = theta - 2f
+  values closest to the coordinate-wise median (``bulyan.aggregate_n_closest_weights``),
+  unweighted.
 
 n is the number of usable replies and f ``byzantine-f``; Krum and Multi-Krum need n > 2f + 2,
 Bulyan n >= 4f + 3 (``robust_choices.min_replies``).
@@ -50,16 +57,73 @@ def trimmed_mean(vectors: Sequence[Weights], trim: float) -> Weights:
             .astype(np.float32) for i in range(len(vectors[0]))]
 
 
-def select(joint: Sequence[Weights], kind: str, f: int) -> list[int] | None:
+def upload_channels(joint: Sequence[Weights]) -> int:
+    """How many model-shaped uploads a reply's joint vector holds: the largest c such that
+    its array shapes are c repeats of one list. The server builds the joint vector as the
+    model move followed by each extra upload, each checked to have the model's shapes, so
+    this is exact whenever the model's first array shape occurs once in the model (every
+    model of ``task/models.py``: its first layer is the only one fed the input)."""
+    shapes = [np.shape(a) for a in joint[0]]
+    total = len(shapes)
+    for c in range(total, 1, -1):
+        if total % c == 0 and shapes == shapes[:total // c] * c:
+            return c
+    return 1
+
+
+def squared_distances(vectors: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
+    """n x n squared L2 distances between vectors of equal-shaped arrays, summed array by
+    array from exact differences in float64 (never an n x d copy of the whole model)."""
+    n = len(vectors)
+    out = np.zeros((n, n))
+    for k in range(len(vectors[0])):
+        x = np.stack([np.asarray(v[k], np.float64).ravel() for v in vectors])
+        for i in range(n):
+            out[i] += np.sum((x - x[i]) ** 2, axis=1)
+    return out
+
+
+def krum_scores(dist: np.ndarray, f: int) -> np.ndarray:
+    """Krum's score of each of n points, from their n x n squared distances: the sum of the
+    distances to its max(1, n - f - 2) nearest others (Flower's ``select_multikrum``)."""
+    n = len(dist)
+    closest = max(1, n - f - 2)
+    return np.asarray([np.sort(np.delete(dist[i], i))[:closest].sum() for i in range(n)])
+
+
+def channel_scores(joint: Sequence[Weights], channels: int, f: int) -> np.ndarray:
+    """n x channels: each reply's Krum score in each channel alone over the channel's median
+    score (its mean where the median is 0; all 0 where every reply agrees in it), so a
+    typical reply scores about 1 in every channel whatever the channel's scale."""
+    per = len(joint[0]) // channels
+    out = np.empty((len(joint), channels))
+    for ch in range(channels):
+        s = krum_scores(squared_distances([v[ch * per:(ch + 1) * per] for v in joint]), f)
+        scale = float(np.median(s)) or float(np.mean(s)) or 1.0
+        out[:, ch] = s / scale
+    return out
+
+
+def select(joint: Sequence[Weights], kind: str, f: int,
+           channels: int | None = None) -> list[int] | None:
     """Indices (ascending) of the replies that take part, given each reply's joint vector
-    (all its uploads, as the server sees them); None when there are too few replies for
-    ``kind`` with ``f`` attackers."""
+    (all its uploads, as the server sees them, split into ``channels`` equal-shaped uploads;
+    None: ``upload_channels``); None when there are too few replies for ``kind`` with ``f``
+    attackers. Equal scores: the lower index first."""
     n = len(joint)
     if kind not in SELECTIONS:
         return list(range(n))
     if n < min_replies(kind, f):
         return None
+    nch = upload_channels(joint) if channels is None else channels
+    arrays = len(joint[0])
+    if nch < 1 or arrays % nch:
+        raise ValueError(f"channels={nch} is not allowed; allowed: a divisor of the {arrays} "
+                         "arrays of a joint vector")
     keep = {"krum": 1, "multi-krum": n - f, "bulyan": n - 2 * f}[kind]
+    if nch > 1:
+        worst = channel_scores(joint, nch, f).max(axis=1)
+        return sorted(int(i) for i in np.argsort(worst, kind="stable")[:keep])
     contents = [RecordDict({"joint": ArrayRecord([np.asarray(a, np.float64) for a in v])})
                 for v in joint]
     chosen = select_multikrum(contents, num_malicious_nodes=f, num_nodes_to_select=keep)
@@ -68,7 +132,8 @@ def select(joint: Sequence[Weights], kind: str, f: int) -> list[int] | None:
 
 def combine(vectors: Sequence[Weights], weights: Sequence[float], kind: str,
             trim: float, f: int = 0) -> Weights:
-    """The configured combination (``aggregation`` key) of one vector per selected reply."""
+    """The configured combination (``aggregation`` key) of one vector per selected reply;
+    ``weights`` count under ``mean`` only."""
     if kind == "median":
         return coordinate_median(vectors)
     if kind == "trimmed-mean":
@@ -83,4 +148,6 @@ def combine(vectors: Sequence[Weights], weights: Sequence[float], kind: str,
                for i in range(len(vectors[0]))]
         return [np.asarray(a, np.float32) for a in aggregate_n_closest_weights(
             ref, [list(v) for v in vectors], beta)]
-    return weighted_mean(vectors, weights)  # mean, and multi-krum over the selected
+    if kind == "multi-krum":
+        return weighted_mean(vectors, [1.0] * len(vectors))
+    return weighted_mean(vectors, weights)

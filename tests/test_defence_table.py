@@ -3,17 +3,27 @@ intended move, and exactly k replies of every round are hostile, in a real in-pr
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from bench.defence_table import KINDS, FirstK, hostile_upload, unit_direction
+from bench.defence_table import (
+    KINDS,
+    MEAN_DC,
+    FirstK,
+    Selections,
+    hostile_selected,
+    hostile_upload,
+    unit_direction,
+)
 from methods import wire as rk
 from methods.norms import vector_norm
 from methods.packed_arrays import unpack
-from scripts.inprocess_grid import InProcessGrid
+from methods.scaffold import DELTA_C
+from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 
@@ -68,6 +78,8 @@ def test_exactly_k_replies_of_every_round_upload_the_fixed_direction(tmp_path: P
     grid.reply_filter = record
     run_experiment(grid, cfg, out_dir=tmp_path / "run")
     assert attack.poisoned == {1: 2, 2: 2, 3: 2}
+    assert sorted(attack.hostile) == [1, 2, 3]
+    assert all(len(parts) == 2 for parts in attack.hostile.values())
     first = next(m for m in grid.sent if m.metadata.message_type == "train")
     d = flat(unit_direction(unpack(first.content[rk.ARRAYS])))
     honest = np.median(attack.honest_norms)
@@ -76,3 +88,53 @@ def test_exactly_k_replies_of_every_round_upload_the_fixed_direction(tmp_path: P
         assert along == [True, True, False], rnd
         for m in moves[:2]:
             assert 0.2 * honest < np.linalg.norm(m) < 5.0 * honest
+
+
+def test_hostile_selected_counts_rounds_whose_selection_let_an_attacker_in() -> None:
+    """Read from the server's own log line; rounds 1 and 3 let partition 4 or 7 in."""
+    seen = Selections()
+    for rnd, chosen in ((1, "[4]"), (2, "[5, 9]"), (3, "[2, 7, 8]")):
+        seen.handle(logging.makeLogRecord({
+            "msg": "round %d: %s aggregates partitions %s, leaves out %s",
+            "args": (rnd, "multi-krum", chosen, "[1]"), "levelno": logging.INFO}))
+    attack = FirstK.__new__(FirstK)
+    attack.hostile = {1: {4}, 2: {3}, 3: {7, 1}}
+    assert seen.chosen == {1: {4}, 2: {5, 9}, 3: {2, 7, 8}}
+    assert hostile_selected(attack, seen) == 2
+    assert hostile_selected(attack, Selections()) is None
+
+
+class StubGrid:
+    """What ``FirstK`` reads of the grid: the last message sent and each node's partition."""
+
+    def __init__(self, w_t: list[np.ndarray]) -> None:
+        self.sent = [Message(content=RecordDict({rk.ARRAYS: ArrayRecord(w_t),
+                                                 rk.CONFIG: ConfigRecord({rk.ROUND: 4})}),
+                             dst_node_id=1000, message_type="train")]
+        self.contexts = {1000 + i: type("Ctx", (), {"node_config": {"partition-id": i}})()
+                         for i in range(4)}
+
+
+def test_flip_mean_dc_flips_the_move_and_uploads_the_mean_honest_delta_c() -> None:
+    """One round, 4 SCAFFOLD replies, the first hostile: its move is minus its own, its
+    Delta_c the mean of the three honest ones (rewritten as they arrive), theirs untouched."""
+    set_task_identity()
+    rng = np.random.default_rng(4)
+    w_t = [rng.standard_normal(3).astype(np.float32)]
+    grid = StubGrid(w_t)
+    attack = FirstK(grid, MEAN_DC, 1, "model")  # type: ignore[arg-type]
+    moves = [[rng.standard_normal(3).astype(np.float32)] for _ in range(4)]
+    dcs = [[rng.standard_normal(3).astype(np.float32)] for _ in range(4)]
+    out = []
+    for i in range(4):
+        sent = Message(content=RecordDict(), dst_node_id=1000 + i, message_type="train")
+        content = RecordDict({rk.ARRAYS: ArrayRecord([w_t[0] + moves[i][0]]),
+                              DELTA_C: ArrayRecord(dcs[i])})
+        out.append(attack(Message(content=content, reply_to=sent)))
+    np.testing.assert_allclose(unpack(out[0].content[rk.ARRAYS])[0] - w_t[0], -moves[0][0],
+                               atol=1e-6)
+    np.testing.assert_allclose(unpack(out[0].content[DELTA_C])[0],
+                               np.mean([dcs[i][0] for i in (1, 2, 3)], axis=0), rtol=1e-6)
+    for i in (1, 2, 3):
+        assert np.array_equal(unpack(out[i].content[DELTA_C])[0], dcs[i][0])
+    assert attack.hostile == {4: {0}}

@@ -44,19 +44,19 @@ def test_krum_picks_the_lowest_score() -> None:
     assert combine([LINE[1]], [1.0], "krum", 0.0, 1)[0][0] == 1.0
 
 
-def test_multi_krum_keeps_the_n_minus_f_lowest_and_takes_their_weighted_mean() -> None:
-    """Keeps b, a, c, d (scores 5, 10, 13, 130), drops e (389); weights 1, 1, 2, 4 give
-    (0 + 1 + 6 + 40) / 8."""
+def test_multi_krum_keeps_the_n_minus_f_lowest_and_takes_their_unweighted_mean() -> None:
+    """Keeps b, a, c, d (scores 5, 10, 13, 130), drops e (389); the claimed weights 1, 1, 2, 4
+    get no say: (0 + 1 + 3 + 10) / 4 (the weighted mean would be 47 / 8)."""
     chosen = select(LINE, "multi-krum", 1)
     assert chosen == [0, 1, 2, 3]
     got = combine([LINE[i] for i in chosen], [1.0, 1.0, 2.0, 4.0], "multi-krum", 0.0, 1)
-    assert got[0][0] == pytest.approx(47.0 / 8.0)
+    assert got[0][0] == pytest.approx(14.0 / 4.0)
 
 
-def test_krum_looks_at_all_uploads_of_a_reply_jointly() -> None:
-    """Same first coordinate (the model) for all; the second (e.g. Delta_c) alone decides:
-    second coordinates 0, 1, 3, 10, 20 -> b, as in the 1-D case. A reply judged by its
-    model alone would tie (all scores 0) and Krum would pick index 0."""
+def test_krum_looks_at_every_array_of_an_upload() -> None:
+    """One upload of two arrays (shapes (3,), (1,): one channel): the first is the same for
+    all, the second alone decides: 0, 1, 3, 10, 20 -> b, as in the 1-D case. Judged by its
+    first array alone all would tie (scores 0) and Krum would pick index 0."""
     joint = [[np.zeros(3, np.float32), x[0]] for x in LINE]
     assert select(joint, "krum", 1) == [1]
     assert select([[v[0]] for v in joint], "krum", 1) == [0]
@@ -71,9 +71,12 @@ BULYAN = [pt(0, 4), pt(1, 0), pt(2, 3), pt(3, 1), pt(10, 9), pt(50, 50), pt(-40,
 def test_bulyan_selects_theta_and_trims_each_coordinate_around_its_median() -> None:
     """Selected: the five honest (the attackers' 4 nearest are >= 40^2 away). x: 0,1,2,3,10,
     median 2, the 3 nearest 1,2,3 -> 2 (10 trimmed). y: 4,0,3,1,9, median 3, the 3 nearest
-    3,4,1 -> 8/3 (0 and 9 trimmed). The plain mean of the selected would be (3.2, 3.4)."""
-    chosen = select(BULYAN, "bulyan", 1)
+    3,4,1 -> 8/3 (0 and 9 trimmed). The plain mean of the selected would be (3.2, 3.4).
+    Read as one upload of two arrays (``channels=1``, the sums above) or, as the shapes
+    suggest, as two one-array uploads x and y judged each on its own: the same five."""
+    chosen = select(BULYAN, "bulyan", 1, channels=1)
     assert chosen == [0, 1, 2, 3, 4]
+    assert select(BULYAN, "bulyan", 1) == chosen
     got = combine([BULYAN[i] for i in chosen], [1.0] * 5, "bulyan", 0.0, 1)
     assert got[0][0] == pytest.approx(2.0)
     assert got[1][0] == pytest.approx(8.0 / 3.0)
@@ -198,6 +201,42 @@ def test_scaffold_under_krum_uses_the_picked_reply_whole() -> None:
         np.testing.assert_allclose(w_next[k], W_T[k] + 0.02, atol=1e-6)
         np.testing.assert_allclose(c[k], 0.02 / 5, rtol=1e-6)
     assert s.accounted == {2: 1}  # the others' c_i are not counted: they roll back
+
+
+def test_scaffold_krum_does_not_pick_a_flipped_move_behind_the_mean_delta_c() -> None:
+    """5 of 5 sampled, f = 1. Honest moves u + noise, honest Delta_c 4 (v + noise) (noise as
+    large as the signal); client 0
+    flips its move and uploads the mean honest Delta_c. Read as one concatenated vector (the
+    rule before, ``channels=1``) Krum picks client 0 on these very vectors: the oracle. The
+    server judges the move and Delta_c each on its own scale (2 channels, read from the
+    shapes), picks an honest client and applies that reply whole."""
+    seen: list[Weights] = []
+    for seed in range(50):
+        rng = np.random.default_rng(seed)
+        u, v = rand(100 + seed), rand(200 + seed)
+        moves = {i: [(a + rng.standard_normal(a.shape)).astype(np.float32) for a in u]
+                 for i in range(5)}
+        dcs = {i: [(4 * (a + rng.standard_normal(a.shape))).astype(np.float32)
+                   for a in v] for i in range(5)}
+        moves[0] = [-a for a in moves[0]]
+        dcs[0] = [np.mean([dcs[i][k] for i in range(1, 5)], axis=0).astype(np.float32)
+                  for k in range(len(SHAPES))]
+        # what the server sees: the move as upload - w_t, then Delta_c
+        seen = [[*((w + d).astype(np.float32).astype(np.float64) - w
+                   for w, d in zip(W_T, moves[i], strict=True)), *dcs[i]] for i in range(5)]
+        if select(seen, "krum", 1, channels=1) == [0]:
+            break
+    assert select(seen, "krum", 1, channels=1) == [0]
+    pick = select(seen, "krum", 1)
+    assert pick is not None and pick != [0]
+    s = scaffold_server("krum", 5, 1.0)
+    out = scaffold_round(s, moves, dcs)
+    assert out is not None
+    w_next, c = out
+    for k in range(len(SHAPES)):
+        np.testing.assert_allclose(w_next[k], W_T[k] + moves[pick[0]][k], atol=1e-6)
+        np.testing.assert_allclose(c[k], dcs[pick[0]][k] / 5, rtol=1e-5, atol=1e-7)
+    assert s.accounted == {pick[0]: 1}
 
 
 def test_krum_with_too_few_replies_skips_the_round(caplog: pytest.LogCaptureFixture) -> None:

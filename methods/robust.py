@@ -36,10 +36,8 @@ from collections.abc import Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
-from flwr.serverapp.strategy.bulyan import aggregate_n_closest_weights
-from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
-from flwr.serverapp.strategy.multikrum import select_multikrum
 
+from flower_compat.flower_helpers import aggregate_n_closest_weights, select_multikrum, trim_mean
 from methods.ri import weighted_mean
 from methods.robust_choices import SELECTIONS, min_replies
 from methods.weights import Weights

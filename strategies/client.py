@@ -205,7 +205,11 @@ def method_train(msg: Message, context: Context, model: nn.Module,
     _, rule = client_rule(conf)
     check_model(model)
     if num_examples is None:
-        num_examples = len(trainloader.dataset)  # type: ignore[attr-defined]
+        dataset = getattr(trainloader, "dataset", None)
+        if dataset is None:
+            raise ValueError("the train loader has no .dataset to count: pass num_examples= "
+                             "(the reply's weight)")
+        num_examples = len(dataset)
     n = num_examples
     store, experiment = client_store(context, conf, state_dir)
     server_round = int(conf[rk.ROUND])  # type: ignore[arg-type]

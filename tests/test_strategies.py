@@ -29,6 +29,7 @@ from methods.feddyn import H_LOCAL
 from methods.packed_arrays import pack, unpack
 from methods.registry import METHOD_NAMES, METHODS
 from methods.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
+from scripts.app_source import app_files
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV
@@ -71,6 +72,14 @@ def test_the_layers_strategies_import() -> None:
                "__init__.py": set()}
     for path in sorted((REPO / "strategies").glob("*.py")):
         assert project_imports(path) <= allowed[path.name], path.name
+
+
+def test_the_projects_fab_carries_the_package() -> None:
+    """``flwr run .`` ships what Flower's rules keep (``scripts/app_source.py``)."""
+    files = app_files(REPO)
+    assert files is not None
+    wanted = {p.relative_to(REPO).as_posix() for p in (REPO / "strategies").glob("*.py")}
+    assert wanted <= set(files)
 
 
 # ------------------------------------------------------------------ bit for bit
@@ -346,3 +355,17 @@ def test_a_users_app_numbers_nodes_by_id_and_keeps_its_state_dict_keys() -> None
     assert list(result.arrays.to_torch_state_dict()) == ["weight"]
     for n in {n for n, _ in grid.trained}:  # every trained node kept w_prev and c_i
         assert {W_PREV, C_LOCAL} <= set(stored_state(grid.contexts[n]))
+
+
+@pytest.mark.parametrize("cls", STRATEGIES, ids=lambda c: c.__name__)
+def test_every_class_trains_a_users_app_without_a_rejected_reply(cls: type) -> None:
+    """Each method's client rule through ``method_train`` (FedSAM's own batch gradient,
+    Ditto's second pass, FedRelax's and clustered FL's own models) gives replies the
+    project's checks accept."""
+    grid = UserGrid([40, 10, 30, 20])
+    model = nn.Linear(D, 1, bias=False)
+    result = cls(fraction_train=0.5, min_available_nodes=4, fraction_evaluate=0.0,
+                 lr=0.05).start(grid, ArrayRecord(model.state_dict()), num_rounds=2)
+    rounds = list(result.train_metrics_clientapp.values())
+    assert [(m[rk.NUM_REPLIES], m[rk.NUM_REJECTED]) for m in rounds] == [(2, 0), (2, 0)]
+    assert np.all(np.isfinite(unpack(result.arrays)[0]))

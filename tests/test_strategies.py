@@ -5,7 +5,9 @@ in-process grid (the project's ClientApp on every node) it trains the model the 
 own run of the same config trains, bit for bit; bad arguments fail with the run config's
 one-line errors, named by the arguments. Client: ``method_train`` on a least-squares
 problem matches an independent numpy computation of RI's start, SCAFFOLD's c_i and FedDyn's
-h_i, including the accounted-round rule.
+h_i, including the accounted-round rule; every class trains a user's app in process; and
+``participate`` with the project's own SGD pass replies what the project's ``client_round``
+does, bit for bit (what switching the project's ClientApp to this API would change).
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
+from client_app.round import client_round
+from client_app.trainer import SgdSettings, sgd_pass
 from methods import wire as rk
+from methods.dp import Mechanism
 from methods.feddyn import H_LOCAL
 from methods.packed_arrays import pack, unpack
 from methods.registry import METHOD_NAMES, METHODS
@@ -32,10 +37,10 @@ from methods.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
 from scripts.app_source import app_files
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.experiment import run_experiment
-from store.client_store import W_PREV
+from store.client_store import W_PREV, ClientStore
 from strategies import FedDyn, FedInit, Scaffold
 from strategies.catalog import STRATEGIES
-from strategies.client import method_train, stored_state
+from strategies.client import method_train, participate, stored_state
 from strategies.wire import method_config
 from task.config import ConfigError, RunConfig
 from task.models import initial_weights
@@ -369,3 +374,56 @@ def test_every_class_trains_a_users_app_without_a_rejected_reply(cls: type) -> N
     rounds = list(result.train_metrics_clientapp.values())
     assert [(m[rk.NUM_REPLIES], m[rk.NUM_REJECTED]) for m in rounds] == [(2, 0), (2, 0)]
     assert np.all(np.isfinite(unpack(result.arrays)[0]))
+
+
+@pytest.mark.parametrize("keys", [{"method": "scaffold", "beta": 0.1},
+                                  {"method": "feddyn", "beta": 0.1, "ri-aggregation": "update"},
+                                  {"method": "ditto", "beta": 0.0}])
+def test_participate_with_the_projects_sgd_pass_replies_what_client_round_does(
+        keys: dict[str, Any]) -> None:
+    """What switching the project's ClientApp to this API would change: nothing.
+    ``participate`` with the run's own SGD pass gives ``client_round``'s reply and state,
+    bit for bit (compute-seconds aside)."""
+
+    cfg = RunConfig.parse(keys)
+    rule = cfg.spec.client(cfg.params)
+    g = np.random.default_rng(3)
+    x = torch.from_numpy(g.normal(size=(40, D)).astype(np.float32))
+    y = torch.from_numpy(g.integers(0, 2, size=40))
+    model = nn.Linear(D, 2)
+    w_t = [g.normal(size=p.shape).astype(np.float32) for p in model.parameters()]
+    w_0 = [g.normal(size=p.shape).astype(np.float32) for p in model.parameters()]
+    conf = ConfigRecord({rk.ROUND: 3, rk.LR: 0.05, rk.BETA: cfg.beta,
+                         rk.UPLOAD_DELTA: cfg.ri_aggregation == "update"})
+    down = {k: pack([g.normal(size=a.shape).astype(np.float32) for a in w_t])
+            for k in rule.down_keys}
+    received = RecordDict({rk.ARRAYS: pack(w_t), rk.CONFIG: conf, **down})
+    stored = {k: [g.normal(size=a.shape).astype(np.float32) for a in w_t]
+              for k in (W_PREV, *rule.state_keys)}
+    stores = [ClientStore(memory=RecordDict()) for _ in range(2)]
+    for store in stores:
+        for k, v in stored.items():
+            store.put(k, v)
+
+    want = client_round(cfg, rule, received, stores[0], model, x, y, initial=lambda: w_0,
+                        partition_id=1)
+
+    def make_sgd(server_round: int, lr: float) -> Any:
+        return sgd_pass(model, x, y, SgdSettings(
+            epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
+            weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm, seed=cfg.seed,
+            server_round=server_round, partition_id=1))
+
+    got = participate(rule, received, stores[1], make_sgd, torch.device("cpu"),
+                      initial=lambda: w_0, release=Mechanism.from_config(cfg).release)
+    assert set(got.array_records) == set(want.array_records)
+    for k in want.array_records:
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(
+            unpack(want.array_records[k]), unpack(got.array_records[k]), strict=True)), k
+    w_metrics = dict(want.metric_records[rk.METRICS])
+    w_metrics.pop(rk.COMPUTE_SECONDS)
+    assert dict(got.metric_records[rk.METRICS]) == w_metrics
+    assert dict(got.config_records[rk.CONFIG]) == dict(want.config_records[rk.CONFIG])
+    a, b = stores[0].entries(), stores[1].entries()
+    assert set(a) == set(b) and all(
+        x.tobytes() == z.tobytes() for k in a for x, z in zip(a[k], b[k], strict=True))

@@ -95,7 +95,8 @@ class MethodAdapter(Strategy):
         self.keys.update({"method": self.method, "personal-eval-every": 0})
         self.min_train_nodes = self._count("min_train_nodes", min_train_nodes)
         self.min_available_nodes = self._count("min_available_nodes", min_available_nodes)
-        if not 0.0 <= fraction_evaluate <= 1.0:
+        if (isinstance(fraction_evaluate, bool) or not isinstance(fraction_evaluate, int | float)
+                or not 0.0 <= fraction_evaluate <= 1.0):
             raise self._error(bad_value("fraction_evaluate", fraction_evaluate,
                                         "0 <= fraction_evaluate <= 1 (0 skips evaluation)"))
         self.evaluation = FedAvg(fraction_train=1.0, fraction_evaluate=fraction_evaluate,
@@ -246,12 +247,6 @@ class MethodAdapter(Strategy):
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
         return self.evaluation.aggregate_evaluate(server_round, replies)
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        """The checked settings as run-config keys (what ``start()`` hands the project)."""
-        return {k: v for k, v in self.checked.to_dict().items()
-                if k in self.arg_of or k == "method"}
 
 
 __all__ = ["ANY_FEDERATION", "ANY_LR", "COMMON_ARGS", "MethodAdapter"]

@@ -17,6 +17,8 @@ ALLOWED: dict[str, set[str]] = {
     "client_app": {"task", "methods", "store", "flower_compat"},
     "server_app": {"task", "methods", "store", "flower_compat"},
     "scripts": {"server_app", "client_app", "task", "methods", "store", "flower_compat"},
+    # Flower Strategy classes over the server's MethodStrategy, and their client half
+    "strategies": {"server_app", "client_app", "task", "methods", "store", "flower_compat"},
 }
 PROJECT = {*ALLOWED, "bench", "tests"}
 

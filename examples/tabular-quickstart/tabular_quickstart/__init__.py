@@ -1,0 +1,1 @@
+"""tabular-quickstart: a Flower app of its own (model, data, ClientApp, ServerApp)."""

@@ -1,0 +1,252 @@
+"""``MethodAdapter``: one of the project's methods as a Flower ``Strategy`` a user constructs
+like Flower's own, ``FedInit(beta=0.1, fraction_train=0.1)``, and runs with ``start()``.
+
+It holds no rule of its own. Its settings become the project's run-config keys, checked by
+``RunConfig.parse`` (the one source of the checks and of their one-line errors, reworded to
+name the constructor's arguments); training is ``server_app.strategy.MethodStrategy``, built
+in ``start()`` once the federation is known; federated evaluation of the global model is
+Flower's own ``FedAvg.configure_evaluate``/``aggregate_evaluate`` on the user's
+``@app.evaluate()``.
+
+Client ids. A user's nodes have no partition ids, so at ``start()`` the adapter waits for
+``min_available_nodes`` nodes and numbers the connected nodes by ascending node id:
+client id i is the i-th smallest node id, N is their count. Sampling, the seeded draw by
+client id, the accounted rounds and FedRelax's or clustered FL's per-client models all use
+these ids; each train message names its client id (``methods.wire.CLIENT_ID``). Nodes that
+connect later are not sampled; one that is gone is replaced in the draw by an available one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from logging import INFO
+from typing import Any, ClassVar
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from methods import wire as rk
+from methods.packed_arrays import unpack
+from server_app.strategy import MethodStrategy
+from strategies.wire import method_config
+from task.config import ConfigError, RunConfig
+from task.config_checks import bad_value
+
+ANY_FEDERATION = 1_000_000
+"""The client count the constructor checks with, before the federation is known: checks
+that depend on it (e.g. min_replies <= clients per round) only get stricter for fewer
+clients, so they pass here and run again with the real count at ``start()``."""
+ANY_LR = 1e-9
+"""The learning rate the constructor checks with when ``lr`` comes from ``train_config``
+at ``start()``: lr-dependent checks (lr x alpha < 2) pass here and run there."""
+
+COMMON_ARGS: dict[str, str] = {
+    "fraction_train": "fraction-train",
+    "lr": "lr",
+    "lr_decay": "lr-decay",
+    "weighting": "weighting",
+    "server_lr": "server-lr",
+    "aggregation": "aggregation",
+    "trim_fraction": "trim-fraction",
+    "byzantine_f": "byzantine-f",
+    "min_replies": "min-replies",
+    "max_update_norm_ratio": "max-update-norm-ratio",
+    "max_examples_per_client": "max-examples-per-client",
+    "seed": "seed",
+}
+"""Constructor argument -> run-config key, for the settings every method shares."""
+
+
+class MethodAdapter(Strategy):
+    """A project method as a Flower strategy; subclasses name the method and its arguments."""
+
+    method: ClassVar[str]
+    """The registry name (``methods.registry``) of the method the subclass runs."""
+
+    def __init__(self, own: Mapping[str, tuple[str, Any]], *, fraction_train: float = 1.0,
+                 fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
+                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
+                 lr: float | None = None, lr_decay: float = 1.0, weighting: str = "examples",
+                 server_lr: float = 0.0, aggregation: str = "mean", trim_fraction: float = 0.1,
+                 byzantine_f: int = 1, min_replies: int = 1, max_update_norm_ratio: float = 20.0,
+                 max_examples_per_client: int = 0, seed: int = 0) -> None:
+        """``own``: the method's arguments, {argument: (run-config key, value)}.
+
+        ``lr`` is the local learning rate the server sends each round (``config["lr"]``,
+        decayed by ``lr_decay`` per round); None takes ``train_config["lr"]`` given to
+        ``start()``, as Flower's quickstarts pass it. ``max_examples_per_client`` > 0 caps
+        the example count a reply may claim (its weight); 0: no cap (the server cannot see
+        a user's data). The other shared settings are the run config's keys of the same
+        names (README, Configuration).
+        """
+        given = {"fraction_train": fraction_train, "lr": lr, "lr_decay": lr_decay,
+                 "weighting": weighting, "server_lr": server_lr, "aggregation": aggregation,
+                 "trim_fraction": trim_fraction, "byzantine_f": byzantine_f,
+                 "min_replies": min_replies, "max_update_norm_ratio": max_update_norm_ratio,
+                 "max_examples_per_client": max_examples_per_client, "seed": seed}
+        self.arg_of: dict[str, str] = {key: arg for arg, key in COMMON_ARGS.items()}
+        self.arg_of.update({key: arg for arg, (key, _) in own.items()})
+        self.keys: dict[str, Any] = {COMMON_ARGS[a]: v for a, v in given.items() if v is not None}
+        self.keys.update({key: value for key, value in own.values()})
+        self.keys.update({"method": self.method, "personal-eval-every": 0})
+        self.min_train_nodes = self._count("min_train_nodes", min_train_nodes)
+        self.min_available_nodes = self._count("min_available_nodes", min_available_nodes)
+        if (isinstance(fraction_evaluate, bool) or not isinstance(fraction_evaluate, int | float)
+                or not 0.0 <= fraction_evaluate <= 1.0):
+            raise self._error(bad_value("fraction_evaluate", fraction_evaluate,
+                                        "0 <= fraction_evaluate <= 1 (0 skips evaluation)"))
+        self.evaluation = FedAvg(fraction_train=1.0, fraction_evaluate=fraction_evaluate,
+                                 min_evaluate_nodes=self._count("min_evaluate_nodes",
+                                                                min_evaluate_nodes),
+                                 min_available_nodes=min_available_nodes)
+        """Flower's own federated evaluation of the global model (the user's evaluate)."""
+        self.checked = self.parse(ANY_FEDERATION, ANY_LR if lr is None else lr,
+                                  fraction_train)
+        """The settings as the run config holds them, checked before any work."""
+        self.inner: MethodStrategy | None = None
+        """The project's strategy, built by ``start()`` for the federation it finds."""
+        self.client_of: dict[int, int] = {}
+        """Node id -> client id, from ``start()`` on."""
+        self._keys_of_arrays: list[str] = []
+
+    # ---------------------------------------------------------------- checks
+    def parse(self, num_clients: int, lr: float, fraction_train: float) -> RunConfig:
+        """``RunConfig.parse`` of these settings; its ConfigError reworded to name the
+        constructor's arguments (``FedDyn: alpha=0.0 is not allowed; ...``)."""
+        raw = {**self.keys, "num-clients": num_clients, "lr": lr,
+               "fraction-train": fraction_train}
+        try:
+            return RunConfig.parse(raw)
+        except ConfigError as err:
+            raise self._error(err) from None
+
+    def _error(self, err: ConfigError) -> ConfigError:
+        """``err`` with this class's name for "run config" and argument names for keys."""
+        text = str(err).removeprefix("run config: ")
+        for key, arg in sorted(self.arg_of.items(), key=lambda item: -len(item[0])):
+            text = re.sub(rf"(?<![\w-]){re.escape(key)}(?![\w-])", arg, text)
+        return ConfigError(f"{type(self).__name__}: {text}")
+
+    def _count(self, arg: str, value: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self._error(bad_value(arg, value, "an integer >= 0"))
+        return value
+
+    # ---------------------------------------------------------------- the federation
+    def prepare(self, grid: Grid, initial_arrays: ArrayRecord,
+                train_config: ConfigRecord | None) -> MethodStrategy:
+        """Wait for ``min_available_nodes`` nodes, number them (module docstring), check the
+        settings for their count and build the project's strategy for them."""
+        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
+        node_ids = sorted(int(n) for n in nodes)
+        n = len(node_ids)
+        if self.min_train_nodes > n:
+            raise self._error(bad_value("min_train_nodes", self.min_train_nodes,
+                                        f"at most the {n} connected nodes"))
+        cfg = self.parse(n, self._lr(train_config), self._fraction(n))
+        node_of = dict(enumerate(node_ids))
+        self.client_of = {node: cid for cid, node in node_of.items()}
+
+        def available() -> list[int]:
+            online = set(grid.get_node_ids())
+            return [cid for cid, node in node_of.items() if node in online]
+
+        self._keys_of_arrays = list(initial_arrays.keys())
+        self.inner = MethodStrategy(cfg, node_of, unpack(initial_arrays), examples=None,
+                                    available=available)
+        log(INFO, "%s: %d nodes as clients 0..%d (by ascending node id), %d per round",
+            type(self).__name__, n, n - 1, cfg.clients_per_round)
+        return self.inner
+
+    def _lr(self, train_config: ConfigRecord | None) -> float:
+        """The constructor's ``lr``, else ``train_config["lr"]``; one of them, or both equal."""
+        own = self.keys.get("lr")
+        sent = None if train_config is None else train_config.get(rk.LR)
+        if own is not None and sent is not None and float(sent) != float(own):  # type: ignore[arg-type]
+            raise self._error(ConfigError(f"lr={own!r} and train_config['lr']={sent!r} "
+                                          "differ; give the learning rate once"))
+        lr = own if own is not None else sent
+        if lr is None:
+            raise self._error(ConfigError("lr is not given; allowed: lr=<a number > 0> or "
+                                          "train_config=ConfigRecord({'lr': ...}) in start()"))
+        if isinstance(lr, bool) or not isinstance(lr, int | float):
+            raise self._error(bad_value("lr", lr, "a number > 0"))
+        return float(lr)
+
+    def _fraction(self, n: int) -> float:
+        """fraction_train, raised so that the round's m = max(1, round(fraction * N)) is at
+        least ``min_train_nodes``, as Flower's sample size max(int(fraction * N),
+        min_train_nodes)."""
+        fraction = float(self.keys["fraction-train"])
+        if max(1, round(fraction * n)) < self.min_train_nodes:
+            return self.min_train_nodes / n
+        return fraction
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              ) -> Result:
+        """Flower's ``Strategy.start`` once the project's strategy is built for the nodes
+        found; ``Result.arrays`` keeps the keys of ``initial_arrays``."""
+        self.prepare(grid, initial_arrays, train_config)
+        return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
+                             train_config=train_config, evaluate_config=evaluate_config,
+                             evaluate_fn=evaluate_fn)
+
+    def _built(self) -> MethodStrategy:
+        if self.inner is None:
+            raise RuntimeError(f"{type(self).__name__}: call start() (or prepare()) first: "
+                               "the clients are numbered once the nodes are known")
+        return self.inner
+
+    # ---------------------------------------------------------------- Flower Strategy API
+    def summary(self) -> None:
+        if self.inner is not None:
+            self.inner.summary()
+            return
+        settings = {self.arg_of.get(k, k): v for k, v in self.keys.items()
+                    if k in self.arg_of}
+        log(INFO, "%s (%s): %s", type(self).__name__, self.checked.spec.label_with(
+            self.checked.beta), settings)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """The project's train messages, naming the method and its parameters for the
+        user's client half (``strategies.client``)."""
+        inner = self._built()
+        named = ConfigRecord({**dict(config),
+                              **method_config(inner.cfg.method, inner.cfg.params)})
+        return inner.configure_train(server_round, arrays, named, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message],
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The project's checks and update; the model comes back under the user's keys."""
+        arrays, metrics = self._built().aggregate_train(server_round, replies)
+        if arrays is None:
+            return None, metrics
+        return self.user_record(unpack(arrays)), metrics
+
+    def user_record(self, weights: list[Any]) -> ArrayRecord:
+        """``weights`` as an ArrayRecord with the keys of the initial one (a state dict's
+        names stay, so ``Result.arrays.to_torch_state_dict()`` loads into the model)."""
+        if len(self._keys_of_arrays) != len(weights):
+            return ArrayRecord(weights)
+        return ArrayRecord({k: Array(w) for k, w in zip(self._keys_of_arrays, weights,
+                                                         strict=True)})
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """Flower's own FedAvg evaluation: the global model to ``fraction_evaluate`` nodes."""
+        return self.evaluation.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int,
+                           replies: Iterable[Message]) -> MetricRecord | None:
+        return self.evaluation.aggregate_evaluate(server_round, replies)
+
+
+__all__ = ["ANY_FEDERATION", "ANY_LR", "COMMON_ARGS", "MethodAdapter"]

@@ -1,0 +1,240 @@
+"""The client half of every method, for a user's own ClientApp and a plain PyTorch step.
+
+A ClientApp trained by a ``strategies`` server replaces its own training loop by one call:
+
+    return method_train(msg, context, model, trainloader, epochs=2)
+
+The server names the method and its parameters in the message (``strategies/wire.py``), so
+the same line serves FedInit, SCAFFOLD, FedDyn and the others. ``step(model, batch)``, the
+user's train step, returns the batch loss (default: cross-entropy of ``model(x)`` on ``y``
+for ``(x, y)`` batches); the loop around it is the project's: the batch gradient -> the
+method's correction (SCAFFOLD's c - c_i, FedDyn's alpha (w - s_i) + alpha h_i, ...) ->
+gradient clipping -> the optimizer's step (SGD at the round's lr by default).
+
+The state is the project client's, in the same places and under the same names
+(``store.client_store``): RI's w_prev (the last local model; ``initial()``, the run's w_0,
+before the first participation), SCAFFOLD's c_i, FedDyn's h_i and Ditto's v_i, kept in
+``context.state`` and, with ``state_dir``, also in versioned files that survive a node
+restart. The accounted-round rule holds: c_i and h_i start from the version of the client's
+last reply the server aggregated, which the server names in each message.
+
+The rules themselves are ``methods/`` (``ClientRule.train``, ``ri.relaxed_start``,
+``ri.upload_vector``); ``participate`` is one participation around them, free of Flower's
+message and of the user's data, so any client (the project's too) can call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from logging import WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from torch import nn
+
+from methods import wire as rk
+from methods.method import ClientRule, GradientFn, GradientHook, LocalJob, SgdPass, TrainedPass
+from methods.packed_arrays import pack, shapes, unpack
+from methods.ri import relaxed_start, upload_vector
+from methods.weights import Weights
+from store.client_store import W_PREV, ClientStore
+from store.state_dir import StateDir
+from strategies.wire import client_rule
+from task.models import get_weights, set_weights
+
+Step = Callable[[nn.Module, Any], torch.Tensor]
+"""The user's train step: step(model, batch) -> the batch's scalar loss (not yet backward)."""
+Optimizer = Callable[[list[nn.Parameter], float], torch.optim.Optimizer]
+"""optimizer(parameters, lr) -> a torch optimizer; plain SGD at the round's lr by default."""
+Release = Callable[[Weights, dict[str, Weights]], tuple[Weights, dict[str, Weights]]]
+"""What the uploads pass through before they leave (the project's local DP); none here."""
+
+
+def cross_entropy_step(model: nn.Module, batch: Any) -> torch.Tensor:
+    """The default step: cross-entropy of ``model(x)`` on ``y`` for an ``(x, y)`` batch."""
+    x, y = batch[0], batch[1]
+    device = next(model.parameters()).device
+    return nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+
+
+def sgd(parameters: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """The default optimizer: plain SGD, the update SCAFFOLD's c_i formula assumes."""
+    return torch.optim.SGD(parameters, lr=lr)
+
+
+def check_model(model: nn.Module) -> None:
+    """The methods' state vectors are the parameter list (``task.models.get_weights``): a
+    model whose state dict holds more (BatchNorm's running statistics) is refused."""
+    extra = len(model.state_dict()) - len(list(model.parameters()))
+    if extra:
+        raise ValueError(f"the model's state dict holds {extra} entries besides its "
+                         "parameters (buffers such as BatchNorm statistics, or shared "
+                         "weights); the methods keep parameter-shaped state: use GroupNorm "
+                         "or LayerNorm")
+
+
+class _StepModule(nn.Module):
+    """The user's step as a module whose output is the loss, so a method's own batch
+    gradient (FedSAM's ``GradientFn``: ``loss_fn(model(xb), yb)``) runs on any batch."""
+
+    def __init__(self, model: nn.Module, step: Step) -> None:
+        super().__init__()
+        self.model = model
+        self.step = step
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.step(self.model, batch)
+
+
+def _the_loss(output: torch.Tensor, _: Any) -> torch.Tensor:
+    return output
+
+
+def user_pass(model: nn.Module, trainloader: Iterable[Any], *, epochs: int, lr: float,
+              step: Step = cross_entropy_step, optimizer: Optimizer = sgd,
+              clip_norm: float = 0.0, num_examples: int) -> SgdPass:
+    """The ``SgdPass`` a method's client rule trains with, over the user's batches: each
+    call trains ``model`` from ``start`` for ``epochs`` passes over ``trainloader``."""
+    wrapped = _StepModule(model, step)
+
+    def run(start: Weights, hook: GradientHook | None = None, *,
+            gradient: GradientFn | None = None, stream: int = 0) -> TrainedPass:
+        del stream  # the user's loader shuffles as it does
+        set_weights(model, list(start))
+        model.train()
+        params = list(model.parameters())
+        opt = optimizer(params, lr)
+        loss_sum, steps = 0.0, 0
+        for _ in range(epochs):
+            for batch in trainloader:
+                opt.zero_grad(set_to_none=False)
+                if gradient is None:
+                    loss = step(model, batch)
+                    loss.backward()
+                else:
+                    loss = gradient(wrapped, params, batch, None, _the_loss)  # type: ignore[arg-type]
+                if hook is not None:
+                    hook(params)
+                if clip_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(params, clip_norm)
+                opt.step()
+                loss_sum += float(loss.detach())
+                steps += 1
+        if steps == 0:
+            raise ValueError("the train loader gave no batch: a participation needs at least "
+                             "one local step")
+        return TrainedPass(get_weights(model), loss_sum / steps, steps, num_examples)
+
+    return run
+
+
+def participate(rule: ClientRule[Any], received: RecordDict, store: ClientStore,
+                make_sgd: Callable[[int, float], SgdPass], device: torch.device, *,
+                initial: Callable[[], Sequence[np.ndarray]] | None = None,
+                release: Release | None = None) -> RecordDict:
+    """One participation on a restored ``store``: the RI start from w_prev, the method's
+    ``rule.train`` with ``make_sgd(round, lr)``, the new state put into ``store`` (the caller
+    saves it), and the reply's content. ``initial`` gives w_0 for a client without w_prev
+    (None: the received model, so RI starts at its second participation)."""
+    conf = received.config_records[rk.CONFIG]
+    server_round, lr, beta = int(conf[rk.ROUND]), float(conf[rk.LR]), float(conf[rk.BETA])  # type: ignore[arg-type]
+    delta = bool(conf[rk.UPLOAD_DELTA])
+    w_t = unpack(received.array_records[rk.ARRAYS])
+    w_prev = store.get(W_PREV)
+    if w_prev is None:
+        w_prev = [a.copy() for a in w_t] if initial is None else list(initial())
+        if server_round == 1 and not _same(w_prev, w_t):
+            log(WARNING, "client: initial() is not the server's round-1 model; RI's w_prev "
+                "before a first participation should be the run's w_0")
+    start = relaxed_start(w_t, w_prev, beta)
+    method_state = {k: store.get(k) or rule.initial_state(k, w_t) for k in rule.state_keys}
+    down = {k: unpack(received.array_records[k]) for k in rule.down_keys}
+    outcome = rule.train(LocalJob(w_t=w_t, start=start, down=down, state=method_state, lr=lr,
+                                  device=device, sgd=make_sgd(server_round, lr)))
+    trained = outcome.trained
+    store.put(W_PREV, trained.final)
+    for key, arrays in outcome.state.items():
+        store.put(key, arrays)
+    upload = upload_vector(trained.final, start, "update" if delta else "model")
+    extras = outcome.extras
+    if release is not None:
+        upload, extras = release(upload, extras)
+    metrics = MetricRecord({rk.NUM_EXAMPLES: trained.num_examples,
+                            rk.TRAIN_LOSS: trained.mean_loss, rk.NUM_STEPS: trained.num_steps})
+    return RecordDict({rk.ARRAYS: pack(upload), rk.METRICS: metrics,
+                       rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: delta}),
+                       **{k: pack(v) for k, v in extras.items()}})
+
+
+def _same(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and np.array_equal(x, y)
+                                    for x, y in zip(a, b, strict=True))
+
+
+def client_store(context: Context, config: ConfigRecord,
+                 state_dir: str | Path | None = None) -> tuple[ClientStore, str]:
+    """(this node's store, the experiment id): memory is ``context.state``; with
+    ``state_dir`` the versions are also files under ``<state_dir>/<experiment>/client-<id>/``
+    (``store.state_dir``), the id being the client id the server names. The experiment is
+    the server's ``experiment-id`` when it sends one, else the run's id."""
+    experiment = str(config.get(rk.EXPERIMENT) or f"run-{context.run_id}")
+    disk = None
+    if state_dir:
+        cid = config.get(rk.CLIENT_ID)
+        disk = StateDir(Path(state_dir), experiment,
+                        int(context.node_id if cid is None else cid))  # type: ignore[arg-type]
+    return ClientStore(memory=context.state, disk=disk), experiment
+
+
+def method_train(msg: Message, context: Context, model: nn.Module,
+                 trainloader: Iterable[Any], *, epochs: int = 1, step: Step = cross_entropy_step,
+                 optimizer: Optimizer = sgd, clip_norm: float = 0.0,
+                 initial: Callable[[], Sequence[np.ndarray]] | None = None,
+                 state_dir: str | Path | None = None,
+                 num_examples: int | None = None) -> Message:
+    """Train ``model`` on ``trainloader`` as the method the server names, and reply.
+
+    ``num_examples`` (the reply's weight) defaults to ``len(trainloader.dataset)``;
+    ``initial`` gives the run's w_0 (module docstring); ``state_dir`` adds the files.
+    """
+    conf = msg.content.config_records[rk.CONFIG]
+    _, rule = client_rule(conf)
+    check_model(model)
+    if num_examples is None:
+        dataset = getattr(trainloader, "dataset", None)
+        if dataset is None:
+            raise ValueError("the train loader has no .dataset to count: pass num_examples= "
+                             "(the reply's weight)")
+        num_examples = len(dataset)
+    n = num_examples
+    store, experiment = client_store(context, conf, state_dir)
+    server_round = int(conf[rk.ROUND])  # type: ignore[arg-type]
+    accounted = conf.get(rk.ACCOUNTED_ROUND)
+    fell_back = store.restore(experiment, server_round,
+                              shapes(msg.content.array_records[rk.ARRAYS]),
+                              None if accounted is None else int(accounted),  # type: ignore[arg-type]
+                              rule.accounted_keys)
+
+    def make_sgd(_: int, lr: float) -> SgdPass:
+        return user_pass(model, trainloader, epochs=epochs, lr=lr, step=step,
+                         optimizer=optimizer, clip_norm=clip_norm, num_examples=n)
+
+    content = participate(rule, msg.content, store, make_sgd,
+                          next(model.parameters()).device, initial=initial)
+    content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
+    store.save(experiment, server_round)
+    return Message(content=content, reply_to=msg)
+
+
+def stored_state(context: Context) -> dict[str, Weights]:
+    """The method state this node holds in ``context.state`` (w_prev, c_i, h_i, v_i, ...),
+    by the project's names: e.g. to score Ditto's personal model ``ditto-v``."""
+    return ClientStore(memory=context.state).entries()
+
+
+__all__ = ["Optimizer", "Release", "Step", "check_model", "client_store", "cross_entropy_step",
+           "method_train", "participate", "sgd", "stored_state", "user_pass"]

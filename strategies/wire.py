@@ -1,0 +1,47 @@
+"""What a ``strategies`` server tells a user's ClientApp beyond the project's own wire
+(``methods/wire.py``): which method runs, with which parameters.
+
+The project's ClientApp reads the method from the run config both apps share. A user's app
+has its own run config, so the server names the method and its parameters in every train
+message, and the client half (``strategies.client``) builds the method's client rule from
+them: the two halves cannot disagree about FedDyn's alpha. Pure: no Flower, no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from methods.method import ClientRule, Params
+from methods.registry import METHOD_NAMES, METHODS
+
+METHOD = "method"
+"""Train-config key: the registry name of the method the server runs (``methods.registry``)."""
+
+
+def method_config(method: str, params: Params) -> dict[str, Any]:
+    """The train-config entries naming ``method`` and its parameters (run-config keys)."""
+    values = {f.name.replace("_", "-"): getattr(params, f.name)
+              for f in dataclasses.fields(params)}
+    return {METHOD: method, **values}
+
+
+def client_rule(config: Mapping[str, Any]) -> tuple[str, ClientRule[Any]]:
+    """(method name, its client rule) from a train message's config; ValueError (one line)
+    when the message names no method, an unknown one, or a parameter the method refuses."""
+    name = config.get(METHOD)
+    if name is None:
+        raise ValueError(f"the train message's config has no {METHOD!r}: the server is not "
+                         "running a strategies.* strategy (use one, or train without "
+                         "strategies.client)")
+    if name not in METHODS:
+        raise ValueError(f"the server names method={name!r}; this client knows "
+                         f"{' | '.join(METHOD_NAMES)}")
+    spec = METHODS[str(name)]
+    keys = spec.params.config_keys()
+    missing = [k for k in keys if k not in config]
+    if missing:
+        raise ValueError(f"the train message names method={name!r} without its parameter "
+                         f"{missing[0]!r}")
+    return spec.name, spec.client(spec.params.from_config({k: config[k] for k in keys}))

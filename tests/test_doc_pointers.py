@@ -11,6 +11,7 @@ against the installed Flower, whose internals several comments cite.
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import shutil
 import subprocess
@@ -54,12 +55,19 @@ def _project_files() -> list[Path]:
     patterns = [*_ignore_patterns(), ".git/"]
     this = Path(__file__).resolve()  # its examples name missing files on purpose
     found = []
-    for path in sorted(REPO.rglob("*")):
-        rel = path.relative_to(REPO)
-        if (path.suffix in SCANNED and path.is_file() and path != this
-                and not _ignored(rel, patterns)):
-            found.append(path)
-    return found
+    for root, dirs, names in os.walk(REPO):
+        here = Path(root)
+        # ignored folders are not entered (deploy/.build holds a root filesystem whose proc/
+        # may be mounted while images build)
+        dirs[:] = [d for d in dirs if not _ignored((here / d).relative_to(REPO) / "x",
+                                                   patterns)]
+        for name in names:
+            path = here / name
+            rel = path.relative_to(REPO)
+            if (path.suffix in SCANNED and path.is_file() and path != this
+                    and not _ignored(rel, patterns)):
+                found.append(path)
+    return sorted(found)
 
 
 def _exists(ref: str, mentioned_in: Path) -> bool:
@@ -71,7 +79,7 @@ def _exists(ref: str, mentioned_in: Path) -> bool:
 def test_every_mentioned_path_exists() -> None:
     files = _project_files()
     assert len(files) > 50, "the walk found too little to scan"
-    md_names = {p.name for p in REPO.rglob("*.md") if ".venv" not in p.parts}
+    md_names = {p.name for p in files if p.suffix == ".md"}
     missing, seen = [], 0
     for path in files:
         for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):

@@ -146,6 +146,28 @@ PATCHES: tuple[Patch, ...] = (
         declined="node.launch starts Flower's flower-superexec (a process per message)",
     ),
     Patch(
+        name="app-allowlist",
+        module="app_allowlist",
+        replaces="`start_client_internal._pull_and_store_message` (SuperNode), by a wrapper "
+                 "that calls it with `get_run` / `get_fab` checked against the device's "
+                 "approved-apps list (`node.app_allowlist`)",
+        why="a run's FAB is code anyone reaching the Control API can submit; Flower's "
+            "`--trusted-entities` needs a licence check an open-source SuperLink never adds",
+        measured="not a speed patch: an unapproved app is refused before its FAB is "
+                 "stored, no device imports it (tests/test_deploy_allowlist.py)",
+        checked=(
+            ("flwr.supernode.start_client_internal:_pull_and_store_message",
+             "eaf5d0e36dc34e4cf46a490511d077ac55cc8edbbcdbe938c1f6dbcb758628be"),
+            ("flwr.supernode.start_client_internal:start_client_internal",
+             "bb3df95a5f63b9849fef3ba5fac74c1d01677207e268c37d6895fb6d14399eff"),
+            ("flwr.supernode.start_client_internal:_insert_message",
+             "a0c6f4605e993f04cf4774c215b0322db5d80de1b3b564e79af112c909908d21"),
+        ),
+        kinds=("supernode",),
+        declined="the SuperNode stores any FAB; node.launch starts no flower-superexec and "
+                 "only the warm executor's own check refuses",
+    ),
+    Patch(
         name="ray-inline",
         module="ray_inline",
         replaces="Ray's `max_direct_call_object_size` (100 KiB) for the Ray the simulation "

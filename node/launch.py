@@ -17,6 +17,13 @@ passes (else Flower's ``flower-superexec``, with one warning). Waits
 pulls every ``--node-poll`` seconds, afterwards every ``--idle-poll``; the warm executor
 does not poll at all while it can be woken: the node wakes it through a pipe when a message
 waits for it (``--poll`` is its interval only where the node cannot: ``--node-poll 0``).
+
+Only approved apps (``node.app_allowlist``): where the node config names an ``approved-apps``
+file (or ``<state-dir>/approved-apps.txt`` exists), a bad file stops the node here with its
+one line; the SuperNode refuses every other run before it stores its FAB
+(``flower_compat.app_allowlist``) and the warm executor checks again before it forks or
+installs anything. Where that SuperNode check declines, ``--executor flower`` is refused
+(Flower's executor would install any FAB it is handed).
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from node.app_allowlist import Allowlist
 
 DEFAULT_RUNTIME_PORT = 9094
 DEFAULT_NODE_POLL = 0.2
@@ -116,9 +127,10 @@ def runtime_address(node_args: list[str]) -> tuple[list[str], str]:
 
 
 def executor_command(args: argparse.Namespace, address: str,
-                     wake_fd: int | None = None) -> list[str]:
+                     wake_fd: int | None = None, approved: Path | None = None) -> list[str]:
     """The executor's command; with ``wake_fd`` the warm one waits on it (the node wakes it)
-    and polls only every ``--idle-poll`` seconds, in case."""
+    and polls only every ``--idle-poll`` seconds, in case; with ``approved`` it runs only the
+    apps in that file."""
     parent = ["--parent-pid", str(os.getpid())]
     if args.executor == "flower":
         return ["flower-superexec", "--insecure", "--runtime-api-address", address, *parent]
@@ -129,6 +141,8 @@ def executor_command(args: argparse.Namespace, address: str,
         cmd += ["--wake-fd", str(wake_fd)]
     if args.task_deadline:
         cmd += ["--task-deadline", str(args.task_deadline)]
+    if approved is not None:
+        cmd += ["--approved-apps", str(approved)]
     return cmd + (["--status-file", str(args.status_file)] if args.status_file else [])
 
 
@@ -138,6 +152,33 @@ def chosen_executor(requested: str) -> str:
     from flower_compat import warm_executor
 
     return "flower" if requested == "warm" and not warm_executor.usable() else requested
+
+
+def device_allowlist(node_args: list[str]) -> Allowlist | None:
+    """The device's approved-apps list named by flower-supernode's ``--node-config`` (or in
+    its ``state-dir``), read once now: a bad one stops the node with its one line."""
+    from flwr.common.config import parse_config_args
+
+    from node.app_allowlist import Allowlist, AllowlistError, path_from_node_config
+
+    given = [node_args[i + 1] for i, a in enumerate(node_args[:-1]) if a == "--node-config"]
+    given += [a.split("=", 1)[1] for a in node_args if a.startswith("--node-config=")]
+    try:
+        path = path_from_node_config(parse_config_args(given[-1:]) if given else {})
+        return None if path is None else Allowlist.load(path)
+    except (AllowlistError, ValueError) as err:
+        raise SystemExit(f"node.launch: {err}") from None
+
+
+def allowlist_executor(allowlist: Allowlist | None, executor: str) -> None:
+    """Refuse Flower's executor where the SuperNode cannot check the device's list."""
+    from flower_compat import app_allowlist, guard
+
+    if allowlist is not None and executor == "flower" and not guard.allowed(app_allowlist.NAME):
+        raise SystemExit(f"node.launch: approved-apps ({allowlist.path}) is set but the "
+                         "SuperNode's check (flower_compat app-allowlist) declined here and "
+                         "Flower's executor would install any FAB; allowed: --executor warm "
+                         "(it checks on its own)")
 
 
 def plain_logs_off_terminal() -> None:
@@ -153,17 +194,20 @@ def main(argv: list[str] | None = None) -> None:
     args, node_args = parse_args(sys.argv[1:] if argv is None else argv)
     plain_logs_off_terminal()
     node_args, address = runtime_address(node_args)
+    allowlist = device_allowlist(node_args)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])])
     from flower_compat import guard, install, supernode_waits
 
     args.executor = chosen_executor(args.executor)
+    allowlist_executor(allowlist, args.executor)
     patch = bool(args.node_poll) and guard.allowed(supernode_waits.NAME)
     wakeable = patch and args.executor == "warm" and not args.no_wake
     wake = supernode_waits.PipeWaker() if wakeable else None
     wake_fd = None if wake is None else wake.read_fd
-    executor = subprocess.Popen(executor_command(args, address, wake_fd), env=env,
+    executor = subprocess.Popen(executor_command(args, address, wake_fd,
+                                                 allowlist and allowlist.path), env=env,
                                 pass_fds=() if wake_fd is None else (wake_fd,))
     if wake_fd is not None:
         os.close(wake_fd)
@@ -179,10 +223,10 @@ def main(argv: list[str] | None = None) -> None:
     atexit.register(stop_executor)
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
-    if args.node_poll:
-        install("supernode", poll=supernode_waits.AdaptivePoll(
+    if args.node_poll or allowlist is not None:
+        install("supernode", allowlist=allowlist, poll=supernode_waits.AdaptivePoll(
             fast=args.node_poll, idle=args.idle_poll, window=args.active_window,
-            reply=min(0.05, args.node_poll), wake=wake))
+            reply=min(0.05, args.node_poll), wake=wake) if args.node_poll else None)
     sys.argv = ["flower-supernode", *node_args]
     try:
         flower_supernode()

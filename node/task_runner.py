@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from logging import ERROR
+from logging import ERROR, WARNING
+from typing import TYPE_CHECKING
 
 from flwr.app import Context, Message, RecordDict
 from flwr.app.error import Error
@@ -42,6 +43,9 @@ from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 from node.deadline import task_deadline, timeout_reason
 
+if TYPE_CHECKING:
+    from node.app_allowlist import Allowlist
+
 CRASH_REASON = "the ClientApp worker process died while running this task"
 
 OBJECT_BACKOFF = (0.02, 0.2)
@@ -53,6 +57,10 @@ OBJECT_MAX_SECONDS = 900.0
 them leaves such a task behind) after this long, instead of Flower's two hours: each such
 task holds a worker."""
 
+
+
+class AppRefused(Exception):
+    """The task's FAB is not on the device's approved list (its one line)."""
 
 
 @dataclass(frozen=True)
@@ -121,10 +129,13 @@ def pull_input(client: RuntimeHttpClient) -> tuple[Message, Context, Run, Fab]:
 
 
 def run_task(address: str, token: str, insecure: bool, certificates: bytes | None,
-             notify: Notify, deadline_override: float = 0.0) -> TaskOutcome:
+             notify: Notify, deadline_override: float = 0.0,
+             approved: Allowlist | None = None) -> TaskOutcome:
     """Pull, run and answer one message; an exception in the app becomes an error reply.
 
-    ``deadline_override`` is the node's ``--task-deadline`` (0: the run config decides)."""
+    ``deadline_override`` is the node's ``--task-deadline`` (0: the run config decides);
+    with ``approved`` (the device's list) a FAB whose bytes are not approved is refused
+    before it is installed."""
     t0 = time.monotonic()
     client = task_client(address, token, insecure, certificates)
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
@@ -144,6 +155,9 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
             Message(Error(ErrorCode.CLIENT_APP_CRASHED, timeout_reason(deadline)),
                     reply_to=message),
             deadline, context.run_id, context.node_id))
+        if approved is not None and (
+                why := approved.refusal(fab.hash_str, run.run_id, fab.content)):
+            raise AppRefused(why)
         if not get_project_dir(run.fab_id, run.fab_version, fab.hash_str).is_dir():
             install_from_fab(fab.content, skip_prompt=True)
         phases["install"] = time.monotonic() - t0 - phases["pull"]
@@ -160,7 +174,11 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
         if isinstance(ex, LoadClientAppError):
             code, reason = (ErrorCode.LOAD_CLIENT_APP_EXCEPTION,
                             "An exception was raised when attempting to load `ClientApp`")
-        log(ERROR, "ClientApp raised an exception", exc_info=ex)
+        if isinstance(ex, AppRefused):
+            code, reason = ErrorCode.INVALID_FAB, str(ex)
+            log(WARNING, "%s", ex)
+        else:
+            log(ERROR, "ClientApp raised an exception", exc_info=ex)
         details = reason
         if message is not None:
             reply = Message(Error(code=code, reason=reason), reply_to=message)
@@ -193,5 +211,20 @@ def report_crash(address: str, token: str, insecure: bool, certificates: bytes |
                           run_config={})
         push_message(client, reply, context)
         push_task_output(client, None, SubStatus.FAILED, details)
+    finally:
+        client.close()
+
+
+def refuse_task(address: str, token: str, insecure: bool, certificates: bytes | None,
+                reason: str) -> None:
+    """Answer a task of an unapproved FAB with the refusal ``reason`` (an ``INVALID_FAB``
+    error reply, then FAILED): its message is pulled, its FAB is neither installed nor
+    imported."""
+    client = task_client(address, token, insecure, certificates)
+    try:
+        message, context, _run, _fab = pull_input(client)
+        push_message(client, Message(Error(ErrorCode.INVALID_FAB, reason), reply_to=message),
+                     context)
+        push_task_output(client, context, SubStatus.FAILED, reason)
     finally:
         client.close()

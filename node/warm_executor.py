@@ -22,6 +22,10 @@ This executor takes the SuperExec's place for a SuperNode in ``--isolation proce
   process group (data-loader children too) and the error reply "task exceeded
   task-deadline=Ns; killed"; the next task forks a new worker. Without this a hung task held
   the node: the SuperNode hands out its next message only once the current one is answered;
+* with ``--approved-apps`` (the device's list, ``node.app_allowlist``) a task whose FAB hash
+  is not approved is answered by the supervisor with the refusal (one log line, an
+  ``INVALID_FAB`` error reply) before any worker is forked or retired for it, and a worker
+  checks the FAB's bytes against the list before it installs them;
 * CUDA starts only in a worker that uses it (the supervisor never initialises it, so forking
   stays safe).
 
@@ -49,7 +53,10 @@ from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from node.app_allowlist import Allowlist
 
 PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.optim",
            "flwr.clientapp", "flwr.serverapp", "flwr.supernode.runtime.run_clientapp",
@@ -73,6 +80,8 @@ class Stats:
     tasks_failed: int = 0
     worker_starts: int = 0
     worker_crashes: int = 0
+    tasks_refused: int = 0
+    """Tasks of an unapproved FAB, answered with the refusal (no worker, nothing installed)."""
     tasks_timed_out: int = 0
     """Tasks killed at their deadline (their workers are not counted in worker_crashes)."""
     orphans_killed: int = 0
@@ -110,7 +119,8 @@ def rss_mib(pid: int | None, pss: bool = False) -> float | None:
 
 # ------------------------------------------------------------------------------ worker side
 def worker_main(conn: Connection, address: str, insecure: bool,
-                certificates: bytes | None, deadline_override: float = 0.0) -> None:
+                certificates: bytes | None, deadline_override: float = 0.0,
+                approved: Allowlist | None = None) -> None:
     """Run tasks sent by the supervisor, one at a time, until told to stop."""
     from node.task_runner import Pulled, run_task
 
@@ -129,7 +139,8 @@ def worker_main(conn: Connection, address: str, insecure: bool,
         def notify(pulled: Pulled, task_id: int = task_id) -> None:
             conn.send(("pulled", task_id, pulled))
 
-        outcome = run_task(address, token, insecure, certificates, notify, deadline_override)
+        outcome = run_task(address, token, insecure, certificates, notify, deadline_override,
+                           approved)
         conn.send(("done", task_id, outcome.completed, outcome.start_seconds,
                    outcome.app_seconds, rss_mib(os.getpid()), outcome.phases))
 
@@ -156,13 +167,16 @@ class Worker:
     """A forked worker process bound to one FAB."""
 
     def __init__(self, fab_hash: str, address: str, insecure: bool,
-                 certificates: bytes | None, deadline_override: float = 0.0) -> None:
+                 certificates: bytes | None, deadline_override: float = 0.0,
+                 approved: Allowlist | None = None) -> None:
         ctx = mp.get_context("fork")
         self.conn, child = ctx.Pipe()
         self.fab_hash = fab_hash
         self.process = ctx.Process(target=worker_main, name=f"clientapp-worker-{fab_hash[:8]}",
                                    args=(child, address, insecure, certificates,
-                                         deadline_override), daemon=True)
+                                         deadline_override,
+                                         *(() if approved is None else (approved,))),
+                                   daemon=True)
         self.process.start()
         with contextlib.suppress(OSError):  # also here: no task before the group exists
             os.setpgid(self.process.pid, self.process.pid)
@@ -210,8 +224,11 @@ class WarmExecutor:
 
     def __init__(self, address: str, insecure: bool, certificates: bytes | None,
                  poll: float, status_file: Path | None, max_workers: int = 4,
-                 task_deadline: float = 0.0, wake_fd: int | None = None) -> None:
+                 task_deadline: float = 0.0, wake_fd: int | None = None,
+                 approved: Allowlist | None = None) -> None:
         self.address, self.insecure, self.certificates = address, insecure, certificates
+        self.approved = approved
+        """The device's approved apps (None: every app runs)."""
         self.poll = poll
         self.wake_fd = wake_fd
         """A pipe the SuperNode writes to when a message waits; None: poll only."""
@@ -253,7 +270,8 @@ class WarmExecutor:
                 if len(self.workers) < self.max_workers or self.idle_worker(None):
                     res = client.AcquireTask(request)
                     if res.HasField("task") and res.token:
-                        self.dispatch(res.token, res.task.task_id, res.task.fab_hash)
+                        self.dispatch(res.token, res.task.task_id, res.task.fab_hash,
+                                      res.task.run_id)
                         continue
                 self.pause()
         finally:
@@ -283,10 +301,13 @@ class WarmExecutor:
                 and (fab_hash is None or w.fab_hash == fab_hash)]
         return max(idle, key=lambda w: w.tasks_done, default=None)
 
-    def dispatch(self, token: str, task_id: int, fab_hash: str) -> None:
+    def dispatch(self, token: str, task_id: int, fab_hash: str, run_id: int = 0) -> None:
         """Send the task to an idle warm worker of its FAB, forking one if there is none."""
         from flwr.supercore import log
 
+        if self.approved is not None and (why := self.approved.refusal(fab_hash, run_id)):
+            self.refuse(token, task_id, why)
+            return
         self.reap_orphans(time.monotonic())
         for old in [w for w in self.workers if w.fab_hash != fab_hash and w.task is None]:
             log(INFO, "warm executor: FAB %s, retiring a worker of FAB %s", fab_hash[:8],
@@ -295,7 +316,7 @@ class WarmExecutor:
         worker = self.idle_worker(fab_hash)
         if worker is None:  # run() acquires only with a worker to spare
             worker = Worker(fab_hash, self.address, self.insecure, self.certificates,
-                            self.task_deadline)
+                            self.task_deadline, self.approved)
             self.workers.append(worker)
             self.stats.worker_starts += 1
             self.stats.cold_workers += "torch" not in sys.modules
@@ -304,6 +325,23 @@ class WarmExecutor:
                 log(INFO, "warm executor: %d workers (the others are busy)", len(self.workers))
         worker.task = InFlight(task_id, token, deadline=self.task_deadline)
         worker.conn.send((task_id, token))
+
+    def refuse(self, token: str, task_id: int, reason: str) -> None:
+        """Answer a task of an unapproved FAB with ``reason``: one log line, an error reply;
+        no worker is forked or retired for it and nothing of its FAB is installed."""
+        from flwr.supercore import log
+
+        from node.task_runner import refuse_task
+
+        log(WARNING, "%s (task %d)", reason, task_id)
+        self.stats.tasks += 1
+        self.stats.tasks_failed += 1
+        self.stats.tasks_refused += 1
+        try:
+            refuse_task(self.address, token, self.insecure, self.certificates, reason)
+        except Exception as err:  # noqa: BLE001 - Flower's token expiry remains
+            log(ERROR, "warm executor: could not answer refused task %d: %s", task_id, err)
+        self.stats.write(self.status_file)
 
     def reap_orphans(self, now: float) -> None:
         """Kill workers whose task never got its message (``ORPHAN_SECONDS``): the node hands
@@ -434,6 +472,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wake-fd", type=int,
                    help="an inherited pipe the SuperNode writes to when a message waits: "
                         "ask for a task at once (node.launch passes it)")
+    p.add_argument("--approved-apps", type=Path,
+                   help="the device's approved-apps file (node.app_allowlist): a task of any "
+                        "other FAB is refused before anything of it is installed")
     p.add_argument("--parent-pid", type=int, help="exit when this process exits")
     p.add_argument("--status-file", type=Path, help="write counters here after each task")
     args = p.parse_args(argv)
@@ -454,11 +495,17 @@ def main(argv: list[str] | None = None) -> None:
     from node.launch import plain_logs_off_terminal
 
     plain_logs_off_terminal()
+    from node.app_allowlist import Allowlist, AllowlistError
+
+    try:
+        approved = None if args.approved_apps is None else Allowlist.load(args.approved_apps)
+    except AllowlistError as err:
+        raise SystemExit(f"warm executor: {err}") from None
     certificates = (None if args.insecure
                     else Path(args.root_certificates).read_bytes())
     executor = WarmExecutor(args.runtime_api_address, args.insecure, certificates, args.poll,
                             args.status_file, args.max_workers, args.task_deadline,
-                            args.wake_fd)
+                            args.wake_fd, approved)
     executor.preload()
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)

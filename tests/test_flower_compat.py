@@ -111,6 +111,17 @@ def _warm_executor() -> None:
     assert chosen_executor("flower") == "flower"
 
 
+def _app_allowlist() -> None:
+    from flwr.supernode import start_client_internal as loop
+
+    from flower_compat import app_allowlist
+    from node.app_allowlist import Allowlist
+
+    original = loop._pull_and_store_message
+    assert app_allowlist.apply(Allowlist(REPO / "approved-apps.txt")) is False
+    assert loop._pull_and_store_message is original  # Flower's own, storing any FAB
+
+
 def _ray_inline() -> None:
     from flower_compat import ray_inline
 
@@ -158,7 +169,8 @@ def _flower_helpers() -> None:
 DECLINED: dict[str, Callable[[], None]] = {
     "fast-dispatch": _fast_dispatch, "sim-window": _sim_window, "reply-poll": _reply_poll,
     "object-pulls": _object_pulls, "supernode-waits": _supernode_waits,
-    "warm-executor": _warm_executor, "ray-inline": _ray_inline, "app-source": _app_source,
+    "warm-executor": _warm_executor, "app-allowlist": _app_allowlist,
+    "ray-inline": _ray_inline, "app-source": _app_source,
     "offline-env": _offline_env, "ray-loopback": _ray_loopback,
     "flower-helpers": _flower_helpers,
 }

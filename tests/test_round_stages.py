@@ -320,3 +320,21 @@ def test_only_the_pipeline_builder_reads_whether_dp_is_on() -> None:
                      for p in [root / "strategy.py", *(root / "round_stages").glob("*.py")]
                      if re.search(r"\.on\b|\.mode\b|\bc(fg)?\.dp\b", p.read_text()))
     assert readers == ["round_stages/pipeline.py"]
+
+
+def test_a_subclass_override_of_the_client_config_reaches_the_messages() -> None:
+    """``bench/state_drift.py`` overrides ``_client_config``; the messages stage calls it."""
+
+    class WithoutAccounted(MethodStrategy):
+        def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
+            config = super()._client_config(round_config, pid)
+            del config[rk.ACCOUNTED_ROUND]
+            return config
+
+    cfg = config()
+    plain = MethodStrategy(cfg, {p: 1000 + p for p in range(4)}, W_T, examples=SIZES)
+    other = WithoutAccounted(cfg, {p: 1000 + p for p in range(4)}, W_T, examples=SIZES)
+    for s, has in ((plain, True), (other, False)):
+        msgs = s.configure_train(1, ArrayRecord(W_T), ConfigRecord(), cast(Grid, None))
+        assert all((rk.ACCOUNTED_ROUND in m.content.config_records[rk.CONFIG]) is has
+                   for m in msgs)

@@ -13,10 +13,9 @@ and the accounted rounds are the checkpointed server state.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from logging import WARNING
 from pathlib import Path
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -40,6 +39,7 @@ from server_app.round_stages.norm_filter import (
     NormFilter,
     owned,
 )
+from server_app.round_stages.personal_eval import PersonalEvaluation
 from server_app.round_stages.replies import Accepted
 from server_app.run_reports import RunReports
 from store.server_models import ServerModels
@@ -84,9 +84,9 @@ class MethodStrategy(Strategy):
         self._sent_to: dict[int, int] = {}
         self._sampled = 0
         """Clients sampled this round, messaged or not (under DP absent ones are not)."""
-        self._eval_sent_to: dict[int, int] = {}
-        self.personal_scores: list[personal_summary.ClientScores] = []
-        """The last personalized evaluation's per-client scores."""
+        self.personal_eval = PersonalEvaluation(cfg, node_of_partition, self.available,
+                                                self.pipeline.messages)
+        """The personalized evaluation flow (``configure_evaluate``/``aggregate_evaluate``)."""
 
     # ---------------------------------------------------------------- views of the stages
     @property
@@ -217,54 +217,20 @@ class MethodStrategy(Strategy):
     ) -> Iterable[Message]:
         """Personalized evaluation in the rounds it is due (``personal-eval-every``): the
         global model (or the client's own content, ``ServerRule.down_to``) to the evaluated
-        clients; none otherwise (the global model is also
-        evaluated centrally by the experiment)."""
-        c = self.cfg
-        self._eval_sent_to = {}
-        if not personal_summary.due(c, server_round):
-            return []
-        w_t = unpack(arrays)
-        eval_config = ConfigRecord({**dict(config), rk.ROUND: server_round,
-                                    rk.LR: c.lr_at(server_round), rk.PERSONAL_EVAL: True})
-        messages = []
-        online = set(self.available())
-        for pid in personal_summary.eval_clients(c):
-            if pid not in online:  # not identified or not connected: no score this time
-                continue
-            node = self.node_of_partition[pid]
-            self._eval_sent_to[node] = pid
-            model, _ = self._content_for(pid, arrays, {}, w_t)
-            content = RecordDict({rk.ARRAYS: model, rk.CONFIG: for_client(eval_config, pid)})
-            messages.append(
-                Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node))
-        return messages
+        clients; none otherwise (the global model is also evaluated centrally by the
+        experiment). See ``round_stages/personal_eval.py``."""
+        return self.personal_eval.messages(server_round, arrays, config)
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
         """Mean, p10 and min of each accuracy over the clients; their scores are kept in
         ``personal_scores`` (the per-client file)."""
-        scores: list[personal_summary.ClientScores] = []
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            decoded: personal_summary.ClientScores | str
-            if msg.has_error():
-                decoded = f"client error: {msg.error.reason}"
-            elif node not in self._eval_sent_to:
-                decoded = "evaluation reply from a node that was not asked"
-            elif rk.METRICS not in msg.content.metric_records:
-                decoded = f"missing MetricRecord {rk.METRICS!r}"
-            else:
-                decoded = personal_summary.decode(self._eval_sent_to[node],
-                                               msg.content.metric_records[rk.METRICS])
-            if isinstance(decoded, str):
-                log(WARNING, "round %d: ignored the evaluation reply of node %s (partition "
-                    "%s): %s", server_round, node, self._eval_sent_to.get(node, "?"), decoded)
-                continue
-            scores.append(decoded)
-        self.personal_scores = scores
-        if not self._eval_sent_to:
-            return None
-        return MetricRecord(personal_summary.summarize(scores))
+        return self.personal_eval.summary(server_round, replies)
+
+    @property
+    def personal_scores(self) -> list[personal_summary.ClientScores]:
+        """The last personalized evaluation's per-client scores."""
+        return self.personal_eval.scores
 
     def decode(self, msg: Message) -> ClientUpdate | str:
         """The reply as a typed update, or why it cannot be aggregated (``DecodeReplies``)."""

@@ -315,11 +315,12 @@ def test_the_dp_decision_shapes_the_pipeline(mode: str) -> None:
 
 
 def test_only_the_pipeline_builder_reads_whether_dp_is_on() -> None:
-    root = Path(__file__).resolve().parents[1] / "server_app"
-    readers = sorted(p.relative_to(root).as_posix()
+    repo = Path(__file__).resolve().parents[1]
+    root = repo / "server_app"
+    readers = sorted(p.relative_to(repo).as_posix()
                      for p in [root / "strategy.py", *(root / "round_stages").glob("*.py")]
                      if re.search(r"\.on\b|\.mode\b|\bc(fg)?\.dp\b", p.read_text()))
-    assert readers == ["round_stages/pipeline.py"]
+    assert readers == ["server_app/round_stages/pipeline.py"]
 
 
 def test_a_subclass_override_of_the_client_config_reaches_the_messages() -> None:

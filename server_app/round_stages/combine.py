@@ -1,0 +1,53 @@
+"""Stage 8, combine: each contribution's weight and the round's aggregate update D under the
+RI variant (``methods.ri.aggregate_update``), by the run's rule or, under DP, the sum over a
+fixed denominator (``Mechanism.mean``), chosen where the pipeline is built."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from methods.method import ClientUpdate
+from methods.ri import aggregate_update
+from methods.robust import combine
+from methods.weights import Weights
+from server_app.round_stages.replies import RoundReplies
+from task.config import RunConfig
+
+Mean = Callable[[Sequence[Weights], Sequence[float]], Weights]
+"""How one vector per contribution becomes one: (vectors, weights) -> vector."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RobustMean:
+    """The run's ``aggregation`` rule (``methods.robust.combine``) as a ``Mean``."""
+
+    cfg: RunConfig
+
+    def __call__(self, vectors: Sequence[Weights], weights: Sequence[float]) -> Weights:
+        c = self.cfg
+        return combine(vectors, weights, c.aggregation, c.trim_fraction, c.byzantine_f)
+
+
+def reply_weights(weighting: str, updates: Sequence[ClientUpdate]) -> list[float]:
+    """Each reply's weight in the round's mean (``weighting``): its examples, or 1."""
+    if weighting == "uniform":
+        return [1.0] * len(updates)
+    return [float(u.num_examples) for u in updates]
+
+
+@dataclasses.dataclass(frozen=True)
+class Combine:
+    """Sets ``weights``, D (``aggregate``) and the server's view of each final model."""
+
+    variant: str
+    weighting: str
+    mean: Mean
+
+    def __call__(self, replies: RoundReplies) -> RoundReplies:
+        updates = replies.contributions
+        weights = reply_weights(self.weighting, updates)
+        aggregate, finals = aggregate_update(replies.w_t, [u.upload for u in updates],
+                                             weights, self.variant, mean=self.mean)
+        return dataclasses.replace(replies, weights=tuple(weights), aggregate=aggregate,
+                                   finals=finals)

@@ -1,0 +1,155 @@
+"""Stage 3, reply decoding and checks: each reply decoded once into a ``ClientUpdate``, or
+rejected with a one-line reason (logged); sorted in client order, so a deployment and a
+simulation of the same seed aggregate bit for bit alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from flwr.app import Message
+from flwr.common.constant import ErrorCode
+
+from methods import wire as rk
+from methods.method import ClientUpdate, ServerRule
+from methods.packed_arrays import unpack
+from methods.weights import Weights
+from server_app.round_stages.replies import Accepted, RoundReplies, log_rejected
+from task.config import RunConfig
+from task.federated_data import num_steps
+
+NOT_ARRIVED = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
+                         ErrorCode.NODE_UNAVAILABLE})
+"""Error codes of a reply that never came from the client (the SuperLink's own): under DP
+only replies that arrived count against ``min-replies``; any other error is the client's
+(its ClientApp raised or crashed, possibly because of its data) and counts as arrived."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeReplies:
+    """The checks every reply passes before it may be aggregated.
+
+    ``examples``: each client's true training-example count, which its replies must claim,
+    or None where the server cannot know it (device data). ``placeholders``: under local DP
+    a device reports nothing that depends on its data (client_app.device_privacy); weights
+    are uniform under DP and no rule DP runs with reads the counts, so placeholders stand in,
+    whatever a reply claims.
+    """
+
+    cfg: RunConfig
+    rule: ServerRule
+    examples: tuple[int, ...] | None
+    placeholders: bool = False
+
+    def __call__(self, replies: RoundReplies) -> RoundReplies:
+        good: list[Accepted] = []
+        rejected = 0
+        arrived: set[int] = set()
+        for msg in replies.messages:
+            node = msg.metadata.src_node_id
+            if node in replies.sent_to and not (msg.has_error()
+                                                and msg.error.code in NOT_ARRIVED):
+                arrived.add(node)
+            decoded = self.decode(msg, replies.sent_to, replies.w_t)
+            if isinstance(decoded, str):
+                rejected += 1
+                log_rejected(replies, node, decoded)
+                continue
+            good.append((node, decoded))
+        good.sort(key=lambda item: item[1].partition_id)
+        return dataclasses.replace(
+            replies, accepted=tuple(good), rejected=rejected, arrived=len(arrived),
+            missing=replies.sampled - len(good) - rejected)
+
+    def decode(self, msg: Message, sent_to: Mapping[int, int],
+               w_t: Weights) -> ClientUpdate | str:
+        """The reply as a typed update, or why it cannot be aggregated (one line)."""
+        if msg.has_error():
+            return f"client error: {msg.error.reason}"
+        node = msg.metadata.src_node_id
+        if node not in sent_to:
+            return "reply from a node that was not sampled this round"
+        pid = sent_to[node]
+        content = msg.content
+        if rk.METRICS not in content.metric_records:
+            return f"missing MetricRecord {rk.METRICS!r}"
+        metrics = content.metric_records[rk.METRICS]
+        local = self.placeholders
+        for key in () if local else (rk.NUM_EXAMPLES, rk.TRAIN_LOSS, rk.NUM_STEPS):
+            if key not in metrics:
+                return f"missing metric {key!r}"
+        said = (content.config_records[rk.CONFIG].get(rk.UPLOAD_DELTA)
+                if rk.CONFIG in content.config_records else None)
+        if said is not (self.cfg.ri_aggregation == "update"):
+            return (f"the reply says {rk.UPLOAD_DELTA}={said!r}; the round asked for "
+                    f"{'Delta_i' if self.cfg.ri_aggregation == 'update' else 'w_iK'}")
+        n, steps, loss = ((1, 1, math.nan) if local else
+                          (metrics[rk.NUM_EXAMPLES], metrics[rk.NUM_STEPS], metrics[rk.TRAIN_LOSS]))
+        if not local:
+            for key, value in ((rk.NUM_EXAMPLES, n), (rk.NUM_STEPS, steps)):
+                if not isinstance(value, int) or value <= 0:
+                    return f"{key}={value!r} is not a positive integer"
+            assert isinstance(n, int) and isinstance(steps, int)
+            problem = self.examples_problem(pid, n)
+            if problem is not None:
+                return problem
+            if not isinstance(loss, int | float) or not math.isfinite(float(loss)):
+                return f"train-loss={loss!r} is not finite"
+        arrays: dict[str, Weights] = {}
+        for key in (rk.ARRAYS, *self.rule.up_keys):
+            if key not in content.array_records:
+                return f"missing ArrayRecord {key!r}"
+            try:
+                arrays[key] = unpack(content.array_records[key])
+            except ValueError as err:
+                return f"ArrayRecord {key!r}: {err}"
+            problem = arrays_problem(key, arrays[key], w_t)
+            if problem is not None:
+                return problem
+        update = ClientUpdate(partition_id=pid, upload=arrays.pop(rk.ARRAYS), extras=arrays,
+                              num_examples=n, train_loss=float(loss), num_steps=steps)
+        problem = self.rule.reply_problem(update, self.expected_steps(pid))
+        return update if problem is None else problem
+
+    def examples_problem(self, partition_id: int, n: int) -> str | None:
+        """Why a claimed example count (the reply's weight) cannot be true, or None.
+
+        ``max-examples-per-client`` > 0 (clients with their own data) only caps the claim;
+        otherwise it must equal the partition's size, which the server derives from the
+        run config exactly as the client does.
+        """
+        ceiling = self.cfg.max_examples_per_client
+        if ceiling > 0:
+            return None if n <= ceiling else (
+                f"num-examples={n} > max-examples-per-client={ceiling}")
+        want = self.true_examples(partition_id)
+        return None if want is None or n == want else (
+            f"num-examples={n}, but partition {partition_id} holds {want} examples")
+
+    def true_examples(self, partition_id: int) -> int | None:
+        """The partition's example count when the server knows it (exact-count mode)."""
+        if self.examples is None or self.cfg.max_examples_per_client > 0:
+            return None
+        return self.examples[partition_id]
+
+    def expected_steps(self, partition_id: int) -> int | None:
+        """The local SGD steps the partition takes, when the server knows its size."""
+        n = self.true_examples(partition_id)
+        c = self.cfg
+        return None if n is None else num_steps(n, c.local_epochs, c.batch_size)
+
+
+def arrays_problem(key: str, arrays: Sequence[np.ndarray], reference: Weights) -> str | None:
+    """Shape, dtype and finiteness check of one model-shaped upload against the model."""
+    if len(arrays) != len(reference):
+        return f"{key!r} has {len(arrays)} arrays, expected {len(reference)}"
+    for i, (a, r) in enumerate(zip(arrays, reference, strict=True)):
+        if a.shape != r.shape:
+            return f"{key!r}[{i}] has shape {a.shape}, expected {r.shape}"
+        if a.dtype != r.dtype:
+            return f"{key!r}[{i}] has dtype {a.dtype}, expected {r.dtype}"
+        if not np.all(np.isfinite(a)):
+            return f"{key!r}[{i}] holds NaN or Inf"
+    return None

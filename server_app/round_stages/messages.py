@@ -1,0 +1,65 @@
+"""Stage 2, what is sent: the model, the round's settings and the method's extra arrays, per
+sampled client (its own content where the method gives each client its own)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+from methods import wire as rk
+from methods.packed_arrays import pack
+from methods.weights import Weights
+from server_app.round_stages.held import HeldMethod
+from task.config import RunConfig
+
+ClientConfig = Callable[[ConfigRecord, int], ConfigRecord]
+"""The round's settings for one client: (round config, client id) -> its config."""
+
+
+def for_client(config: ConfigRecord, client_id: int) -> ConfigRecord:
+    """The round's settings with the client the message is for (``rk.CLIENT_ID``)."""
+    return ConfigRecord({**dict(config), rk.CLIENT_ID: client_id})
+
+
+@dataclasses.dataclass
+class TrainMessages:
+    """Builds a round's train messages; ``client_config`` adds each client's own settings
+    (its id and accounted round: ``MethodStrategy._client_config``)."""
+
+    cfg: RunConfig
+    method: HeldMethod
+    node_of_partition: Mapping[int, int]
+    client_config: ClientConfig
+
+    def __call__(self, server_round: int, arrays: ArrayRecord, w_t: Weights,
+                 config: ConfigRecord, chosen: Sequence[int],
+                 ) -> tuple[list[Message], dict[int, int]]:
+        """The messages to ``chosen`` and {node id: client id} of them; ``w_t`` is
+        ``arrays`` decoded (once, by the caller)."""
+        c = self.cfg
+        round_config = ConfigRecord(
+            {**dict(config), rk.ROUND: server_round, rk.LR: c.lr_at(server_round),
+             rk.BETA: c.beta, rk.UPLOAD_DELTA: c.ri_aggregation == "update"}
+        )
+        extras = {k: pack(v) for k, v in self.method.rule.down(self.method.state).items()}
+        messages, sent_to = [], {}
+        for pid in chosen:
+            node = self.node_of_partition[pid]
+            sent_to[node] = pid
+            model, own = self.content_for(pid, arrays, extras, w_t)
+            content = RecordDict({rk.ARRAYS: model,
+                                  rk.CONFIG: self.client_config(round_config, pid), **own})
+            messages.append(
+                Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
+        return messages, sent_to
+
+    def content_for(self, pid: int, arrays: ArrayRecord, extras: dict[str, ArrayRecord],
+                    w_t: Weights) -> tuple[ArrayRecord, dict[str, ArrayRecord]]:
+        """The model and extra records client ``pid`` receives: the shared ones, unless the
+        method gives each client its own (``ServerRule.down_to``)."""
+        own = self.method.rule.down_to(self.method.state, pid, w_t)
+        if own is None:
+            return arrays, extras
+        return pack(own.model), {k: pack(v) for k, v in own.extras.items()}

@@ -1,0 +1,81 @@
+"""The train round as a pipeline, built once per run: the one place that reads whether DP is
+on (the sampler, whether the norm filter or the DP stage is present, the quorum's count, the
+denominator, the reply placeholders and the train-loss metric follow from it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Mapping, Sequence
+
+from methods.dp import Mechanism
+from methods.robust_choices import SELECTIONS
+from server_app.round_stages.combine import Combine, RobustMean
+from server_app.round_stages.decode import DecodeReplies
+from server_app.round_stages.held import AccountedRounds, HeldMethod
+from server_app.round_stages.messages import ClientConfig, TrainMessages
+from server_app.round_stages.method_update import AccountRound, MethodUpdate
+from server_app.round_stages.norm_filter import NormFilter
+from server_app.round_stages.privacy import ClientLevelDp
+from server_app.round_stages.quorum import MinReplies
+from server_app.round_stages.replies import RoundReplies, Stage, run_stages
+from server_app.round_stages.sampling import AvailableSampler, RegisteredSampler, Sampler
+from server_app.round_stages.selection import RobustSelection
+from task.config import RunConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPipeline:
+    """Who is asked (``sampler``), what they are sent (``messages``), and the stages their
+    replies pass through, in order."""
+
+    sampler: Sampler
+    messages: TrainMessages
+    stages: tuple[Stage, ...]
+
+    def __call__(self, replies: RoundReplies) -> RoundReplies:
+        return run_stages(self.stages, replies)
+
+    def stage(self, kind: type) -> Stage | None:
+        """The pipeline's stage of class ``kind``, or None when absent."""
+        return next((s for s in self.stages if isinstance(s, kind)), None)
+
+    def inserted(self, stage: Stage, *, before: type) -> TrainPipeline:
+        """This pipeline with ``stage`` right before its stage of class ``before``;
+        ValueError naming the classes present when there is none."""
+        kinds = [type(s) for s in self.stages]
+        if before not in kinds:
+            raise ValueError(f"before={before.__name__} is not a stage of this pipeline; "
+                             f"allowed: {', '.join(k.__name__ for k in kinds)}")
+        i = kinds.index(before)
+        return dataclasses.replace(self, stages=(*self.stages[:i], stage, *self.stages[i:]))
+
+
+def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: AccountedRounds,
+                         node_of_partition: Mapping[int, int], client_config: ClientConfig,
+                         examples: Sequence[int] | None) -> TrainPipeline:
+    """The run's pipeline: decode -> norm filter (not under DP) -> quorum -> selection (Krum,
+    Multi-Krum, Bulyan) -> DP (only under DP) -> combine -> method update -> accounting.
+    Under DP the sample is drawn from a secret seed (the run's seed is public)."""
+    privacy = Mechanism.from_config(cfg)
+    dp = privacy.on
+    rule = method.rule
+    robust = RobustMean(cfg)
+    sampler: Sampler = (
+        RegisteredSampler(secrets.randbits(63), cfg.num_clients, cfg.clients_per_round) if dp
+        else AvailableSampler(cfg.seed, cfg.num_clients, cfg.clients_per_round))
+    stages: list[Stage] = [DecodeReplies(
+        cfg, rule, None if examples is None else tuple(int(n) for n in examples),
+        placeholders=privacy.mode == "local")]
+    if not dp:
+        stages.append(NormFilter(cfg, method))
+    stages.append(MinReplies(cfg.min_replies, count_arrived=dp))
+    if cfg.aggregation in SELECTIONS:
+        stages.append(RobustSelection(cfg, rule))
+    if dp:
+        stages.append(ClientLevelDp(privacy, rule.up_keys))
+    stages += [Combine(cfg.ri_aggregation, cfg.weighting, privacy.mean if dp else robust),
+               MethodUpdate(cfg, method, robust),
+               AccountRound(accounted, train_loss=privacy.mode != "local")]
+    return TrainPipeline(sampler, TrainMessages(cfg, method, node_of_partition, client_config),
+                         tuple(stages))

@@ -1,0 +1,92 @@
+"""What flows through the train round's stages: ``RoundReplies``, one value per round, each
+stage returning a new one (``dataclasses.replace``), so a stage is tested by what it returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from logging import WARNING
+
+from flwr.app import Message
+from flwr.common.logger import log
+
+from methods import wire as rk
+from methods.method import ClientUpdate
+from methods.weights import Weights
+
+Accepted = tuple[int, ClientUpdate]
+"""A reply that passed the checks: (source node id, its decoded update)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundReplies:
+    """One train round on the server, from the raw replies to the next model.
+
+    Stages fill it in order: decoding sets ``accepted``, ``rejected``, ``missing`` and
+    ``arrived``; the norm filter narrows ``accepted``; selection and DP set ``selected``;
+    combining sets ``weights``, ``aggregate`` and ``finals``; the method update ``w_next``;
+    the last stage the round's metrics. A stage that decides the round is not aggregated sets
+    ``halted`` (the pipeline stops; the global model is unchanged).
+    """
+
+    server_round: int
+    w_t: Weights
+    """The global model sent this round."""
+    sent_to: Mapping[int, int]
+    """{node id: client id} of this round's train messages."""
+    sampled: int
+    """Clients sampled, messaged or not (under DP absent ones are not)."""
+    messages: Sequence[Message] = ()
+    """The replies as they came back."""
+    accepted: tuple[Accepted, ...] = ()
+    """Replies that passed the checks, in client order."""
+    rejected: int = 0
+    missing: int = 0
+    arrived: int = 0
+    """Sampled nodes whose reply came from the client (an error of the client's counts)."""
+    norm_limit_used: float = 0.0
+    """The largest norm / limit the norm filter saw (0 without a filter)."""
+    selected: tuple[ClientUpdate, ...] | None = None
+    """What is combined, when a stage narrowed or transformed ``accepted`` (None: all)."""
+    real: bool = True
+    """False when the contributions stand for no client (DP's zero contribution)."""
+    weights: tuple[float, ...] = ()
+    aggregate: Weights | None = None
+    """D, the round's aggregate update."""
+    finals: Sequence[Weights] = ()
+    """Each contribution's final model (for the divergence metric)."""
+    w_next: Weights | None = None
+    metrics: Mapping[str, int | float] = dataclasses.field(default_factory=dict)
+    """Metrics beyond the counts (train loss, divergence)."""
+    halted: bool = False
+
+    @property
+    def contributions(self) -> list[ClientUpdate]:
+        """The updates combined: ``selected``, or every accepted one."""
+        if self.selected is not None:
+            return list(self.selected)
+        return [u for _, u in self.accepted]
+
+    def counts(self) -> dict[str, int | float]:
+        """The round's reply counts, a metric row whether or not it was aggregated."""
+        return {rk.NUM_REPLIES: len(self.accepted), rk.NUM_REJECTED: self.rejected,
+                rk.NUM_MISSING: self.missing, rk.NORM_LIMIT_USED: self.norm_limit_used}
+
+
+Stage = Callable[[RoundReplies], RoundReplies]
+"""One step of the train round: a function of the round so far."""
+
+
+def run_stages(stages: Sequence[Stage], replies: RoundReplies) -> RoundReplies:
+    """Each stage in order, stopping after one that halts the round."""
+    for stage in stages:
+        replies = stage(replies)
+        if replies.halted:
+            break
+    return replies
+
+
+def log_rejected(replies: RoundReplies, node: int, reason: str) -> None:
+    """One warning per rejected reply, naming its node, client and reason."""
+    log(WARNING, "round %d: rejected reply of node %s (partition %s): %s",
+        replies.server_round, node, replies.sent_to.get(node, "?"), reason)

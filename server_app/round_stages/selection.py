@@ -17,9 +17,9 @@ from task.config import RunConfig
 
 @dataclasses.dataclass(frozen=True)
 class RobustSelection:
-    """Judges each reply on its model move and extra uploads concatenated (squared L2
-    distance); halts the round, logged, when too few replies came for ``byzantine-f``, as
-    with too few replies for ``min-replies``."""
+    """Judges each reply on its worst upload (the model move, each extra upload), each on its
+    own scale (``methods.robust.select``); halts the round, logged, when too few replies came
+    for ``byzantine-f``, as with too few replies for ``min-replies``."""
 
     cfg: RunConfig
     rule: ServerRule
@@ -38,7 +38,9 @@ class RobustSelection:
                            lr=0.0, server_lr=0.0).moves(replies.w_t)
         joint = [[*m, *(a for k in self.rule.up_keys for a in u.extras[k])]
                  for m, u in zip(moves, updates, strict=True)]
-        chosen = select(joint, c.aggregation, c.byzantine_f)
+        # each upload (the move, then each extra, all model-shaped) judged on its own scale
+        chosen = select(joint, c.aggregation, c.byzantine_f,
+                        channels=1 + len(self.rule.up_keys))
         if chosen is None:
             log(WARNING, "round %d: %d usable replies < %d that aggregation=%s needs with "
                 "byzantine-f=%d; the global model is unchanged", server_round, len(updates),

@@ -59,13 +59,13 @@ class SecAggServer:
     def _arrived(self, replies: Replies, stage: str, expected: list[int]) -> list[int]:
         unknown = sorted(set(replies) - set(expected))
         if unknown:
-            raise SecAggInputError(f"secagg {stage}: replies from {unknown}, not in this stage")
+            raise SecAggInputError(f"{stage}: replies from {unknown}, not in this stage")
         for nid, reply in replies.items():
             wire.stage_of(reply, stage, f"secagg reply from {nid}")
         arrived = sorted(replies)
         self.stage_clients[stage] = arrived
         if len(arrived) < self.params.threshold:
-            raise RoundFailedError(f"secagg {stage}: {len(arrived)} clients replied, fewer "
+            raise RoundFailedError(f"{stage}: {len(arrived)} clients replied, fewer "
                                    f"than the threshold {self.params.threshold}; no sum")
         return arrived
 

@@ -180,6 +180,14 @@ def test_what_the_server_holds_does_not_unmask_one_upload() -> None:
     vectors = uniform_vectors(ids, 1.0, seed=3)
     rnd = Round(params, ids, vectors)
     rnd.run(drop_after_keys={4})
+    received = [v for replies in rnd.log.values() for reply in replies.values()
+                for value in reply.values()
+                for v in (value if isinstance(value, list) else [value]) if isinstance(v, bytes)]
+    for nid, client in rnd.clients.items():  # no secret of a client crosses in the clear
+        secrets = [client._seed, vectors[nid][2].tobytes()[:64],
+                   vectors[nid][2].astype(np.float32).tobytes()[:32]]
+        assert not any(x in blob for x in secrets for blob in received)
+    assert not any(b"PRIVATE KEY" in blob for blob in received)
     seeds = _held_seeds(rnd)
     assert sorted(seeds) == [1, 2, 3, 5, 6, 7]  # survivors' seeds only, never the dropped one's
     sizes = [int(np.prod(s)) for s in SHAPES]

@@ -19,6 +19,8 @@ ALLOWED: dict[str, set[str]] = {
     "scripts": {"server_app", "client_app", "task", "methods", "store", "flower_compat"},
     # Flower Strategy classes over the server's MethodStrategy, and their client half
     "strategies": {"server_app", "client_app", "task", "methods", "store", "flower_compat"},
+    # SecAgg+ protocol core (client and server halves): only Flower, numpy and flower_compat
+    "secure_aggregation": {"flower_compat"},
 }
 PROJECT = {*ALLOWED, "bench", "tests"}
 

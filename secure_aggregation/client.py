@@ -1,0 +1,177 @@
+"""The client half: one state machine per round, setup -> share keys -> masked input -> unmask.
+
+Each step takes the server's dict and returns the reply dict; the private keys, the self-mask
+seed and the unmasked vector never leave this object. A step out of order, or a second unmask
+request (a server fishing for the other kind of share), is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from cryptography.fernet import InvalidToken
+from flwr.common.secure_aggregation.crypto.shamir import create_shares
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import (
+    decrypt,
+    encrypt,
+    generate_shared_key,
+)
+from flwr.common.secure_aggregation.ndarrays_arithmetic import parameters_mod
+from flwr.common.secure_aggregation.secaggplus_utils import (
+    share_keys_plaintext_concat,
+    share_keys_plaintext_separate,
+)
+from flwr.supercore.primitives.asymmetric import (
+    bytes_to_public_key,
+    generate_key_pairs,
+    private_key_to_bytes,
+    public_key_to_bytes,
+)
+
+from secure_aggregation import wire
+from secure_aggregation.masks import add_mask, expand, pairwise_key
+from secure_aggregation.params import MODULUS, SecAggParams
+from secure_aggregation.quant import check_vector, quantise
+from secure_aggregation.wire import SecAggInputError, Stage
+
+_ORDER = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK)
+
+
+class SecAggClient:
+    """One client's side of one round."""
+
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self._next = Stage.SETUP
+        self._who = f"secagg client {node_id}"
+
+    def handle(self, msg: Mapping[str, Any], vector: list[np.ndarray] | None = None
+               ) -> dict[str, Any]:
+        """Dispatch on the message's stage (the masked-input stage needs ``vector``)."""
+        stage = msg.get(wire.STAGE)
+        if stage == Stage.COLLECT:
+            if vector is None:
+                raise SecAggInputError(f"{self._who}: the masked-input stage needs a vector")
+            return self.masked_input(msg, vector)
+        steps = {Stage.SETUP: self.setup, Stage.SHARE_KEYS: self.share_keys,
+                 Stage.UNMASK: self.unmask}
+        if stage not in steps:
+            raise SecAggInputError(f"{self._who}: unknown stage {stage!r}; allowed: "
+                                   f"{', '.join(_ORDER)}")
+        return steps[stage](msg)
+
+    def _enter(self, msg: Mapping[str, Any], stage: str) -> None:
+        wire.stage_of(msg, stage, self._who)
+        if self._next != stage:
+            raise SecAggInputError(f"{self._who}: {stage!r} out of order, expected "
+                                   f"{self._next!r}")
+
+    def setup(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """Check the parameters (t > k/2 included) and make two fresh key pairs."""
+        self._enter(msg, Stage.SETUP)
+        self.params = SecAggParams.from_config(msg)
+        self.sizes = wire.get_int_list(msg, wire.SIZES, self._who)
+        self._sk1, pk1 = generate_key_pairs()  # pairwise masks
+        self._sk2, pk2 = generate_key_pairs()  # encrypting shares for neighbours
+        self._pk1, self._pk2 = public_key_to_bytes(pk1), public_key_to_bytes(pk2)
+        self._next = Stage.SHARE_KEYS
+        return {wire.STAGE: Stage.SETUP, wire.PK1: self._pk1, wire.PK2: self._pk2}
+
+    def share_keys(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """Shamir-share the self-mask seed and the mask key sk1; encrypt each pair of shares."""
+        self._enter(msg, Stage.SHARE_KEYS)
+        ids = wire.get_int_list(msg, wire.NIDS, self._who)
+        pk1s = wire.get_bytes_list(msg, wire.PK1S, self._who, len(ids))
+        pk2s = wire.get_bytes_list(msg, wire.PK2S, self._who, len(ids))
+        t, k = self.params.threshold, self.params.num_shares
+        if not t <= len(ids) <= k or len(set(ids)) != len(ids):
+            raise SecAggInputError(f"{self._who}: {len(ids)} distinct neighbours needed in "
+                                   f"{t}..{k}, got {len(set(ids))} of {len(ids)}")
+        if len(set(pk1s + pk2s)) != 2 * len(ids):
+            raise SecAggInputError(f"{self._who}: neighbours' public keys are not all distinct")
+        if self.node_id not in ids:
+            raise SecAggInputError(f"{self._who}: not in its own neighbour list")
+        me = ids.index(self.node_id)
+        if (pk1s[me], pk2s[me]) != (self._pk1, self._pk2):
+            raise SecAggInputError(f"{self._who}: its own public keys were replaced")
+        self._pk1s = dict(zip(ids, pk1s, strict=True))
+        self._seed = os.urandom(32)
+        seed_shares = create_shares(self._seed, t, len(ids))
+        sk1_shares = create_shares(private_key_to_bytes(self._sk1), t, len(ids))
+        self._enc_keys: dict[int, bytes] = {}
+        self._held: dict[int, tuple[bytes, bytes]] = {self.node_id: (seed_shares[me],
+                                                                      sk1_shares[me])}
+        dsts, ctxts = [], []
+        for pos, nid in enumerate(ids):
+            if nid == self.node_id:
+                continue
+            try:
+                key = generate_shared_key(self._sk2, bytes_to_public_key(pk2s[pos]))
+            except ValueError as err:
+                raise SecAggInputError(f"{self._who}: pk2 of {nid} is not a public key") from err
+            self._enc_keys[nid] = key
+            plain = share_keys_plaintext_concat(self.node_id, nid, seed_shares[pos],
+                                                sk1_shares[pos])
+            dsts.append(nid)
+            ctxts.append(encrypt(key, plain))
+        self._next = Stage.COLLECT
+        return {wire.STAGE: Stage.SHARE_KEYS, wire.DSTS: dsts, wire.CTXTS: ctxts,
+                wire.SEED_HASH: hashlib.sha256(self._seed).digest()}
+
+    def masked_input(self, msg: Mapping[str, Any], vector: list[np.ndarray]) -> dict[str, Any]:
+        """Keep the neighbours' shares; upload q(x) + PRG(seed) +- pairwise masks mod 2^32."""
+        self._enter(msg, Stage.COLLECT)
+        srcs = wire.get_int_list(msg, wire.SRCS, self._who)
+        ctxts = wire.get_bytes_list(msg, wire.CTXTS, self._who, len(srcs))
+        if len(set(srcs)) != len(srcs) or not set(srcs) <= set(self._enc_keys):
+            raise SecAggInputError(f"{self._who}: sources {srcs} are not distinct neighbours")
+        if len(srcs) + 1 < self.params.threshold:
+            raise SecAggInputError(f"{self._who}: {len(srcs) + 1} clients in its neighbourhood "
+                                   f"shared keys, fewer than the threshold "
+                                   f"{self.params.threshold}")
+        check_vector(vector, self.sizes)
+        for src, ctxt in zip(srcs, ctxts, strict=True):
+            try:
+                plain = decrypt(self._enc_keys[src], ctxt)
+            except InvalidToken:
+                raise SecAggInputError(f"{self._who}: the shares from {src} do not decrypt "
+                                       f"(tampered or misrouted)") from None
+            actual_src, dst, seed_share, sk1_share = share_keys_plaintext_separate(plain)
+            if (actual_src, dst) != (src, self.node_id):
+                raise SecAggInputError(f"{self._who}: shares labelled {actual_src}->{dst} "
+                                       f"arrived as {src}->{self.node_id}")
+            self._held[src] = (seed_share, sk1_share)
+        total = [q + m for q, m in zip(quantise(vector, self.params),
+                                       expand(self._seed, self.sizes), strict=True)]
+        for src in srcs:
+            add_mask(total, pairwise_key(self._sk1, self._pk1s[src]),
+                           1 if self.node_id > src else -1)
+        masked = parameters_mod(total, MODULUS)
+        self._next = Stage.UNMASK
+        return {wire.STAGE: Stage.COLLECT,
+                wire.MASKED: [a.astype("<u4").tobytes() for a in masked]}
+
+    def unmask(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """Release seed shares of survivors and sk1 shares of the dropped, never both, once."""
+        self._enter(msg, Stage.UNMASK)
+        active = wire.get_int_list(msg, wire.ACTIVE, self._who)
+        dead = wire.get_int_list(msg, wire.DEAD, self._who)
+        asked = active + dead
+        if len(set(asked)) != len(asked):
+            raise SecAggInputError(f"{self._who}: a client is listed twice in active/dead")
+        if self.node_id not in active:
+            raise SecAggInputError(f"{self._who}: not listed among the survivors")
+        if not set(asked) <= set(self._held):
+            raise SecAggInputError(f"{self._who}: asked for shares of "
+                                   f"{sorted(set(asked) - set(self._held))}, which it lacks")
+        if len(active) < self.params.threshold:
+            raise SecAggInputError(f"{self._who}: only {len(active)} survivors in its "
+                                   f"neighbourhood, fewer than the threshold "
+                                   f"{self.params.threshold}")
+        shares = [self._held[n][0] for n in active] + [self._held[n][1] for n in dead]
+        self._next = "done"
+        return {wire.STAGE: Stage.UNMASK, wire.NIDS: asked, wire.SHARES: shares}

@@ -1,0 +1,217 @@
+"""The server half: one round's driver, from the sampled node ids to the float sum.
+
+Each ``*_messages`` step takes the replies that arrived (a node id missing from them has
+dropped) and returns the next stage's message per node id. The server holds public keys,
+ciphertexts it cannot open, masked vectors and, at the end, t shares of each survivor's
+self-mask seed and of each dropped client's mask key: enough to cancel the masks in the sum,
+never enough to unmask one upload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+from flwr.common.secure_aggregation.ndarrays_arithmetic import parameters_mod
+from flwr.supercore.primitives.asymmetric import (
+    bytes_to_private_key,
+    bytes_to_public_key,
+    public_key_to_bytes,
+)
+
+from secure_aggregation import wire
+from secure_aggregation.graph import ring_neighbours
+from secure_aggregation.masks import add_mask, pairwise_key
+from secure_aggregation.params import MODULUS, SecAggParams
+from secure_aggregation.quant import dequantise_sum
+from secure_aggregation.wire import SecAggInputError, Stage
+
+Replies = Mapping[int, Mapping[str, Any]]
+
+
+class RoundFailedError(RuntimeError):
+    """Too many dropouts for the threshold: the round has no sum (never a wrong one)."""
+
+
+class SecAggServer:
+    """Drive one round for ``node_ids`` uploading arrays of ``shapes``."""
+
+    def __init__(self, params: SecAggParams, node_ids: list[int],
+                 shapes: list[tuple[int, ...]]) -> None:
+        if len(set(node_ids)) != len(node_ids) or any(
+                not isinstance(n, int) or n < 0 for n in node_ids):
+            raise SecAggInputError(f"secagg node ids must be distinct non-negative ints, "
+                                   f"got {node_ids}")
+        if not params.threshold <= len(node_ids) <= params.max_clients:
+            raise SecAggInputError(f"secagg needs {params.threshold}..{params.max_clients} "
+                                   f"clients (threshold..no wrap at bits={params.bits}), "
+                                   f"got {len(node_ids)}")
+        self.params = params
+        self.shapes = [tuple(s) for s in shapes]
+        self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
+        self.sampled = sorted(node_ids)
+        # who is in each stage: U1 keys, U2 shared keys, U3 masked input, U4 unmask shares
+        self.stage_clients: dict[str, list[int]] = {}
+
+    def _arrived(self, replies: Replies, stage: str, expected: list[int]) -> list[int]:
+        unknown = sorted(set(replies) - set(expected))
+        if unknown:
+            raise SecAggInputError(f"{stage}: replies from {unknown}, not in this stage")
+        for nid, reply in replies.items():
+            wire.stage_of(reply, stage, f"secagg reply from {nid}")
+        arrived = sorted(replies)
+        self.stage_clients[stage] = arrived
+        if len(arrived) < self.params.threshold:
+            raise RoundFailedError(f"{stage}: {len(arrived)} clients replied, fewer "
+                                   f"than the threshold {self.params.threshold}; no sum")
+        return arrived
+
+    def setup_messages(self) -> dict[int, dict[str, Any]]:
+        """The parameters and array sizes, the same for every sampled client."""
+        msg = {wire.STAGE: Stage.SETUP, wire.SIZES: list(self.sizes), **self.params.to_config()}
+        return {nid: dict(msg) for nid in self.sampled}
+
+    def share_keys_messages(self, replies: Replies) -> dict[int, dict[str, Any]]:
+        """Build the SecAgg+ ring over the clients that sent keys; send each its neighbours'."""
+        u1 = self._arrived(replies, Stage.SETUP, self.sampled)
+        self.pk1, self.pk2 = {}, {}
+        for nid in u1:
+            for key, store in ((wire.PK1, self.pk1), (wire.PK2, self.pk2)):
+                raw = wire.get_bytes(replies[nid], key, f"secagg reply from {nid}")
+                try:
+                    bytes_to_public_key(raw)
+                except ValueError:
+                    raise SecAggInputError(f"secagg reply from {nid}: {key!r} is not a PEM "
+                                           f"public key") from None
+                store[nid] = raw
+        self.neighbours = ring_neighbours(u1, self.params.num_shares)
+        return {nid: {wire.STAGE: Stage.SHARE_KEYS, wire.NIDS: list(nbrs),
+                      wire.PK1S: [self.pk1[j] for j in nbrs],
+                      wire.PK2S: [self.pk2[j] for j in nbrs]}
+                for nid, nbrs in self.neighbours.items()}
+
+    def collect_messages(self, replies: Replies) -> dict[int, dict[str, Any]]:
+        """Route each encrypted pair of shares to its destination, which alone can open it."""
+        u2 = self._arrived(replies, Stage.SHARE_KEYS, self.stage_clients[Stage.SETUP])
+        inbox: dict[int, tuple[list[int], list[bytes]]] = {nid: ([], []) for nid in u2}
+        self.seed_hash: dict[int, bytes] = {}
+        for src in u2:
+            who = f"secagg reply from {src}"
+            dsts = wire.get_int_list(replies[src], wire.DSTS, who)
+            ctxts = wire.get_bytes_list(replies[src], wire.CTXTS, who, len(dsts))
+            expected = [j for j in self.neighbours[src] if j != src]
+            if sorted(dsts) != expected:
+                raise SecAggInputError(f"{who}: destinations {sorted(dsts)}, its neighbours "
+                                       f"are {expected}")
+            digest = wire.get_bytes(replies[src], wire.SEED_HASH, who)
+            if len(digest) != hashlib.sha256().digest_size:
+                raise SecAggInputError(f"{who}: seed hash of {len(digest)} bytes, expected 32")
+            self.seed_hash[src] = digest
+            for dst, ctxt in zip(dsts, ctxts, strict=True):
+                if dst in inbox:
+                    inbox[dst][0].append(src)
+                    inbox[dst][1].append(ctxt)
+        for dst, (srcs, _) in inbox.items():
+            if len(srcs) + 1 < self.params.threshold:
+                raise RoundFailedError(f"secagg share keys: {len(srcs) + 1} of client {dst}'s "
+                                       f"neighbours shared keys, fewer than the threshold "
+                                       f"{self.params.threshold}; no sum")
+        return {dst: {wire.STAGE: Stage.COLLECT, wire.SRCS: srcs, wire.CTXTS: ctxts}
+                for dst, (srcs, ctxts) in inbox.items()}
+
+    def unmask_messages(self, replies: Replies) -> dict[int, dict[str, Any]]:
+        """Keep the masked vectors; ask each survivor for its neighbours' shares."""
+        u2 = self.stage_clients[Stage.SHARE_KEYS]
+        self.masked: dict[int, list[np.ndarray]] = {}
+        for nid, reply in replies.items():
+            if nid not in u2:
+                continue  # checked (and refused) by _arrived below
+            who = f"secagg reply from {nid}"
+            raw = wire.get_bytes_list(reply, wire.MASKED, who, len(self.sizes))
+            arrays = []
+            for index, (blob, size) in enumerate(zip(raw, self.sizes, strict=True)):
+                if len(blob) != 4 * size:
+                    raise SecAggInputError(f"{who}: masked array {index} has {len(blob)} bytes, "
+                                           f"expected {4 * size} ({size} uint32)")
+                arrays.append(np.frombuffer(blob, dtype="<u4").astype(np.int64))
+            self.masked[nid] = arrays
+        u3 = self._arrived(replies, Stage.COLLECT, u2)
+        self.dropped = [n for n in u2 if n not in set(u3)]
+        msgs = {}
+        for nid in u3:
+            nbrs = [j for j in self.neighbours[nid] if j in set(u2)]
+            msgs[nid] = {wire.STAGE: Stage.UNMASK,
+                         wire.ACTIVE: [j for j in nbrs if j in set(u3)],
+                         wire.DEAD: [j for j in nbrs if j in set(self.dropped)]}
+        self._asked = msgs
+        return msgs
+
+    def aggregate(self, replies: Replies) -> list[np.ndarray]:
+        """Rebuild the secrets from t shares each, cancel every mask, dequantise the sum."""
+        u3 = self.stage_clients[Stage.COLLECT]
+        self._arrived(replies, Stage.UNMASK, u3)
+        seed_shares: dict[int, list[bytes]] = {n: [] for n in u3}
+        sk1_shares: dict[int, list[bytes]] = {n: [] for n in self.dropped}
+        for nid, reply in replies.items():
+            who = f"secagg reply from {nid}"
+            asked = self._asked[nid][wire.ACTIVE] + self._asked[nid][wire.DEAD]
+            nids = wire.get_int_list(reply, wire.NIDS, who)
+            if nids != asked:
+                raise SecAggInputError(f"{who}: shares for {nids}, asked for {asked}")
+            shares = wire.get_bytes_list(reply, wire.SHARES, who, len(nids))
+            for owner, share in zip(nids, shares, strict=True):
+                self._check_share(who, owner, nid, share)
+                (seed_shares if owner in seed_shares else sk1_shares)[owner].append(share)
+        total = [np.zeros(s, dtype=np.int64) for s in self.sizes]
+        for nid in u3:
+            for acc, arr in zip(total, self.masked[nid], strict=True):
+                acc += arr
+        for nid in u3:
+            seed = self._rebuild(nid, seed_shares[nid], "self-mask seed")
+            if hashlib.sha256(seed).digest() != self.seed_hash[nid]:
+                raise SecAggInputError(f"secagg: client {nid}'s rebuilt self-mask seed does not "
+                                       f"match its hash (a malformed share)")
+            add_mask(total, seed, -1)
+        for nid in self.dropped:
+            sk1 = self._rebuild(nid, sk1_shares[nid], "mask key")
+            try:
+                key = bytes_to_private_key(sk1)
+            except ValueError:
+                raise SecAggInputError(f"secagg: client {nid}'s rebuilt mask key is not a "
+                                       f"private key (a malformed share)") from None
+            if public_key_to_bytes(key.public_key()) != self.pk1[nid]:
+                raise SecAggInputError(f"secagg: client {nid}'s rebuilt mask key does not match "
+                                       f"its public key (a malformed share)")
+            for peer in self.neighbours[nid]:
+                if peer in self.masked:  # the survivor added +mask if peer > nid
+                    add_mask(total, pairwise_key(key, self.pk1[peer]),
+                                   -1 if peer > nid else 1)
+        summed = parameters_mod(total, MODULUS)
+        return dequantise_sum(summed, len(u3), self.params, self.shapes)
+
+    def _check_share(self, who: str, owner: int, holder: int, share: bytes) -> None:
+        """Flower's share layout: 4-byte index (holder's place in owner's list + 1), 16n bytes."""
+        if len(share) < 20 or (len(share) - 4) % 16:
+            raise SecAggInputError(f"{who}: share of {owner} has {len(share)} bytes, expected "
+                                   f"4 + a multiple of 16")
+        index = int.from_bytes(share[:4], "little")
+        if index != self.neighbours[owner].index(holder) + 1:
+            raise SecAggInputError(f"{who}: share of {owner} has index {index}, expected "
+                                   f"{self.neighbours[owner].index(holder) + 1}")
+
+    def _rebuild(self, owner: int, shares: list[bytes], what: str) -> bytes:
+        t = self.params.threshold
+        if len(shares) < t:
+            raise RoundFailedError(
+                f"secagg unmask: {len(shares)} shares of client {owner}'s {what}, the threshold "
+                f"is {t} (more than {self.params.max_dropouts} of its neighbours dropped); no sum")
+        if len({len(s) for s in shares}) != 1:
+            raise SecAggInputError(f"secagg: shares of client {owner}'s {what} differ in length")
+        try:
+            return combine_shares(shares[:t])
+        except ValueError:
+            raise SecAggInputError(f"secagg: shares of client {owner}'s {what} do not combine "
+                                   f"(a malformed share)") from None

@@ -1,0 +1,68 @@
+"""Message keys and the one-line checks every received dict goes through first."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class SecAggInputError(ValueError):
+    """A malformed protocol message: one line naming the field, the sender and what is allowed."""
+
+
+class Stage:
+    """The four stages, in order; each message carries its stage under ``STAGE``."""
+
+    SETUP = "secagg-setup"
+    SHARE_KEYS = "secagg-share-keys"
+    COLLECT = "secagg-collect-masked"
+    UNMASK = "secagg-unmask"
+
+
+STAGE = "stage"
+PK1, PK2 = "pk1", "pk2"  # mask-agreement and share-encryption public keys (PEM)
+NIDS, PK1S, PK2S = "nids", "pk1s", "pk2s"
+DSTS, CTXTS, SRCS = "dsts", "ctxts", "srcs"
+SEED_HASH = "seed-hash"  # SHA-256 of the self-mask seed: lets the server detect a bad share
+MASKED = "masked"  # one little-endian uint32 byte string per array
+ACTIVE, DEAD = "active", "dead"
+SHARES = "shares"
+SIZES = "sizes"
+
+
+def stage_of(msg: Mapping[str, Any], expected: str, sender: str) -> None:
+    """Refuse a message of another stage."""
+    got = msg.get(STAGE)
+    if got != expected:
+        raise SecAggInputError(f"{sender}: stage {got!r} where {expected!r} was expected")
+
+
+def get_int_list(msg: Mapping[str, Any], key: str, sender: str) -> list[int]:
+    """A list of non-negative ints (node ids, sizes), no bools."""
+    value = msg.get(key)
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        raise SecAggInputError(f"{sender}: {key!r} must be a list of non-negative ints, "
+                               f"got {type(value).__name__}")
+    return list(value)
+
+
+def get_bytes(msg: Mapping[str, Any], key: str, sender: str) -> bytes:
+    """One non-empty byte string."""
+    value = msg.get(key)
+    if not isinstance(value, bytes) or not value:
+        raise SecAggInputError(f"{sender}: {key!r} must be non-empty bytes, "
+                               f"got {type(value).__name__}")
+    return value
+
+
+def get_bytes_list(msg: Mapping[str, Any], key: str, sender: str, length: int) -> list[bytes]:
+    """A list of exactly ``length`` byte strings."""
+    value = msg.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, bytes) for v in value):
+        raise SecAggInputError(f"{sender}: {key!r} must be a list of bytes, "
+                               f"got {type(value).__name__}")
+    if len(value) != length:
+        raise SecAggInputError(f"{sender}: {key!r} has {len(value)} entries, expected {length}")
+    return list(value)

@@ -1,0 +1,366 @@
+"""SecAgg+ core: N simulated clients and the server, in process, through the message dicts.
+
+Every message crosses a Flower ConfigRecord on its way (what a Message would carry). The
+sums are checked against sums computed here from the clients' own inputs; the privacy tests
+attack with everything the server holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+from flwr.supercore.primitives.asymmetric import bytes_to_private_key
+from scipy.stats import chisquare
+
+from secure_aggregation import (
+    MODULUS,
+    RoundFailedError,
+    SecAggClient,
+    SecAggInputError,
+    SecAggParams,
+    SecAggServer,
+    Stage,
+)
+from secure_aggregation.graph import ring_neighbours
+from secure_aggregation.masks import expand, pairwise_key
+
+SHAPES = [(4, 3, 3), (4,), (10, 8)]
+
+
+def over_wire(msgs: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """What arrives: each dict serialized as Flower serializes a ConfigRecord, and back."""
+    return {nid: dict(ConfigRecord.inflate(ConfigRecord(dict(m)).deflate()))
+            for nid, m in msgs.items()}
+
+
+class Round:
+    """One round driven stage by stage; ``log`` keeps every reply the server received."""
+
+    def __init__(self, params: SecAggParams, ids: list[int],
+                 vectors: dict[int, list[np.ndarray]]) -> None:
+        self.server = SecAggServer(params, ids, SHAPES)
+        self.clients = {i: SecAggClient(i) for i in ids}
+        self.vectors = vectors
+        self.log: dict[str, dict[int, dict[str, Any]]] = {}
+
+    def _ask(self, stage: str, msgs: Mapping[int, Mapping[str, Any]],
+             absent: set[int]) -> dict[int, dict[str, Any]]:
+        replies = {i: self.clients[i].handle(m, self.vectors.get(i))
+                   for i, m in over_wire(msgs).items() if i not in absent}
+        self.log[stage] = over_wire(replies)
+        return self.log[stage]
+
+    def run(self, drop_after_keys: set[int] = frozenset(),  # type: ignore[assignment]
+            drop_in_unmask: set[int] = frozenset(),  # type: ignore[assignment]
+            drop_in_keys: set[int] = frozenset()) -> list[np.ndarray]:  # type: ignore[assignment]
+        s = self.server
+        replies = self._ask(Stage.SETUP, s.setup_messages(), set())
+        replies = self._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), drop_in_keys)
+        self.collect_msgs = over_wire(s.collect_messages(replies))
+        replies = self._ask(Stage.COLLECT, self.collect_msgs, drop_after_keys)
+        self.unmask_msgs = s.unmask_messages(replies)
+        replies = self._ask(Stage.UNMASK, self.unmask_msgs, drop_in_unmask)
+        return s.aggregate(replies)
+
+
+def uniform_vectors(ids: list[int], clip: float, seed: int = 0) -> dict[int, list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return {i: [rng.uniform(-clip, clip, s) for s in SHAPES] for i in ids}
+
+
+def grid_vectors(ids: list[int], params: SecAggParams, seed: int = 0
+                 ) -> dict[int, list[np.ndarray]]:
+    """Values on the quantisation grid: stochastic rounding leaves them exact."""
+    rng = np.random.default_rng(seed)
+    return {i: [-params.clip + rng.integers(0, params.target_range + 1, s) * params.step
+                for s in SHAPES] for i in ids}
+
+
+def plain_sum(vectors: dict[int, list[np.ndarray]], ids: list[int], clip: float
+              ) -> list[np.ndarray]:
+    return [sum(np.clip(vectors[i][a], -clip, clip) for i in ids) for a in range(len(SHAPES))]
+
+
+@pytest.mark.parametrize("bits", [16, 6])
+def test_sum_equals_the_plain_sum_within_the_quantisation_bound(bits: int) -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=0.5, bits=bits)
+    ids = [101, 7, 55, 23, 9]
+    vectors = uniform_vectors(ids, 0.6)  # some coordinates beyond the clip bound
+    got = Round(params, ids, vectors).run()
+    bound = len(ids) * 2 * 0.5 / 2**bits  # n clients, each off by < one step 2c/2^bits
+    errors = [np.abs(g - p).max() for g, p in zip(got, plain_sum(vectors, ids, 0.5),
+                                                  strict=True)]
+    assert max(errors) < bound
+    assert params.sum_error_bound(len(ids)) == pytest.approx(bound)
+    if bits == 6:  # coarse enough that rounding shows: the sum is not the float sum by luck
+        assert max(errors) > bound / 20
+
+
+def test_flower_sized_node_ids_travel_and_sum() -> None:
+    """Flower node ids are 64-bit unsigned; they cross the wire and the share plaintexts."""
+    params = SecAggParams(threshold=2, num_shares=3, clip=1.0)
+    ids = [2**64 - 1, 2**63 + 12345, 7]
+    vectors = grid_vectors(ids, params, seed=2)
+    got = Round(params, ids, vectors).run(drop_after_keys={7})
+    for g, p in zip(got, plain_sum(vectors, ids[:2], 1.0), strict=True):
+        np.testing.assert_array_equal(g, p)
+
+
+def test_up_to_k_minus_t_dropouts_after_key_sharing_give_the_exact_sum() -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)  # SecAgg+ ring, 9 clients
+    ids = list(range(1, 10))
+    vectors = grid_vectors(ids, params)
+    dropped = {4, 5}  # adjacent: neighbourhoods of 3..6 each lose k - t = 2
+    rnd = Round(params, ids, vectors)
+    got = rnd.run(drop_after_keys=dropped)
+    survivors = [i for i in ids if i not in dropped]
+    assert rnd.server.stage_clients[Stage.COLLECT] == survivors
+    for g, p in zip(got, plain_sum(vectors, survivors, 1.0), strict=True):
+        np.testing.assert_array_equal(g, p)
+    assert all(len(n) == 5 for n in rnd.server.neighbours.values())
+
+
+def test_full_graph_with_a_dropout_in_each_stage_after_setup_is_exact() -> None:
+    params = SecAggParams(threshold=4, num_shares=7, clip=1.0)
+    ids = [3, 8, 13, 21, 34, 55, 89]  # k >= n: the complete graph (SecAgg), 3 may drop
+    vectors = grid_vectors(ids, params, seed=1)
+    rnd = Round(params, ids, vectors)
+    got = rnd.run(drop_in_keys={3}, drop_after_keys={8}, drop_in_unmask={55})
+    survivors = [13, 21, 34, 55, 89]  # 3 sent keys only; 55 uploaded, then missed the unmask stage
+    assert rnd.server.stage_clients[Stage.SHARE_KEYS] == [8, 13, 21, 34, 55, 89]
+    for g, p in zip(got, plain_sum(vectors, survivors, 1.0), strict=True):
+        np.testing.assert_array_equal(g, p)
+
+
+@pytest.mark.parametrize("drop_after_keys,drop_in_unmask", [({3, 4, 5}, set()),
+                                                            ({4, 5}, {6})])
+def test_more_dropouts_than_the_threshold_allows_fail_in_one_line(
+        drop_after_keys: set[int], drop_in_unmask: set[int]) -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = list(range(1, 10))
+    rnd = Round(params, ids, grid_vectors(ids, params))
+    with pytest.raises(RoundFailedError, match=r"threshold is 3 .*no sum$") as err:
+        rnd.run(drop_after_keys=drop_after_keys, drop_in_unmask=drop_in_unmask)
+    assert "\n" not in str(err.value)
+
+
+def test_fewer_uploads_than_the_threshold_fail_before_unmasking() -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4]
+    rnd = Round(params, ids, grid_vectors(ids, params))
+    with pytest.raises(RoundFailedError, match="2 clients replied, fewer than the threshold 3"):
+        rnd.run(drop_after_keys={1, 2})
+
+
+def _held_seeds(rnd: Round) -> dict[int, bytes]:
+    """Every self-mask seed the server can rebuild from the unmask replies it holds."""
+    shares: dict[int, list[bytes]] = {}
+    for reply in rnd.log[Stage.UNMASK].values():
+        for owner, share in zip(reply["nids"], reply["shares"], strict=True):
+            shares.setdefault(owner, []).append(share)
+    seeds = {}
+    for owner, got in shares.items():
+        secret = combine_shares(got[: rnd.server.params.threshold])
+        if hashlib.sha256(secret).digest() == rnd.server.seed_hash.get(owner):
+            seeds[owner] = secret
+    return seeds
+
+
+def test_what_the_server_holds_does_not_unmask_one_upload() -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = list(range(1, 8))
+    vectors = uniform_vectors(ids, 1.0, seed=3)
+    rnd = Round(params, ids, vectors)
+    rnd.run(drop_after_keys={4})
+    received = [v for replies in rnd.log.values() for reply in replies.values()
+                for value in reply.values()
+                for v in (value if isinstance(value, list) else [value]) if isinstance(v, bytes)]
+    for nid, client in rnd.clients.items():  # no secret of a client crosses in the clear
+        secrets = [client._seed, vectors[nid][2].tobytes()[:64],
+                   vectors[nid][2].astype(np.float32).tobytes()[:32]]
+        assert not any(x in blob for x in secrets for blob in received)
+    assert not any(b"PRIVATE KEY" in blob for blob in received)
+    seeds = _held_seeds(rnd)
+    assert sorted(seeds) == [1, 2, 3, 5, 6, 7]  # survivors' seeds only, never the dropped one's
+    sizes = [int(np.prod(s)) for s in SHAPES]
+    for victim in (1, 5):
+        masked = [np.frombuffer(b, dtype="<u4").astype(np.int64)
+                  for b in rnd.log[Stage.COLLECT][victim]["masked"]]
+        residual = np.concatenate([(m - s) % MODULUS for m, s in
+                                   zip(masked, expand(seeds[victim], sizes), strict=True)])
+        # q(x) lies in 0..2^16; what is left after removing the self mask is uniform mod 2^32
+        assert np.mean(residual <= params.target_range) < 0.01
+        assert chisquare(np.bincount(residual >> 28, minlength=16)).pvalue > 1e-6
+        decoded = -1.0 + (residual % (params.target_range + 1)) * params.step
+        truth = np.concatenate([v.ravel() for v in vectors[victim]])
+        assert np.abs(decoded - truth).mean() > 0.4  # uniform guesses miss by ~2/3
+
+
+def test_a_late_upload_of_a_dropped_client_stays_masked() -> None:
+    """The server rebuilt sk1 of client 4 (dropped), so it removes 4's pairwise masks; the
+    self mask remains, and no survivor released a share of 4's seed."""
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = list(range(1, 8))
+    vectors = uniform_vectors(ids, 1.0, seed=4)
+    rnd = Round(params, ids, vectors)
+    rnd.run(drop_after_keys={4})
+    late = rnd.clients[4].masked_input(rnd.collect_msgs[4], vectors[4])
+    sk1_shares = [r["shares"][r["nids"].index(4)] for r in rnd.log[Stage.UNMASK].values()
+                  if 4 in r["nids"]]
+    sk1 = bytes_to_private_key(combine_shares(sk1_shares[:3]))
+    total = np.concatenate([np.frombuffer(b, dtype="<u4").astype(np.int64)
+                            for b in late["masked"]])
+    for peer in rnd.server.neighbours[4]:
+        if peer != 4:
+            mask = np.concatenate(expand(pairwise_key(sk1, rnd.server.pk1[peer]),
+                                         [total.size]))
+            total = total - (1 if peer < 4 else -1) * mask
+    residual = total % MODULUS
+    assert np.mean(residual <= params.target_range) < 0.01
+    assert 4 not in _held_seeds(rnd)
+
+
+def test_a_client_releases_one_kind_of_share_per_peer_and_only_once() -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4, 5]
+    rnd = Round(params, ids, grid_vectors(ids, params))
+    rnd.run()
+    fishing = {"stage": Stage.UNMASK, "active": [1, 2, 3], "dead": [4]}
+    with pytest.raises(SecAggInputError, match="'secagg-unmask' out of order"):
+        rnd.clients[1].unmask(fishing)  # a second request, now for 4's mask key
+    both = {"stage": Stage.UNMASK, "active": [1, 2, 3], "dead": [3]}
+    with pytest.raises(SecAggInputError, match="listed twice"):
+        _client_at_unmask(params).unmask(both)
+    # t - 1 shares of a secret (a split-story server's best when t > k/2) do not rebuild it
+    shares = [r["shares"][r["nids"].index(2)] for r in rnd.log[Stage.UNMASK].values()]
+    assert hashlib.sha256(combine_shares(shares[:3])).digest() == rnd.server.seed_hash[2]
+    assert _rebuilt_or_none(shares[:2]) != combine_shares(shares[:3])
+
+
+def _rebuilt_or_none(shares: list[bytes]) -> bytes | None:
+    try:
+        return combine_shares(shares)
+    except ValueError:  # the padding of a wrong interpolation does not parse
+        return None
+
+
+def _client_at_unmask(params: SecAggParams) -> SecAggClient:
+    ids = [1, 2, 3, 4, 5]
+    rnd = Round(params, ids, grid_vectors(ids, params))
+    s = rnd.server
+    replies = rnd._ask(Stage.SETUP, s.setup_messages(), set())
+    replies = rnd._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), set())
+    rnd._ask(Stage.COLLECT, s.collect_messages(replies), set())
+    return rnd.clients[1]
+
+
+def test_a_device_refuses_a_threshold_at_or_below_half() -> None:
+    client = SecAggClient(1)
+    setup = {"stage": Stage.SETUP, "sizes": [3], "threshold": 2, "num-shares": 5,
+             "clip": 1.0, "bits": 16}
+    with pytest.raises(SecAggInputError, match=r"threshold must be in 3\.\.5 .*got 2$"):
+        client.setup(setup)
+
+
+def test_flowers_prg_has_a_32_bit_seed_and_ours_does_not() -> None:
+    """Why masks.py expands with ChaCha20: Flower's folds 32 bytes to 32 bits."""
+    a = bytes(range(32))
+    b = a[4:8] + a[:4] + a[8:]  # two words swapped: the same XOR of 4-byte words
+    flower = [pseudo_rand_gen(s, MODULUS, [(64,)])[0] for s in (a, b)]
+    np.testing.assert_array_equal(*flower)
+    ours = [expand(s, [64])[0] for s in (a, b)]
+    assert not np.array_equal(*ours)
+    assert ours[0].min() >= 0 and ours[0].max() < MODULUS
+
+
+def _one_line(err: pytest.ExceptionInfo[BaseException]) -> str:
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_a_malformed_share_is_refused_in_one_line() -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4, 5]
+    for corrupt, pattern in [(lambda s: s[:-3], "expected 4 \\+ a multiple of 16"),
+                             (lambda s: s[:10] + bytes([s[10] ^ 1]) + s[11:],
+                              "malformed share"),
+                             (lambda s: (99).to_bytes(4, "little") + s[4:], "has index 99")]:
+        rnd = Round(params, ids, grid_vectors(ids, params))
+        s = rnd.server
+        replies = rnd._ask(Stage.SETUP, s.setup_messages(), set())
+        replies = rnd._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), set())
+        replies = rnd._ask(Stage.COLLECT, s.collect_messages(replies), set())
+        replies = rnd._ask(Stage.UNMASK, s.unmask_messages(replies), set())
+        replies[2]["shares"][0] = corrupt(replies[2]["shares"][0])
+        with pytest.raises(SecAggInputError) as err:
+            s.aggregate(replies)
+        assert _one_line(err).startswith("secagg")
+        assert re.search(pattern, str(err.value)), str(err.value)
+
+
+def test_a_wrong_length_masked_vector_is_refused_in_one_line() -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4, 5]
+    rnd = Round(params, ids, grid_vectors(ids, params))
+    s = rnd.server
+    replies = rnd._ask(Stage.SETUP, s.setup_messages(), set())
+    replies = rnd._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), set())
+    replies = rnd._ask(Stage.COLLECT, s.collect_messages(replies), set())
+    replies[3]["masked"][1] = replies[3]["masked"][1][:-4]
+    with pytest.raises(SecAggInputError,
+                       match=r"^secagg reply from 3: masked array 1 has 12 bytes, expected 16 "):
+        s.unmask_messages(replies)
+    replies[3]["masked"] = replies[3]["masked"][:2]
+    with pytest.raises(SecAggInputError, match="'masked' has 2 entries, expected 3"):
+        s.unmask_messages(replies)
+
+
+def test_a_client_refuses_bad_input_in_one_line() -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4, 5]
+    rnd = Round(params, ids, grid_vectors(ids, params))
+    s = rnd.server
+    replies = rnd._ask(Stage.SETUP, s.setup_messages(), set())
+    replies = rnd._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), set())
+    msgs = over_wire(s.collect_messages(replies))
+    good = rnd.vectors[1]
+    nan = [good[0], good[1].copy(), good[2]]
+    nan[1][0] = np.nan
+    with pytest.raises(SecAggInputError, match="array 1 has a non-finite value") as err:
+        rnd.clients[1].masked_input(msgs[1], nan)
+    _one_line(err)
+    with pytest.raises(SecAggInputError, match="array 2 has 79 values, the round expects 80"):
+        rnd.clients[1].masked_input(msgs[1], [good[0], good[1], good[2].ravel()[:-1]])
+    tampered = dict(msgs[2])
+    tampered["ctxts"] = [c[:-2] + b"AA" for c in msgs[2]["ctxts"]]
+    with pytest.raises(SecAggInputError, match="do not decrypt"):
+        rnd.clients[2].masked_input(tampered, rnd.vectors[2])
+    with pytest.raises(SecAggInputError, match="unknown stage 'fit'"):
+        rnd.clients[3].handle({"stage": "fit"})
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    ({"threshold": 3, "num_shares": 4, "clip": 1.0}, "num-shares must be odd"),
+    ({"threshold": 3, "num_shares": 5, "clip": 0.0}, "clip must be a finite number > 0"),
+    ({"threshold": 3, "num_shares": 5, "clip": 1.0, "bits": 30}, r"bits must be in 1\.\.24"),
+    ({"threshold": 6, "num_shares": 5, "clip": 1.0}, r"threshold must be in 3\.\.5"),
+])
+def test_bad_parameters_get_one_line(kwargs: dict[str, Any], pattern: str) -> None:
+    with pytest.raises(SecAggInputError, match=pattern) as err:
+        SecAggParams(**kwargs)
+    _one_line(err)
+
+
+def test_the_ring_is_symmetric_with_k_members() -> None:
+    nbrs = ring_neighbours([40, 10, 30, 20, 50, 60, 70], 5)
+    assert all(len(v) == 5 and k in v for k, v in nbrs.items())
+    assert all(k in nbrs[j] for k, v in nbrs.items() for j in v)
+    assert ring_neighbours([1, 2, 3], 5) == {i: [1, 2, 3] for i in (1, 2, 3)}

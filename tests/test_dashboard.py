@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from flwr.app import Error, Message, MessageType
 
-from scripts.dashboard import make_server
+from scripts.dashboard import make_server, run_body, run_facts
 from scripts.inprocess_grid import InProcessGrid
 from server_app import clients
 from server_app.experiment import run_experiment
@@ -137,6 +137,12 @@ def test_under_dp_the_status_file_holds_no_per_client_participation(tmp_path: Pa
         assert not {"tasks", "rounds", "train-seconds", "last-seen",
                     "rejected-reasons"} & set(node)
     assert status["fleet"]["totals"]["sent"] == 6  # 2 of 3 clients, 3 rounds: counts only
+    body = run_body("run", run_facts(tmp_path / "run"), status["written"])
+    assert 'id="dp-note"' in body and "withheld under dp=central" in body  # the page says so
+    assert "participation" not in body.split('id="fleet"')[1].split("</table>")[0]
+    eps = re.search(r'<svg class="curve" data-key="dp-epsilon".*?</svg>', body)
+    assert eps is not None and eps.group(0).count('<circle class="pt"') == 3
+    assert 'class="target"' in eps.group(0)  # the budget line
 
 
 # ---------------------------------------------------------------- the page

@@ -144,7 +144,8 @@ class StatusWriter:
         """Rewrite status.json atomically (no fsync: see the module docstring). A failed
         write is logged once and never stops the run: the page is a view, not the record."""
         try:
-            text = json.dumps(self.snapshot(), indent=1, allow_nan=False, default=_plain)
+            text = json.dumps(self.snapshot(), separators=(",", ":"), allow_nan=False,
+                              default=_plain)
             atomic_write(self.path, lambda f: f.write(text.encode()), sync=False)
         except (OSError, TypeError, ValueError) as err:
             if not self._failed:
@@ -163,7 +164,10 @@ class StatusWriter:
                "dp-delta": cfg.dp_delta if self.private else None,
                "round-seconds": _num(row.get("round-seconds")),
                "collect-seconds": _num(row.get("collect-seconds"))}
-        nodes = [self._node(node, now) for node in sorted(self._known_nodes())]
+        client_of = {node: client for client, node in self.fleet.node_of.items()}
+        pending = set(self.fleet.pending.values())
+        nodes = [self._node(node, client_of.get(node), node in pending, now)
+                 for node in sorted(self._known_nodes())]
         fleet = {"num-clients": cfg.num_clients,
                  "identified": len(self.fleet.node_of),
                  "per-node-tasks": WITHHELD.format(dp=cfg.dp) if self.private else "written",
@@ -178,15 +182,15 @@ class StatusWriter:
         return (set(f.node_of.values()) | set(f.reasons) | set(f.refused)
                 | set(f.pending.values()) | set(self.tally))
 
-    def _node(self, node: int, now: float) -> dict[str, Any]:
+    def _node(self, node: int, client: int | None, pending: bool,
+              now: float) -> dict[str, Any]:
         f = self.fleet
-        client = next((c for c, n in f.node_of.items() if n == node), None)
         if client is not None:
             state, reason = "identified", None
         elif node in f.reasons:
             state = "refused" if node in f.refused else "refused-retrying"
-            reason = f.reasons[node]
-        elif node in f.pending.values():
+            reason = _short(f.reasons[node])
+        elif pending:
             state, reason = "waiting-for-identity", None
         else:
             state, reason = "unknown", None
@@ -225,6 +229,15 @@ def _last_line(text: str) -> str:
     """An error reason's last line (a traceback's exception), which says what went wrong."""
     lines = [x.strip() for x in str(text).splitlines() if x.strip()]
     return lines[-1] if lines else ""
+
+
+def _short(reason: str) -> str:
+    """A reason holding a traceback as its lead and the exception (its last line)."""
+    lines = [x.strip() for x in reason.splitlines() if x.strip()]
+    if len(lines) <= 1:
+        return reason
+    lead = lines[0].split("Traceback")[0].strip()
+    return f"{lead} {lines[-1]}".strip()
 
 
 def _plain(value: object) -> object:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from flwr.app import Error, Message, MessageType
 
-from scripts.dashboard import make_server, run_body, run_facts
+from scripts.dashboard import main, make_server, run_body, run_facts
 from scripts.inprocess_grid import InProcessGrid
 from server_app import clients
 from server_app.experiment import run_experiment
@@ -95,7 +95,8 @@ def test_the_status_file_names_every_node_with_its_client_state_and_counts(
     assert nodes[5555]["state"] == "refused" and nodes[5555]["client"] is None
     assert nodes[5555]["reason"] == "it has num-partitions=7 but num-clients=3"
     assert nodes[6666]["state"] == "refused-retrying"
-    assert nodes[6666]["reason"].startswith("the identity query failed")
+    assert nodes[6666]["reason"] == ("the identity query failed: ValueError: invalid literal "
+                                     "for int() with base 10: 'not a number'")
     assert nodes[7777]["state"] == "waiting-for-identity" and nodes[7777]["reason"] is None
 
     # Counts, from what the grid really carried (not from the server's own bookkeeping).
@@ -210,3 +211,17 @@ def test_nothing_else_is_served(page: tuple[str, int], path: str) -> None:
     code, body = request(page, "GET", path)
     assert code in (400, 403, 404), (path, code)
     assert "root:" not in body and "PK" not in body[:4]
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["/no/such/dir"], "'/no/such/dir' is not a directory"),
+    (["{tmp}", "--port", "70000"], "--port=70000 is not allowed: 0..65535"),
+    (["{tmp}", "--refresh", "-1"], "--refresh=-1 is not allowed"),
+])
+def test_bad_arguments_get_one_line_naming_the_value(
+        argv: list[str], want: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main([a.format(tmp=tmp_path) for a in argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert want in err

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
@@ -153,6 +153,11 @@ class Fleet:
         self.reasons: dict[int, str] = {}
         """The last refusal of each refused node (said once in the log, and in a start error)."""
         self._registry_error = ""
+        self.seen_at: dict[int, float] = {}
+        """When each node last answered its identity query (wall clock, for the status page)."""
+        self.on_change: Callable[[], None] | None = None
+        """Called after an answer placed or refused a node, or a node was said waiting
+        (server_app/status.py rewrites the status file)."""
 
     # ------------------------------------------------------------------ start
     def discover(self) -> dict[int, int]:
@@ -222,11 +227,13 @@ class Fleet:
         waiting for its identity (registered with the SuperLink, not yet a client)."""
         if not self.pending:
             return []
-        placed = []
+        placed, answered = [], 0
         for reply in self.grid.pull_messages(list(self.pending)):
             node = self.pending.pop(reply.metadata.reply_to_message_id, None)
             if node is None:
                 continue
+            answered += 1
+            self.seen_at[node] = time.time()
             self.asked_at.pop(node, None)
             claim = claimed_id(reply, self.cfg, self.registry, node)
             if isinstance(claim, int):
@@ -239,17 +246,21 @@ class Fleet:
             self.node_of[claim] = node
             self.reasons.pop(node, None)
             placed.append(claim)
-        self._say_waiting()
+        said = self._say_waiting()
+        if (answered or said) and self.on_change is not None:
+            self.on_change()
         return placed
 
-    def _say_waiting(self) -> None:
-        now = time.monotonic()
+    def _say_waiting(self) -> int:
+        """Log each node silent for IDENTITY_WAIT_SECONDS, once; how many were new."""
+        now, before = time.monotonic(), len(self.said_waiting)
         for node in sorted(set(self.pending.values()) - self.said_waiting):
             if now - self.asked_at.get(node, now) >= IDENTITY_WAIT_SECONDS:
                 log(WARNING, "node %d is connected but has not answered its identity query "
                     "for %.0f s: waiting for its identity (it takes part once it answers)",
                     node, now - self.asked_at[node])
                 self.said_waiting.add(node)
+        return len(self.said_waiting) - before
 
     def available(self) -> list[int]:
         """Identified clients whose node is connected now (in a simulation: all of them)."""

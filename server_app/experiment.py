@@ -43,6 +43,7 @@ from server_app.personal_summary import KINDS
 from server_app.privacy import COUNTED, Ledger, budget_spent, privacy_budget
 from server_app.regime_files import CENTRAL_TEST, write_regimes
 from server_app.results import DP_CONVENTIONS, DP_FIELDS, DP_LEFT_OUT, Recorder
+from server_app.status import StatusWriter
 from server_app.strategy import MethodStrategy
 from server_app.tracking import check_available as check_tracking
 from store.files import atomic_write_bytes, sync_filesystem
@@ -144,6 +145,9 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                    extra_fields=DP_FIELDS if budget else (),
                    left_out=DP_LEFT_OUT if budget else (), tracking=cfg.tracking)
     write_regimes(out, cfg)
+    status = StatusWriter(out, cfg, fleet, first)  # status.json: the operator's live page
+    status.watch(strategy)
+    status.write()
     arrays = pack(weights)
     round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
     state_root = Path(str(round_config[STATE_ROOT])) if STATE_ROOT in round_config else None
@@ -188,6 +192,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                "clients-trained": clients_trained(replies, strategy.sent_to),
                **(dp_fields(budget, ledger.counted) if budget and ledger else {})}
         rec.add_round(row)
+        status.add_round(row, messages, replies, strategy.sent_to)
         save_checkpoint(out, Checkpoint(rnd, weights,
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
         log(INFO, "%s", _progress_line(row, n, len(messages), cfg.dp_delta))
@@ -202,6 +207,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             f"no round of the run aggregated a reply (all {len(rec.rows)} rounds had fewer than "
             f"min-replies={cfg.min_replies} usable replies: see the rejected replies above); "
             "the model is the initial one, so no final results were written")
+    status.finish()
     final = weights
     set_weights(model, final)
     buf = io.BytesIO()

@@ -1,0 +1,135 @@
+"""``rounds=async`` in process: with concurrency = buffer-size = all clients and constant
+staleness the first flush is a sync FedAvg round; with a held-back client, each flush equals
+FedBuff's step recomputed here from the tasks and replies in the order they were taken."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Message
+
+from methods import wire as rk
+from methods.packed_arrays import unpack
+from scripts.inprocess_grid import InProcessGrid
+from server_app.async_rounds import run_async_experiment
+from task.config import RunConfig
+from tests.test_fedavg_reference import max_diff, reference_fedavg
+
+SMALL = {"num-clients": 3, "train-limit": 150, "local-epochs": 1, "batch-size": 50,
+         "personal-eval-every": 0, "tracking": "off", "rounds": "async"}
+
+
+class HeldGrid(InProcessGrid):
+    """Replies of ``slow`` (a partition id) come back only from pull ``release`` on; every
+    reply the loop pulled is kept in order (``pulled``)."""
+
+    def __init__(self, raw: dict[str, Any], slow: int, release: int) -> None:
+        super().__init__(raw["num-clients"], raw)
+        self.slow_node, self.release, self.pulls = 1000 + slow, release, 0
+        self.pulled: list[Message] = []
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        ids = set(message_ids)
+        if any(m.metadata.message_type == "train" for m in self.sent
+               if m.metadata.message_id in ids):
+            self.pulls += 1
+            if self.pulls < self.release:
+                ids -= {m.metadata.message_id for m in self.sent
+                        if m.metadata.dst_node_id == self.slow_node}
+        out = list(super().pull_messages(ids))
+        self.pulled.extend(m for m in out if m.metadata.message_type == "train")
+        return out
+
+
+def first_model(grid: InProcessGrid) -> list[np.ndarray]:
+    """w_0: the model the first train message carried."""
+    first = next(m for m in grid.sent if m.metadata.message_type == "train")
+    return unpack(first.content.array_records[rk.ARRAYS])
+
+
+def run(tmp: Path, grid: InProcessGrid | None = None, **over: Any) -> tuple[
+        list[np.ndarray], list[dict[str, Any]]]:
+    raw = {**SMALL, "output-dir": str(tmp), **over}
+    cfg = RunConfig.parse(raw)
+    run_async_experiment(grid or InProcessGrid(cfg.num_clients, cfg.to_dict()), cfg, tmp)
+    with np.load(tmp / "final_model.npz") as z:
+        final = [z[f"arr_{i}"] for i in range(len(z.files))]
+    rows = [json.loads(x) for x in (tmp / "rounds.jsonl").read_text().splitlines()]
+    return final, rows
+
+
+def test_all_clients_one_buffer_constant_staleness_is_a_sync_fedavg_round(
+        tmp_path: Path) -> None:
+    over = {"num-server-rounds": 1, "staleness": "constant", "concurrency": 3,
+            "buffer-size": 3, "beta": 0.0}
+    grid = InProcessGrid(3, RunConfig.parse({**SMALL, **over}).to_dict())
+    got, rows = run(tmp_path, grid, **over)
+    sync = RunConfig.parse({**SMALL, **over, "rounds": "sync", "fraction-train": 1.0})
+    assert max_diff(got, reference_fedavg(sync)) < 1e-5
+    assert rows[0]["round"] == 1 and rows[0]["num-replies"] == 3
+    assert rows[0]["staleness-max"] == 0 and rows[0]["clients-trained"] == [0, 1, 2]
+    assert max_diff(got, first_model(grid)) > 1e-3  # the round really moved the model
+
+
+def fedbuff_by_hand(grid: HeldGrid, w0: list[np.ndarray], k: int, flushes: int,
+                    s: dict[int, float], max_staleness: int = 0) -> tuple[
+                        list[np.ndarray], list[list[int]], int]:
+    """FedBuff over the replies in the order the loop pulled them: each task's version is
+    the one made here that the model it carried equals (to float32 rounding)."""
+    versions = [[a.astype(np.float64) for a in w0]]
+    sent = {m.metadata.message_id: m for m in grid.sent}
+    buffer: list[tuple[list[np.ndarray], int, float]] = []
+    taus, dropped = [], 0
+    for reply in grid.pulled:
+        if len(versions) > flushes:
+            break
+        task = sent[reply.metadata.reply_to_message_id]
+        carried = unpack(task.content.array_records[rk.ARRAYS])
+        gaps = [max_diff([a.astype(np.float32) for a in w], carried) for w in versions]
+        v = int(np.argmin(gaps))
+        assert gaps[v] < 1e-6  # the task carried one of the versions made here
+        tau = len(versions) - 1 - v
+        if max_staleness and tau > max_staleness:
+            dropped += 1
+            continue
+        up = unpack(reply.content.array_records[rk.ARRAYS])
+        n = float(reply.content.metric_records[rk.METRICS][rk.NUM_EXAMPLES])
+        buffer.append(([u.astype(np.float64) - c.astype(np.float64)
+                        for u, c in zip(up, carried, strict=True)], tau, n))
+        if len(buffer) == k:
+            total = sum(n for _, _, n in buffer)
+            w = versions[-1]
+            new = [a + sum(s[t] * n / total * d[i] for d, t, n in buffer)
+                   for i, a in enumerate(w)]
+            versions.append([a.astype(np.float32).astype(np.float64) for a in new])
+            taus.append(sorted(t for _, t, _ in buffer))
+            buffer = []
+    return [a.astype(np.float32) for a in versions[-1]], taus, dropped
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_a_slow_clients_stale_reply_is_weighted_by_s_tau(tmp_path: Path,
+                                                        max_staleness: int) -> None:
+    over = {"num-server-rounds": 3, "staleness": "poly", "staleness-a": 0.5,
+            "concurrency": 3, "buffer-size": 2, "max-staleness": max_staleness}
+    raw = {**SMALL, "output-dir": str(tmp_path), **over}
+    grid = HeldGrid(RunConfig.parse(raw).to_dict(), slow=2, release=3)
+    got, rows = run(tmp_path, grid, **over)
+    w0 = first_model(grid)
+    s = {t: (1.0 + t) ** -0.5 for t in range(5)}
+    want, taus, dropped = fedbuff_by_hand(grid, w0, 2, 3, s, max_staleness)
+    assert max_diff(got, want) < 1e-6
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert [r["staleness-max"] for r in rows] == [max(t) for t in taus]
+    assert sum(r["dropped-stale"] for r in rows) == dropped
+    if max_staleness == 0:  # client 2, held back two versions, is in the last flush at tau 2
+        assert taus[-1] == [1, 2] and 2 in rows[-1]["clients-trained"]
+        flat, _, _ = fedbuff_by_hand(grid, w0, 2, 3, dict.fromkeys(range(5), 1.0))
+        assert max_diff(got, flat) > 1e-6  # s(tau) really changes the model
+    else:  # its tau-2 reply is dropped and counted
+        assert dropped == 1 and rows[-1]["dropped-stale"] == 1

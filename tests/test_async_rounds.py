@@ -11,13 +11,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import Message
 
+from client_app.trainer import local_sgd
 from methods import wire as rk
 from methods.packed_arrays import unpack
 from scripts.inprocess_grid import InProcessGrid
 from server_app.async_rounds import run_async_experiment
 from task.config import RunConfig
+from task.datasets import to_tensor
+from task.federated_data import client_examples, dataset_of
+from task.models import get_weights, initial_model, set_weights
 from tests.test_fedavg_reference import max_diff, reference_fedavg
 
 SMALL = {"num-clients": 3, "train-limit": 150, "local-epochs": 1, "batch-size": 50,
@@ -133,3 +138,49 @@ def test_a_slow_clients_stale_reply_is_weighted_by_s_tau(tmp_path: Path,
         assert max_diff(got, flat) > 1e-6  # s(tau) really changes the model
     else:  # its tau-2 reply is dropped and counted
         assert dropped == 1 and rows[-1]["dropped-stale"] == 1
+
+
+def local_final(cfg: RunConfig, pid: int, start: list[np.ndarray], rnd: int,
+                lr: float) -> list[np.ndarray]:
+    """Client ``pid``'s local SGD from ``start`` in round ``rnd``, written as the reference
+    FedAvg above runs it."""
+    data = dataset_of(cfg)
+    model = initial_model(cfg, data)
+    set_weights(model, start)
+    x, y = client_examples(cfg, pid)
+    gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
+        [cfg.seed, rnd, pid]).generate_state(1)[0]))
+    local_sgd(model, to_tensor(x, data.mean, data.std), torch.tensor(y),
+              epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
+              weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm, generator=gen)
+    return get_weights(model)
+
+
+def test_fedinit_starts_from_the_version_sent_and_its_own_last_model(tmp_path: Path) -> None:
+    over = {"num-server-rounds": 2, "concurrency": 3, "buffer-size": 2, "beta": 0.1}
+    raw = {**SMALL, "output-dir": str(tmp_path), **over}
+    cfg = RunConfig.parse(raw)
+    grid = HeldGrid(cfg.to_dict(), slow=2, release=3)
+    run(tmp_path, grid, **over)
+    sent = {m.metadata.message_id: m for m in grid.sent}
+    by_client: dict[int, list[tuple[Message, Message]]] = {}
+    for reply in grid.pulled:
+        task = sent[reply.metadata.reply_to_message_id]
+        by_client.setdefault(task.metadata.dst_node_id - 1000, []).append((task, reply))
+    twice = [pid for pid, done in by_client.items() if len(done) >= 2]
+    assert twice, "no client trained twice: the scenario does not test w_prev"
+    w0 = first_model(grid)
+    newer = 0
+    for pid in twice:
+        (task1, reply1), (task2, reply2) = by_client[pid][:2]
+        conf = task2.content.config_records[rk.CONFIG]
+        carried = unpack(task2.content.array_records[rk.ARRAYS])
+        newer += max_diff(carried, w0) > 1e-4  # its second task carried version 1
+        w_prev = unpack(reply1.content.array_records[rk.ARRAYS])  # model variant: w_iK
+        start = [(c + 0.1 * (c - p)).astype(np.float32) for c, p in zip(carried, w_prev,
+                                                                         strict=True)]
+        rnd = int(conf[rk.ROUND])
+        assert rnd > int(task1.content.config_records[rk.CONFIG][rk.ROUND])
+        want = local_final(cfg, pid, start, rnd, float(conf[rk.LR]))
+        assert max_diff(unpack(reply2.content.array_records[rk.ARRAYS]), want) < 1e-5
+    assert newer, "no second task carried a newer version: the scenario tests too little"

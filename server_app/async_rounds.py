@@ -37,7 +37,7 @@ from methods.weights import Weights
 from server_app.central_eval import CentralEvaluator
 from server_app.clients import Fleet
 from server_app.engine_facts import client_state_entry
-from server_app.experiment import NothingTrained, TooFewReplies, run_name
+from server_app.experiment import NothingTrained, TooFewReplies, run_name, state_fallbacks
 from server_app.results import Recorder
 from server_app.strategy import MethodStrategy
 from store.files import atomic_write_bytes
@@ -95,6 +95,8 @@ class Counters:
 
     rejected: int = 0
     lost: int = 0
+    fallbacks: int = 0
+    """Replies whose client could not use its saved state (``rk.STATE_FALLBACK``)."""
     dispatched: int = 0
 
 
@@ -153,6 +155,7 @@ class AsyncLoop:
         if task is None:
             return None
         version = self.buffer.version
+        self.counts.fallbacks += state_fallbacks([msg])
         decoded = self.strategy.check(version, msg, task)
         if isinstance(decoded, str):
             self.counts.rejected += 1
@@ -219,8 +222,9 @@ class AsyncLoop:
                  "staleness-mean": mean, "staleness-max": most,
                  "dropped-stale": flush.dropped, "in-flight": len(self.tasks),
                  "dispatched": self.counts.dispatched,
+                 "state-fallbacks": self.counts.fallbacks,
                  "clients-trained": sorted(flush.clients)}
-        self.counts.rejected = self.counts.lost = 0
+        self.counts.rejected = self.counts.lost = self.counts.fallbacks = 0
         return facts
 
 

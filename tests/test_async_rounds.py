@@ -23,6 +23,7 @@ from task.config import RunConfig
 from task.datasets import to_tensor
 from task.federated_data import client_examples, dataset_of
 from task.models import get_weights, initial_model, set_weights
+from tests.sim_engine import InProcessSimulation
 from tests.test_fedavg_reference import max_diff, reference_fedavg
 
 SMALL = {"num-clients": 3, "train-limit": 150, "local-epochs": 1, "batch-size": 50,
@@ -78,6 +79,7 @@ def test_all_clients_one_buffer_constant_staleness_is_a_sync_fedavg_round(
     assert max_diff(got, reference_fedavg(sync)) < 1e-5
     assert rows[0]["round"] == 1 and rows[0]["num-replies"] == 3
     assert rows[0]["staleness-max"] == 0 and rows[0]["clients-trained"] == [0, 1, 2]
+    assert rows[0]["state-fallbacks"] == 0
     assert max_diff(got, first_model(grid)) > 1e-3  # the round really moved the model
 
 
@@ -184,3 +186,21 @@ def test_fedinit_starts_from_the_version_sent_and_its_own_last_model(tmp_path: P
         want = local_final(cfg, pid, start, rnd, float(conf[rk.LR]))
         assert max_diff(unpack(reply2.content.array_records[rk.ARRAYS]), want) < 1e-5
     assert newer, "no second task carried a newer version: the scenario tests too little"
+
+
+@pytest.mark.slow  # no processes, but ~30 s on a loaded machine (the engine's start)
+def test_async_runs_on_flowers_engine_with_state_on_disk(tmp_path: Path) -> None:
+    """The same loop on Flower's InMemoryGrid and engine (tests/sim_engine.py): the
+    simulation's clients keep their state in files, one version per task's round."""
+    over = {**SMALL, "num-clients": 4, "num-server-rounds": 3, "concurrency": 3,
+            "buffer-size": 2, "output-dir": str(tmp_path)}
+    cfg = RunConfig.parse(over)
+    with InProcessSimulation(cfg.num_clients, over) as sim:
+        run_async_experiment(sim.grid, cfg, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert all(r["num-replies"] == 2 and r["test-acc"] is not None for r in rows)
+    assert all(r["state-fallbacks"] == 0 for r in rows)  # each client found its last state
+    assert rows[-1]["dispatched"] >= 6 + rows[-1]["in-flight"] - 3
+    versions = sorted((tmp_path / "run").rglob("*.npz"))
+    assert len([p for p in versions if p.name != "final_model.npz"]) >= 6  # client states

@@ -10,13 +10,15 @@ staler than ``max-staleness`` are dropped and counted, never buffered. No Flower
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from methods.weights import Weights
 
+Apply = Callable[[Weights, Weights], Weights]
+"""(w, D) -> the new model: how a method's server rule takes the buffered update."""
 STALENESS_KINDS: tuple[str, ...] = ("constant", "poly", "hinge")
 """``staleness``: s(tau) = 1 | (1 + tau)^-a | 1 if tau <= b else 1 / (a (tau - b) + 1)."""
 
@@ -101,20 +103,27 @@ class FedBuff:
     def full(self) -> bool:
         return len(self.buffer) >= self.buffer_size
 
-    def flush(self, w: Weights) -> Flush:
-        """w + eta_g * sum_i s(tau_i) p_i Delta_i / sum_i p_i over the buffer (float64
-        accumulation, the model's dtype out); empties the buffer, advances the version."""
+    def step(self) -> Weights:
+        """The buffered update D = sum_i s(tau_i) p_i Delta_i / sum_i p_i (float64)."""
         if not self.buffer:
             raise ValueError("flush of an empty buffer")
-        taus = [self.tau(u.version) for u in self.buffer]
-        factors = [staleness_weight(self.staleness, t, self.a, self.b) for t in taus]
         total = float(sum(u.weight for u in self.buffer))
-        step = [np.zeros(a.shape, dtype=np.float64) for a in w]
-        for u, s in zip(self.buffer, factors, strict=True):
+        step = [np.zeros(d.shape, dtype=np.float64) for d in self.buffer[0].delta]
+        for u in self.buffer:
+            s = staleness_weight(self.staleness, self.tau(u.version), self.a, self.b)
             for acc, d in zip(step, u.delta, strict=True):
                 acc += (s * u.weight / total) * d.astype(np.float64)
-        new = [(a.astype(np.float64) + self.server_lr * d).astype(a.dtype)
-               for a, d in zip(w, step, strict=True)]
+        return step
+
+    def flush(self, w: Weights, apply: Apply | None = None) -> Flush:
+        """w + eta_g * D over the buffer (``step``), or ``apply(w, D)`` where the method's
+        server rule takes D (FedAdam's optimiser); empties the buffer, advances the version."""
+        step = self.step()
+        taus = [self.tau(u.version) for u in self.buffer]
+        factors = [staleness_weight(self.staleness, t, self.a, self.b) for t in taus]
+        new = (apply(w, step) if apply is not None else
+               [(a.astype(np.float64) + self.server_lr * d).astype(a.dtype)
+                for a, d in zip(w, step, strict=True)])
         out = Flush(weights=new, version=self.version + 1, replies=len(self.buffer),
                     staleness=tuple(taus), factors=tuple(factors), dropped=self.dropped,
                     clients=tuple(u.client for u in self.buffer))

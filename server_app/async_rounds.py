@@ -8,8 +8,10 @@ sent), its update Delta_i is buffered with the version it started from, and ever
 step. A freed slot is refilled at once with a seeded choice of the idle connected clients,
 sent the newest model. Each flush is one row of rounds.jsonl (``round`` is the new version).
 
-Not built yet (refused by the run config): checkpoint/resume, DP, robust rules, federated and
-personalized evaluation, and every method but FedAvg / FedInit.
+The flush hands D to the method's own server rule: FedAvg's (FedAvg/FedInit, FedProx, FedSAM,
+Ditto) is w + eta_g D, FedAdam's its optimiser step. Not built yet (refused by the run
+config): checkpoint/resume, DP, robust rules, federated and personalized evaluation, and
+the methods with per-round server state (``task.choices.ASYNC_REFUSALS``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from flwr.serverapp import Grid
 
 from methods import wire as rk
 from methods.fedbuff import BufferedUpdate, FedBuff, Flush, delta_of, mean_max
-from methods.method import ClientUpdate
+from methods.method import ClientUpdate, RoundInput
 from methods.packed_arrays import pack
 from methods.weights import Weights
 from server_app.central_eval import CentralEvaluator
@@ -118,6 +120,8 @@ class AsyncLoop:
         """Each client's last ``rk.ROUND``: it rises with every task, so the client's state
         store (versions by round) sees each participation after the one before."""
         self.losses: list[tuple[float, float]] = []
+        self.accepted: list[tuple[ClientUpdate, float]] = []
+        """The buffer's decoded replies and weights (the method's rule sees them at a flush)."""
         self.counts = Counters()
 
     def busy(self) -> set[int]:
@@ -166,6 +170,7 @@ class AsyncLoop:
         delta = delta_of(decoded.upload, task.weights, self.cfg.ri_aggregation)
         if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.pid)):
             self.losses.append((weight, decoded.train_loss))
+            self.accepted.append((decoded, weight))
         else:
             log(INFO, "version %d: dropped the reply of client %d: staleness %d > "
                 "max-staleness=%d", version, task.pid, version - task.version,
@@ -202,13 +207,27 @@ class AsyncLoop:
                 if self.take(msg) is None:
                     continue
                 if self.buffer.full:
-                    flush = self.buffer.flush(weights)
+                    flush = self.buffer.flush(weights, self.apply)
                     weights = flush.weights
                     on_flush(flush, self.row_facts(flush))
                     if self.buffer.version >= n:
                         break
                 self.fill(weights)
         return weights
+
+    def apply(self, w: Weights, step: Weights) -> Weights:
+        """The method's server rule on the buffered update D = ``step`` (FedAvg's: w + eta_g
+        D; FedAdam's: its Adam step, its moments kept on the strategy as in a sync round)."""
+        c = self.cfg
+        rnd = RoundInput(server_round=self.buffer.version + 1,
+                         aggregate=[d.astype(np.float32) for d in step],
+                         updates=[u for u, _ in self.accepted],
+                         weights=[p for _, p in self.accepted], variant=c.ri_aggregation,
+                         num_clients=c.num_clients, lr=c.lr_at(self.buffer.version + 1),
+                         server_lr=c.server_lr)
+        self.accepted = []
+        w_next, self.strategy.state = self.strategy.rule.update(self.strategy.state, w, rnd)
+        return w_next
 
     def row_facts(self, flush: Flush) -> dict[str, Any]:
         """The flush's row fields that the loop knows (the caller adds time and accuracy)."""

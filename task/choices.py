@@ -17,8 +17,9 @@ ROUNDS: tuple[str, ...] = ("sync", "async")
 at once, every buffer-size replies are aggregated; server_app/async_rounds.py)."""
 STALENESS_KINDS: tuple[str, ...] = ("constant", "poly", "hinge")
 """``staleness`` under ``rounds=async`` (methods/fedbuff.py: s(tau))."""
-ASYNC_METHODS: tuple[str, ...] = ("fedavg",)
-"""Methods ``rounds=async`` runs (fedavg with beta != 0 is FedInit)."""
+ASYNC_METHODS: tuple[str, ...] = ("fedavg", "fedprox", "fedsam", "ditto", "fedadam")
+"""Methods ``rounds=async`` runs (fedavg with beta != 0 is FedInit): FedAvg's server rule on
+the buffered update, or FedAdam's optimiser on it."""
 ASYNC_REFUSALS: dict[str, str] = {
     "scaffold": "its server control variate c is a sum over replies of one round; a "
                 "staleness-aware rule for c is not built yet",
@@ -28,11 +29,7 @@ ASYNC_REFUSALS: dict[str, str] = {
                 "(book eq. 128) is not built yet",
     "clustered": "it re-clusters the replies of one round; a buffer's replies started from "
                  "different versions of each cluster model",
-    "fedadam": "the server optimiser on the buffered step is not built yet",
     "fedcm": "its global momentum is built from one round's update; not built for buffers yet",
-    "fedprox": "not built for buffers yet (its client term is FedAvg's server side: next)",
-    "fedsam": "not built for buffers yet",
-    "ditto": "its personal models and evaluation are not built for buffers yet",
 }
 """Why each other method is refused under ``rounds=async`` (one line each)."""
 MAX_ROTATIONS = 4

@@ -19,6 +19,7 @@ from methods import wire as rk
 from methods.packed_arrays import unpack
 from scripts.inprocess_grid import InProcessGrid
 from server_app.async_rounds import run_async_experiment
+from server_app.experiment import run_experiment
 from task.config import RunConfig
 from task.datasets import to_tensor
 from task.federated_data import client_examples, dataset_of
@@ -81,6 +82,26 @@ def test_all_clients_one_buffer_constant_staleness_is_a_sync_fedavg_round(
     assert rows[0]["staleness-max"] == 0 and rows[0]["clients-trained"] == [0, 1, 2]
     assert rows[0]["state-fallbacks"] == 0
     assert max_diff(got, first_model(grid)) > 1e-3  # the round really moved the model
+
+
+@pytest.mark.parametrize("method", ["fedprox", "ditto", "fedadam"])
+def test_methods_on_fedavgs_or_fedadams_server_rule_match_their_sync_round(
+        tmp_path: Path, method: str) -> None:
+    """One buffer of all clients at constant staleness is the method's sync round 1 (FedProx
+    and Ditto: FedAvg's server rule and their own clients; FedAdam: its optimiser on D)."""
+    over = {"num-server-rounds": 1, "staleness": "constant", "concurrency": 3,
+            "buffer-size": 3, "method": method}
+    got, rows = run(tmp_path / "async", **over)
+    raw = {**SMALL, **over, "rounds": "sync", "fraction-train": 1.0,
+           "output-dir": str(tmp_path)}
+    cfg = RunConfig.parse(raw)
+    grid = InProcessGrid(3, cfg.to_dict())
+    run_experiment(grid, cfg, out_dir=tmp_path / "sync")
+    with np.load(tmp_path / "sync" / "final_model.npz") as z:
+        sync = [z[f"arr_{i}"] for i in range(len(z.files))]
+    assert max_diff(got, sync) < 1e-5
+    assert max_diff(got, first_model(grid)) > 1e-4  # the round moved the model
+    assert rows[0]["num-replies"] == 3
 
 
 def fedbuff_by_hand(grid: HeldGrid, w0: list[np.ndarray], k: int, flushes: int,

@@ -165,6 +165,7 @@ class AsyncLoop:
             self.counts.rejected += 1
             log(WARNING, "version %d: rejected reply of client %d (sent version %d): %s",
                 version, task.pid, task.version, decoded)
+            self.give_up_check()
             return task
         weight = self.strategy.reply_weights([decoded])[0]
         delta = delta_of(decoded.upload, task.weights, self.cfg.ri_aggregation)
@@ -177,6 +178,17 @@ class AsyncLoop:
                 self.cfg.max_staleness)
         return task
 
+    def give_up_check(self) -> None:
+        """Stop, as ``max-failed-rounds`` failed sync rounds do, once that many buffers' worth
+        of replies since the last flush were rejected or lost (else the loop would dispatch
+        forever to clients whose every reply fails)."""
+        c, failed = self.cfg, self.counts.rejected + self.counts.lost
+        if failed >= c.max_failed_rounds * c.async_buffer_size:
+            raise TooFewReplies(
+                f"rounds=async: {failed} replies since version {self.buffer.version} were "
+                f"rejected or lost (max-failed-rounds={c.max_failed_rounds} x buffer-size="
+                f"{c.async_buffer_size}); stopped, see the rejected replies above")
+
     def expire(self) -> None:
         """Give up on tasks older than ``round-timeout``: their slots are refilled."""
         now = time.monotonic()
@@ -186,6 +198,7 @@ class AsyncLoop:
                 self.counts.lost += 1
                 log(WARNING, "client %d sent no reply within round-timeout=%gs; its slot is "
                     "refilled", task.pid, self.cfg.round_timeout)
+                self.give_up_check()
 
     def run(self, weights: Weights, on_flush: Callable[[Flush, dict[str, Any]], None]) -> Weights:
         """Keep ``concurrency`` clients busy and flush every K accepted replies."""

@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import Message
+from flwr.app import Context, Message, RecordDict
 
 from client_app.trainer import local_sgd
 from methods import wire as rk
 from methods.packed_arrays import unpack
 from scripts.inprocess_grid import InProcessGrid
+from server_app.app import RunAborted, main
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
 from task.config import RunConfig
@@ -26,6 +27,7 @@ from task.federated_data import client_examples, dataset_of
 from task.models import get_weights, initial_model, set_weights
 from tests.sim_engine import InProcessSimulation
 from tests.test_fedavg_reference import max_diff, reference_fedavg
+from tests.test_resume_and_faults import corrupt
 
 SMALL = {"num-clients": 3, "train-limit": 150, "local-epochs": 1, "batch-size": 50,
          "personal-eval-every": 0, "tracking": "off", "rounds": "async"}
@@ -225,3 +227,26 @@ def test_async_runs_on_flowers_engine_with_state_on_disk(tmp_path: Path) -> None
     assert rows[-1]["dispatched"] >= 6 + rows[-1]["in-flight"] - 3
     versions = sorted((tmp_path / "run").rglob("*.npz"))
     assert len([p for p in versions if p.name != "final_model.npz"]) >= 6  # client states
+
+
+def test_the_app_selects_the_loop_by_rounds_and_stops_when_every_reply_fails(
+        tmp_path: Path) -> None:
+    """``server_app.app.main``: rounds=async writes the asynchronous columns, sync does not;
+    an async run whose every reply is rejected stops with one line (not a dispatch loop)."""
+    for rounds in ("async", "sync"):
+        raw = RunConfig.parse({**SMALL, "rounds": rounds, "num-server-rounds": 1,
+                               "output-dir": str(tmp_path / rounds)}).to_dict()
+        main(InProcessGrid(3, raw), Context(run_id=1, node_id=0, node_config={},
+                                            state=RecordDict(), run_config=raw))
+        (run_dir,) = list((tmp_path / rounds).iterdir())
+        row = json.loads((run_dir / "rounds.jsonl").read_text().splitlines()[0])
+        assert ("staleness-mean" in row) is (rounds == "async")
+    raw = RunConfig.parse({**SMALL, "num-server-rounds": 2, "max-failed-rounds": 2,
+                           "concurrency": 3, "buffer-size": 2, "output-dir": str(tmp_path / "bad")}).to_dict()
+    grid = InProcessGrid(3, raw)
+    grid.reply_filter = lambda r: corrupt("nan", r.metadata.src_node_id)(r)
+    with pytest.raises(RunAborted, match=r"rounds=async: 4 replies since version 0 were "
+                                         r"rejected or lost \(max-failed-rounds=2 x "
+                                         r"buffer-size=2\); stopped"):
+        main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                           run_config=raw))

@@ -242,7 +242,8 @@ def test_the_app_selects_the_loop_by_rounds_and_stops_when_every_reply_fails(
         row = json.loads((run_dir / "rounds.jsonl").read_text().splitlines()[0])
         assert ("staleness-mean" in row) is (rounds == "async")
     raw = RunConfig.parse({**SMALL, "num-server-rounds": 2, "max-failed-rounds": 2,
-                           "concurrency": 3, "buffer-size": 2, "output-dir": str(tmp_path / "bad")}).to_dict()
+                           "concurrency": 3, "buffer-size": 2,
+                           "output-dir": str(tmp_path / "bad")}).to_dict()
     grid = InProcessGrid(3, raw)
     grid.reply_filter = lambda r: corrupt("nan", r.metadata.src_node_id)(r)
     with pytest.raises(RunAborted, match=r"rounds=async: 4 replies since version 0 were "

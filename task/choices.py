@@ -12,6 +12,26 @@ PARTITION_NAMES: tuple[str, ...] = ("dirichlet", "dirichlet-equal", "iid")
 REGIME_KINDS: tuple[str, ...] = ("rotate", "permute-labels")
 TRACKINGS: tuple[str, ...] = ("tensorboard", "off")
 """``tracking``: TensorBoard event files under the run directory (server_app/tracking.py)."""
+ROUNDS: tuple[str, ...] = ("sync", "async")
+"""``rounds``: sync (every round waits for its sampled clients) | async (FedBuff: clients train
+at once, every buffer-size replies are aggregated; server_app/async_rounds.py)."""
+STALENESS_KINDS: tuple[str, ...] = ("constant", "poly", "hinge")
+"""``staleness`` under ``rounds=async`` (methods/fedbuff.py: s(tau))."""
+ASYNC_METHODS: tuple[str, ...] = ("fedavg", "fedprox", "fedsam", "ditto", "fedadam")
+"""Methods ``rounds=async`` runs (fedavg with beta != 0 is FedInit): FedAvg's server rule on
+the buffered update, or FedAdam's optimiser on it."""
+ASYNC_REFUSALS: dict[str, str] = {
+    "scaffold": "its server control variate c is a sum over replies of one round; a "
+                "staleness-aware rule for c is not built yet",
+    "feddyn": "its server state h sums every round's update over all N clients; a "
+              "staleness-aware rule for h is not built yet",
+    "fedrelax": "each client trains from its neighbours' models, the asynchronous form "
+                "(book eq. 128) is not built yet",
+    "clustered": "it re-clusters the replies of one round; a buffer's replies started from "
+                 "different versions of each cluster model",
+    "fedcm": "its global momentum is built from one round's update; not built for buffers yet",
+}
+"""Why each other method is refused under ``rounds=async`` (one line each)."""
 MAX_ROTATIONS = 4
 """Distinct rotations by multiples of 90 degrees: ``rotate`` allows at most this many regimes."""
 

@@ -31,10 +31,14 @@ from methods.registry import (
 )
 from methods.robust_choices import min_replies
 from task.choices import (
+    ASYNC_METHODS,
+    ASYNC_REFUSALS,
     MAX_ROTATIONS,
     MODEL_NAMES,
     PARTITION_NAMES,
     REGIME_KINDS,
+    ROUNDS,
+    STALENESS_KINDS,
     TRACKINGS,
     check_model_input,
 )
@@ -119,6 +123,13 @@ class RunConfig:
     client_state_dir: str
     simulation_client_state: str
     node_registry: str
+    rounds: str
+    concurrency: int
+    buffer_size: int
+    staleness: str
+    staleness_a: float
+    staleness_b: float
+    max_staleness: int
     params: Params = field(default_factory=Params)
     """The chosen method's own keys, checked by the method (``methods.<method>``)."""
     method_values: tuple[tuple[str, Any], ...] = ()
@@ -134,6 +145,16 @@ class RunConfig:
     def lr_at(self, server_round: int) -> float:
         """Local learning rate of round t (1-based): lr * lr_decay^(t-1)."""
         return self.lr * self.lr_decay ** (server_round - 1)
+
+    @property
+    def async_concurrency(self) -> int:
+        """Clients training at once under ``rounds=async`` (``concurrency``; 0: m)."""
+        return self.concurrency or self.clients_per_round
+
+    @property
+    def async_buffer_size(self) -> int:
+        """K, accepted replies per aggregation under ``rounds=async`` (0: concurrency)."""
+        return self.buffer_size or self.async_concurrency
 
     @property
     def resolved_data_dir(self) -> str:
@@ -376,6 +397,44 @@ def _check_dp(c: RunConfig) -> None:
         raise _bad(*refused)
 
 
+def _check_async(c: RunConfig) -> None:
+    """FedBuff's keys (checked whichever ``rounds``), then what ``rounds=async`` cannot run
+    yet, each refused with its reason (``task.choices.ASYNC_REFUSALS``)."""
+    if not 0 <= c.concurrency <= c.num_clients:
+        raise _bad("concurrency", c.concurrency,
+                   f"0 (the clients per round) to num-clients={c.num_clients}")
+    for key, value, zero in (("buffer-size", c.buffer_size, "concurrency"),
+                             ("max-staleness", c.max_staleness, "no limit")):
+        if value < 0:
+            raise _bad(key, value, f"an integer >= 0 (0 = {zero})")
+    for key, fvalue in (("staleness-a", c.staleness_a), ("staleness-b", c.staleness_b)):
+        if fvalue < 0.0:
+            raise _bad(key, fvalue, "a number >= 0")
+    if c.rounds == "sync":
+        return
+    if c.method not in ASYNC_METHODS:
+        why = ASYNC_REFUSALS.get(c.method, "not built for buffers yet")
+        raise _bad("method", c.method, f"{' | '.join(ASYNC_METHODS)} with rounds='async' "
+                   f"({c.method}: {why})")
+    refusals = (
+        ("dp", c.dp, c.dp == "off", "off",
+         "each flush would be one release; its accounting is not built yet"),
+        ("aggregation", c.aggregation, c.aggregation == "mean", "mean",
+         "robust rules over the buffer are not built yet"),
+        ("evaluation", c.evaluation, c.eval_source == "central", "auto or central",
+         "federated evaluation beside in-flight training is not built yet"),
+        ("personal-eval-every", c.personal_eval_every, c.personal_eval_every == 0, "0",
+         "personalized evaluation is not run between flushes yet"),
+        ("divergence-every", c.divergence_every, c.divergence_every == 0, "0",
+         "the all-client divergence is not run between flushes yet"),
+        ("resume-dir", c.resume_dir, not c.resume_dir, "''",
+         "asynchronous runs write no checkpoint yet"),
+    )
+    for key, value, ok, allowed, why in refusals:
+        if not ok:
+            raise _bad(key, value, f"{allowed} with rounds='async' ({why})")
+
+
 def _check_ranges(c: RunConfig) -> None:
     """Range checks, one per key, in the order a reader would look for them."""
     choices = {
@@ -390,6 +449,8 @@ def _check_ranges(c: RunConfig) -> None:
         "simulation-client-state": (c.simulation_client_state, ("disk", "memory")),
         "evaluation": (c.evaluation, EVALUATIONS),
         "tracking": (c.tracking, TRACKINGS),
+        "rounds": (c.rounds, ROUNDS),
+        "staleness": (c.staleness, STALENESS_KINDS),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
@@ -467,6 +528,7 @@ def _check_ranges(c: RunConfig) -> None:
     _check_personal_eval(c)
     _check_evaluation(c)
     _check_dp(c)
+    _check_async(c)
     if c.seed < 0:
         raise _bad("seed", c.seed, "an integer >= 0")
     if not c.output_dir:

@@ -83,6 +83,9 @@ EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
     # the server's defences: they change which replies are aggregated and how
     "aggregation", "trim-fraction", "byzantine-f", "max-update-norm-ratio",
     "max-examples-per-client",
+    # asynchronous rounds (FedBuff): when and how replies are aggregated
+    "rounds", "concurrency", "buffer-size", "staleness", "staleness-a", "staleness-b",
+    "max-staleness",
     # differential privacy: what is clipped and how much noise is added
     "dp", "dp-clip", "dp-clip-extra", "dp-noise-multiplier", "dp-delta",
 })

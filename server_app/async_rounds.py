@@ -1,0 +1,314 @@
+"""``rounds=async``: FedBuff's server loop on Flower's ``Grid.push_messages`` / ``pull_messages``.
+
+Why not a round: under ``rounds=sync`` every round waits for its slowest sampled client. Here
+``concurrency`` clients train at once; each reply is checked as the sync path checks it
+(``MethodStrategy.decode`` and the norm filter, against the model version that client was
+sent), its update Delta_i is buffered with the version it started from, and every
+``buffer-size`` accepted replies ``methods.fedbuff.FedBuff`` applies the staleness-weighted
+step. A freed slot is refilled at once with a seeded choice of the idle connected clients,
+sent the newest model. Each flush is one row of rounds.jsonl (``round`` is the new version).
+
+The flush hands D to the method's own server rule: FedAvg's (FedAvg/FedInit, FedProx, FedSAM,
+Ditto) is w + eta_g D, FedAdam's its optimiser step. Not built yet (refused by the run
+config): checkpoint/resume, DP, robust rules, federated and personalized evaluation, and
+the methods with per-round server state (``task.choices.ASYNC_REFUSALS``).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Message
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from methods import wire as rk
+from methods.fedbuff import BufferedUpdate, FedBuff, Flush, delta_of, mean_max
+from methods.method import ClientUpdate, RoundInput
+from methods.packed_arrays import pack
+from methods.weights import Weights
+from server_app.central_eval import CentralEvaluator
+from server_app.clients import Fleet
+from server_app.engine_facts import client_state_entry
+from server_app.experiment import NothingTrained, TooFewReplies, run_name, state_fallbacks
+from server_app.results import Recorder
+from server_app.strategy import MethodStrategy
+from store.files import atomic_write_bytes
+from task.config import RunConfig, check_examples, check_writable
+from task.data_paths import check_present
+from task.federated_data import dataset_of, partition_sizes
+from task.models import get_weights, initial_model, set_weights
+
+ASYNC_FIELDS = ("staleness-mean", "staleness-max", "dropped-stale", "in-flight", "dispatched")
+"""Columns an asynchronous row adds to ROUND_FIELDS: the buffer's mean and max staleness,
+replies dropped for ``max-staleness`` since the previous flush, tasks out at the flush and all
+tasks sent so far."""
+POLL_SECONDS = 0.1
+"""Pause between pulls that brought nothing."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One train message out: who, from which version, with which model, since when."""
+
+    pid: int
+    node: int
+    version: int
+    weights: Weights
+    sent_at: float
+
+
+class BufferedStrategy(MethodStrategy):
+    """``MethodStrategy`` sending to the clients the loop names, and checking a reply against
+    the version its client was sent. Uses two of its private fields (``_sent_to``, ``_w_t``):
+    the hook wanted from strategy.py is ``decode(msg, client, w_sent)`` (and the norm filter's
+    equivalent), so that a reply can be checked outside the round that sent it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.chosen: list[int] = []
+
+    def sample(self, server_round: int) -> list[int]:
+        return list(self.chosen)
+
+    def check(self, version: int, msg: Message, task: Task) -> ClientUpdate | str:
+        """The reply decoded and norm-filtered as the sync path does, or why not (one line)."""
+        self._sent_to = {task.node: task.pid}
+        self._w_t = task.weights
+        decoded = self.decode(msg)
+        if isinstance(decoded, str):
+            return decoded
+        kept, _, _ = self._norm_filter(version, [(task.node, decoded)])
+        return decoded if kept else "norm filter (logged above)"
+
+
+@dataclass
+class Counters:
+    """What happened since the last flush (its row), and in all."""
+
+    rejected: int = 0
+    lost: int = 0
+    fallbacks: int = 0
+    """Replies whose client could not use its saved state (``rk.STATE_FALLBACK``)."""
+    dispatched: int = 0
+
+
+class AsyncLoop:
+    """The FedBuff server: ``run`` until ``num-server-rounds`` flushes, one row per flush."""
+
+    def __init__(self, grid: Grid, cfg: RunConfig, strategy: BufferedStrategy,
+                 available: Callable[[], Collection[int]], node_of: Mapping[int, int],
+                 round_config: ConfigRecord) -> None:
+        self.grid, self.cfg, self.strategy = grid, cfg, strategy
+        self.available, self.node_of, self.round_config = available, node_of, round_config
+        self.buffer = FedBuff(buffer_size=cfg.async_buffer_size, server_lr=cfg.server_lr,
+                              staleness=cfg.staleness, a=cfg.staleness_a, b=cfg.staleness_b,
+                              max_staleness=cfg.max_staleness)
+        self.rng = np.random.default_rng([cfg.seed, 32])
+        """The seeded choice of idle clients (issue 32's stream)."""
+        self.tasks: dict[str, Task] = {}
+        self.last_round: dict[int, int] = {}
+        """Each client's last ``rk.ROUND``: it rises with every task, so the client's state
+        store (versions by round) sees each participation after the one before."""
+        self.losses: list[tuple[float, float]] = []
+        self.accepted: list[tuple[ClientUpdate, float]] = []
+        """The buffer's decoded replies and weights (the method's rule sees them at a flush)."""
+        self.counts = Counters()
+
+    def busy(self) -> set[int]:
+        return {t.pid for t in self.tasks.values()}
+
+    def fill(self, weights: Weights) -> None:
+        """Send the newest model to seeded idle clients until ``concurrency`` are training."""
+        idle = sorted(set(self.available()) - self.busy())
+        free = self.cfg.async_concurrency - len(self.tasks)
+        chosen = []
+        while free > 0 and idle:
+            chosen.append(idle.pop(int(self.rng.integers(len(idle)))))
+            free -= 1
+        if not chosen:
+            return
+        version = self.buffer.version
+        self.strategy.chosen = chosen
+        arrays = pack(weights)
+        messages = list(self.strategy.configure_train(version + 1, arrays, self.round_config,
+                                                      self.grid))
+        for msg, pid in zip(messages, chosen, strict=True):
+            rnd = max(version + 1, self.last_round.get(pid, 0) + 1)
+            msg.content.config_records[rk.CONFIG][rk.ROUND] = rnd
+            self.last_round[pid] = rnd
+        now = time.monotonic()
+        ids = list(self.grid.push_messages(messages))
+        for msg_id, pid in zip(ids, chosen, strict=True):
+            if msg_id:
+                self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now)
+        self.counts.dispatched += len(chosen)
+
+    def take(self, msg: Message) -> Task | None:
+        """The task ``msg`` answers, checked and buffered (or counted as rejected/dropped)."""
+        task = self.tasks.pop(msg.metadata.reply_to_message_id, None)
+        if task is None:
+            return None
+        version = self.buffer.version
+        self.counts.fallbacks += state_fallbacks([msg])
+        decoded = self.strategy.check(version, msg, task)
+        if isinstance(decoded, str):
+            self.counts.rejected += 1
+            log(WARNING, "version %d: rejected reply of client %d (sent version %d): %s",
+                version, task.pid, task.version, decoded)
+            self.give_up_check()
+            return task
+        weight = self.strategy.reply_weights([decoded])[0]
+        delta = delta_of(decoded.upload, task.weights, self.cfg.ri_aggregation)
+        if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.pid)):
+            self.losses.append((weight, decoded.train_loss))
+            self.accepted.append((decoded, weight))
+        else:
+            log(INFO, "version %d: dropped the reply of client %d: staleness %d > "
+                "max-staleness=%d", version, task.pid, version - task.version,
+                self.cfg.max_staleness)
+        return task
+
+    def give_up_check(self) -> None:
+        """Stop, as ``max-failed-rounds`` failed sync rounds do, once that many buffers' worth
+        of replies since the last flush were rejected or lost (else the loop would dispatch
+        forever to clients whose every reply fails)."""
+        c, failed = self.cfg, self.counts.rejected + self.counts.lost
+        if failed >= c.max_failed_rounds * c.async_buffer_size:
+            raise TooFewReplies(
+                f"rounds=async: {failed} replies since version {self.buffer.version} were "
+                f"rejected or lost (max-failed-rounds={c.max_failed_rounds} x buffer-size="
+                f"{c.async_buffer_size}); stopped, see the rejected replies above")
+
+    def expire(self) -> None:
+        """Give up on tasks older than ``round-timeout``: their slots are refilled."""
+        now = time.monotonic()
+        for msg_id, task in list(self.tasks.items()):
+            if now - task.sent_at > self.cfg.round_timeout:
+                del self.tasks[msg_id]
+                self.counts.lost += 1
+                log(WARNING, "client %d sent no reply within round-timeout=%gs; its slot is "
+                    "refilled", task.pid, self.cfg.round_timeout)
+                self.give_up_check()
+
+    def run(self, weights: Weights, on_flush: Callable[[Flush, dict[str, Any]], None]) -> Weights:
+        """Keep ``concurrency`` clients busy and flush every K accepted replies."""
+        n = self.cfg.num_server_rounds
+        idle_since = time.monotonic()
+        while self.buffer.version < n:
+            self.fill(weights)
+            if not self.tasks and time.monotonic() - idle_since > self.cfg.node_wait_timeout:
+                raise TooFewReplies(f"rounds=async: no client to train for "
+                                    f"node-wait-timeout={self.cfg.node_wait_timeout:g}s at "
+                                    f"version {self.buffer.version}")
+            replies = list(self.grid.pull_messages(list(self.tasks))) if self.tasks else []
+            if not replies:
+                self.expire()
+                time.sleep(POLL_SECONDS)
+                continue
+            idle_since = time.monotonic()
+            for msg in replies:
+                if self.take(msg) is None:
+                    continue
+                if self.buffer.full:
+                    flush = self.buffer.flush(weights, self.apply)
+                    weights = flush.weights
+                    on_flush(flush, self.row_facts(flush))
+                    if self.buffer.version >= n:
+                        break
+                self.fill(weights)
+        return weights
+
+    def apply(self, w: Weights, step: Weights) -> Weights:
+        """The method's server rule on the buffered update D = ``step`` (FedAvg's: w + eta_g
+        D; FedAdam's: its Adam step, its moments kept on the strategy as in a sync round)."""
+        c = self.cfg
+        rnd = RoundInput(server_round=self.buffer.version + 1,
+                         aggregate=[d.astype(np.float32) for d in step],
+                         updates=[u for u, _ in self.accepted],
+                         weights=[p for _, p in self.accepted], variant=c.ri_aggregation,
+                         num_clients=c.num_clients, lr=c.lr_at(self.buffer.version + 1),
+                         server_lr=c.server_lr)
+        self.accepted = []
+        w_next, self.strategy.state = self.strategy.rule.update(self.strategy.state, w, rnd)
+        return w_next
+
+    def row_facts(self, flush: Flush) -> dict[str, Any]:
+        """The flush's row fields that the loop knows (the caller adds time and accuracy)."""
+        mean, most = mean_max(flush.staleness)
+        total = sum(w for w, _ in self.losses)
+        loss = sum(w * x for w, x in self.losses) / total if total else None
+        self.losses = []
+        facts = {"round": flush.version, rk.NUM_REPLIES: flush.replies,
+                 rk.NUM_REJECTED: self.counts.rejected, rk.NUM_MISSING: self.counts.lost,
+                 rk.ROUND_TRAIN_LOSS: loss, "lr": self.cfg.lr_at(flush.version),
+                 "staleness-mean": mean, "staleness-max": most,
+                 "dropped-stale": flush.dropped, "in-flight": len(self.tasks),
+                 "dispatched": self.counts.dispatched,
+                 "state-fallbacks": self.counts.fallbacks,
+                 "clients-trained": sorted(flush.clients)}
+        self.counts.rejected = self.counts.lost = self.counts.fallbacks = 0
+        return facts
+
+
+def run_async_experiment(grid: Grid, cfg: RunConfig,
+                         out_dir: Path | None = None) -> dict[str, Any]:
+    """The ``rounds=async`` run of ``cfg`` on ``grid``: its results, as ``run_experiment``
+    writes them (rounds.jsonl, summary.json, final_model.npz, model.pt), no checkpoint."""
+    check_writable("output-dir", out_dir or Path(cfg.output_dir).resolve())
+    check_present(cfg.dataset, Path(cfg.resolved_data_dir))
+    fleet = Fleet(grid, cfg)
+    node_of = fleet.discover()
+    check_examples(cfg, len(dataset_of(cfg).train_y))
+    out = out_dir or Path(cfg.output_dir).resolve() / run_name(cfg)
+    central = CentralEvaluator(cfg)
+    model = initial_model(cfg)
+    weights = get_weights(model)
+    log(INFO, "results: %s (rounds=async: concurrency %d, buffer-size %d, staleness %s)", out,
+        cfg.async_concurrency, cfg.async_buffer_size, cfg.staleness)
+    strategy = BufferedStrategy(cfg, node_of, weights, available=fleet.available,
+                                examples=partition_sizes(cfg))
+    strategy.bind_run_dir(out)
+    rec = Recorder(out, cfg.to_dict(), eval_source="central", extra_fields=ASYNC_FIELDS,
+                   tracking=cfg.tracking)
+    round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
+    loop = AsyncLoop(grid, cfg, strategy, fleet.available, node_of, round_config)
+    n = cfg.num_server_rounds
+    last = [time.monotonic()]
+
+    def on_flush(flush: Flush, facts: dict[str, Any]) -> None:
+        version = flush.version
+        acc = loss = None
+        if version % cfg.eval_every == 0 or version == n:
+            loss, acc = central(flush.weights)
+        now = time.monotonic()
+        row = {**facts, "test-acc": acc, "test-loss": loss, "round-seconds": now - last[0],
+               "elapsed-seconds": rec.elapsed()}
+        last[0] = now
+        rec.add_round(row)
+        log(INFO, "[version %d/%d] acc %s replies %d staleness mean %.2f max %d dropped %d "
+            "| %.1fs", version, n, "-" if acc is None else f"{100 * acc:.2f}%",
+            flush.replies, row["staleness-mean"], row["staleness-max"], flush.dropped,
+            row["round-seconds"])
+
+    final = loop.run(weights, on_flush)
+    if rec.aggregated_rounds() == 0:
+        raise NothingTrained("rounds=async: no flush aggregated a reply")
+    set_weights(model, final)
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    atomic_write_bytes(out / "model.pt", buf.getvalue())
+    summary = rec.finish(final, {"results-dir": str(out), "eval-source": "central"})
+    log(INFO, "done: final acc %.2f%%, %.1f s; results in %s",
+        100 * (summary["final-test-acc"] or math.nan), summary["wall-seconds"], out)
+    return summary
+

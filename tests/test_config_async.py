@@ -1,0 +1,64 @@
+"""``rounds=async`` keys: defaults, one-line range errors and the refused combinations."""
+
+from __future__ import annotations
+
+import pytest
+
+from methods.fedbuff import STALENESS_KINDS
+from methods.registry import METHOD_NAMES
+from task import choices
+from task.config import ConfigError, RunConfig
+
+ASYNC = {"rounds": "async", "personal-eval-every": 0}
+
+
+def test_sync_is_the_default_and_async_defaults_follow_the_round_size() -> None:
+    assert RunConfig.parse({}).rounds == "sync"
+    cfg = RunConfig.parse({**ASYNC, "num-clients": 20, "fraction-train": 0.25})
+    assert (cfg.async_concurrency, cfg.async_buffer_size) == (5, 5)
+    cfg = RunConfig.parse({**ASYNC, "concurrency": 8, "buffer-size": 3})
+    assert (cfg.async_concurrency, cfg.async_buffer_size) == (8, 3)
+    assert choices.STALENESS_KINDS == STALENESS_KINDS  # the config's list is the rule's
+
+
+@pytest.mark.parametrize(("over", "line"), [
+    ({"rounds": "asyn"}, "rounds='asyn' is not allowed (did you mean 'async'?)"),
+    ({"concurrency": 101}, "concurrency=101 is not allowed; allowed: 0 (the clients per round) "
+                           "to num-clients=100"),
+    ({"buffer-size": -1}, "buffer-size=-1 is not allowed; allowed: an integer >= 0 (0 = "
+                          "concurrency)"),
+    ({"max-staleness": -2}, "max-staleness=-2 is not allowed; allowed: an integer >= 0 (0 = "
+                            "no limit)"),
+    ({"staleness": "linear"}, "staleness='linear' is not allowed"),
+    ({"staleness-a": -0.5}, "staleness-a=-0.5 is not allowed; allowed: a number >= 0"),
+    ({"staleness-b": -1.0}, "staleness-b=-1.0 is not allowed"),
+])
+def test_range_errors_are_one_line(over: dict[str, object], line: str) -> None:
+    with pytest.raises(ConfigError, match="^run config: ") as err:
+        RunConfig.parse(over)
+    assert line in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m not in choices.ASYNC_METHODS])
+def test_each_other_method_is_refused_with_its_reason(method: str) -> None:
+    extra = {"beta": 0.0} if method in ("fedrelax", "clustered") else {}
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({**ASYNC, "method": method, **extra})
+    text = str(err.value)
+    allowed = " | ".join(choices.ASYNC_METHODS)
+    assert f"method={method!r} is not allowed; allowed: {allowed} with rounds='async'" in text
+    assert choices.ASYNC_REFUSALS[method] in text and "\n" not in text
+
+
+@pytest.mark.parametrize(("over", "key"), [
+    ({"dp": "central", "weighting": "uniform"}, "dp='central'"),
+    ({"aggregation": "median"}, "aggregation='median'"),
+    ({"evaluation": "federated"}, "evaluation='federated'"),
+    ({"personal-eval-every": 20}, "personal-eval-every=20"),
+    ({"divergence-every": 2}, "divergence-every=2"),
+    ({"resume-dir": "/tmp/x"}, "resume-dir='/tmp/x'"),
+])
+def test_what_async_cannot_run_yet_is_refused(over: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError, match=f"{key} is not allowed; .* with rounds='async' \\("):
+        RunConfig.parse({**ASYNC, **over})
+    RunConfig.parse({**over, "rounds": "sync"} if "resume-dir" not in over else {})

@@ -41,6 +41,7 @@ from server_app.clients import Fleet
 from server_app.engine_facts import client_state_entry
 from server_app.experiment import NothingTrained, TooFewReplies, run_name, state_fallbacks
 from server_app.results import Recorder
+from server_app.round_stages.replies import RoundReplies
 from server_app.strategy import MethodStrategy
 from store.files import atomic_write_bytes
 from task.config import RunConfig, check_examples, check_writable
@@ -69,9 +70,8 @@ class Task:
 
 class BufferedStrategy(MethodStrategy):
     """``MethodStrategy`` sending to the clients the loop names, and checking a reply against
-    the version its client was sent. Uses two of its private fields (``_sent_to``, ``_w_t``):
-    the hook wanted from strategy.py is ``decode(msg, client, w_sent)`` (and the norm filter's
-    equivalent), so that a reply can be checked outside the round that sent it."""
+    the version its client was sent, with the pipeline's own decode and norm-filter stages
+    (``server_app/round_stages/``) applied to that one reply."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -82,13 +82,16 @@ class BufferedStrategy(MethodStrategy):
 
     def check(self, version: int, msg: Message, task: Task) -> ClientUpdate | str:
         """The reply decoded and norm-filtered as the sync path does, or why not (one line)."""
-        self._sent_to = {task.node: task.pid}
-        self._w_t = task.weights
-        decoded = self.decode(msg)
+        sent_to = {task.node: task.pid}
+        decoded = self.decoder.decode(msg, sent_to, task.weights)
         if isinstance(decoded, str):
             return decoded
-        kept, _, _ = self._norm_filter(version, [(task.node, decoded)])
-        return decoded if kept else "norm filter (logged above)"
+        norm_filter = self.norm_filter
+        if norm_filter is None:
+            return decoded
+        one = RoundReplies(version, task.weights, sent_to, 1, (msg,),
+                           accepted=((task.node, decoded),))
+        return decoded if norm_filter(one).accepted else "norm filter (logged above)"
 
 
 @dataclass

@@ -61,9 +61,8 @@ class NodeTally:
 class StatusWriter:
     """Keeps the fleet's tallies and rewrites ``status.json`` when something happens.
 
-    ``watch`` wraps the strategy's rejection report (``_reject``) so that each rejected
-    reply's reason is counted against its node as the strategy says it; the strategy itself
-    is not changed.
+    ``watch`` binds the strategy whose last train round's rejections (``last_rejections``:
+    node -> reason, as its decode and norm-filter stages gave them) are counted per node.
     """
 
     def __init__(self, run_dir: Path, cfg: RunConfig, fleet: Fleet, first_round: int) -> None:
@@ -79,24 +78,21 @@ class StatusWriter:
         self.totals: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
         self._round_rejects: dict[int, str] = {}
+        self._strategy: Any = None
         self._failed = False
         fleet.on_change = self.write
 
     def watch(self, strategy: Any) -> None:
-        """Count the strategy's rejections by node and reason (its ``_reject`` report)."""
-        report = strategy._reject
-
-        def reject(server_round: int, node: int, reason: str) -> None:
-            report(server_round, node, reason)
-            self._round_rejects[node] = reason
-
-        strategy._reject = reject
+        """Count the strategy's rejections by node and reason (its ``last_rejections``)."""
+        self._strategy = strategy
 
     # ------------------------------------------------------------------ events
     def add_round(self, row: Mapping[str, Any], messages: Sequence[Message],
                   replies: Sequence[Message], sent_to: Mapping[int, int]) -> None:
         """Tally a finished round (its train messages and replies) and rewrite the file."""
         rnd = int(row["round"])
+        if self._strategy is not None:
+            self._round_rejects = dict(getattr(self._strategy, "last_rejections", {}))
         target = {m.metadata.message_id: m.metadata.dst_node_id for m in messages
                   if m.metadata.message_id}
         now = time.time()

@@ -80,6 +80,8 @@ class MethodStrategy(Strategy):
             cfg, self.method, self.accounted_rounds, node_of_partition, self._client_config,
             examples)
         """The train round's stages; replace it (``TrainPipeline.inserted``) to add one."""
+        self.last_rejections: dict[int, str] = {}
+        """{node id: reason} of the last train round's rejected replies (the fleet page)."""
         self._w_t: Weights = []
         self._sent_to: dict[int, int] = {}
         self._sampled = 0
@@ -207,6 +209,7 @@ class MethodStrategy(Strategy):
         held the round back (too few replies), and the round's counts and metrics."""
         done = self.pipeline(RoundReplies(server_round, self._w_t, dict(self._sent_to),
                                           self._sampled, tuple(replies)))
+        self.last_rejections = dict(done.rejections)
         counts = done.counts()
         if done.w_next is None:
             return None, MetricRecord(counts)

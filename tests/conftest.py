@@ -50,3 +50,17 @@ def sim_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     kill_local_superlink(SIM_HTTP_PORT)
     yield env
     kill_local_superlink(SIM_HTTP_PORT)
+
+
+@pytest.fixture
+def serverapp_without_patches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``server_app.app.main`` on a test grid without ``flower_compat.install``: installing
+    patches Flower for the whole process (the deployment grid's object pulls), which would
+    leak into every later test of the worker (tests/test_flower_compat.py checks Flower's
+    own behaviour)."""
+    from types import SimpleNamespace
+
+    import server_app.app as app_module
+
+    monkeypatch.setattr(app_module, "install",
+                        lambda kind, *, grid, simulation=False: SimpleNamespace(grid=grid))

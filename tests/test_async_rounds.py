@@ -230,7 +230,7 @@ def test_async_runs_on_flowers_engine_with_state_on_disk(tmp_path: Path) -> None
 
 
 def test_the_app_selects_the_loop_by_rounds_and_stops_when_every_reply_fails(
-        tmp_path: Path) -> None:
+        tmp_path: Path, serverapp_without_patches: None) -> None:
     """``server_app.app.main``: rounds=async writes the asynchronous columns, sync does not;
     an async run whose every reply is rejected stops with one line (not a dispatch loop)."""
     for rounds in ("async", "sync"):

@@ -41,7 +41,8 @@ def test_unwritable_output_dir_fails_before_any_message(tmp_path: Path) -> None:
 
 
 def test_a_diverged_model_stops_the_run_and_keeps_the_good_checkpoint(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, serverapp_without_patches: None,
+) -> None:
     step = FedAvgServer.update
 
     def poisoned(self: FedAvgServer, state: Any, w_t: Any, rnd: Any) -> tuple[Any, Any]:

@@ -46,6 +46,7 @@ class DecodeReplies:
     def __call__(self, replies: RoundReplies) -> RoundReplies:
         good: list[Accepted] = []
         rejected = 0
+        reasons: list[tuple[int, str]] = []
         arrived: set[int] = set()
         for msg in replies.messages:
             node = msg.metadata.src_node_id
@@ -55,12 +56,14 @@ class DecodeReplies:
             decoded = self.decode(msg, replies.sent_to, replies.w_t)
             if isinstance(decoded, str):
                 rejected += 1
+                reasons.append((node, decoded))
                 log_rejected(replies, node, decoded)
                 continue
             good.append((node, decoded))
         good.sort(key=lambda item: item[1].partition_id)
         return dataclasses.replace(
             replies, accepted=tuple(good), rejected=rejected, arrived=len(arrived),
+            rejections=(*replies.rejections, *reasons),
             missing=replies.sampled - len(good) - rejected)
 
     def decode(self, msg: Message, sent_to: Mapping[int, int],

@@ -51,12 +51,13 @@ class NormFilter:
         updates = [u for _, u in good]
         norms = {key: self.upload_norms(key, updates, replies.w_t) for key in keys}
         limits = {key: self.limit(replies, key, norms[key]) for key in keys}
-        keep, used = [], 0.0
+        keep, used, reasons = [], 0.0, []
         for i, (node, _) in enumerate(good):
             over = [f"{key!r} norm {norms[key][i]:.3g} > {limits[key][1]}" for key in keys
                     if norms[key][i] > limits[key][0]]
             used = max([used, *(norms[key][i] / limits[key][0] for key in keys)])
             if over:
+                reasons.append((node, "; ".join(over)))
                 log_rejected(replies, node, "; ".join(over))
             else:
                 keep.append(i)
@@ -64,7 +65,8 @@ class NormFilter:
             self.remember(key, [norms[key][i] for i in keep])
         return dataclasses.replace(
             replies, accepted=tuple(good[i] for i in keep),
-            rejected=replies.rejected + len(good) - len(keep), norm_limit_used=used)
+            rejected=replies.rejected + len(good) - len(keep), norm_limit_used=used,
+            rejections=(*replies.rejections, *reasons))
 
     def upload_norms(self, key: str, updates: Sequence[ClientUpdate],
                      w_t: Weights) -> list[float]:

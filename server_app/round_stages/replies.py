@@ -41,6 +41,8 @@ class RoundReplies:
     accepted: tuple[Accepted, ...] = ()
     """Replies that passed the checks, in client order."""
     rejected: int = 0
+    rejections: tuple[tuple[int, str], ...] = ()
+    """(node id, reason) of each rejected reply, in the order they were rejected."""
     missing: int = 0
     arrived: int = 0
     """Sampled nodes whose reply came from the client (an error of the client's counts)."""

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from scripts.deploy_local import stop_pids
+from scripts.deploy_local import Deployment, stop_pids
 from scripts.flower_env import flower_env
 
 DEPLOY_LOCAL = [sys.executable, "-m", "scripts.deploy_local"]
@@ -59,6 +60,21 @@ def diffs(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, float]:
             worst = max(worst, d if k == "test-acc" else d / max(abs(u), abs(v), 1e-12))
         out[k] = worst
     return out
+
+
+D = TypeVar("D", bound=Deployment)
+
+
+@contextmanager
+def deployed(dep: D, tmp_path: Path) -> Iterator[D]:
+    """``dep`` up for the test; afterwards stopped, with every process that still names
+    ``tmp_path`` (a ClientApp executor the SuperNode left behind)."""
+    try:
+        dep.up()
+        yield dep
+    finally:
+        dep.stop()
+        stop_pids(pids_mentioning(str(tmp_path)))
 
 
 def pids_mentioning(text: str) -> list[int]:

@@ -20,9 +20,9 @@ import pytest
 
 from node.app_allowlist import fab_hash
 from node.approve_app import fab_of
-from scripts.deploy_local import Deployment, stop_pids
+from scripts.deploy_local import Deployment
 from scripts.flower_env import REPO
-from tests.deploy_helpers import diffs, pids_mentioning, rounds, run_dir
+from tests.deploy_helpers import deployed, diffs, rounds, run_dir
 from tests.fault_app import fault_app
 from tests.test_deploy_faults import FlwrRun
 
@@ -78,12 +78,8 @@ def deployment(tmp_path: Path) -> Iterator[ApprovedDeployment]:
                               str(dep.approved)], capture_output=True, text=True, check=False,
                              timeout=120)
     assert approve.returncode == 0, approve.stderr
-    try:
-        dep.up()
+    with deployed(dep, tmp_path):
         yield dep
-    finally:
-        dep.stop()
-        stop_pids(pids_mentioning(str(tmp_path)))
 
 
 @pytest.mark.slow

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from scripts.deploy_local import Deployment, stop_pids
+from scripts.deploy_local import Deployment
 from scripts.simulate import RUN_ID
 from task.data_paths import default_data_dir
 from task.datasets import load_dataset
-from tests.deploy_helpers import pids_mentioning, rounds
+from tests.deploy_helpers import deployed, rounds
 from tests.device_data import FMNIST_CLASSES, skewed_fmnist_folders, write_image_folder
 from tests.test_deploy_faults import FlwrRun
 
@@ -46,12 +46,8 @@ def deployment(tmp_path: Path) -> Iterator[DeviceDeployment]:
     (bad / "sandal" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     dep = DeviceDeployment(tmp_path / "deploy", GOOD + 1, base_port=BASE_PORT)
     dep.folders = [*folders, bad]
-    try:
-        dep.up()
+    with deployed(dep, tmp_path):
         yield dep
-    finally:
-        dep.stop()
-        stop_pids(pids_mentioning(str(tmp_path)))
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from scripts.flower_env import REPO
 from scripts.simulate import RUN_ID, run_status, toml_line
 from store.client_store import W_PREV
 from store.state_dir import StateDir
-from tests.deploy_helpers import pids_mentioning, rounds
+from tests.deploy_helpers import deployed, pids_mentioning, rounds
 
 NODES = 3
 BASE = {"method": "scaffold", "num-clients": NODES, "fraction-train": 1.0,
@@ -140,12 +140,8 @@ def state_files(root: Path) -> dict[str, bytes]:
 @pytest.fixture
 def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
     dep = Deployment(tmp_path / "deploy", NODES, base_port=request.param)
-    try:
-        dep.up()
+    with deployed(dep, tmp_path):
         yield dep
-    finally:
-        dep.stop()
-        stop_pids(pids_mentioning(str(tmp_path)))
 
 
 @pytest.mark.slow

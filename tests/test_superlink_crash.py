@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.deploy_local import CONNECTION, Deployment, stop_pids
+from scripts.deploy_local import CONNECTION, Deployment
 from scripts.simulate import run_status
-from tests.deploy_helpers import pids_mentioning, rounds
+from tests.deploy_helpers import deployed, rounds
 from tests.test_deploy_faults import (
     BASE,
     FlwrRun,
@@ -43,12 +43,8 @@ left to stop). Passed with 40 and 52 s (3 nodes)."""
 def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
     nodes = int(request.param)
     dep = Deployment(tmp_path / "deploy", nodes, base_port=BASE_PORT + (0 if nodes == 3 else 50))
-    try:
-        dep.up()
+    with deployed(dep, tmp_path):
         yield dep
-    finally:
-        dep.stop()
-        stop_pids(pids_mentioning(str(tmp_path)))
 
 
 def train_messages(log: Path, run_id: str) -> tuple[int, int]:

@@ -10,8 +10,9 @@ calling ``install`` in that process, at the point where they take effect:
   grid to run on (``sim-window`` / ``reply-poll`` wrap it; ``fast-dispatch`` patches the
   simulation's LinkState; ``object-pulls`` the deployment grid's pulls);
 - ``supernode``: from ``node.launch`` before it starts ``flower-supernode`` in its process,
-  with the node's waits (``supernode-waits``; ``object-pulls`` for the node's message pulls)
-  and, where the device has an approved-apps list, its check (``app-allowlist``).
+  always the reply order (``reply-order``), with the node's waits (``supernode-waits``;
+  ``object-pulls`` for the node's message pulls) and, where the device has an approved-apps
+  list, its check (``app-allowlist``).
   The executor choice (``warm-executor``) is made there too, by ``warm_executor.usable``.
 
 The ``launcher`` entries (``app-source``, ``offline-env``, ``ray-loopback``) are functions the
@@ -44,8 +45,8 @@ def install(kind: str, *, grid: Any = None, simulation: bool = False,
     """Apply the patches of process ``kind`` (``KINDS``); each declines on its own.
 
     ``serverapp``: ``grid`` (Flower's) and whether it is the simulation's; ``supernode``:
-    ``poll``, a ``supernode_waits.AdaptivePoll`` (None: Flower's waits), and ``allowlist``,
-    the device's ``node.app_allowlist.Allowlist`` (None: none)."""
+    ``reply-order`` always; ``poll``, a ``supernode_waits.AdaptivePoll`` (None: Flower's
+    waits), and ``allowlist``, the device's ``node.app_allowlist.Allowlist`` (None: none)."""
     if kind not in KINDS or kind == "launcher":
         raise ValueError(f"install: kind {kind!r} is not allowed; allowed: "
                          f"{', '.join(k for k in KINDS if k != 'launcher')}")
@@ -70,11 +71,9 @@ def install(kind: str, *, grid: Any = None, simulation: bool = False,
             done.grid = reply_poll.wrap(grid)
             done.note(reply_poll.NAME, done.grid is not grid)
     else:
-        if poll is None and allowlist is None:
-            raise ValueError("install('supernode') needs poll=, an AdaptivePoll, or "
-                             "allowlist=, the device's Allowlist")
-        from flower_compat import app_allowlist, object_pulls, supernode_waits
+        from flower_compat import app_allowlist, object_pulls, reply_order, supernode_waits
 
+        done.note(reply_order.NAME, reply_order.apply())
         if poll is not None:
             done.note(object_pulls.NAME, object_pulls.apply(object_pulls.SUPERNODE))
             done.note(supernode_waits.NAME, supernode_waits.apply(poll))

@@ -146,6 +146,34 @@ PATCHES: tuple[Patch, ...] = (
         declined="node.launch starts Flower's flower-superexec (a process per message)",
     ),
     Patch(
+        name="reply-order",
+        module="reply_order",
+        replaces="`start_client_internal._push_messages` and `_pull_and_store_message` "
+                 "(SuperNode), by wrappers: the loop moves on only once the message it "
+                 "received is answered",
+        why="Flower's loop sends whichever reply is in the node's state first; a stale one "
+            "(a run stopped while its message was received, an expired task token) made "
+            "the node answer every later message one message late",
+        measured="not a speed patch: a node whose reply to the killed run landed after "
+                 "the SuperLink restart never answered the resumed run's identity query "
+                 "(tests/test_superlink_crash.py, 5 nodes, 1 of 51 CI runs); "
+                 "tests/test_reply_order.py replays it on Flower's own loop",
+        checked=(
+            ("flwr.supernode.start_client_internal:start_client_internal",
+             "bb3df95a5f63b9849fef3ba5fac74c1d01677207e268c37d6895fb6d14399eff"),
+            ("flwr.supernode.start_client_internal:_push_messages",
+             "5f09f2f7a86ced070a9cb343920c8e3ba0c20fda956e7b6d2088965b428f42d2"),
+            ("flwr.supernode.start_client_internal:_pull_and_store_message",
+             "eaf5d0e36dc34e4cf46a490511d077ac55cc8edbbcdbe938c1f6dbcb758628be"),
+            ("flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState.store_message",
+             "8d38cc83c3fb7d5aae9136064f921209cde1c5c15ccf26a4e74333d74bf12ac6"),
+            ("flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState.delete_messages",
+             "b5305a764184df89010e906768cff7cf1a26b0b3be2fe21558fdc638c3d692e4"),
+        ),
+        kinds=("supernode",),
+        declined="Flower's loop: after a stale reply the node answers one message late",
+    ),
+    Patch(
         name="app-allowlist",
         module="app_allowlist",
         replaces="`start_client_internal._pull_and_store_message` (SuperNode), by a wrapper "

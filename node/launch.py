@@ -10,9 +10,9 @@ The executor is a child process: the warm one (``node.warm_executor``), or with
 comparison and as a fallback). The same command serves the process deployment, the
 docker-compose stack and the edge kit, so all three behave alike.
 
-Flower's SuperNode is bent only through ``flower_compat.install("supernode")`` (its waits, its
-object pulls; ``docs/flower_compat.md``), and the warm executor runs only while its guard
-passes (else Flower's ``flower-superexec``, with one warning). Waits
+Flower's SuperNode is bent only through ``flower_compat.install("supernode")`` (its reply
+order, its waits, its object pulls; ``docs/flower_compat.md``), and the warm executor runs
+only while its guard passes (else Flower's ``flower-superexec``, with one warning). Waits
 (``flower_compat.supernode_waits``): for ``--active-window`` seconds after a message the SuperNode
 pulls every ``--node-poll`` seconds, afterwards every ``--idle-poll``; the warm executor
 does not poll at all while it can be woken: the node wakes it through a pipe when a message
@@ -223,10 +223,9 @@ def main(argv: list[str] | None = None) -> None:
     atexit.register(stop_executor)
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
-    if args.node_poll or allowlist is not None:
-        install("supernode", allowlist=allowlist, poll=supernode_waits.AdaptivePoll(
-            fast=args.node_poll, idle=args.idle_poll, window=args.active_window,
-            reply=min(0.05, args.node_poll), wake=wake) if args.node_poll else None)
+    install("supernode", allowlist=allowlist, poll=supernode_waits.AdaptivePoll(
+        fast=args.node_poll, idle=args.idle_poll, window=args.active_window,
+        reply=min(0.05, args.node_poll), wake=wake) if args.node_poll else None)
     sys.argv = ["flower-supernode", *node_args]
     try:
         flower_supernode()

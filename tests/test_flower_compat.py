@@ -122,6 +122,16 @@ def _app_allowlist() -> None:
     assert loop._pull_and_store_message is original  # Flower's own, storing any FAB
 
 
+def _reply_order() -> None:
+    from flwr.supernode import start_client_internal as loop
+
+    from flower_compat import reply_order
+
+    pull, push = loop._pull_and_store_message, loop._push_messages
+    assert reply_order.apply() is False
+    assert (loop._pull_and_store_message, loop._push_messages) == (pull, push)  # Flower's
+
+
 def _ray_inline() -> None:
     from flower_compat import ray_inline
 
@@ -169,7 +179,8 @@ def _flower_helpers() -> None:
 DECLINED: dict[str, Callable[[], None]] = {
     "fast-dispatch": _fast_dispatch, "sim-window": _sim_window, "reply-poll": _reply_poll,
     "object-pulls": _object_pulls, "supernode-waits": _supernode_waits,
-    "warm-executor": _warm_executor, "app-allowlist": _app_allowlist,
+    "warm-executor": _warm_executor, "reply-order": _reply_order,
+    "app-allowlist": _app_allowlist,
     "ray-inline": _ray_inline, "app-source": _app_source,
     "offline-env": _offline_env, "ray-loopback": _ray_loopback,
     "flower-helpers": _flower_helpers,
@@ -254,6 +265,8 @@ def patched():
     from flwr.superlink.grid import http_grid, inmemory_grid
     from flwr.supernode import start_client_internal as loop
     return {"loop.time": repr(loop.time), "loop.pull_objects": repr(loop.pull_objects),
+            "loop._push_messages": repr(loop._push_messages),
+            "loop._pull_and_store_message": repr(loop._pull_and_store_message),
             "http_grid.pull_objects": repr(http_grid.pull_objects),
             "get_message_ins": repr(InMemoryLinkState.get_message_ins),
             "InMemoryGrid.send_and_receive": repr(inmemory_grid.InMemoryGrid.send_and_receive),

@@ -73,6 +73,15 @@ def kill_link_mid_round(dep: Deployment, run_id: str, rnd: int, timeout: float =
     return killed, [i for i, (got, sent) in enumerate(counts) if got >= rnd > sent]
 
 
+def node_tails(dep: Deployment, lines: int = 15) -> str:
+    """The last ``lines`` lines of each SuperNode's log (what a silent node did last)."""
+    out = []
+    for i in range(dep.num_nodes):
+        text = (dep.logs / f"supernode-{i}.log").read_text(errors="replace").splitlines()
+        out += [f"--- supernode-{i}.log", *text[-lines:]]
+    return "\n".join(out)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("deployment", [3, 5], indirect=True, ids=["3-nodes", "5-nodes"])
 def test_killed_superlink_restarts_on_its_database_and_the_run_resumes_bit_identical(
@@ -111,7 +120,10 @@ def test_killed_superlink_restarts_on_its_database_and_the_run_resumes_bit_ident
     resumed = FlwrRun(dep, "resume", {**cfg, "output-dir": str(out),
                                       "resume-dir": str(run_path)})
     try:
-        wait_rounds(out, done + 1, 240, resumed)
+        try:
+            wait_rounds(out, done + 1, 240, resumed)
+        except AssertionError as err:  # say what each node did last
+            raise AssertionError(f"{err}\n{node_tails(dep)}") from None
         t_first = time.monotonic()
         status = resumed.wait(300)
     finally:

@@ -156,7 +156,7 @@ PATCHES: tuple[Patch, ...] = (
             "the node answer every later message one message late",
         measured="not a speed patch: a node whose reply to the killed run landed after "
                  "the SuperLink restart never answered the resumed run's identity query "
-                 "(tests/test_superlink_crash.py, 5 nodes, 1 of 51 CI runs); "
+                 "(tests/test_superlink_crash.py, 5 nodes, once in CI); "
                  "tests/test_reply_order.py replays it on Flower's own loop",
         checked=(
             ("flwr.supernode.start_client_internal:start_client_internal",

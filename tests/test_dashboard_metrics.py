@@ -247,3 +247,13 @@ def test_no_path_beside_metrics_reaches_anything(faulty_run: Any, path: str) -> 
         code, _, body = fetch(addr, path=path)
     assert code in (400, 403, 404), (path, code)
     assert "fedinit_" not in body and "root:" not in body and "PK" not in body[:4]
+
+
+def test_the_scrape_bench_runs_and_prints_one_line_per_fleet(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.dashboard_scrape import main
+    assert main(["--nodes", "3", "5", "--rounds", "2", "--repeat", "1", "--dp", "central"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and lines[2].split()[0] == "3" and lines[3].split()[0] == "5"
+    # two more nodes, six series each under DP (five states, identity answered): no tasks
+    assert int(lines[3].split()[-1]) - int(lines[2].split()[-1]) == 2 * 6

@@ -7,7 +7,8 @@ nothing from anywhere (its Content-Security-Policy forbids it) and reloads itsel
 ``--refresh`` seconds. Only GET and HEAD are answered; only the page and, per run, those two
 files are served (looked up by name among the runs found, never by joining the request path
 to a directory), so a checkpoint, client state or anything outside the directory is not
-reachable whatever the path says.
+reachable whatever the path says. With ``--metrics`` (off by default) ``/metrics`` answers the
+same figures in Prometheus' text format (scripts/dashboard_metrics.py); without it, 404.
 """
 
 from __future__ import annotations
@@ -22,14 +23,19 @@ from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from server_app.status import STATUS_FILE
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
 ROWS_FILE = "rounds.jsonl"
 SERVED = (STATUS_FILE, ROWS_FILE)
 """The only files the page serves, per run."""
+METRICS_PATH = "/metrics"
+"""With ``--metrics``: the Prometheus text of every run (exactly this path)."""
 MARKERS = (STATUS_FILE, ROWS_FILE, "config.json")
 """A directory holding one of these is a run directory."""
 MAX_DEPTH = 3
@@ -293,6 +299,8 @@ class Handler(BaseHTTPRequestHandler):
 
     root: Path
     refresh: int
+    metrics: CollectorRegistry | None = None
+    """The private registry ``/metrics`` answers from; None: ``--metrics`` was not given."""
     server_version = "fedinit-dashboard"
     sys_version = ""
 
@@ -331,6 +339,9 @@ class Handler(BaseHTTPRequestHandler):
         parts = [p for p in path.split("/") if p]
         if any(p in (".", "..") for p in parts):
             return None, ""
+        if path == METRICS_PATH and self.metrics is not None:
+            from scripts.dashboard_metrics import CONTENT_TYPE, scrape
+            return scrape(self.metrics), CONTENT_TYPE
         runs, now = find_runs(self.root), time.time()
         name = parts[-1] if parts and parts[-1] in SERVED else None
         key = "/".join(parts[:-1] if name else parts)
@@ -365,10 +376,15 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def make_server(root: Path, host: str = "127.0.0.1", port: int = 8050,
-                refresh: int = 2) -> ThreadingHTTPServer:
-    """The page's server for ``root`` (not started: call ``serve_forever``)."""
+                refresh: int = 2, metrics: bool = False) -> ThreadingHTTPServer:
+    """The page's server for ``root`` (not started: call ``serve_forever``); ``metrics``:
+    answer ``/metrics`` too."""
+    registry = None
+    if metrics:  # imported only when asked: the page itself needs no prometheus_client
+        from scripts.dashboard_metrics import registry_for
+        registry = registry_for(root.resolve())
     handler = type("DashboardHandler", (Handler,), {"root": root.resolve(),
-                                                    "refresh": refresh})
+                                                    "refresh": refresh, "metrics": registry})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
@@ -382,6 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8050, help="port (default 8050; 0: any free)")
     p.add_argument("--refresh", type=int, default=2,
                    help="seconds between the page's reloads (default 2; 0: never)")
+    p.add_argument("--metrics", action="store_true",
+                   help="also answer /metrics: the figures in Prometheus' text format "
+                        "(default off: 404)")
     a = p.parse_args(argv)
     root = Path(a.path)
     if not root.is_dir():
@@ -391,11 +410,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.refresh < 0:
         p.error(f"--refresh={a.refresh} is not allowed: 0 or more seconds")
     try:
-        server = make_server(root, a.host, a.port, a.refresh)
+        server = make_server(root, a.host, a.port, a.refresh, a.metrics)
     except OSError as err:
         p.error(f"cannot listen on {a.host}:{a.port}: {err.strerror or err}")
     host, port = server.server_address[:2]
-    print(f"fedinit-dashboard: http://{host}:{port}/ (read-only; Ctrl-C stops)", flush=True)
+    print(f"fedinit-dashboard: http://{host}:{port}/ (read-only; Ctrl-C stops)"
+          + (f"; Prometheus: http://{host}:{port}{METRICS_PATH}" if a.metrics else ""),
+          flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -252,3 +252,23 @@ def test_a_secure_round_through_flowers_simulation_engine(tmp_path: Path) -> Non
         run_experiment(sim.grid, cfg, out_dir=tmp_path / "engine")
     row = load_checkpoint(tmp_path / "engine").rows[-1]
     assert (row["num-replies"], row["num-rejected"], row["num-missing"]) == (4, 0, 0)
+
+
+@pytest.mark.parametrize("method", ["fedprox", "fedsam", "ditto", "fedcm", "fedadam"])
+def test_each_accepted_method_runs_a_secure_round_near_its_plain_round(
+        tmp_path: Path, method: str) -> None:
+    """Their server rules read D and clear metrics only: one secure round is aggregated from
+    all four masked uploads and lands within one quantisation step of the plain round."""
+    over = {"method": method, "num-server-rounds": 1, "eval-every": 1}
+    plain_grid, plain_dir = run(tmp_path, "plain", over)
+    _, secure_dir = run(tmp_path, "secure", {**over, "secure-aggregation": "secagg+"})
+    plain, secure = load_checkpoint(plain_dir), load_checkpoint(secure_dir)
+    assert secure.rows[-1]["num-replies"] == 4
+    assert secure.rows[-1]["divergence"] is None is not plain.rows[-1]["divergence"]
+    cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
+    step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits
+    gap = max_gap(secure.weights, plain.weights)
+    w0 = unpack(train_msgs(plain_grid)[0].content.array_records["arrays"])
+    assert max_gap(plain.weights, w0) > 10 * step  # the round moved the model by far more
+    # linear in D but FedAdam: |d step / d D| <= eta_g (1 - beta1) / eps = 1 in round 1
+    assert 0.0 < gap <= step + 1e-6, (gap, step)

@@ -40,6 +40,7 @@ from client_app.model_cache import (
 )
 from client_app.personal_accuracy import personal_evaluation
 from client_app.round import client_round
+from client_app.secure_upload import SECAGG, mask_upload, secagg_step
 from flower_compat import install
 from methods import wire as rk
 from methods.packed_arrays import shapes, unpack
@@ -163,6 +164,8 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            cached_model(cfg), x, y, initial=lambda: initial_weights(cfg),
                            partition_id=pid)
+    if cfg.secure_aggregation != "off":  # the plain upload never leaves: only its masked form
+        content = mask_upload(msg.content, content, context.state, pid)
     content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
     if ledger is not None:  # every ArrayRecord of the reply is one noised channel
         account_release(ledger, msg, cfg.dp_noise_multiplier, len(content.array_records))
@@ -172,7 +175,17 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
 
 def query_fn(msg: Message, context: Context) -> Message:
     """Identity of this node as a client: its partition id and the partition count it knows
-    (-1 for a node without them: the server's node-registry names its client id)."""
+    (-1 for a node without them: the server's node-registry names its client id). A query
+    that carries a SecAgg+ stage (setup, share keys, unmask) is answered by this node's
+    protocol client (``secure_upload.secagg_step``)."""
+    if SECAGG in msg.content.config_records:
+        cfg = run_config_of(context)
+        if cfg.secure_aggregation == "off":
+            raise ValueError("a secure-aggregation query in a run with secure-aggregation=off: "
+                             "refused")
+        reply = secagg_step(msg.content.config_records[SECAGG], context.state,
+                            partition_of(context, cfg, msg))
+        return Message(content=RecordDict({SECAGG: reply}), reply_to=msg)
     nc = context.node_config
     info = {rk.PARTITION_ID: int(nc.get("partition-id", -1)),
             rk.NUM_PARTITIONS: int(nc.get("num-partitions", -1))}

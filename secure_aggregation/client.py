@@ -26,6 +26,7 @@ from flwr.common.secure_aggregation.secaggplus_utils import (
     share_keys_plaintext_separate,
 )
 from flwr.supercore.primitives.asymmetric import (
+    bytes_to_private_key,
     bytes_to_public_key,
     generate_key_pairs,
     private_key_to_bytes,
@@ -39,6 +40,7 @@ from secure_aggregation.quant import check_vector, quantise
 from secure_aggregation.wire import SecAggInputError, Stage
 
 _ORDER = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK)
+DONE = "done"
 
 
 class SecAggClient:
@@ -173,5 +175,63 @@ class SecAggClient:
                                    f"neighbourhood, fewer than the threshold "
                                    f"{self.params.threshold}")
         shares = [self._held[n][0] for n in active] + [self._held[n][1] for n in dead]
-        self._next = "done"
+        self._next = DONE
         return {wire.STAGE: Stage.UNMASK, wire.NIDS: asked, wire.SHARES: shares}
+
+    # ------------------------------------------------------------ the node's private state
+    def to_record(self) -> dict[str, Any]:
+        """This client's private state as ConfigRecord values, to keep in the node's own
+        ``context.state`` between messages (a deployment may run each in a fresh process);
+        never sent. After the unmask stage only the fact that it is done is kept."""
+        out: dict[str, Any] = {"node-id": self.node_id, "next": self._next}
+        if self._next in (Stage.SETUP, DONE):
+            return out
+        out.update(self.params.to_config())
+        out.update({"sizes": list(self.sizes), "sk1": private_key_to_bytes(self._sk1),
+                    "sk2": private_key_to_bytes(self._sk2), "pk1": self._pk1,
+                    "pk2": self._pk2})
+        if self._next == Stage.SHARE_KEYS:
+            return out
+        out.update({"pk1s-ids": list(self._pk1s), "pk1s": list(self._pk1s.values()),
+                    "seed": self._seed, "enc-ids": list(self._enc_keys),
+                    "enc-keys": list(self._enc_keys.values()), "held-ids": list(self._held),
+                    "held-seeds": [v[0] for v in self._held.values()],
+                    "held-sk1s": [v[1] for v in self._held.values()]})
+        return out
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> SecAggClient:
+        """The client ``to_record`` saved (a stored state that does not parse is refused)."""
+        who = "secagg client state"
+        try:
+            client = cls(int(rec["node-id"]))
+            client._next = str(rec["next"])
+            if client._next not in (*_ORDER, DONE):
+                raise SecAggInputError(f"{who}: stage {client._next!r} is not a stage")
+            if client._next in (Stage.SETUP, DONE):
+                return client
+            client.params = SecAggParams.from_config(rec)
+            client.sizes = wire.get_int_list(rec, "sizes", who)
+            client._sk1 = bytes_to_private_key(wire.get_bytes(rec, "sk1", who))
+            client._sk2 = bytes_to_private_key(wire.get_bytes(rec, "sk2", who))
+            client._pk1 = wire.get_bytes(rec, "pk1", who)
+            client._pk2 = wire.get_bytes(rec, "pk2", who)
+            if client._next == Stage.SHARE_KEYS:
+                return client
+            ids = wire.get_int_list(rec, "pk1s-ids", who)
+            client._pk1s = dict(zip(ids, wire.get_bytes_list(rec, "pk1s", who, len(ids)),
+                                    strict=True))
+            client._seed = wire.get_bytes(rec, "seed", who)
+            ids = wire.get_int_list(rec, "enc-ids", who)
+            client._enc_keys = dict(zip(ids, wire.get_bytes_list(rec, "enc-keys", who,
+                                                                 len(ids)), strict=True))
+            ids = wire.get_int_list(rec, "held-ids", who)
+            client._held = dict(zip(ids, zip(
+                wire.get_bytes_list(rec, "held-seeds", who, len(ids)),
+                wire.get_bytes_list(rec, "held-sk1s", who, len(ids)), strict=True),
+                strict=True))
+        except (KeyError, TypeError, ValueError) as err:
+            if isinstance(err, SecAggInputError):
+                raise
+            raise SecAggInputError(f"{who} does not parse: {err}") from None
+        return client

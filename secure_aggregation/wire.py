@@ -19,6 +19,7 @@ class Stage:
     UNMASK = "secagg-unmask"
 
 
+RECORD = "secagg"  # the Message's ConfigRecord that carries a stage's dict (a run's wiring)
 STAGE = "stage"
 PK1, PK2 = "pk1", "pk2"  # mask-agreement and share-encryption public keys (PEM)
 NIDS, PK1S, PK2S = "nids", "pk1s", "pk2s"

@@ -178,6 +178,12 @@ class MethodStrategy(Strategy):
         chosen = self.sample(server_round)
         messages, self._sent_to = self.pipeline.messages(server_round, arrays, self._w_t,
                                                          config, chosen)
+        secure = self.pipeline.secure
+        if secure is not None:  # SecAgg+'s setup and share-keys exchanges, before training
+            messages = secure.key_exchange(grid, server_round, self._w_t, messages,
+                                           self._sent_to)
+            sent = {m.metadata.dst_node_id for m in messages}
+            self._sent_to = {n: p for n, p in self._sent_to.items() if n in sent}
         return messages
 
     def sample(self, server_round: int) -> list[int]:

@@ -32,6 +32,21 @@ ASYNC_REFUSALS: dict[str, str] = {
     "fedcm": "its global momentum is built from one round's update; not built for buffers yet",
 }
 """Why each other method is refused under ``rounds=async`` (one line each)."""
+SECURE_AGGREGATIONS: tuple[str, ...] = ("off", "secagg+")
+"""``secure-aggregation``: off | secagg+ (SecAgg+, ``secure_aggregation/``: the server sees
+only the round's sum of the clients' clipped, quantised uploads;
+``server_app/round_stages/secure_sum.py``)."""
+SECAGG_MAX_BITS = 24
+"""``secagg-bits`` at most this (``secure_aggregation.params.MAX_BITS``; a test holds them
+equal)."""
+SECAGG_REFUSALS: dict[str, str] = {
+    "scaffold": "its extra upload Delta_c_i is not masked yet (a second masked vector)",
+    "feddyn": "its server rule reads each client's move; a rule on the sum is not built yet",
+    "fedrelax": "the server keeps each client's own model, which needs each upload",
+    "clustered": "the server clusters the clients' individual updates",
+}
+"""Why each method whose server needs more than the round's sum is refused under
+``secure-aggregation=secagg+`` (one line each)."""
 MAX_ROTATIONS = 4
 """Distinct rotations by multiples of 90 degrees: ``rotate`` allows at most this many regimes."""
 

@@ -38,6 +38,9 @@ from task.choices import (
     PARTITION_NAMES,
     REGIME_KINDS,
     ROUNDS,
+    SECAGG_MAX_BITS,
+    SECAGG_REFUSALS,
+    SECURE_AGGREGATIONS,
     STALENESS_KINDS,
     TRACKINGS,
     check_model_input,
@@ -119,6 +122,11 @@ class RunConfig:
     dp_noise_multiplier: float
     dp_delta: float
     dp_target_epsilon: float
+    secure_aggregation: str
+    secagg_num_shares: int
+    secagg_threshold: int
+    secagg_clip: float
+    secagg_bits: int
     resume_dir: str
     client_state_dir: str
     simulation_client_state: str
@@ -435,6 +443,51 @@ def _check_async(c: RunConfig) -> None:
             raise _bad(key, value, f"{allowed} with rounds='async' ({why})")
 
 
+def _check_secagg(c: RunConfig) -> None:
+    """SecAgg+'s keys (checked whichever ``secure-aggregation``), then what needs one client's
+    upload, which the server never sees with it, each refused in one line."""
+    k, t = c.secagg_num_shares, c.secagg_threshold
+    if k < 3 or k % 2 == 0:
+        raise _bad("secagg-num-shares", k, "an odd integer >= 3 (the client plus (k-1)/2 ring "
+                   "neighbours on each side)")
+    if not k // 2 < t <= k:
+        raise _bad("secagg-threshold", t, f"{k // 2 + 1}..{k} (more than half of "
+                   f"secagg-num-shares={k}, so no server can rebuild both secrets of a client)")
+    if not (math.isfinite(c.secagg_clip) and c.secagg_clip > 0.0):
+        raise _bad("secagg-clip", c.secagg_clip, "a finite number > 0 (the per-coordinate bound "
+                   "of each upload)")
+    if not 1 <= c.secagg_bits <= SECAGG_MAX_BITS:
+        raise _bad("secagg-bits", c.secagg_bits, f"1..{SECAGG_MAX_BITS}")
+    if c.secure_aggregation == "off":
+        return
+    with_it = f"with secure-aggregation={c.secure_aggregation!r}"
+    if c.method in SECAGG_REFUSALS:
+        allowed = " | ".join(m for m in METHOD_NAMES if m not in SECAGG_REFUSALS)
+        raise _bad("method", c.method, f"{allowed} {with_it} ({c.method}: "
+                   f"{SECAGG_REFUSALS[c.method]})")
+    max_clients = (2**32 - 1) // 2**c.secagg_bits
+    for key, value, ok, allowed, why in (
+        ("weighting", c.weighting, c.weighting == "uniform", "uniform",
+         "the sum is divided by the survivors; example weighting would need each count masked"),
+        ("max-update-norm-ratio", c.max_update_norm_ratio, c.max_update_norm_ratio == 0.0, "0",
+         "the norm filter reads each upload's norm"),
+        ("aggregation", c.aggregation, c.aggregation == "mean", "mean",
+         "median, trimmed-mean, krum, multi-krum and bulyan read each upload"),
+        ("dp", c.dp, c.dp == "off", "off",
+         "central DP clips each reply on the server; distributed DP is not built yet"),
+        ("rounds", c.rounds, c.rounds == "sync", "sync",
+         "a buffer of replies from different rounds has no common key exchange"),
+        ("secagg-threshold", t, t <= c.clients_per_round,
+         f"at most the clients per round ({c.clients_per_round})",
+         "fewer clients than the threshold can never unmask a sum"),
+        ("secagg-bits", c.secagg_bits, c.clients_per_round <= max_clients,
+         f"a value with clients per round <= (2^32 - 1) // 2^bits ({max_clients} now)",
+         "the quantised sum would wrap around 2^32"),
+    ):
+        if not ok:
+            raise _bad(key, value, f"{allowed} {with_it} ({why})")
+
+
 def _check_ranges(c: RunConfig) -> None:
     """Range checks, one per key, in the order a reader would look for them."""
     choices = {
@@ -451,6 +504,7 @@ def _check_ranges(c: RunConfig) -> None:
         "tracking": (c.tracking, TRACKINGS),
         "rounds": (c.rounds, ROUNDS),
         "staleness": (c.staleness, STALENESS_KINDS),
+        "secure-aggregation": (c.secure_aggregation, SECURE_AGGREGATIONS),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
@@ -529,6 +583,7 @@ def _check_ranges(c: RunConfig) -> None:
     _check_evaluation(c)
     _check_dp(c)
     _check_async(c)
+    _check_secagg(c)
     if c.seed < 0:
         raise _bad("seed", c.seed, "an integer >= 0")
     if not c.output_dir:

@@ -88,6 +88,8 @@ EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
     "max-staleness",
     # differential privacy: what is clipped and how much noise is added
     "dp", "dp-clip", "dp-clip-extra", "dp-noise-multiplier", "dp-delta",
+    # secure aggregation: the sum is of clipped, quantised uploads, and who may drop
+    "secure-aggregation", "secagg-num-shares", "secagg-threshold", "secagg-clip", "secagg-bits",
 })
 """Identity keys that a resume must keep: they decide what is computed."""
 

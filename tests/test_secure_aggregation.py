@@ -364,3 +364,39 @@ def test_the_ring_is_symmetric_with_k_members() -> None:
     assert all(len(v) == 5 and k in v for k, v in nbrs.items())
     assert all(k in nbrs[j] for k, v in nbrs.items() for j in v)
     assert ring_neighbours([1, 2, 3], 5) == {i: [1, 2, 3] for i in (1, 2, 3)}
+
+
+class StoredRound(Round):
+    """Each client rebuilt from its stored record (as Flower serialises it) before every
+    stage: what a node that runs each message in a fresh process does."""
+
+    def _ask(self, stage: str, msgs: Mapping[int, Mapping[str, Any]],
+             absent: set[int]) -> dict[int, dict[str, Any]]:
+        for i, client in self.clients.items():
+            stored = dict(ConfigRecord.inflate(ConfigRecord(client.to_record()).deflate()))
+            self.clients[i] = SecAggClient.from_record(stored)
+        return super()._ask(stage, msgs, absent)
+
+
+def test_a_client_restored_from_its_record_before_each_stage_gives_the_same_exact_sum() -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = list(range(7))
+    vectors = grid_vectors(ids, params, seed=4)
+    rnd = StoredRound(params, ids, vectors)
+    got = rnd.run(drop_after_keys={3})
+    for g, p in zip(got, plain_sum(vectors, [i for i in ids if i != 3], 1.0), strict=True):
+        np.testing.assert_array_equal(g, p)
+    done = SecAggClient.from_record(rnd.clients[0].to_record())
+    assert set(rnd.clients[0].to_record()) == {"node-id", "next"}  # secrets dropped when done
+    with pytest.raises(SecAggInputError, match="out of order"):
+        done.handle({"stage": Stage.UNMASK, "active": [0], "dead": []})  # no second unmask
+
+
+@pytest.mark.parametrize(("record", "pattern"), [
+    ({"node-id": 1, "next": "later"}, "^secagg client state: stage 'later' is not a stage$"),
+    ({"node-id": 1, "next": Stage.SHARE_KEYS}, "^secagg setup lacks threshold, num-shares"),
+    ({"next": Stage.SETUP}, "^secagg client state does not parse: 'node-id'$"),
+])
+def test_a_bad_stored_state_is_refused_in_one_line(record: dict[str, Any], pattern: str) -> None:
+    with pytest.raises(SecAggInputError, match=pattern):
+        SecAggClient.from_record(record)

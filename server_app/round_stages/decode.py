@@ -17,6 +17,7 @@ from methods.method import ClientUpdate, ServerRule
 from methods.packed_arrays import unpack
 from methods.weights import Weights
 from server_app.round_stages.replies import Accepted, RoundReplies, log_rejected
+from server_app.round_stages.secure_sum import masked_problem
 from task.config import RunConfig
 from task.federated_data import num_steps
 
@@ -35,13 +36,16 @@ class DecodeReplies:
     or None where the server cannot know it (device data). ``placeholders``: under local DP
     a device reports nothing that depends on its data (client_app.device_privacy); weights
     are uniform under DP and no rule DP runs with reads the counts, so placeholders stand in,
-    whatever a reply claims.
+    whatever a reply claims. ``secure``: under secure aggregation a reply carries its masked
+    upload and no plain array (``secure_sum.masked_problem``); its update's ``upload`` is
+    empty, the sum is ``SecureSum``'s.
     """
 
     cfg: RunConfig
     rule: ServerRule
     examples: tuple[int, ...] | None
     placeholders: bool = False
+    secure: bool = False
 
     def __call__(self, replies: RoundReplies) -> RoundReplies:
         good: list[Accepted] = []
@@ -100,6 +104,14 @@ class DecodeReplies:
                 return problem
             if not isinstance(loss, int | float) or not math.isfinite(float(loss)):
                 return f"train-loss={loss!r} is not finite"
+        if self.secure:
+            problem = masked_problem(content, w_t)
+            if problem is not None:
+                return problem
+            update = ClientUpdate(partition_id=pid, upload=[], extras={}, num_examples=n,
+                                  train_loss=float(loss), num_steps=steps)
+            problem = self.rule.reply_problem(update, self.expected_steps(pid))
+            return update if problem is None else problem
         arrays: dict[str, Weights] = {}
         for key in (rk.ARRAYS, *self.rule.up_keys):
             if key not in content.array_records:

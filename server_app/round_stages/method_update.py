@@ -58,6 +58,8 @@ class AccountRound:
             **({rk.ROUND_TRAIN_LOSS: float(np.average(
                 [u.train_loss for u in updates], weights=[u.num_examples for u in updates]))}
                if self.train_loss else {}),
-            rk.DIVERGENCE: divergence(replies.finals, replies.w_next),
+            # under secure aggregation the server sees no final model: no divergence
+            **({rk.DIVERGENCE: divergence(replies.finals, replies.w_next)}
+               if replies.finals else {}),
         }
         return dataclasses.replace(replies, metrics=metrics)

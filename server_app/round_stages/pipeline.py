@@ -20,6 +20,7 @@ from server_app.round_stages.privacy import ClientLevelDp
 from server_app.round_stages.quorum import MinReplies
 from server_app.round_stages.replies import RoundReplies, Stage, run_stages
 from server_app.round_stages.sampling import AvailableSampler, RegisteredSampler, Sampler
+from server_app.round_stages.secure_sum import SecAggRound, SecureSum, params_of
 from server_app.round_stages.selection import RobustSelection
 from task.config import RunConfig
 
@@ -32,6 +33,9 @@ class TrainPipeline:
     sampler: Sampler
     messages: TrainMessages
     stages: tuple[Stage, ...]
+    secure: SecAggRound | None = None
+    """The SecAgg+ round in flight (``secure-aggregation=secagg+``): ``configure_train`` runs
+    its key exchange, the ``SecureSum`` stage its unmask exchange. None when off."""
 
     def __call__(self, replies: RoundReplies) -> RoundReplies:
         return run_stages(self.stages, replies)
@@ -56,7 +60,19 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
                          examples: Sequence[int] | None) -> TrainPipeline:
     """The run's pipeline: decode -> norm filter (not under DP) -> quorum -> selection (Krum,
     Multi-Krum, Bulyan) -> DP (only under DP) -> combine -> method update -> accounting.
-    Under DP the sample is drawn from a secret seed (the run's seed is public)."""
+    Under DP the sample is drawn from a secret seed (the run's seed is public). Under secure
+    aggregation: decode (masked uploads) -> quorum -> secure sum -> method update ->
+    accounting: nothing else may read one upload (``task.config`` refuses what does)."""
+    messages = TrainMessages(cfg, method, node_of_partition, client_config)
+    if cfg.secure_aggregation != "off":
+        session = SecAggRound(params_of(cfg), timeout=cfg.round_timeout)
+        counts = None if examples is None else tuple(int(n) for n in examples)
+        return TrainPipeline(
+            AvailableSampler(cfg.seed, cfg.num_clients, cfg.clients_per_round), messages,
+            (DecodeReplies(cfg, method.rule, counts, secure=True),
+             MinReplies(cfg.min_replies), SecureSum(session),
+             MethodUpdate(cfg, method, RobustMean(cfg)), AccountRound(accounted)),
+            secure=session)
     privacy = Mechanism.from_config(cfg)
     dp = privacy.on
     rule = method.rule
@@ -77,5 +93,4 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
     stages += [Combine(cfg.ri_aggregation, cfg.weighting, privacy.mean if dp else robust),
                MethodUpdate(cfg, method, robust),
                AccountRound(accounted, train_loss=privacy.mode != "local")]
-    return TrainPipeline(sampler, TrainMessages(cfg, method, node_of_partition, client_config),
-                         tuple(stages))
+    return TrainPipeline(sampler, messages, tuple(stages))

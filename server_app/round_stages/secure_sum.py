@@ -1,0 +1,165 @@
+"""Secure aggregation (``secure-aggregation=secagg+``): SecAgg+'s four stages around a train
+round, so the server only ever holds the SUM of the round's uploads (``secure_aggregation/``,
+docs/algorithms.md, "Secure aggregation").
+
+``SecAggRound.key_exchange`` runs in ``configure_train`` (Flower 1.39 hands it the grid): the
+setup and share-keys stages as two QUERY exchanges with the sampled clients, then each train
+message carries the ciphertexts addressed to its client. Each train reply carries the client's
+masked upload (its model delta, w_iK - w_t or Delta_i, clipped, quantised and masked) in
+place of plain arrays. ``SecureSum``, a pipeline stage after decoding and the quorum, runs the
+unmask exchange with the survivors and sets the round's aggregate D to their dequantised sum
+divided by their number (uniform weighting), which the method's server rule then uses as it
+would the plain mean. Protocol ids are the client ids (small ints the client knows), not
+Flower's node ids.
+
+A client that drops in any stage is left out; more dropouts than the threshold allows (or a
+malformed protocol reply) and the round has no sum: the model stays, one line is logged, and
+no client's state is counted as aggregated (``AccountRound`` never runs for it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from methods import wire as rk
+from methods.weights import Weights
+from secure_aggregation import RoundFailedError, SecAggInputError, SecAggParams, SecAggServer
+from secure_aggregation import wire as sw
+from secure_aggregation.wire import Stage as SecAggStage
+from server_app.round_stages.replies import RoundReplies
+from task.config import RunConfig
+
+SECAGG = sw.RECORD
+"""The ConfigRecord of every SecAgg+ message (the protocol's dict) and of a masked reply."""
+
+
+def params_of(cfg: RunConfig) -> SecAggParams:
+    """The run's protocol parameters (already range-checked by the run config)."""
+    return SecAggParams(threshold=cfg.secagg_threshold, num_shares=cfg.secagg_num_shares,
+                        clip=cfg.secagg_clip, bits=cfg.secagg_bits)
+
+
+def masked_problem(content: RecordDict, w_t: Weights) -> str | None:
+    """Why a train reply's content is not a well-formed masked upload, or None: no plain
+    ArrayRecord at all, and one little-endian uint32 byte string per model array."""
+    if content.array_records:
+        return (f"the reply carries plain arrays {sorted(content.array_records)} under secure "
+                f"aggregation (only the masked upload may leave a client)")
+    if SECAGG not in content.config_records:
+        return f"missing ConfigRecord {SECAGG!r} (the masked upload)"
+    rec = content.config_records[SECAGG]
+    if rec.get(sw.STAGE) != SecAggStage.COLLECT:
+        return f"{SECAGG!r} stage is {rec.get(sw.STAGE)!r}, expected {SecAggStage.COLLECT!r}"
+    blobs = rec.get(sw.MASKED)
+    if not isinstance(blobs, list) or len(blobs) != len(w_t) or not all(
+            isinstance(b, bytes) for b in blobs):
+        return f"{SECAGG!r} must hold {len(w_t)} masked arrays as bytes"
+    for i, (blob, ref) in enumerate(zip(blobs, w_t, strict=True)):
+        if len(blob) != 4 * ref.size:
+            return f"masked array {i} has {len(blob)} bytes, expected {4 * ref.size}"
+    return None
+
+
+@dataclasses.dataclass
+class SecAggRound:
+    """The protocol's server half for the round in flight, from ``configure_train`` (key
+    exchange) to ``SecureSum`` (unmask), and the grid it talks over."""
+
+    params: SecAggParams
+    timeout: float | None = None
+    server: SecAggServer | None = None
+    grid: Grid | None = None
+    server_round: int = 0
+    node_of: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Client id -> node id of this round's participants."""
+
+    def key_exchange(self, grid: Grid, server_round: int, w_t: Weights,
+                     messages: Sequence[Message], sent_to: Mapping[int, int]) -> list[Message]:
+        """Setup and share keys with the clients ``messages`` go to; returns the train
+        messages of those that completed both, each with its collect-stage dict; none (one
+        line logged) when the round cannot have a sum."""
+        self.server, self.grid, self.server_round = None, grid, server_round
+        self.node_of = {pid: node for node, pid in sent_to.items()}
+        try:
+            server = SecAggServer(self.params, sorted(self.node_of),
+                                  [tuple(a.shape) for a in w_t])
+            keys = self.exchange(server.setup_messages())
+            shared = self.exchange(server.share_keys_messages(keys))
+            collect = server.collect_messages(shared)
+        except (RoundFailedError, SecAggInputError) as err:
+            log(WARNING, "round %d: secure aggregation: %s; no train message is sent, the "
+                "global model is unchanged", server_round, err)
+            return []
+        self.server = server
+        out = []
+        for msg in messages:
+            pid = sent_to[msg.metadata.dst_node_id]
+            if pid in collect:
+                msg.content.config_records[SECAGG] = ConfigRecord(collect[pid])
+                out.append(msg)
+        return out
+
+    def exchange(self, outgoing: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+        """One protocol stage: a QUERY per client, the replies' dicts by client id. A client
+        whose reply is an error, or lacks the protocol record, has dropped (logged)."""
+        assert self.grid is not None
+        msgs = [Message(content=RecordDict({
+                    SECAGG: ConfigRecord(dict(body)),
+                    rk.CONFIG: ConfigRecord({rk.CLIENT_ID: pid, rk.ROUND: self.server_round})}),
+                    message_type=MessageType.QUERY, dst_node_id=self.node_of[pid])
+                for pid, body in outgoing.items()]
+        client_of = {node: pid for pid, node in self.node_of.items()}
+        got: dict[int, dict[str, Any]] = {}
+        for reply in self.grid.send_and_receive(msgs, timeout=self.timeout):
+            node = reply.metadata.src_node_id
+            pid = client_of.get(node)
+            if pid is None or pid not in outgoing:
+                continue
+            if reply.has_error():
+                why = "client error: " + (reply.error.reason.strip().splitlines() or [""])[-1]
+            elif SECAGG not in reply.content.config_records:
+                why = f"the reply lacks ConfigRecord {SECAGG!r}"
+            else:
+                got[pid] = dict(reply.content.config_records[SECAGG])
+                continue
+            log(WARNING, "round %d: secure aggregation: client %d (node %d) dropped: %s",
+                self.server_round, pid, node, why)
+        return got
+
+
+@dataclasses.dataclass(frozen=True)
+class SecureSum:
+    """The unmask stage: D = (sum of the survivors' uploads) / (their number), or the round
+    halted (no sum, one line logged). Sets ``weights`` (uniform) and ``aggregate``; the
+    server never sees a final model, so ``finals`` stays empty."""
+
+    session: SecAggRound
+
+    def __call__(self, replies: RoundReplies) -> RoundReplies:
+        server, self.session.server = self.session.server, None  # one unmask per key exchange
+        if server is None:
+            log(WARNING, "round %d: secure aggregation: no key exchange completed; the global "
+                "model is unchanged", replies.server_round)
+            return dataclasses.replace(replies, halted=True)
+        survivors = {node for node, _ in replies.accepted}
+        masked = {replies.sent_to[msg.metadata.src_node_id]:
+                  dict(msg.content.config_records[SECAGG])
+                  for msg in replies.messages if msg.metadata.src_node_id in survivors}
+        try:
+            shares = self.session.exchange(server.unmask_messages(masked))
+            total = server.aggregate(shares)
+        except (RoundFailedError, SecAggInputError) as err:
+            log(WARNING, "round %d: secure aggregation: %s; the global model is unchanged",
+                replies.server_round, err)
+            return dataclasses.replace(replies, halted=True)
+        n = len(masked)
+        mean = [(s / n).astype(np.float32) for s in total]
+        return dataclasses.replace(replies, weights=(1.0,) * n, aggregate=mean, finals=())

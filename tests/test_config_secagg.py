@@ -1,0 +1,95 @@
+"""``secure-aggregation`` keys: defaults, one-line range errors and every refused combination
+(anything whose server needs one client's upload, which it never sees under SecAgg+)."""
+
+from __future__ import annotations
+
+import pytest
+
+from methods.registry import METHOD_NAMES
+from secure_aggregation.params import MAX_BITS, SecAggParams
+from task import choices
+from task.config import ConfigError, RunConfig
+
+SECAGG = {"secure-aggregation": "secagg+", "weighting": "uniform",
+          "max-update-norm-ratio": 0.0}
+
+
+def refusal(over: dict[str, object]) -> str:
+    with pytest.raises(ConfigError, match="^run config: ") as err:
+        RunConfig.parse(over)
+    text = str(err.value)
+    assert "\n" not in text
+    return text
+
+
+def test_off_is_the_default_and_the_defaults_are_valid_protocol_parameters() -> None:
+    cfg = RunConfig.parse({})
+    assert cfg.secure_aggregation == "off"
+    on = RunConfig.parse(SECAGG)
+    params = SecAggParams(threshold=on.secagg_threshold, num_shares=on.secagg_num_shares,
+                          clip=on.secagg_clip, bits=on.secagg_bits)  # the core accepts them
+    assert params.threshold <= on.clients_per_round <= params.max_clients
+    assert choices.SECAGG_MAX_BITS == MAX_BITS  # the config's cap is the core's
+
+
+@pytest.mark.parametrize(("over", "line"), [
+    ({"secure-aggregation": "secagg"},
+     "secure-aggregation='secagg' is not allowed (did you mean 'secagg+'?); allowed: off | "
+     "secagg+"),
+    ({"secagg-num-shares": 4}, "secagg-num-shares=4 is not allowed; allowed: an odd integer "
+                               ">= 3"),
+    ({"secagg-num-shares": 1}, "secagg-num-shares=1 is not allowed"),
+    ({"secagg-threshold": 2}, "secagg-threshold=2 is not allowed; allowed: 3..5 (more than "
+                              "half of secagg-num-shares=5"),
+    ({"secagg-threshold": 6}, "secagg-threshold=6 is not allowed; allowed: 3..5"),
+    ({"secagg-clip": 0.0}, "secagg-clip=0.0 is not allowed; allowed: a finite number > 0"),
+    ({"secagg-clip": float("inf")}, "secagg-clip=inf is not allowed"),
+    ({"secagg-bits": 0}, "secagg-bits=0 is not allowed; allowed: 1..24"),
+    ({"secagg-bits": 25}, "secagg-bits=25 is not allowed; allowed: 1..24"),
+])
+def test_range_errors_are_one_line_whether_on_or_off(over: dict[str, object], line: str) -> None:
+    assert line in refusal(over)
+    if "secure-aggregation" not in over:
+        assert line in refusal({**SECAGG, **over})
+
+
+@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m in choices.SECAGG_REFUSALS])
+def test_each_method_that_needs_an_upload_is_refused_with_its_reason(method: str) -> None:
+    extra = {"beta": 0.0} if method in ("fedrelax", "clustered") else {}
+    text = refusal({**SECAGG, "method": method, **extra})
+    assert f"method={method!r} is not allowed; allowed: fedavg | " in text
+    assert f"with secure-aggregation='secagg+' ({method}: {choices.SECAGG_REFUSALS[method]})" \
+        in text
+
+
+@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m not in choices.SECAGG_REFUSALS])
+def test_each_method_on_the_sum_is_accepted(method: str) -> None:
+    assert RunConfig.parse({**SECAGG, "method": method}).secure_aggregation == "secagg+"
+
+
+@pytest.mark.parametrize(("over", "line"), [
+    ({"weighting": "examples"}, "weighting='examples' is not allowed; allowed: uniform with "
+                                "secure-aggregation='secagg+' (the sum is divided"),
+    ({"max-update-norm-ratio": 20.0}, "max-update-norm-ratio=20.0 is not allowed; allowed: 0 "
+                                      "with secure-aggregation='secagg+' (the norm filter"),
+    ({"aggregation": "median"}, "aggregation='median' is not allowed; allowed: mean with"),
+    ({"aggregation": "trimmed-mean"}, "aggregation='trimmed-mean' is not allowed; allowed: mean"),
+    ({"aggregation": "krum"}, "aggregation='krum' is not allowed; allowed: mean with"),
+    ({"aggregation": "multi-krum"}, "aggregation='multi-krum' is not allowed; allowed: mean"),
+    ({"aggregation": "bulyan", "num-clients": 200, "fraction-train": 0.05},
+     "aggregation='bulyan' is not allowed; allowed: mean with"),
+    ({"dp": "central"}, "dp='central' is not allowed; allowed: off with secure-aggregation="
+                        "'secagg+' (central DP clips each reply on the server"),
+    ({"dp": "local"}, "dp='local' is not allowed; allowed: off with"),
+    ({"rounds": "async", "personal-eval-every": 0},
+     "rounds='async' is not allowed; allowed: sync with secure-aggregation='secagg+'"),
+    ({"fraction-train": 0.02}, "secagg-threshold=3 is not allowed; allowed: at most the "
+                               "clients per round (2) with secure-aggregation='secagg+'"),
+    ({"secagg-bits": 24, "num-clients": 300, "fraction-train": 1.0},
+     "secagg-bits=24 is not allowed; allowed: a value with clients per round <= (2^32 - 1) "
+     "// 2^bits (255 now)"),
+])
+def test_what_needs_one_upload_is_refused_in_one_line(over: dict[str, object],
+                                                      line: str) -> None:
+    assert line in refusal({**SECAGG, **over})
+    RunConfig.parse({**SECAGG, **over, "secure-aggregation": "off"})  # refused for secagg only

@@ -1,0 +1,274 @@
+"""Secure aggregation wired into a round (``secure-aggregation=secagg+``).
+
+Whole runs go through the real server loop, strategy, pipeline and ClientApp handlers in this
+process (``scripts.inprocess_grid.InProcessGrid``); each is compared with the same run with
+secure aggregation off, whose plain replies give the independent mean. The stage tests drive
+``SecAggRound`` and ``SecureSum`` with protocol clients over a grid that can drop any of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+
+from client_app.secure_upload import STATE, mask_upload
+from methods.method import ClientUpdate
+from methods.packed_arrays import pack, unpack
+from scripts.inprocess_grid import InProcessGrid, set_task_identity
+from secure_aggregation import SecAggClient, SecAggParams
+from secure_aggregation import wire as sw
+from server_app.checkpoint import load_checkpoint
+from server_app.experiment import run_experiment
+from server_app.round_stages.decode import DecodeReplies
+from server_app.round_stages.held import AccountedRounds
+from server_app.round_stages.method_update import AccountRound
+from server_app.round_stages.replies import RoundReplies, run_stages
+from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, masked_problem
+from task.config import RunConfig
+
+BASE: dict[str, Any] = {
+    "num-clients": 4, "fraction-train": 1.0, "num-server-rounds": 2, "train-limit": 400,
+    "local-epochs": 1, "eval-every": 2, "personal-eval-every": 0, "tracking": "off",
+    "weighting": "uniform", "max-update-norm-ratio": 0.0}
+"""4 clients, all in each round (k = 5 >= 4: the complete graph), 2 short rounds."""
+
+
+def run(tmp: Path, name: str, over: dict[str, Any]) -> tuple[InProcessGrid, Path]:
+    cfg_raw = {**BASE, **over, "output-dir": str(tmp)}
+    torch.set_num_threads(1)
+    grid = InProcessGrid(4, cfg_raw)
+    run_experiment(grid, RunConfig.parse(cfg_raw), out_dir=tmp / name)
+    return grid, tmp / name
+
+
+def train_msgs(grid: InProcessGrid, kind: str = MessageType.TRAIN) -> list[Message]:
+    return [m for m in grid.sent if m.metadata.message_type == kind]
+
+
+def train_replies(grid: InProcessGrid) -> list[Message]:
+    return [r for r in grid.replies if r.metadata.message_type == MessageType.TRAIN]
+
+
+def max_gap(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.max(np.abs(x.astype(np.float64) - y))) for x, y in
+               zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1], ids=["fedavg", "fedinit"])
+def test_a_secure_run_ends_within_the_quantisation_bound_of_the_plain_run(
+        tmp_path: Path, beta: float) -> None:
+    plain, plain_dir = run(tmp_path, "plain", {"beta": beta})
+    secure, secure_dir = run(tmp_path, "secure", {"beta": beta,
+                                                  "secure-aggregation": "secagg+"})
+    cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
+    step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits  # the mean of n uploads is off by < 1 step
+    w0 = unpack(train_msgs(plain)[0].content.array_records["arrays"])
+    # the plain round 1: each client's delta (no coordinate clipped, or the bound is void),
+    # and their mean, computed here from the plain replies
+    deltas = [[u.astype(np.float64) - w for u, w in
+               zip(unpack(r.content.array_records["arrays"]), w0, strict=True)]
+              for r in train_replies(plain)[:4]]
+    assert max(max_gap(d, [np.zeros_like(a) for a in d]) for d in deltas) < cfg.secagg_clip
+    mean = [np.mean([d[i] for d in deltas], axis=0) for i in range(len(w0))]
+    w1_secure = unpack(train_msgs(secure)[4].content.array_records["arrays"])  # round 2's w_t
+    w1_plain = unpack(train_msgs(plain)[4].content.array_records["arrays"])
+    assert max_gap(w1_plain, [w + m for w, m in zip(w0, mean, strict=True)]) < 1e-6
+    gap1 = max_gap(w1_secure, w1_plain)
+    assert 0.0 < gap1 <= step + 1e-6  # quantised, and within one step per coordinate
+    # round 2 trains from w1's that differ by < 1 step: its gap is that, carried by training,
+    # plus one more step
+    gap2 = max_gap(load_checkpoint(secure_dir).weights, load_checkpoint(plain_dir).weights)
+    assert gap2 <= 10 * step, (gap1, gap2, step)
+
+
+def test_the_server_never_holds_a_plain_upload_nor_the_clients_secrets(tmp_path: Path) -> None:
+    grid, _ = run(tmp_path, "secure", {"secure-aggregation": "secagg+", "num-server-rounds": 1,
+                                       "eval-every": 1})
+    replies = train_replies(grid)
+    assert len(replies) == 4
+    secrets = {"sk1", "sk2", "seed", "held-seeds", "held-sk1s", "enc-keys"}
+    for reply in grid.replies:
+        assert not reply.content.array_records  # no plain arrays in any reply, of any stage
+        for rec in reply.content.config_records.values():
+            assert not secrets & set(rec)
+    for reply in replies:
+        assert masked_problem(reply.content, unpack(train_msgs(grid)[0].content.array_records[
+            "arrays"])) is None
+    stages = [(m.metadata.message_type, m.content.config_records[SECAGG][sw.STAGE])
+              for m in grid.sent if SECAGG in m.content.config_records]
+    q, t = MessageType.QUERY, MessageType.TRAIN
+    assert stages == ([(q, "secagg-setup")] * 4 + [(q, "secagg-share-keys")] * 4
+                      + [(t, "secagg-collect-masked")] * 4 + [(q, "secagg-unmask")] * 4)
+    for ctx in grid.contexts.values():  # the protocol state stayed on the node, done
+        assert ctx.state.config_records[STATE]["next"] == "done"
+
+
+def test_a_client_dropping_after_key_sharing_leaves_the_survivors_mean(tmp_path: Path) -> None:
+    """Node 1003's train reply is lost (after it shared keys): the secure round's model is the
+    plain round's over the other three, within one quantisation step."""
+    lost = 1003
+
+    def drop(reply: Message) -> Message | None:
+        train = reply.metadata.message_type == MessageType.TRAIN
+        return None if train and reply.metadata.src_node_id == lost else reply
+
+    over = {"num-server-rounds": 1, "eval-every": 1, "beta": 0.1}
+    grids = {}
+    for name, extra in (("plain", {}), ("secure", {"secure-aggregation": "secagg+"})):
+        cfg_raw = {**BASE, **over, **extra, "output-dir": str(tmp_path)}
+        grid = InProcessGrid(4, cfg_raw)
+        grid.reply_filter = drop
+        run_experiment(grid, RunConfig.parse(cfg_raw), out_dir=tmp_path / name)
+        grids[name] = load_checkpoint(tmp_path / name)
+    cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
+    assert grids["secure"].rows[-1]["num-replies"] == 3
+    gap = max_gap(grids["secure"].weights, grids["plain"].weights)
+    assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+
+
+# ------------------------------------------------------------------ the stages, one by one
+class ProtocolGrid:
+    """Protocol clients by node id (node = 100 + client id); ``drop`` node ids answer
+    nothing from the given stage on."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.clients = {100 + i: SecAggClient(i) for i in ids}
+        self.drop: dict[int, str] = {}
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> list[Message]:
+        out = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            body = dict(msg.content.config_records[SECAGG])
+            if node in self.drop and body[sw.STAGE] in self.drop[node]:
+                continue
+            reply = self.clients[node].handle(body)
+            out.append(Message(RecordDict({SECAGG: ConfigRecord(reply)}), reply_to=msg))
+        return out
+
+
+def one_round(ids: list[int], drop: dict[int, str], vectors: dict[int, list[np.ndarray]],
+              params: SecAggParams) -> tuple[RoundReplies, AccountedRounds]:
+    """Key exchange, masked train replies from the clients that got a train message and are
+    not dropped at ``collect``, then SecureSum and AccountRound."""
+    set_task_identity()
+    grid = ProtocolGrid(ids)
+    grid.drop = drop
+    session = SecAggRound(params)
+    w_t = [np.zeros(a.shape, dtype=np.float32) for a in next(iter(vectors.values()))]
+    sent_to = {100 + i: i for i in ids}
+    msgs = [Message(RecordDict({"arrays": pack(w_t)}), dst_node_id=100 + i,
+                    message_type=MessageType.TRAIN) for i in ids]
+    sent = session.key_exchange(grid, 1, w_t, msgs, sent_to)  # type: ignore[arg-type]
+    replies = []
+    for msg in sent:
+        node = msg.metadata.dst_node_id
+        if "collect" in drop.get(node, ""):
+            continue
+        masked = grid.clients[node].handle(dict(msg.content.config_records[SECAGG]),
+                                           vectors[sent_to[node]])
+        replies.append(Message(RecordDict({SECAGG: ConfigRecord(masked)}), reply_to=msg))
+    accepted = tuple((r.metadata.src_node_id,
+                      ClientUpdate(partition_id=sent_to[r.metadata.src_node_id], upload=[],
+                                   extras={}, num_examples=1, train_loss=0.0, num_steps=1))
+                     for r in replies)
+    rnd = RoundReplies(1, w_t, sent_to, len(ids), tuple(replies), accepted=accepted)
+    accounted = AccountedRounds()
+    return run_stages([SecureSum(session), _set_next, AccountRound(accounted,
+                                                                    train_loss=False)],
+                      rnd), accounted
+
+
+def _set_next(replies: RoundReplies) -> RoundReplies:
+    """The method update's place: w_next = w_t + D with w_t = 0."""
+    assert replies.aggregate is not None
+    return dataclasses.replace(replies, w_next=replies.aggregate)
+
+
+def test_secure_sum_stage_is_the_survivors_exact_mean_after_a_dropout() -> None:
+    ids = list(range(7))
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0, bits=16)
+    rng = np.random.default_rng(3)
+    vectors = {i: [rng.uniform(-0.9, 0.9, (3, 4)), rng.uniform(-0.9, 0.9, (5,))] for i in ids}
+    # client 2 drops after key sharing (no upload), client 5 during unmask
+    done, accounted = one_round(ids, {102: "collect", 105: "secagg-unmask"}, vectors, params)
+    survivors = [i for i in ids if i != 2]
+    mean = [np.mean([vectors[i][k] for i in survivors], axis=0) for k in range(2)]
+    assert not done.halted and done.aggregate is not None
+    assert done.weights == (1.0,) * 6
+    gap = max_gap(done.aggregate, mean)
+    assert gap <= params.step + 1e-6
+    assert gap > 0.0
+    assert accounted.rounds == {i: 1 for i in survivors}  # the survivors only, the dropped not
+    # the mean over all seven is far from it: the dropped client is really left out
+    assert max_gap(mean, [np.mean([vectors[i][k] for i in ids], axis=0)
+                          for k in range(2)]) > 10 * params.step
+
+
+def test_too_many_dropouts_halt_the_round_and_count_no_client() -> None:
+    ids = list(range(5))
+    params = SecAggParams(threshold=4, num_shares=5, clip=1.0, bits=16)
+    vectors = {i: [np.full((2,), 0.1 * i)] for i in ids}
+    done, accounted = one_round(ids, {101: "collect", 103: "collect"}, vectors, params)
+    assert done.halted and done.aggregate is None and done.w_next is None
+    assert accounted.rounds == {}
+
+
+def test_a_plain_or_malformed_reply_is_rejected_in_one_line() -> None:
+    w_t = [np.zeros((2, 3), dtype=np.float32)]
+    plain = RecordDict({"arrays": pack(w_t)})
+    assert "plain arrays ['arrays'] under secure aggregation" in str(masked_problem(plain, w_t))
+    short = RecordDict({SECAGG: ConfigRecord({sw.STAGE: "secagg-collect-masked",
+                                              sw.MASKED: [b"\x00" * 20]})})
+    assert masked_problem(short, w_t) == "masked array 0 has 20 bytes, expected 24"
+    assert "missing ConfigRecord 'secagg'" in str(masked_problem(RecordDict({}), w_t))
+    assert DecodeReplies.__dataclass_fields__["secure"].default is False
+
+
+def test_a_client_refuses_to_upload_in_the_clear() -> None:
+    received = RecordDict({"arrays": pack([np.zeros(2, dtype=np.float32)])})
+    with pytest.raises(ValueError, match="refusing to upload in the clear"):
+        mask_upload(received, RecordDict({}), RecordDict({}), 0)
+
+
+def test_a_secure_round_through_flowers_simulation_engine(tmp_path: Path) -> None:
+    """Flower's own engine (in this process): messages serialised through its LinkState, each
+    ClientApp call on a pickled copy of the node's Context, so the protocol state must survive
+    in ``context.state``; the round is aggregated from all four masked uploads."""
+    from tests.sim_engine import InProcessSimulation
+
+    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "output-dir": str(tmp_path),
+            "secure-aggregation": "secagg+"}
+    cfg = RunConfig.parse(over)
+    with InProcessSimulation(cfg.num_clients, over) as sim:
+        run_experiment(sim.grid, cfg, out_dir=tmp_path / "engine")
+    row = load_checkpoint(tmp_path / "engine").rows[-1]
+    assert (row["num-replies"], row["num-rejected"], row["num-missing"]) == (4, 0, 0)
+
+
+@pytest.mark.parametrize("method", ["fedprox", "fedsam", "ditto", "fedcm", "fedadam"])
+def test_each_accepted_method_runs_a_secure_round_near_its_plain_round(
+        tmp_path: Path, method: str) -> None:
+    """Their server rules read D and clear metrics only: one secure round is aggregated from
+    all four masked uploads and lands within one quantisation step of the plain round."""
+    over = {"method": method, "num-server-rounds": 1, "eval-every": 1}
+    plain_grid, plain_dir = run(tmp_path, "plain", over)
+    _, secure_dir = run(tmp_path, "secure", {**over, "secure-aggregation": "secagg+"})
+    plain, secure = load_checkpoint(plain_dir), load_checkpoint(secure_dir)
+    assert secure.rows[-1]["num-replies"] == 4
+    assert secure.rows[-1]["divergence"] is None is not plain.rows[-1]["divergence"]
+    cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
+    step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits
+    gap = max_gap(secure.weights, plain.weights)
+    w0 = unpack(train_msgs(plain_grid)[0].content.array_records["arrays"])
+    assert max_gap(plain.weights, w0) > 10 * step  # the round moved the model by far more
+    # linear in D but FedAdam: |d step / d D| <= eta_g (1 - beta1) / eps = 1 in round 1
+    assert 0.0 < gap <= step + 1e-6, (gap, step)

@@ -14,9 +14,11 @@ ALLOWED: dict[str, set[str]] = {
     "store": {"flower_compat"},
     "node": {"flower_compat"},
     "task": {"methods", "store", "flower_compat"},
-    "client_app": {"task", "methods", "store", "flower_compat"},
-    "server_app": {"task", "methods", "store", "flower_compat"},
-    "scripts": {"server_app", "client_app", "task", "methods", "store", "flower_compat"},
+    # both apps run the SecAgg+ core's halves (secure_upload.py, round_stages/secure_sum.py)
+    "client_app": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
+    "server_app": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
+    "scripts": {"server_app", "client_app", "task", "methods", "store", "flower_compat",
+                "secure_aggregation"},
     # Flower Strategy classes over the server's MethodStrategy, and their client half
     "strategies": {"server_app", "client_app", "task", "methods", "store", "flower_compat"},
     # SecAgg+ protocol core (client and server halves): only Flower, numpy and flower_compat

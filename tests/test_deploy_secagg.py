@@ -1,0 +1,90 @@
+"""Secure aggregation in a real deployment (slow): TLS + SuperNode authentication, 4 SuperNodes,
+one of them on Flower's own executor (a new ClientApp process per message, so the protocol
+client's secrets must travel in ``context.state`` between its four messages of a round).
+
+The same FedInit config runs twice, with ``secure-aggregation`` off and ``secagg+``: both
+complete with every client in every round, the secure run's nodes answered the key-exchange
+and unmask queries, and its final model is the plain run's within the quantisation allowance
+(each round's mean is off by less than one step 2c/2^bits per coordinate; 10 steps for two
+rounds, as tests/test_secagg_run.py allows in process).
+Ports: FEDINIT_TEST_SECAGG_PORT (default 42650): +0, +1, +10..+13.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scripts.deploy_local import Deployment
+from task.config import RunConfig
+from tests.deploy_helpers import deployed, rounds
+from tests.test_deploy_faults import FlwrRun, completed_run, final_model
+
+BASE_PORT = int(os.environ.get("FEDINIT_TEST_SECAGG_PORT", "42650"))
+NODES = 4
+CFG = {"method": "fedinit", "beta": 0.1, "num-clients": NODES, "fraction-train": 1.0,
+       "num-server-rounds": 2, "eval-every": 2, "personal-eval-every": 0, "train-limit": 400,
+       "local-epochs": 1, "seed": 0, "weighting": "uniform", "max-update-norm-ratio": 0.0,
+       "node-wait-timeout": 90.0, "round-timeout": 120.0, "tracking": "off"}
+
+
+class MixedExecutors(Deployment):
+    """Node 1 runs Flower's ``flower-superexec`` (a process per message), the others the warm
+    executor."""
+
+    def node_command(self, i: int, *args: object, **kwargs: object) -> list[str]:
+        cmd = super().node_command(i, *args, **kwargs)  # type: ignore[arg-type]
+        if i == 1:
+            cmd[cmd.index("--executor") + 1] = "flower"
+        return cmd
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    with deployed(MixedExecutors(tmp_path / "deploy", NODES, base_port=BASE_PORT),
+                  tmp_path) as dep:
+        yield dep
+
+
+def queries_answered(dep: Deployment, run_id: str) -> list[int]:
+    """Query messages each node received in run ``run_id`` (identity + SecAgg+ stages)."""
+    pattern = re.compile(rf"\[RUN {run_id}(?:, ROUND [^\]]*)?\]\s*\n[^\n]*?:\s+Receiving: "
+                         r"query message")
+    return [len(pattern.findall((dep.logs / f"supernode-{i}.log").read_text(errors="replace")))
+            for i in range(NODES)]
+
+
+@pytest.mark.slow
+def test_secure_aggregation_over_tls_with_four_nodes_matches_the_plain_run(
+        deployment: Deployment, tmp_path: Path) -> None:
+    dep = deployment
+    cfg = {**CFG, "node-registry": str(dep.registry)}
+    plain = completed_run(dep, "plain", cfg, tmp_path / "plain")
+    secure_cfg = {**cfg, "secure-aggregation": "secagg+", "output-dir": str(tmp_path / "sec")}
+    run = FlwrRun(dep, "secure", secure_cfg)
+    try:
+        run_id = run.run_id()
+        status = run.wait(400)
+    finally:
+        run.stop()
+    assert status == "finished:completed", run.text()[-3000:]
+    (secure,) = [d for d in (tmp_path / "sec").iterdir() if d.is_dir()]
+    every = list(range(NODES))
+    assert [r["clients-trained"] for r in rounds(secure)] == [every, every]
+    assert [r["clients-trained"] for r in rounds(plain)] == [every, every]
+    # identity (once) + setup, share keys and unmask (3 a round, 2 rounds) on every node
+    assert queries_answered(dep, run_id) == [7] * NODES, queries_answered(dep, run_id)
+    parsed = RunConfig.parse({**CFG, "secure-aggregation": "secagg+"})
+    step = 2 * parsed.secagg_clip / 2**parsed.secagg_bits
+    gap = max(float(np.max(np.abs(a.astype(np.float64) - b)))
+              for a, b in zip(final_model(secure), final_model(plain), strict=True))
+    print(f"\nsecagg+ over TLS, {NODES} nodes (node 1 on Flower's executor): final model within "
+          f"{gap:.2e} of the plain run's (step {step:.2e}); rows "
+          f"{[(r['round'], round(r['round-seconds'], 1)) for r in rounds(secure)]} against "
+          f"{[(r['round'], round(r['round-seconds'], 1)) for r in rounds(plain)]}")
+    assert 0 < gap < 10 * step

@@ -27,7 +27,8 @@ from tests.test_deploy_faults import FlwrRun, completed_run, final_model
 
 BASE_PORT = int(os.environ.get("FEDINIT_TEST_SECAGG_PORT", "42650"))
 NODES = 4
-CFG = {"method": "fedinit", "beta": 0.1, "num-clients": NODES, "fraction-train": 1.0,
+CFG = {"method": "fedavg", "beta": 0.1,  # FedInit: FedAvg with RI
+       "num-clients": NODES, "fraction-train": 1.0,
        "num-server-rounds": 2, "eval-every": 2, "personal-eval-every": 0, "train-limit": 400,
        "local-epochs": 1, "seed": 0, "weighting": "uniform", "max-update-norm-ratio": 0.0,
        "node-wait-timeout": 90.0, "round-timeout": 120.0, "tracking": "off"}

@@ -14,7 +14,8 @@ ALLOWED: dict[str, set[str]] = {
     "store": {"flower_compat"},
     "node": {"flower_compat"},
     "task": {"methods", "store", "flower_compat"},
-    # both apps run the SecAgg+ core's halves (client_app/secure_upload.py, server_app/round_stages/secure_sum.py)
+    # both apps run the SecAgg+ core's halves:
+    # client_app/secure_upload.py, server_app/round_stages/secure_sum.py
     "client_app": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
     "server_app": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
     "scripts": {"server_app", "client_app", "task", "methods", "store", "flower_compat",

@@ -274,17 +274,15 @@ class ClusteredClient(ClientRule[ClusteredParams]):
 
     def train(self, job: LocalJob) -> LocalOutcome:
         models = candidates(job)
-        current = int(np.asarray(job.down[CURRENT][0]).reshape(-1)[0])
-        if len(models) == 1:
-            choice = current
-        else:
-            if job.losses is None:
-                raise ValueError("clustered FL with cluster-assign=loss needs the client's "
-                                 "training losses (LocalJob.losses); this client shell gives "
-                                 "none")
-            choice = choose(job.losses(models))
-        trained = job.sgd(models[choice])
-        return LocalOutcome(trained, dict(job.state), {}, {CHOICE: choice})
+        if len(models) == 1:  # only its cluster's model (k-means, or round 1)
+            trained = job.sgd(job.w_t)
+            choice = int(np.asarray(job.down[CURRENT][0]).reshape(-1)[0])
+            return LocalOutcome(trained, dict(job.state), {}, {CHOICE: choice})
+        if job.losses is None:
+            raise ValueError("clustered FL with cluster-assign=loss needs the client's "
+                             "training losses (LocalJob.losses); this client shell gives none")
+        choice = choose(job.losses(models))
+        return LocalOutcome(job.sgd(models[choice]), dict(job.state), {}, {CHOICE: choice})
 
 
 SPEC = MethodSpec(name="clustered", label="Clustered FL", params=ClusteredParams,

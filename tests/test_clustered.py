@@ -225,3 +225,12 @@ def test_train_losses_are_the_mean_loss_on_the_clients_data_in_fixed_batches() -
     assert got[0] == pytest.approx(want, rel=1e-5) and got[1] > 10 * got[0]
     assert losses([w, [-w[0]]]) == got  # deterministic
     assert all(not q.requires_grad or q.grad is None for q in model.parameters())
+
+
+def test_cluster_purity_is_the_share_with_their_clusters_majority_regime() -> None:
+    from scripts.cluster_purity import purity
+
+    regimes = {0: 0, 1: 0, 2: 1, 3: 1, 4: 1}
+    assert purity([0, 0, 1, 1, 1], regimes, set(range(5))) == 1.0
+    assert purity([0, 0, 0, 1, 1], regimes, set(range(5))) == 0.8  # client 2 is the odd one
+    assert purity([0, 0, 0, 0, 0], regimes, {0, 1}) == 1.0  # only the trained ones count

@@ -102,7 +102,6 @@ class ClusteredState(ServerState):
     """[float32 (N, SKETCH_DIM)]: each client's latest update, sketched (zero: none yet)."""
 
 
-
 def kmeans(points: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Cluster labels of ``points`` by scipy's k-means (k-means++ start, seeded)."""
     from scipy.cluster.vq import kmeans2
@@ -131,7 +130,8 @@ def relabel(old: np.ndarray, new: np.ndarray, k: int) -> tuple[np.ndarray, np.nd
 
 
 class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
-    """One model per cluster; k-means of the clients' updates."""
+    """One model per cluster; each client's cluster by its own losses (``loss``) or by
+    k-means of the clients' updates (``kmeans``)."""
 
     state_type = ClusteredState
     per_client_refusal = ("each client trains from its cluster's model, not a global one, and "

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from client_app.trainer import SgdSettings, sgd_pass
+from client_app.trainer import SgdSettings, sgd_pass, train_losses
 from methods.method import ClientUpdate, LocalJob, RoundInput
 from methods.ri import aggregate_update, relaxed_start, upload_vector
 from methods.robust import combine
@@ -74,13 +74,14 @@ def plain_run(cfg: RunConfig) -> tuple[dict[str, float], list[np.ndarray]]:
                 sgd=sgd_pass(model, *tensors[pid], SgdSettings(
                     epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
                     weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm, seed=cfg.seed,
-                    server_round=rnd, partition_id=pid)))
+                    server_round=rnd, partition_id=pid)),
+                losses=train_losses(model, *tensors[pid], cfg.batch_size))
             outcome = client.train(job)
             run = outcome.trained
             w_prev[pid], client_state[pid] = run.final, outcome.state
             updates.append(ClientUpdate(pid, upload_vector(run.final, start, cfg.ri_aggregation),
                                         outcome.extras, run.num_examples, run.mean_loss,
-                                        run.num_steps))
+                                        run.num_steps, outcome.metrics))
         weights = [float(u.num_examples) if cfg.weighting == "examples" else 1.0
                    for u in updates]
         aggregate, _ = aggregate_update(

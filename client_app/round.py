@@ -16,7 +16,7 @@ from flwr.app import ConfigRecord, RecordDict
 from torch import nn
 
 from client_app.device_privacy import train_metrics
-from client_app.trainer import LossFn, SgdSettings, sgd_pass
+from client_app.trainer import LossFn, SgdSettings, sgd_pass, train_losses
 from methods import wire as rk
 from methods.dp import Mechanism
 from methods.method import ClientRule, LocalJob
@@ -60,7 +60,8 @@ def client_round(
                            seed=cfg.seed, server_round=server_round, partition_id=partition_id)
     outcome = rule.train(LocalJob(w_t=w_t, start=start, down=down, state=method_state, lr=lr,
                                   device=next(model.parameters()).device,
-                                  sgd=sgd_pass(model, x, y, settings, loss_fn)))
+                                  sgd=sgd_pass(model, x, y, settings, loss_fn),
+                                  losses=train_losses(model, x, y, cfg.batch_size, loss_fn)))
     trained = outcome.trained
     final = trained.final
 
@@ -69,7 +70,8 @@ def client_round(
         state.put(key, arrays)
     metrics = train_metrics(cfg.dp == "local", {  # local DP: none (client_app.device_privacy)
         rk.NUM_EXAMPLES: trained.num_examples, rk.TRAIN_LOSS: trained.mean_loss,
-        rk.NUM_STEPS: trained.num_steps, rk.COMPUTE_SECONDS: time.perf_counter() - t0})
+        rk.NUM_STEPS: trained.num_steps, rk.COMPUTE_SECONDS: time.perf_counter() - t0,
+        **outcome.metrics})  # the method's own (clustered FL's cluster choice)
     upload, extras = Mechanism.from_config(cfg).release(  # DP: clipped (local: noised)
         upload_vector(final, start, "update" if delta else "model"), outcome.extras)
     return RecordDict({rk.ARRAYS: pack(upload),

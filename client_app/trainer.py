@@ -9,7 +9,7 @@ the passes (``methods/method.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,7 @@ from methods.method import TrainedPass
 from task.models import get_weights, set_weights
 
 if TYPE_CHECKING:
-    from methods.method import GradientFn, GradientHook, SgdPass
+    from methods.method import GradientFn, GradientHook, LossesFn, SgdPass
     from methods.weights import Weights
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -125,5 +125,33 @@ def sgd_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor, settings: SgdSe
                                                   stream),
                         hook=hook, loss_fn=loss_fn, gradient=gradient)
         return TrainedPass(get_weights(model), res.mean_loss, res.num_steps, res.num_examples)
+
+    return run
+
+
+def train_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int,
+                 loss_fn: LossFn = nn.functional.cross_entropy) -> LossesFn:
+    """The ``LossesFn`` a ``LocalJob`` carries: each model's mean loss over this client's
+    training examples (x, y), in evaluation mode and without gradients, in batches of
+    ``batch_size`` in the data's own order (no shuffling, no generator drawn: the same
+    batches for every model and every call, so the result is deterministic)."""
+
+    def run(models: Sequence[Weights]) -> list[float]:
+        n = len(y)
+        if n == 0:
+            raise ValueError("a client without training examples has no training loss")
+        out = []
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            for w in models:
+                set_weights(model, list(w))
+                total = 0.0
+                for i in range(0, n, batch_size):
+                    xb, yb = x[i: i + batch_size], y[i: i + batch_size]
+                    total += float(loss_fn(model(xb), yb)) * len(yb)
+                out.append(total / n)
+        model.train(was_training)
+        return out
 
     return run

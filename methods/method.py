@@ -36,6 +36,11 @@ GradientFn = Callable[["nn.Module", list["torch.Tensor"], "torch.Tensor", "torch
 """gradient(model, params, xb, yb, loss_fn): set the grads of ``params`` for one batch and
 return the loss the step reports. The default is ``loss_fn(model(xb), yb).backward()``;
 FedSAM's takes the gradient at a perturbed point, a MOON-like method would add a term."""
+LossesFn = Callable[[Sequence[Weights]], list[float]]
+"""losses(models) -> each model's mean training loss on the client's own training data: no
+gradient, no step, the same batches in the same order for every model (clustered FL's
+loss-based assignment picks the cluster model that fits the client best)."""
+Scalar = int | float
 
 
 class ParamError(ValueError):
@@ -83,6 +88,9 @@ class ClientUpdate:
     num_examples: int
     train_loss: float
     num_steps: int
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    """The reply's metrics as sent, unchecked: a method's own (clustered FL's cluster choice)
+    are checked by its ``ServerRule.reply_problem``."""
 
 
 @dataclass(frozen=True)
@@ -325,6 +333,9 @@ class LocalJob:
     lr: float
     device: torch.device
     sgd: SgdPass
+    losses: LossesFn | None = None
+    """The models' mean losses on the client's own training data (``LossesFn``); None where
+    the client shell gives none (a method that needs it refuses to train without)."""
 
 
 @dataclass(frozen=True)
@@ -335,6 +346,9 @@ class LocalOutcome:
     trained: TrainedPass
     state: dict[str, Weights]
     extras: dict[str, Weights]
+    metrics: dict[str, Scalar] = field(default_factory=dict)
+    """Numbers the method reports beside the usual metrics (clustered FL's cluster choice);
+    the reply's MetricRecord carries them under these names."""
 
 
 class ClientRule(Generic[P]):
@@ -430,7 +444,8 @@ def check_pull(key: str, strength: float, lr: float) -> None:
                          f">= 2 moves the model further from its anchor: it diverges)")
 
 
-__all__ = ["ParamError", "Combine", "GradientHook", "GradientFn", "LossFn", "Params",
+__all__ = ["ParamError", "Combine", "GradientHook", "GradientFn", "LossFn", "LossesFn",
+           "Scalar", "Params",
            "ClientUpdate", "RoundInput", "ClientDown", "ModelFiles", "ReportFiles", "ServerState",
            "ServerRule", "TrainedPass", "SgdPass",
            "LocalJob", "LocalOutcome", "ClientRule", "MethodSpec", "apply_step", "proximal_hook",

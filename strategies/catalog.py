@@ -129,14 +129,17 @@ class FedRelax(MethodAdapter):
 
 
 class ClusteredFL(MethodAdapter):
-    """Clustered FL: k-means of the clients' updates, one model per cluster."""
+    """Clustered FL, one model per cluster: each client picks the cluster model with the
+    lowest loss on its own data (``cluster_assign="loss"``), or k-means of the clients'
+    updates (``"kmeans"``)."""
 
     method = "clustered"
 
     def __init__(self, *, num_clusters: int = 2, cluster_every: int = 5,
-                 **settings: Any) -> None:
+                 cluster_assign: str = "loss", **settings: Any) -> None:
         super().__init__({"num_clusters": ("num-clusters", num_clusters),
                           "cluster_every": ("cluster-every", cluster_every),
+                          "cluster_assign": ("cluster-assign", cluster_assign),
                           "beta": ("beta", 0.0)}, **settings)
 
 

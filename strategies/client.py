@@ -25,6 +25,7 @@ message and of the user's data, so any client (the project's too) can call it.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Sequence
 from logging import WARNING
 from pathlib import Path
@@ -37,7 +38,15 @@ from flwr.common.logger import log
 from torch import nn
 
 from methods import wire as rk
-from methods.method import ClientRule, GradientFn, GradientHook, LocalJob, SgdPass, TrainedPass
+from methods.method import (
+    ClientRule,
+    GradientFn,
+    GradientHook,
+    LocalJob,
+    LossesFn,
+    SgdPass,
+    TrainedPass,
+)
 from methods.packed_arrays import pack, shapes, unpack
 from methods.ri import relaxed_start, upload_vector
 from methods.weights import Weights
@@ -132,14 +141,42 @@ def user_pass(model: nn.Module, trainloader: Iterable[Any], *, epochs: int, lr: 
     return run
 
 
+def user_losses(model: nn.Module, trainloader: Iterable[Any],
+                step: Step = cross_entropy_step) -> LossesFn:
+    """The ``LossesFn`` over the user's batches: each model's mean batch loss (``step``, in
+    evaluation mode, no gradients) over one pass of ``trainloader``. The pass is shared (each
+    batch is scored by every model), so all models see the same batches even when the loader
+    shuffles."""
+
+    def run(models: Sequence[Weights]) -> list[float]:
+        copies = []
+        for w in models:
+            m = copy.deepcopy(model)
+            set_weights(m, list(w))
+            m.eval()
+            copies.append(m)
+        sums, batches = [0.0] * len(copies), 0
+        with torch.no_grad():
+            for batch in trainloader:
+                for i, m in enumerate(copies):
+                    sums[i] += float(step(m, batch))
+                batches += 1
+        if batches == 0:
+            raise ValueError("the train loader gave no batch: no training loss to compare")
+        return [s / batches for s in sums]
+
+    return run
+
+
 def participate(rule: ClientRule[Any], received: RecordDict, store: ClientStore,
                 make_sgd: Callable[[int, float], SgdPass], device: torch.device, *,
                 initial: Callable[[], Sequence[np.ndarray]] | None = None,
-                release: Release | None = None) -> RecordDict:
+                release: Release | None = None, losses: LossesFn | None = None) -> RecordDict:
     """One participation on a restored ``store``: the RI start from w_prev, the method's
     ``rule.train`` with ``make_sgd(round, lr)``, the new state put into ``store`` (the caller
     saves it), and the reply's content. ``initial`` gives w_0 for a client without w_prev
-    (None: the received model, so RI starts at its second participation)."""
+    (None: the received model, so RI starts at its second participation); ``losses`` scores
+    models on the client's training data (clustered FL's loss-based assignment needs it)."""
     conf = received.config_records[rk.CONFIG]
     server_round, lr, beta = int(conf[rk.ROUND]), float(conf[rk.LR]), float(conf[rk.BETA])  # type: ignore[arg-type]
     delta = bool(conf[rk.UPLOAD_DELTA])
@@ -154,7 +191,8 @@ def participate(rule: ClientRule[Any], received: RecordDict, store: ClientStore,
     method_state = {k: store.get(k) or rule.initial_state(k, w_t) for k in rule.state_keys}
     down = {k: unpack(received.array_records[k]) for k in rule.down_keys}
     outcome = rule.train(LocalJob(w_t=w_t, start=start, down=down, state=method_state, lr=lr,
-                                  device=device, sgd=make_sgd(server_round, lr)))
+                                  device=device, sgd=make_sgd(server_round, lr),
+                                  losses=losses))
     trained = outcome.trained
     store.put(W_PREV, trained.final)
     for key, arrays in outcome.state.items():
@@ -164,7 +202,8 @@ def participate(rule: ClientRule[Any], received: RecordDict, store: ClientStore,
     if release is not None:
         upload, extras = release(upload, extras)
     metrics = MetricRecord({rk.NUM_EXAMPLES: trained.num_examples,
-                            rk.TRAIN_LOSS: trained.mean_loss, rk.NUM_STEPS: trained.num_steps})
+                            rk.TRAIN_LOSS: trained.mean_loss, rk.NUM_STEPS: trained.num_steps,
+                            **outcome.metrics})
     return RecordDict({rk.ARRAYS: pack(upload), rk.METRICS: metrics,
                        rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: delta}),
                        **{k: pack(v) for k, v in extras.items()}})
@@ -224,7 +263,8 @@ def method_train(msg: Message, context: Context, model: nn.Module,
                          optimizer=optimizer, clip_norm=clip_norm, num_examples=n)
 
     content = participate(rule, msg.content, store, make_sgd,
-                          next(model.parameters()).device, initial=initial)
+                          next(model.parameters()).device, initial=initial,
+                          losses=user_losses(model, trainloader, step))
     content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
     store.save(experiment, server_round)
     return Message(content=content, reply_to=msg)
@@ -237,4 +277,4 @@ def stored_state(context: Context) -> dict[str, Weights]:
 
 
 __all__ = ["Optimizer", "Release", "Step", "check_model", "client_store", "cross_entropy_step",
-           "method_train", "participate", "sgd", "stored_state", "user_pass"]
+           "method_train", "participate", "sgd", "stored_state", "user_losses", "user_pass"]

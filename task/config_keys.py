@@ -103,10 +103,12 @@ RESUME_MAY_CHANGE: frozenset[str] = frozenset(
 BEFORE_KEY: dict[str, object] = {
     "local-test-fraction": 0.0,
     "personal-eval-every": 0,
+    "cluster-assign": "kmeans",
 }
 """Keys added after runs were made whose default differs from what those runs did: the value a
 run config without the key means (before ``local-test-fraction`` clients trained on their whole
-partition, and nothing evaluated them). The sweep's cell matching and the resume check read a
+partition, and nothing evaluated them; before ``cluster-assign`` clustered FL assigned by
+k-means). The sweep's cell matching and the resume check read a
 missing key as this, not as today's default."""
 
 

@@ -1,20 +1,28 @@
 """Clustered FL through the real server and client code on two synthetic regimes: k-means of
 the round-1 updates separates them, each cluster's model reaches its regime's least squares,
-and each client is sent its cluster's model."""
+and each client is sent its cluster's model; under cluster-assign=loss each client picks the
+cluster model that fits its own data, and the server checks the choice it reports."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
 
+from client_app.round import client_round
 from methods import wire as rk
-from methods.clustered import relabel
-from methods.packed_arrays import unpack
+from methods.clustered import CHOICE, CURRENT, OTHERS, ClusteredState, relabel
+from methods.method import ClientRule
+from methods.packed_arrays import pack, unpack
+from store.client_store import ClientStore
 from task.config import ConfigError, RunConfig
-from tests.lsq_problem import Federation, Problem, lsq_optimum
+from tests.lsq_problem import NODE_BASE, Federation, Problem, VectorModel, lsq_optimum
 from tests.test_fedrelax import two_regimes
 
 
@@ -28,7 +36,7 @@ def clustered(p: Problem, **raw: object) -> Federation:
 def test_two_regimes_fall_into_two_clusters_each_with_its_least_squares(
         tmp_path: Path) -> None:
     p = two_regimes()
-    f = clustered(p)
+    f = clustered(p, **{"cluster-assign": "kmeans"})
     f.strategy.bind_run_dir(tmp_path)
     f.run(1)
     assignment = f.strategy.state.assignment[0]  # type: ignore[attr-defined]
@@ -69,3 +77,160 @@ def test_clustered_refuses_ri_and_bad_keys() -> None:
         RunConfig.parse({"method": "clustered", "beta": 0.0, "num-clusters": 0})
     with pytest.raises(ConfigError, match=r"aggregation='median' is not allowed"):
         RunConfig.parse({"method": "clustered", "beta": 0.0, "aggregation": "median"})
+
+
+U = np.asarray([2.0, -1.0, 1.5, 0.5])
+"""two_regimes' w*: clients 0-3 regress on +U, 4-7 on -U."""
+
+
+def pooled_lstsq(p: Problem, members: range) -> np.ndarray:
+    """The regime's pooled least squares, by numpy alone: argmin ||X w - y||^2 over its
+    clients' examples stacked (equal sizes: the mean of their losses has the same argmin)."""
+    x = np.vstack([p.xs[i].double().numpy() for i in members])
+    y = np.concatenate([p.ys[i].double().numpy() for i in members])
+    return np.linalg.lstsq(x, y, rcond=None)[0]
+
+
+def scrambled(f: Federation) -> int:
+    """Swap the cluster models and put the clients in alternating clusters: the server's
+    assignment is then wrong for every regime, and only the clients' own losses can put them
+    back. Returns the cluster whose model now fits regime +U."""
+    st = cast(ClusteredState, f.strategy.state)
+    models = [m[::-1].copy() for m in st.models]
+    f.strategy.state = dataclasses.replace(
+        st, models=models, assignment=[np.asarray([0, 1] * 4, dtype=np.int64)])
+    return int(np.argmax(models[0] @ U))
+
+
+def test_loss_assignment_puts_each_client_with_its_regime_and_reaches_its_least_squares(
+        tmp_path: Path) -> None:
+    """One full-batch step per round at uniform weights is gradient descent on the mean of
+    the cluster's losses: each cluster model must reach its regime's pooled least squares."""
+    p = two_regimes()
+    f = clustered(p, **{"cluster-assign": "loss", "local-epochs": 1, "lr": 0.5})
+    f.strategy.bind_run_dir(tmp_path)
+    f.run(1)
+    for msg in f.sent:  # round 1: every model is w_0, nothing to choose from
+        assert unpack(msg.content.array_records[OTHERS])[0].shape == (0, 4)
+    models = cast(ClusteredState, f.strategy.state).models[0]
+    assert not np.allclose(models[0], models[1])  # round 1's k-means made them differ
+    plus = scrambled(f)
+    want = [plus] * 4 + [1 - plus] * 4
+    f.step()
+    for msg in f.sent:  # K models down: its cluster's and the other one, and its index
+        pid = msg.metadata.dst_node_id - NODE_BASE
+        assert unpack(msg.content.array_records[CURRENT])[0].tolist() == [pid % 2]
+        assert unpack(msg.content.array_records[OTHERS])[0].shape == (1, 4)
+    assert [r.content.metric_records[rk.METRICS][CHOICE] for r in f.replies] == want
+    assert cast(ClusteredState, f.strategy.state).assignment[0].tolist() == want
+    lines = [json.loads(x) for x in (tmp_path / "clusters.jsonl").read_text().splitlines()]
+    assert lines[-1] == {"round": 2, "assignment": want}
+    f.run(60)
+    state = cast(ClusteredState, f.strategy.state)
+    assert state.assignment[0].tolist() == want  # stable labels: nobody moved again
+    for members, c in ((range(4), plus), (range(4, 8), 1 - plus)):
+        exact = pooled_lstsq(p, members)
+        np.testing.assert_allclose(state.models[0][c], exact, atol=1e-4 * np.abs(exact).max())
+    assert (tmp_path / "clusters.jsonl").read_text().count("\n") == 2  # rounds 1 and 2
+
+
+def message_for(f: Federation, pid: int) -> Message:
+    return next(m for m in f.sent if m.metadata.dst_node_id - NODE_BASE == pid)
+
+
+def answer_with(f: Federation, msg: Message, data_of: int,
+                rule: ClientRule | None = None) -> RecordDict:
+    """Client ``msg``'s reply computed by the real client round on client ``data_of``'s
+    data (a fresh state store)."""
+    p = f.problem
+    pid = msg.metadata.dst_node_id - NODE_BASE
+    return client_round(f.cfg, rule or f.cfg.spec.client(f.cfg.params), msg.content,
+                        ClientStore(RecordDict()), VectorModel(p.w0, p.linear),
+                        p.xs[data_of], p.ys[data_of], initial=lambda: [p.w0],
+                        partition_id=pid, loss_fn=p.loss_fn)
+
+
+def test_the_choice_is_made_on_the_clients_own_data_and_is_all_that_leaves_with_the_update(
+        ) -> None:
+    p = two_regimes()
+    f = clustered(p, **{"cluster-assign": "loss"})
+    f.run(2)
+    f.sent = list(f.strategy.configure_train(3, f.arrays, ConfigRecord(), cast(Grid, None)))
+    msg = message_for(f, 0)
+    own = answer_with(f, msg, data_of=0)
+    other = answer_with(f, msg, data_of=5)  # the same message, client 5's data in its hands
+    choice = own.metric_records[rk.METRICS][CHOICE]
+    assert choice != other.metric_records[rk.METRICS][CHOICE]
+    assert set(own.array_records) == {rk.ARRAYS}  # the update; no loss, no other model
+    assert set(own.metric_records) == {rk.METRICS}
+    assert set(own.metric_records[rk.METRICS]) == {rk.NUM_EXAMPLES, rk.TRAIN_LOSS,
+                                                   rk.NUM_STEPS, rk.COMPUTE_SECONDS, CHOICE}
+    assert dict(own.config_records[rk.CONFIG]) == {rk.UPLOAD_DELTA: False}
+    # it trained the chosen model exactly as FedAvg's client trains the model it is sent
+    models = cast(ClusteredState, f.strategy.state).models
+    fedavg = RecordDict({rk.ARRAYS: pack([m[choice] for m in models]),
+                         rk.CONFIG: msg.content.config_records[rk.CONFIG]})
+    plain = answer_with(f, Message(content=fedavg, dst_node_id=msg.metadata.dst_node_id,
+                                   message_type=msg.metadata.message_type), 0, ClientRule(None))
+    np.testing.assert_array_equal(unpack(own.array_records[rk.ARRAYS])[0],
+                                  unpack(plain.array_records[rk.ARRAYS])[0])
+
+
+@pytest.mark.parametrize(("bad", "reason"), [
+    (2, "cluster-choice=2 is not a cluster; allowed: an integer in 0..1"),
+    (-1, "cluster-choice=-1 is not a cluster; allowed: an integer in 0..1"),
+    (1.0, "cluster-choice=1.0 is not a cluster; allowed: an integer in 0..1"),
+    (None, "missing metric 'cluster-choice' (the cluster the client trained)"),
+])
+def test_a_reply_with_a_bad_choice_is_rejected_with_one_line_and_not_aggregated(
+        bad: object, reason: str) -> None:
+    p = two_regimes()
+    f = clustered(p, **{"cluster-assign": "loss"})
+    f.run(1)
+    state = cast(ClusteredState, f.strategy.state)
+    f.round = 2
+    f.sent = list(f.strategy.configure_train(2, f.arrays, ConfigRecord(), cast(Grid, None)))
+    replies = [f.answer(m) for m in f.sent]
+    metrics = replies[0].content.metric_records[rk.METRICS]
+    if bad is None:
+        del metrics[CHOICE]
+    else:
+        metrics[CHOICE] = bad  # type: ignore[assignment]
+    assert f.strategy.decode(replies[0]) == reason
+    _, counts = f.strategy.aggregate_train(2, replies)
+    assert counts is not None and counts[rk.NUM_REJECTED] == 1 and counts[rk.NUM_REPLIES] == 7
+    after = cast(ClusteredState, f.strategy.state)
+    pid = replies[0].metadata.src_node_id - NODE_BASE
+    assert after.assignment[0][pid] == state.assignment[0][pid]  # it was not counted
+
+
+def test_cluster_assign_refuses_other_values() -> None:
+    with pytest.raises(ConfigError, match=r"^run config: cluster-assign='ifca' is not allowed; "
+                       r"allowed: loss \| kmeans$"):
+        RunConfig.parse({"method": "clustered", "beta": 0.0, "cluster-assign": "ifca"})
+    assert RunConfig.parse({"method": "clustered", "beta": 0.0}).params.cluster_assign == "loss"
+
+
+def test_train_losses_are_the_mean_loss_on_the_clients_data_in_fixed_batches() -> None:
+    from client_app.trainer import train_losses
+    from tests.lsq_problem import half_mse
+
+    p = two_regimes()
+    model = VectorModel(p.w0, True)
+    losses = train_losses(model, p.xs[0], p.ys[0], 7, half_mse)  # 20 examples: 7, 7, 6
+    w = [np.asarray(U, dtype=np.float32)]
+    x, y = p.xs[0].double().numpy(), p.ys[0].double().numpy()
+    want = 0.5 * np.mean((x @ U - y) ** 2)
+    got = losses([w, [-w[0]]])
+    assert got[0] == pytest.approx(want, rel=1e-5) and got[1] > 10 * got[0]
+    assert losses([w, [-w[0]]]) == got  # deterministic
+    assert all(not q.requires_grad or q.grad is None for q in model.parameters())
+
+
+def test_cluster_purity_is_the_share_with_their_clusters_majority_regime() -> None:
+    from scripts.cluster_purity import purity
+
+    regimes = {0: 0, 1: 0, 2: 1, 3: 1, 4: 1}
+    assert purity([0, 0, 1, 1, 1], regimes, set(range(5))) == 1.0
+    assert purity([0, 0, 0, 1, 1], regimes, set(range(5))) == 0.8  # client 2 is the odd one
+    assert purity([0, 0, 0, 0, 0], regimes, {0, 1}) == 1.0  # only the trained ones count

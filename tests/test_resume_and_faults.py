@@ -57,19 +57,21 @@ class CrashingGrid(InProcessGrid):
 
 
 PER_CLIENT = {"fedrelax": {"beta": 0.0, "graph-refresh-every": 2, "graph-k": 1},
-              "clustered": {"beta": 0.0, "cluster-every": 2}}
+              "clustered": {"beta": 0.0, "cluster-every": 2},
+              "clustered-kmeans": {"beta": 0.0, "cluster-every": 2, "cluster-assign": "kmeans"}}
 """FedRelax (server copies of the clients' models on disk, the learned graph rebuilt after
-the resume) and clustered FL (cluster models, the assignment re-clustered after the resume)."""
+the resume) and clustered FL (cluster models; the clients' loss-based choices, or under
+k-means the assignment re-clustered after the resume)."""
 
 
 @pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedadam", "feddyn", "fedcm",
-                                    "fedrelax", "clustered"])
+                                    "fedrelax", "clustered", "clustered-kmeans"])
 def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) -> None:
     """Guards the checkpoint of every kind of server state (SCAFFOLD's c, Adam's moments,
     FedDyn's H, FedCM's momentum d, the norm history, FedRelax's per-client versions and
     graph, clustered FL's models and assignment): a server killed after round 3's training
     and resumed ends with the same model and the same server state, bit for bit."""
-    over = {"method": method, **({"server-lr": 0.1} if method == "fedadam" else {}),
+    over = {"method": method.split("-")[0], **({"server-lr": 0.1} if method == "fedadam" else {}),
             **PER_CLIENT.get(method, {})}
     ref_cfg = config(tmp_path / "ref", **over)
     run_experiment(InProcessGrid(4, ref_cfg.to_dict()), ref_cfg, out_dir=tmp_path / "ref-run")

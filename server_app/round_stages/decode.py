@@ -124,7 +124,8 @@ class DecodeReplies:
             if problem is not None:
                 return problem
         update = ClientUpdate(partition_id=pid, upload=arrays.pop(rk.ARRAYS), extras=arrays,
-                              num_examples=n, train_loss=float(loss), num_steps=steps)
+                              num_examples=n, train_loss=float(loss), num_steps=steps,
+                              metrics=dict(metrics))
         problem = self.rule.reply_problem(update, self.expected_steps(pid))
         return update if problem is None else problem
 

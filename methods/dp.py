@@ -5,7 +5,10 @@ Every uploaded vector is its own channel: the model upload (Delta_i = w_iK - s_i
 from the RI start point, so RI is inside the clipped quantity) is clipped to ``dp-clip`` C,
 each extra upload of the method (SCAFFOLD's Delta_c_i) to ``dp-clip-extra`` (C when 0), each
 as one vector over all its arrays jointly. Noise of std z x bound goes on each channel's sum:
-on the server (``central``) or on each client's own clipped upload (``local``). Noise comes
+on the server (``central``), on each client's own clipped upload (``local``), or split over
+the devices under secure aggregation (``distributed``: each adds N(0, (z x bound)^2 / t_min),
+t_min = ``min-replies`` the fewest uploads a released sum holds, so the sum of any released
+round carries at least the central noise while the server sees only that sum). Noise comes
 from fresh OS entropy, never from the run's seed, which is public in config.json.
 Pure numpy: the accountant lives in ``methods.dp_budget``.
 """
@@ -21,7 +24,14 @@ import numpy as np
 from methods.method import ClientUpdate
 from methods.weights import Weights
 
-MODES: tuple[str, ...] = ("off", "central", "local")
+MODES: tuple[str, ...] = ("off", "central", "local", "distributed")
+DEVICE_NOISE: tuple[str, ...] = ("local", "distributed")
+"""The modes in which the devices add the noise (the server adds none)."""
+CLIP_SIGMAS = 20.0
+"""Under ``distributed`` the per-coordinate quantiser bound ``secagg-clip`` must be at least
+dp-clip + CLIP_SIGMAS device noise stds: a coordinate of a clipped upload is at most C, so a
+clip at c needs a device's N(0, 1) draw past 20, probability 2 Q(20) = 5.5e-89 per coordinate
+(docs/algorithms.md, "Distributed DP")."""
 REFUSED_METHODS: dict[str, str] = {
     "fedcm": "its momentum d = -D / (K eta) divides by the clients' reported step counts K, "
              "which depend on their data and are not privatized",
@@ -47,6 +57,8 @@ class DpSettings(Protocol):
     def num_clients(self) -> int: ...
     @property
     def clients_per_round(self) -> int: ...
+    @property
+    def min_replies(self) -> int: ...
 
 
 def norm(vec: Weights) -> float:
@@ -86,12 +98,17 @@ class Mechanism:
     """z: the noise std of a channel's sum is z x that channel's bound."""
     expected_clients: int
     """m: the fixed denominator (clients sampled per round), whatever number replies."""
+    noise_shares: int = 1
+    """t_min under ``distributed`` (``min-replies``): each device adds 1 / t_min of the
+    noise's variance, so a sum of at least t_min uploads carries at least N(0, (z x bound)^2);
+    1 otherwise."""
 
     @classmethod
     def from_config(cls, c: DpSettings) -> Mechanism:
         return cls(mode=c.dp, clip=c.dp_clip, clip_extra=c.dp_clip_extra or c.dp_clip,
                    noise_multiplier=c.dp_noise_multiplier,
-                   expected_clients=c.clients_per_round)
+                   expected_clients=c.clients_per_round,
+                   noise_shares=c.min_replies if c.dp == "distributed" else 1)
 
     @property
     def on(self) -> bool:
@@ -101,14 +118,22 @@ class Mechanism:
         """The clip bound of the model upload (``key`` None) or of extra upload ``key``."""
         return self.clip if key is None else self.clip_extra
 
+    def device_std(self, key: str | None = None) -> float:
+        """The noise std per coordinate a device adds to channel ``key``: z x bound under
+        ``local``, z x bound / sqrt(t_min) under ``distributed``, 0 otherwise."""
+        if self.mode not in DEVICE_NOISE:
+            return 0.0
+        return self.noise_multiplier * self.bound(key) / float(np.sqrt(self.noise_shares))
+
     # ------------------------------------------------------------ client half
     def release(self, upload: Weights, extras: Mapping[str, Weights],
                 rng: np.random.Generator | None = None,
                 ) -> tuple[Weights, dict[str, Weights]]:
         """What a client sends: each channel clipped and, under ``local``, noised with std
-        z x its bound. A channel that is not finite (training diverged on this client's
-        data) is sent as zeros, so that whether it diverged is released only through the
-        mechanism, never as a NaN the server sees (or rejects). Unchanged when DP is off."""
+        z x its bound (``distributed``: z x bound / sqrt(t_min), its share of the sum's). A
+        channel that is not finite (training diverged on this client's data) is sent as
+        zeros, so that whether it diverged is released only through the mechanism, never as
+        a NaN the server sees (or rejects). Unchanged when DP is off."""
         if not self.on:
             return upload, dict(extras)
         rng = rng or np.random.default_rng()
@@ -118,9 +143,8 @@ class Mechanism:
             if not all(np.isfinite(a).all() for a in vec):
                 vec = [np.zeros_like(a) for a in vec]
             clipped = clip(vec, self.bound(key))
-            if self.mode == "local":
-                clipped = add(clipped, gaussian_like(
-                    clipped, self.noise_multiplier * self.bound(key), rng))
+            if self.mode in DEVICE_NOISE:
+                clipped = add(clipped, gaussian_like(clipped, self.device_std(key), rng))
             out[key] = clipped
         return out.pop(None), out  # type: ignore[return-value]
 
@@ -131,7 +155,8 @@ class Mechanism:
         bound holds whatever a client sent) and carrying 1/k of the noise's variance, so
         that any sum over the k replies is the clipped sum plus N(0, (z x bound)^2) per
         coordinate, as one draw on the sum would be. ``local``: as received (the clients
-        clipped and noised them). Unchanged when DP is off or there are no replies."""
+        clipped and noised them); ``distributed`` never reaches here (the server holds only
+        the secure sum). Unchanged when DP is off or there are no replies."""
         if self.mode != "central" or not updates:
             return list(updates)
         rng = rng or np.random.default_rng()
@@ -179,3 +204,9 @@ def refusal(method: str, mode: str, ri_aggregation: str, weighting: str,
                 "mean with dp (the noise is calibrated to the sum; a median or trimmed mean of "
                 "the replies is not covered)")
     return None
+
+
+def min_secagg_clip(clip: float, noise_multiplier: float, t_min: int) -> float:
+    """The smallest per-coordinate quantiser bound c ``distributed`` accepts: C plus
+    ``CLIP_SIGMAS`` device noise stds (z C / sqrt(t_min))."""
+    return clip + CLIP_SIGMAS * noise_multiplier * clip / float(np.sqrt(t_min))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from methods.dp import CLIP_SIGMAS, min_secagg_clip
 from methods.dp import MODES as DP_MODES
 from methods.dp import refusal as dp_refusal
 from methods.method import MethodSpec, ParamError, Params
@@ -403,6 +404,10 @@ def _check_dp(c: RunConfig) -> None:
     refused = dp_refusal(c.method, c.dp, c.ri_aggregation, c.weighting, c.aggregation)
     if refused is not None:
         raise _bad(*refused)
+    if c.dp == "distributed" and c.secure_aggregation == "off":
+        raise _bad("dp", c.dp, "off | central | local with secure-aggregation='off' "
+                   "(distributed: each upload carries only 1/min-replies of the noise's "
+                   "variance, safe only inside the secure sum; set secure-aggregation='secagg+')")
 
 
 def _check_async(c: RunConfig) -> None:
@@ -473,8 +478,9 @@ def _check_secagg(c: RunConfig) -> None:
          "the norm filter reads each upload's norm"),
         ("aggregation", c.aggregation, c.aggregation == "mean", "mean",
          "median, trimmed-mean, krum, multi-krum and bulyan read each upload"),
-        ("dp", c.dp, c.dp == "off", "off",
-         "central DP clips each reply on the server; distributed DP is not built yet"),
+        ("dp", c.dp, c.dp in ("off", "distributed"), "off | distributed",
+         "central clips and noises each reply on the server, which never sees one; local "
+         "noises each upload in full, the sum then carries m times the noise it needs"),
         ("rounds", c.rounds, c.rounds == "sync", "sync",
          "a buffer of replies from different rounds has no common key exchange"),
         ("secagg-threshold", t, t <= c.clients_per_round,
@@ -486,6 +492,27 @@ def _check_secagg(c: RunConfig) -> None:
     ):
         if not ok:
             raise _bad(key, value, f"{allowed} {with_it} ({why})")
+    if c.dp == "distributed":
+        _check_distributed_dp(c)
+
+
+def _check_distributed_dp(c: RunConfig) -> None:
+    """``dp=distributed``: t_min = ``min-replies`` is the fewest uploads a released sum holds
+    (each device adds 1/t_min of the noise's variance); a released SecAgg+ sum already holds
+    at least ``secagg-threshold`` uploads, so t_min below it only adds noise. The quantiser's
+    bound c must sit ``CLIP_SIGMAS`` device noise stds above C (a clip at c is then a 5.5e-89
+    event per coordinate)."""
+    t, t_min = c.secagg_threshold, c.min_replies
+    if t_min < t:
+        raise _bad("min-replies", t_min, f"secagg-threshold ({t}) to the clients per round "
+                   f"({c.clients_per_round}) with dp='distributed' (min-replies is t_min: each "
+                   f"device adds 1/t_min of the noise's variance, and a released sum already "
+                   f"holds at least secagg-threshold uploads)")
+    low = min_secagg_clip(c.dp_clip, c.dp_noise_multiplier, t_min)
+    if c.secagg_clip < low:
+        raise _bad("secagg-clip", c.secagg_clip, f">= {low:.4g} with dp='distributed' "
+                   f"(dp-clip + {CLIP_SIGMAS:g} device noise stds z dp-clip / sqrt(min-replies), "
+                   f"so a noised coordinate is almost never clipped at secagg-clip)")
 
 
 def _check_ranges(c: RunConfig) -> None:

@@ -78,9 +78,10 @@ def test_each_method_on_the_sum_is_accepted(method: str) -> None:
     ({"aggregation": "multi-krum"}, "aggregation='multi-krum' is not allowed; allowed: mean"),
     ({"aggregation": "bulyan", "num-clients": 200, "fraction-train": 0.05},
      "aggregation='bulyan' is not allowed; allowed: mean with"),
-    ({"dp": "central"}, "dp='central' is not allowed; allowed: off with secure-aggregation="
-                        "'secagg+' (central DP clips each reply on the server"),
-    ({"dp": "local"}, "dp='local' is not allowed; allowed: off with"),
+    ({"dp": "central"}, "dp='central' is not allowed; allowed: off | distributed with "
+                        "secure-aggregation='secagg+' (central clips and noises each reply on "
+                        "the server"),
+    ({"dp": "local"}, "dp='local' is not allowed; allowed: off | distributed with"),
     ({"rounds": "async", "personal-eval-every": 0},
      "rounds='async' is not allowed; allowed: sync with secure-aggregation='secagg+'"),
     ({"fraction-train": 0.02}, "secagg-threshold=3 is not allowed; allowed: at most the "

@@ -62,24 +62,32 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
     Multi-Krum, Bulyan) -> DP (only under DP) -> combine -> method update -> accounting.
     Under DP the sample is drawn from a secret seed (the run's seed is public). Under secure
     aggregation: decode (masked uploads) -> quorum -> secure sum -> method update ->
-    accounting: nothing else may read one upload (``task.config`` refuses what does)."""
+    accounting: nothing else may read one upload (``task.config`` refuses what does); with
+    ``dp=distributed`` the sampler is DP's and the secure sum releases only sums of at least
+    t_min uploads, divided by the fixed m."""
     messages = TrainMessages(cfg, method, node_of_partition, client_config)
-    if cfg.secure_aggregation != "off":
-        session = SecAggRound(params_of(cfg), timeout=cfg.round_timeout)
-        counts = None if examples is None else tuple(int(n) for n in examples)
-        return TrainPipeline(
-            AvailableSampler(cfg.seed, cfg.num_clients, cfg.clients_per_round), messages,
-            (DecodeReplies(cfg, method.rule, counts, secure=True),
-             MinReplies(cfg.min_replies), SecureSum(session),
-             MethodUpdate(cfg, method, RobustMean(cfg)), AccountRound(accounted)),
-            secure=session)
     privacy = Mechanism.from_config(cfg)
     dp = privacy.on
-    rule = method.rule
-    robust = RobustMean(cfg)
     sampler: Sampler = (
         RegisteredSampler(secrets.randbits(63), cfg.num_clients, cfg.clients_per_round) if dp
         else AvailableSampler(cfg.seed, cfg.num_clients, cfg.clients_per_round))
+    if cfg.secure_aggregation != "off":
+        # dp=distributed (the only DP mode allowed here): the devices clip and noise, the
+        # server adds nothing; the quorum counts the uploads in the sum (t_min = min-replies),
+        # the mean divides by the fixed m as central does
+        session = SecAggRound(params_of(cfg), timeout=cfg.round_timeout)
+        counts = None if examples is None else tuple(int(n) for n in examples)
+        secure_sum = (SecureSum(session, denominator=privacy.expected_clients,
+                                min_survivors=privacy.noise_shares) if dp
+                      else SecureSum(session))
+        return TrainPipeline(
+            sampler, messages,
+            (DecodeReplies(cfg, method.rule, counts, secure=True),
+             MinReplies(cfg.min_replies), secure_sum,
+             MethodUpdate(cfg, method, RobustMean(cfg)), AccountRound(accounted)),
+            secure=session)
+    rule = method.rule
+    robust = RobustMean(cfg)
     stages: list[Stage] = [DecodeReplies(
         cfg, rule, None if examples is None else tuple(int(n) for n in examples),
         placeholders=privacy.mode == "local")]

@@ -137,11 +137,19 @@ class SecAggRound:
 
 @dataclasses.dataclass(frozen=True)
 class SecureSum:
-    """The unmask stage: D = (sum of the survivors' uploads) / (their number), or the round
-    halted (no sum, one line logged). Sets ``weights`` (uniform) and ``aggregate``; the
+    """The unmask stage: D = (sum of the survivors' uploads) / (their number; under
+    ``dp=distributed`` the fixed clients per round), or the round halted (no sum, one line
+    logged). Sets ``weights`` (uniform) and ``aggregate``; the
     server never sees a final model, so ``finals`` stays empty."""
 
     session: SecAggRound
+    denominator: int = 0
+    """Under ``dp=distributed``: m, the FIXED clients per round (as ``central``: a dropout
+    changes the sum, never the denominator); 0: the survivors' number."""
+    min_survivors: int = 1
+    """Under ``dp=distributed``: t_min (``min-replies``). A sum of fewer uploads carries less
+    than the accounted noise, so it is never unmasked (the quorum stage before this one
+    halts such a round already; this holds the bound whatever stage order)."""
 
     def __call__(self, replies: RoundReplies) -> RoundReplies:
         server, self.session.server = self.session.server, None  # one unmask per key exchange
@@ -153,6 +161,12 @@ class SecureSum:
         masked = {replies.sent_to[msg.metadata.src_node_id]:
                   dict(msg.content.config_records[SECAGG])
                   for msg in replies.messages if msg.metadata.src_node_id in survivors}
+        if len(masked) < self.min_survivors:
+            log(WARNING, "round %d: secure aggregation: %d uploads < t_min=%d (min-replies): "
+                "the sum would carry less than the accounted noise; nothing is unmasked, the "
+                "global model is unchanged", replies.server_round, len(masked),
+                self.min_survivors)
+            return dataclasses.replace(replies, halted=True)
         try:
             shares = self.session.exchange(server.unmask_messages(masked))
             total = server.aggregate(shares)
@@ -161,5 +175,5 @@ class SecureSum:
                 replies.server_round, err)
             return dataclasses.replace(replies, halted=True)
         n = len(masked)
-        mean = [(s / n).astype(np.float32) for s in total]
+        mean = [(s / (self.denominator or n)).astype(np.float32) for s in total]
         return dataclasses.replace(replies, weights=(1.0,) * n, aggregate=mean, finals=())

@@ -6,7 +6,9 @@ holds) lives in the node's own ``context.state`` between messages, serialised
 (``SecAggClient.to_record``), because in a deployment each message may run in a fresh
 process; it is never put in a reply. What is masked is the model delta: w_iK - w_t under the
 ``model`` variant (the server's mean of it is avg(w_iK) - w_t, Algorithm 1's D), Delta_i
-under ``update``, each coordinate clipped to [-secagg-clip, secagg-clip] and quantised.
+under ``update``, followed by the method's extra uploads in name order (SCAFFOLD's
+Delta_c_i; ``secure_sum.upload_keys``) as one vector of arrays, each coordinate clipped to
+[-secagg-clip, secagg-clip] and quantised.
 """
 
 from __future__ import annotations
@@ -52,20 +54,20 @@ def secagg_step(msg: ConfigRecord, state: RecordDict, client_id: int) -> ConfigR
 
 def mask_upload(received: RecordDict, reply: RecordDict, state: RecordDict,
                 client_id: int) -> RecordDict:
-    """The train reply with its plain upload replaced by the masked model delta; a train
-    message without the collect stage is refused (nothing leaves in the clear)."""
+    """The train reply with its plain uploads replaced by one masked vector: the model delta,
+    then each extra upload in name order; a train message without the collect stage is
+    refused (nothing leaves in the clear)."""
     if SECAGG not in received.config_records:
         raise ValueError("secure-aggregation is on but the train message carries no "
                          f"{SECAGG!r} record: refusing to upload in the clear")
     extras = sorted(k for k in reply.array_records if k != rk.ARRAYS)
-    if extras:
-        raise ValueError(f"secure aggregation masks one upload; this method also uploads "
-                         f"{extras}")
     delta = bool(reply.config_records[rk.CONFIG][rk.UPLOAD_DELTA])
     upload = unpack(reply.array_records[rk.ARRAYS])
     if not delta:  # the final model: mask its move from the received global model
         w_t = unpack(received.array_records[rk.ARRAYS])
         upload = [u.astype("float64") - w for u, w in zip(upload, w_t, strict=True)]
+    for key in extras:  # the server splits the sum in this order (secure_sum.upload_keys)
+        upload += unpack(reply.array_records[key])
     client = _restore(state, client_id, Stage.COLLECT)
     masked = client.handle(dict(received.config_records[SECAGG]), upload)
     state.config_records[STATE] = ConfigRecord(client.to_record())

@@ -41,6 +41,9 @@ LossesFn = Callable[[Sequence[Weights]], list[float]]
 gradient, no step, the same batches in the same order for every model (clustered FL's
 loss-based assignment picks the cluster model that fits the client best)."""
 Scalar = int | float
+MOVES_SUM = "arrays"
+"""``RoundInput.upload_sums``' key of the moves' sum: the model upload's record name
+(``methods.wire.ARRAYS``), under which the masked move travels."""
 
 
 class ParamError(ValueError):
@@ -115,6 +118,28 @@ class RoundInput:
     ``weights``. The rule D was built by; a method combines its extra uploads with it."""
     aggregation: str = "mean"
     """The ``aggregation`` choice ``combine`` implements (``mean``: the weighted mean)."""
+    upload_sums: Mapping[str, Weights] | None = None
+    """Under secure aggregation, where ``updates`` carry no arrays: the exact sums over
+    ``updates`` of the moves (key ``MOVES_SUM``) and of each extra upload (by name); None
+    where the uploads are seen. Read them through ``upload_sum`` and ``extra_sum``."""
+
+    def extra_sum(self, key: str) -> Weights:
+        """The sum over ``updates`` of extra upload ``key`` (float64): the secure sum when
+        there is one, else ``sum_of`` the uploads (the rule's sum under a robust rule)."""
+        if self.upload_sums is not None:
+            return [a.astype(np.float64) for a in self.upload_sums[key]]
+        return self.sum_of([up.extras[key] for up in self.updates])
+
+    def upload_sum(self, w_t: Weights) -> Weights:
+        """The exact float64 sum over ``updates`` of each client's move as the server sees it
+        (``moves``): the secure sum of the masked moves when there is one."""
+        if self.upload_sums is not None:
+            return [a.astype(np.float64) for a in self.upload_sums[MOVES_SUM]]
+        total = [np.zeros(w.shape, dtype=np.float64) for w in w_t]
+        for move in self.moves(w_t):
+            for acc, d in zip(total, move, strict=True):
+                acc += d
+        return total
 
     def sum_of(self, vectors: Sequence[Weights]) -> Weights:
         """What replaces a method's sum over the replies: the exact float64 sum under ``mean``
@@ -445,7 +470,7 @@ def check_pull(key: str, strength: float, lr: float) -> None:
 
 
 __all__ = ["ParamError", "Combine", "GradientHook", "GradientFn", "LossFn", "LossesFn",
-           "Scalar", "Params",
+           "Scalar", "MOVES_SUM", "Params",
            "ClientUpdate", "RoundInput", "ClientDown", "ModelFiles", "ReportFiles", "ServerState",
            "ServerRule", "TrainedPass", "SgdPass",
            "LocalJob", "LocalOutcome", "ClientRule", "MethodSpec", "apply_step", "proximal_hook",

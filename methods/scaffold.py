@@ -63,7 +63,7 @@ class ScaffoldServer(ServerRule[Params, ScaffoldState]):
 
     def update(self, state: ScaffoldState, w_t: Weights,
                rnd: RoundInput) -> tuple[Weights, ScaffoldState]:
-        total = rnd.sum_of([up.extras[DELTA_C] for up in rnd.updates])
+        total = rnd.extra_sum(DELTA_C)
         c = [(c.astype(np.float64) + t / rnd.num_clients).astype(np.float32)
              for c, t in zip(state.c, total, strict=True)]
         return apply_step(w_t, rnd.aggregate, rnd.server_lr), ScaffoldState(c=c)

@@ -40,8 +40,6 @@ SECAGG_MAX_BITS = 24
 """``secagg-bits`` at most this (``secure_aggregation.params.MAX_BITS``; a test holds them
 equal)."""
 SECAGG_REFUSALS: dict[str, str] = {
-    "scaffold": "its extra upload Delta_c_i is not masked yet (a second masked vector)",
-    "feddyn": "its server rule reads each client's move; a rule on the sum is not built yet",
     "fedrelax": "the server keeps each client's own model, which needs each upload",
     "clustered": "the server clusters the clients' individual updates",
 }

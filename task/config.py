@@ -508,10 +508,13 @@ def _check_distributed_dp(c: RunConfig) -> None:
                    f"({c.clients_per_round}) with dp='distributed' (min-replies is t_min: each "
                    f"device adds 1/t_min of the noise's variance, and a released sum already "
                    f"holds at least secagg-threshold uploads)")
-    low = min_secagg_clip(c.dp_clip, c.dp_noise_multiplier, t_min)
+    # a method's extra uploads (SCAFFOLD's Delta_c_i) share the quantiser: the larger bound
+    extra = METHODS[c.method].server.up_keys and (c.dp_clip_extra or c.dp_clip) > c.dp_clip
+    clip, name = ((c.dp_clip_extra, "dp-clip-extra") if extra else (c.dp_clip, "dp-clip"))
+    low = min_secagg_clip(clip, c.dp_noise_multiplier, t_min)
     if c.secagg_clip < low:
         raise _bad("secagg-clip", c.secagg_clip, f">= {low:.4g} with dp='distributed' "
-                   f"(dp-clip + {CLIP_SIGMAS:g} device noise stds z dp-clip / sqrt(min-replies), "
+                   f"({name} + {CLIP_SIGMAS:g} device noise stds z {name} / sqrt(min-replies), "
                    f"so a noised coordinate is almost never clipped at secagg-clip)")
 
 

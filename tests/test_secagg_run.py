@@ -272,3 +272,56 @@ def test_each_accepted_method_runs_a_secure_round_near_its_plain_round(
     assert max_gap(plain.weights, w0) > 10 * step  # the round moved the model by far more
     # linear in D but FedAdam: |d step / d D| <= eta_g (1 - beta1) / eps = 1 in round 1
     assert 0.0 < gap <= step + 1e-6, (gap, step)
+
+
+# ------------------------------------------------------------------ SCAFFOLD and FedDyn: sums
+def _state(ckpt_dir: Path, name: str) -> list[np.ndarray]:
+    state = load_checkpoint(ckpt_dir).strategy_state
+    keys = [k for k in state if k.endswith(name)]
+    assert len(keys) == 1, sorted(state)
+    return state[keys[0]]
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
+def test_scaffold_and_feddyn_secure_rounds_land_within_a_step_of_their_plain_rounds(
+        tmp_path: Path, method: str) -> None:
+    """One round: the model and the server state (SCAFFOLD's c, FedDyn's H) computed here from
+    the plain replies, and the secure round's within one quantisation step of each; no
+    uploaded coordinate (the move nor Delta_c_i) reaches the default secagg-clip."""
+    over = {"method": method, "num-server-rounds": 1, "eval-every": 1}
+    plain_grid, plain_dir = run(tmp_path, "plain", over)
+    secure_grid, secure_dir = run(tmp_path, "secure", {**over, "secure-aggregation": "secagg+"})
+    cfg = RunConfig.parse({**BASE, **over, "secure-aggregation": "secagg+"})
+    step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits
+    n = cfg.num_clients
+    w0 = unpack(train_msgs(plain_grid)[0].content.array_records["arrays"])
+    replies = train_replies(plain_grid)
+    assert len(replies) == 4 and len(train_replies(secure_grid)) == 4
+    delta = method == "feddyn"  # FedDyn's auto variant is ``update``: the upload is Delta_i
+    moves = [[u.astype(np.float64) - (0.0 if delta else w) for u, w in
+              zip(unpack(r.content.array_records["arrays"]), w0, strict=True)] for r in replies]
+    total = [np.sum([m[i] for m in moves], axis=0) for i in range(len(w0))]
+    zero = [np.zeros_like(a, dtype=np.float64) for a in w0]
+    largest = {"move": max(max_gap(m, zero) for m in moves)}
+    if method == "scaffold":
+        dcs = [unpack(r.content.array_records["scaffold-delta-c"]) for r in replies]
+        largest["delta-c"] = max(max_gap(d, zero) for d in dcs)
+        state = [np.sum([d[i] for d in dcs], axis=0) / n for i in range(len(w0))]  # c
+        w1 = [w + t / 4 for w, t in zip(w0, total, strict=True)]
+        key, state_step = "c", step  # c = sum / N, its sum is within 4 steps: N = 4
+    else:
+        state = total  # H = the sum of the moves
+        w1 = [w + t / 4 + t / n for w, t in zip(w0, total, strict=True)]
+        key, state_step = "h_sum", 4 * step  # H is the sum itself: within 4 steps
+    print(method, {k: round(v, 4) for k, v in largest.items()}, "clip", cfg.secagg_clip)
+    assert max(largest.values()) < cfg.secagg_clip  # nothing clipped, or the bound is void
+    plain_w, secure_w = load_checkpoint(plain_dir).weights, load_checkpoint(secure_dir).weights
+    assert max_gap(plain_w, w1) < 1e-5  # the independent computation is the plain round's
+    assert max_gap(_state(plain_dir, key), state) < 1e-5
+    assert load_checkpoint(secure_dir).rows[-1]["num-replies"] == 4
+    gap_w = max_gap(secure_w, plain_w)
+    gap_s = max_gap(_state(secure_dir, key), _state(plain_dir, key))
+    model_step = step * (2 if method == "feddyn" else 1)  # FedDyn: D + H / N, 1 step each
+    assert 0.0 < gap_w <= model_step + 1e-6, (gap_w, step)
+    assert 0.0 < gap_s <= state_step + 1e-6, (gap_s, step)
+    assert max_gap(plain_w, w0) > 10 * step

@@ -105,7 +105,7 @@ class DecodeReplies:
             if not isinstance(loss, int | float) or not math.isfinite(float(loss)):
                 return f"train-loss={loss!r} is not finite"
         if self.secure:
-            problem = masked_problem(content, w_t)
+            problem = masked_problem(content, w_t, len(self.rule.up_keys))
             if problem is not None:
                 return problem
             update = ClientUpdate(partition_id=pid, upload=[], extras={}, num_examples=n,

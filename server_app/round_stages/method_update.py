@@ -34,7 +34,8 @@ class MethodUpdate:
                          updates=replies.contributions, weights=list(replies.weights),
                          variant=c.ri_aggregation, num_clients=c.num_clients,
                          lr=c.lr_at(replies.server_round), server_lr=c.server_lr,
-                         combine=self.combine, aggregation=c.aggregation)
+                         combine=self.combine, aggregation=c.aggregation,
+                         upload_sums=replies.sums)
         w_next, self.method.state = self.method.rule.update(self.method.state, replies.w_t,
                                                             rnd)
         return dataclasses.replace(replies, w_next=w_next)

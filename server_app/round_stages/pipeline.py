@@ -20,7 +20,7 @@ from server_app.round_stages.privacy import ClientLevelDp
 from server_app.round_stages.quorum import MinReplies
 from server_app.round_stages.replies import RoundReplies, Stage, run_stages
 from server_app.round_stages.sampling import AvailableSampler, RegisteredSampler, Sampler
-from server_app.round_stages.secure_sum import SecAggRound, SecureSum, params_of
+from server_app.round_stages.secure_sum import SecAggRound, SecureSum, params_of, upload_keys
 from server_app.round_stages.selection import RobustSelection
 from task.config import RunConfig
 
@@ -75,7 +75,8 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
         # dp=distributed (the only DP mode allowed here): the devices clip and noise, the
         # server adds nothing; the quorum counts the uploads in the sum (t_min = min-replies),
         # the mean divides by the fixed m as central does
-        session = SecAggRound(params_of(cfg), timeout=cfg.round_timeout)
+        session = SecAggRound(params_of(cfg), timeout=cfg.round_timeout,
+                              extra_keys=upload_keys(method.rule.up_keys))
         counts = None if examples is None else tuple(int(n) for n in examples)
         secure_sum = (SecureSum(session, denominator=privacy.expected_clients,
                                 min_survivors=privacy.noise_shares) if dp

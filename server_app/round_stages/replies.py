@@ -55,6 +55,10 @@ class RoundReplies:
     weights: tuple[float, ...] = ()
     aggregate: Weights | None = None
     """D, the round's aggregate update."""
+    sums: Mapping[str, Weights] | None = None
+    """Under secure aggregation: the sum over the contributions of the model upload (under
+    ``rk.ARRAYS``: the moves) and of each extra upload (by name), the only per-round values
+    the server sees (``SecureSum``); None where the uploads themselves are seen."""
     finals: Sequence[Weights] = ()
     """Each contribution's final model (for the divergence metric)."""
     w_next: Weights | None = None

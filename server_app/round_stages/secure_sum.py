@@ -5,11 +5,14 @@ docs/algorithms.md, "Secure aggregation").
 ``SecAggRound.key_exchange`` runs in ``configure_train`` (Flower 1.39 hands it the grid): the
 setup and share-keys stages as two QUERY exchanges with the sampled clients, then each train
 message carries the ciphertexts addressed to its client. Each train reply carries the client's
-masked upload (its model delta, w_iK - w_t or Delta_i, clipped, quantised and masked) in
-place of plain arrays. ``SecureSum``, a pipeline stage after decoding and the quorum, runs the
-unmask exchange with the survivors and sets the round's aggregate D to their dequantised sum
-divided by their number (uniform weighting), which the method's server rule then uses as it
-would the plain mean. Protocol ids are the client ids (small ints the client knows), not
+masked upload (its model delta, w_iK - w_t or Delta_i, then each extra upload of the method
+in ``upload_keys`` order, e.g. SCAFFOLD's Delta_c_i: one vector of arrays, clipped, quantised
+and masked) in place of plain arrays. ``SecureSum``, a pipeline stage after decoding and the
+quorum, runs the unmask exchange with the survivors, splits the dequantised sum into the
+model's and each extra's, and sets the round's aggregate D to the model sum divided by their
+number (uniform weighting) and ``sums`` to the sums themselves, which the method's server rule
+then uses as it would the plain mean and the plain sums (``RoundInput.upload_sum``,
+``RoundInput.extra_sum``). Protocol ids are the client ids (small ints the client knows), not
 Flower's node ids.
 
 A client that drops in any stage is left out; more dropouts than the threshold allows (or a
@@ -47,9 +50,16 @@ def params_of(cfg: RunConfig) -> SecAggParams:
                         clip=cfg.secagg_clip, bits=cfg.secagg_bits)
 
 
-def masked_problem(content: RecordDict, w_t: Weights) -> str | None:
+def upload_keys(up_keys: Sequence[str]) -> tuple[str, ...]:
+    """The order of a masked upload's vectors after the model's: the method's extra uploads
+    by name (the client sorts the same names of its reply)."""
+    return tuple(sorted(up_keys))
+
+
+def masked_problem(content: RecordDict, w_t: Weights, extras: int = 0) -> str | None:
     """Why a train reply's content is not a well-formed masked upload, or None: no plain
-    ArrayRecord at all, and one little-endian uint32 byte string per model array."""
+    ArrayRecord at all, and one little-endian uint32 byte string per model array, for the
+    model and for each of the method's ``extras`` extra uploads."""
     if content.array_records:
         return (f"the reply carries plain arrays {sorted(content.array_records)} under secure "
                 f"aggregation (only the masked upload may leave a client)")
@@ -59,10 +69,11 @@ def masked_problem(content: RecordDict, w_t: Weights) -> str | None:
     if rec.get(sw.STAGE) != SecAggStage.COLLECT:
         return f"{SECAGG!r} stage is {rec.get(sw.STAGE)!r}, expected {SecAggStage.COLLECT!r}"
     blobs = rec.get(sw.MASKED)
-    if not isinstance(blobs, list) or len(blobs) != len(w_t) or not all(
+    refs = list(w_t) * (1 + extras)
+    if not isinstance(blobs, list) or len(blobs) != len(refs) or not all(
             isinstance(b, bytes) for b in blobs):
-        return f"{SECAGG!r} must hold {len(w_t)} masked arrays as bytes"
-    for i, (blob, ref) in enumerate(zip(blobs, w_t, strict=True)):
+        return f"{SECAGG!r} must hold {len(refs)} masked arrays as bytes"
+    for i, (blob, ref) in enumerate(zip(blobs, refs, strict=True)):
         if len(blob) != 4 * ref.size:
             return f"masked array {i} has {len(blob)} bytes, expected {4 * ref.size}"
     return None
@@ -75,6 +86,8 @@ class SecAggRound:
 
     params: SecAggParams
     timeout: float | None = None
+    extra_keys: tuple[str, ...] = ()
+    """The method's extra uploads, masked after the model in this order (``upload_keys``)."""
     server: SecAggServer | None = None
     grid: Grid | None = None
     server_round: int = 0
@@ -90,7 +103,7 @@ class SecAggRound:
         self.node_of = {pid: node for node, pid in sent_to.items()}
         try:
             server = SecAggServer(self.params, sorted(self.node_of),
-                                  [tuple(a.shape) for a in w_t])
+                                  [tuple(a.shape) for a in w_t] * (1 + len(self.extra_keys)))
             keys = self.exchange(server.setup_messages())
             shared = self.exchange(server.share_keys_messages(keys))
             collect = server.collect_messages(shared)
@@ -137,10 +150,11 @@ class SecAggRound:
 
 @dataclasses.dataclass(frozen=True)
 class SecureSum:
-    """The unmask stage: D = (sum of the survivors' uploads) / (their number; under
+    """The unmask stage: D = (sum of the survivors' model uploads) / (their number; under
     ``dp=distributed`` the fixed clients per round), or the round halted (no sum, one line
-    logged). Sets ``weights`` (uniform) and ``aggregate``; the
-    server never sees a final model, so ``finals`` stays empty."""
+    logged). Sets ``weights`` (uniform), ``aggregate`` and ``sums`` (the model's sum under
+    ``rk.ARRAYS``, each extra upload's under its name); the server never sees a final
+    model, so ``finals`` stays empty."""
 
     session: SecAggRound
     denominator: int = 0
@@ -174,6 +188,10 @@ class SecureSum:
             log(WARNING, "round %d: secure aggregation: %s; the global model is unchanged",
                 replies.server_round, err)
             return dataclasses.replace(replies, halted=True)
-        n = len(masked)
-        mean = [(s / (self.denominator or n)).astype(np.float32) for s in total]
-        return dataclasses.replace(replies, weights=(1.0,) * n, aggregate=mean, finals=())
+        n, k = len(masked), len(replies.w_t)
+        keys = (rk.ARRAYS, *self.session.extra_keys)
+        sums = {key: [a.astype(np.float64) for a in total[i * k:(i + 1) * k]]
+                for i, key in enumerate(keys)}
+        mean = [(s / (self.denominator or n)).astype(np.float32) for s in sums[rk.ARRAYS]]
+        return dataclasses.replace(replies, weights=(1.0,) * n, aggregate=mean, finals=(),
+                                   sums=sums)

@@ -94,3 +94,21 @@ def test_what_needs_one_upload_is_refused_in_one_line(over: dict[str, object],
                                                       line: str) -> None:
     assert line in refusal({**SECAGG, **over})
     RunConfig.parse({**SECAGG, **over, "secure-aggregation": "off"})  # refused for secagg only
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
+def test_scaffold_and_feddyn_run_on_the_sum(method: str) -> None:
+    """Their servers need only sums (SCAFFOLD's of Delta_c_i too): no longer refused."""
+    assert method not in choices.SECAGG_REFUSALS
+    assert RunConfig.parse({**SECAGG, "method": method}).method == method
+
+
+def test_distributed_dp_bounds_the_quantiser_by_the_larger_of_the_two_clips() -> None:
+    """SCAFFOLD's Delta_c_i is clipped to dp-clip-extra and shares the quantiser's bound."""
+    ddp = {**SECAGG, "dp": "distributed", "min-replies": 3, "secagg-clip": 12.6}
+    RunConfig.parse({**ddp, "method": "scaffold"})  # dp-clip-extra 0: dp-clip's bound
+    line = refusal({**ddp, "method": "scaffold", "dp-clip-extra": 2.0})
+    assert "secagg-clip=12.6 is not allowed; allowed: >= 25.09 with dp='distributed' " \
+           "(dp-clip-extra + 20 device noise stds z dp-clip-extra / sqrt(min-replies)" in line
+    RunConfig.parse({**ddp, "method": "scaffold", "dp-clip-extra": 2.0, "secagg-clip": 25.1})
+    RunConfig.parse({**ddp, "method": "fedavg", "dp-clip-extra": 2.0})  # no extra upload

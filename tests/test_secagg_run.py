@@ -325,3 +325,102 @@ def test_scaffold_and_feddyn_secure_rounds_land_within_a_step_of_their_plain_rou
     assert 0.0 < gap_w <= model_step + 1e-6, (gap_w, step)
     assert 0.0 < gap_s <= state_step + 1e-6, (gap_s, step)
     assert max_gap(plain_w, w0) > 10 * step
+
+
+def test_a_scaffold_client_dropping_after_key_sharing_leaves_the_survivors_means(
+        tmp_path: Path) -> None:
+    """Node 1003's train reply is lost after key sharing: the secure round's model and c are
+    the plain round's over the other three (within a step), and client 3 is not accounted."""
+    lost = 1003
+
+    def drop(reply: Message) -> Message | None:
+        train = reply.metadata.message_type == MessageType.TRAIN
+        return None if train and reply.metadata.src_node_id == lost else reply
+
+    over = {"method": "scaffold", "num-server-rounds": 1, "eval-every": 1}
+    dirs = {}
+    for name, extra in (("plain", {}), ("secure", {"secure-aggregation": "secagg+"})):
+        cfg_raw = {**BASE, **over, **extra, "output-dir": str(tmp_path)}
+        grid = InProcessGrid(4, cfg_raw)
+        grid.reply_filter = drop
+        run_experiment(grid, RunConfig.parse(cfg_raw), out_dir=tmp_path / name)
+        dirs[name] = tmp_path / name
+    cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
+    step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits
+    plain, secure = load_checkpoint(dirs["plain"]), load_checkpoint(dirs["secure"])
+    assert secure.rows[-1]["num-replies"] == 3 == plain.rows[-1]["num-replies"]
+    assert 0.0 < max_gap(secure.weights, plain.weights) <= step + 1e-6
+    # c = (sum of 3 Delta_c_i) / N: within 3 steps / 4 of the plain c
+    assert 0.0 < max_gap(_state(dirs["secure"], "c"), _state(dirs["plain"], "c")) <= step
+    accounted = _state(dirs["secure"], "accounted-rounds")[0]
+    assert accounted.tolist() == [1, 1, 1, 0]  # the lost client's c_i does not advance
+
+
+def test_a_scaffold_round_without_a_sum_accounts_nobody() -> None:
+    """Too many dropouts after key sharing: no sum, the round halts before the method update
+    and the accounting, so no client's c_i is counted as aggregated (as for FedAvg)."""
+    set_task_identity()
+    ids = list(range(5))
+    grid = ProtocolGrid(ids)
+    params = SecAggParams(threshold=4, num_shares=5, clip=1.0, bits=16)
+    session = SecAggRound(params, extra_keys=("scaffold-delta-c",))
+    w_t = [np.zeros((2,), dtype=np.float32)]
+    sent_to = {100 + i: i for i in ids}
+    msgs = [Message(RecordDict({"arrays": pack(w_t)}), dst_node_id=100 + i,
+                    message_type=MessageType.TRAIN) for i in ids]
+    sent = session.key_exchange(grid, 1, w_t, msgs, sent_to)  # type: ignore[arg-type]
+    assert len(sent) == 5
+    replies = []
+    for msg in sent[:3]:  # two of five upload nothing: 3 < t = 4
+        node = msg.metadata.dst_node_id
+        body = dict(msg.content.config_records[SECAGG])
+        masked = grid.clients[node].handle(body, [np.full(2, 0.1), np.full(2, 0.4)])
+        replies.append(Message(RecordDict({SECAGG: ConfigRecord(masked)}), reply_to=msg))
+        assert masked_problem(replies[-1].content, w_t, extras=1) is None
+        assert masked_problem(replies[-1].content, w_t) is not None  # 2 vectors, not 1
+    accepted = tuple((r.metadata.src_node_id,
+                      ClientUpdate(partition_id=sent_to[r.metadata.src_node_id], upload=[],
+                                   extras={}, num_examples=1, train_loss=0.0, num_steps=1))
+                     for r in replies)
+    rnd = RoundReplies(1, w_t, sent_to, 5, tuple(replies), accepted=accepted)
+    accounted = AccountedRounds()
+    done = run_stages([SecureSum(session), _set_next,
+                       AccountRound(accounted, train_loss=False)], rnd)
+    assert done.halted and done.sums is None and done.w_next is None
+    assert accounted.rounds == {}
+
+
+def test_the_secure_sum_is_split_into_the_model_and_each_extra_upload() -> None:
+    set_task_identity()
+    ids = list(range(5))
+    grid = ProtocolGrid(ids)
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0, bits=16)
+    session = SecAggRound(params, extra_keys=("scaffold-delta-c",))
+    w_t = [np.zeros((3,), dtype=np.float32), np.zeros((2, 2), dtype=np.float32)]
+    sent_to = {100 + i: i for i in ids}
+    msgs = [Message(RecordDict({"arrays": pack(w_t)}), dst_node_id=100 + i,
+                    message_type=MessageType.TRAIN) for i in ids]
+    sent = session.key_exchange(grid, 1, w_t, msgs, sent_to)  # type: ignore[arg-type]
+    rng = np.random.default_rng(5)
+    vecs = {i: [rng.uniform(-0.5, 0.5, a.shape) for a in w_t * 2] for i in ids}
+    replies = []
+    for msg in sent:
+        node = msg.metadata.dst_node_id
+        if node == 104:  # drops after key sharing
+            continue
+        masked = grid.clients[node].handle(dict(msg.content.config_records[SECAGG]),
+                                           vecs[sent_to[node]])
+        replies.append(Message(RecordDict({SECAGG: ConfigRecord(masked)}), reply_to=msg))
+    accepted = tuple((r.metadata.src_node_id,
+                      ClientUpdate(partition_id=sent_to[r.metadata.src_node_id], upload=[],
+                                   extras={}, num_examples=1, train_loss=0.0, num_steps=1))
+                     for r in replies)
+    done = SecureSum(session)(RoundReplies(1, w_t, sent_to, 5, tuple(replies),
+                                           accepted=accepted))
+    assert done.sums is not None and done.aggregate is not None
+    survivors = [0, 1, 2, 3]
+    model = [np.sum([vecs[i][k] for i in survivors], axis=0) for k in range(2)]
+    dc = [np.sum([vecs[i][k] for i in survivors], axis=0) for k in range(2, 4)]
+    assert 0.0 < max_gap(done.sums["arrays"], model) <= 4 * params.step + 1e-6
+    assert 0.0 < max_gap(done.sums["scaffold-delta-c"], dc) <= 4 * params.step + 1e-6
+    assert max_gap(done.aggregate, [m / 4 for m in model]) <= params.step + 1e-6

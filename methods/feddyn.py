@@ -72,8 +72,14 @@ class FedDynServer(ServerRule[FedDynParams, FedDynState]):
 
     def update(self, state: FedDynState, w_t: Weights,
                rnd: RoundInput) -> tuple[Weights, FedDynState]:
-        h_sum = [h.astype(np.float64) + d
-                 for h, d in zip(state.h_sum, rnd.upload_sum(w_t), strict=True)]
+        if rnd.upload_sums is not None:  # secure aggregation: only the moves' sum is known
+            h_sum = [h.astype(np.float64) + d
+                     for h, d in zip(state.h_sum, rnd.upload_sum(w_t), strict=True)]
+        else:  # each move added to H in turn: the float64 sums of every earlier run
+            h_sum = [h.astype(np.float64).copy() for h in state.h_sum]
+            for move in rnd.moves(w_t):
+                for acc, d in zip(h_sum, move, strict=True):
+                    acc += d
         n = rnd.num_clients
         w_next = [(w.astype(np.float64) + d + h / n).astype(np.float32)
                   for w, d, h in zip(w_t, rnd.aggregate, h_sum, strict=True)]

@@ -38,6 +38,7 @@ from server_app.client_divergence import ClientDivergence
 from server_app.clients import Fleet
 from server_app.engine_facts import client_state_entry
 from server_app.federated_eval import FederatedEvaluator
+from server_app.over_select import OVER_SELECT_FIELDS, collect_first
 from server_app.personal_round import personal_round
 from server_app.personal_summary import KINDS
 from server_app.privacy import COUNTED, Ledger, budget_spent, privacy_budget
@@ -142,7 +143,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                                                      resume[1].rows if resume else None)
     rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1,
                    rows=resume[1].rows if resume else None, eval_source=cfg.eval_source,
-                   extra_fields=DP_FIELDS if budget else (),
+                   extra_fields=(DP_FIELDS if budget else
+                                 OVER_SELECT_FIELDS if cfg.over_select > 0.0 else ()),
                    left_out=DP_LEFT_OUT if budget else (), tracking=cfg.tracking)
     write_regimes(out, cfg)
     status = StatusWriter(out, cfg, fleet, first)  # status.json: the operator's live page
@@ -164,7 +166,13 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         if ledger is not None:  # durable before the round's first message: its uploads (local
             ledger.count(rnd)  # DP) and its model (evaluation, next round) are then counted
         t_send = time.monotonic()
-        replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
+        over: dict[str, int] = {}
+        if cfg.over_select > 0.0:  # the first m accepted replies close the round
+            got = collect_first(grid, messages, cfg.clients_per_round, strategy.accepts,
+                                cfg.round_timeout, rnd)
+            replies, over = got.replies, got.fields(len(messages))
+        else:
+            replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
         timing = reply_timing(replies, time.monotonic() - t_send)
         if state_root is not None:  # the clients wrote their state without fsync: one
             sync_filesystem(state_root)  # flush for all, before the checkpoint relies on it
@@ -188,7 +196,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
-               **timing, **m, **personal, **evaluated,
+               **timing, **m, **over, **personal, **evaluated,
                "clients-trained": clients_trained(replies, strategy.sent_to),
                **(dp_fields(budget, ledger.counted) if budget and ledger else {})}
         rec.add_round(row)

@@ -245,6 +245,11 @@ class MethodStrategy(Strategy):
         """The reply as a typed update, or why it cannot be aggregated (``DecodeReplies``)."""
         return self.decoder.decode(msg, self._sent_to, self._w_t)
 
+    def accepts(self, msg: Message) -> bool:
+        """Whether this round's decode checks accept the reply (over-selection counts these
+        towards m; the pipeline decodes the replies it is given again, alike)."""
+        return not isinstance(self.decode(msg), str)
+
     def reply_weights(self, updates: Sequence[ClientUpdate]) -> list[float]:
         """Each reply's weight in the round's mean (``weighting``): its examples, or 1."""
         return reply_weights(self.cfg.weighting, updates)

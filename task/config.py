@@ -111,6 +111,7 @@ class RunConfig:
     task_deadline: float
     min_clients: int
     min_replies: int
+    over_select: float
     max_failed_rounds: int
     aggregation: str
     trim_fraction: float
@@ -150,6 +151,13 @@ class RunConfig:
     def clients_per_round(self) -> int:
         """m = max(1, round(fraction * N)): the number of clients sampled each round."""
         return max(1, round(self.fraction_train * self.num_clients))
+
+    @property
+    def sampled_per_round(self) -> int:
+        """Clients messaged each sync round: ceil(m (1 + over-select)), m when it is 0."""
+        if self.over_select == 0.0:
+            return self.clients_per_round
+        return math.ceil(self.clients_per_round * (1.0 + self.over_select) - 1e-9)
 
     def lr_at(self, server_round: int) -> float:
         """Local learning rate of round t (1-based): lr * lr_decay^(t-1)."""
@@ -448,6 +456,33 @@ def _check_async(c: RunConfig) -> None:
             raise _bad(key, value, f"{allowed} with rounds='async' ({why})")
 
 
+def _check_over_select(c: RunConfig) -> None:
+    """``over-select`` o: a finite o >= 0; with o > 0, ceil(m (1 + o)) clients must exist, and
+    what reads who was sampled or needs every sampled reply is refused, each in one line."""
+    o = c.over_select
+    if not 0.0 <= o < math.inf:
+        raise _bad("over-select", o, "a finite number >= 0 (0 turns over-selection off)")
+    if o == 0.0:
+        return
+    k = c.sampled_per_round
+    if k > c.num_clients:
+        raise _bad("over-select", o, f"at most {c.num_clients / c.clients_per_round - 1:g} "
+                   f"(ceil(m (1 + o)) = {k} clients > num-clients={c.num_clients})")
+    for key, value, ok, allowed, why in (
+        ("dp", c.dp, c.dp == "off", "off",
+         "the accountant's amplification by sampling assumes each client is in a round's sum "
+         "with rate m/N; which m of m(1+o) are summed depends on their speed, not on a secret "
+         "draw"),
+        ("rounds", c.rounds, c.rounds == "sync", "sync",
+         "asynchronous rounds never wait for a sample; concurrency sets how many train"),
+        ("secure-aggregation", c.secure_aggregation, c.secure_aggregation == "off", "off",
+         "the key exchange fixes who is in the sum before training; the late ones would be "
+         "dropouts to unmask"),
+    ):
+        if not ok:
+            raise _bad(key, value, f"{allowed} with over-select={o:g} ({why})")
+
+
 def _check_secagg(c: RunConfig) -> None:
     """SecAgg+'s keys (checked whichever ``secure-aggregation``), then what needs one client's
     upload, which the server never sees with it, each refused in one line."""
@@ -614,6 +649,7 @@ def _check_ranges(c: RunConfig) -> None:
     _check_dp(c)
     _check_async(c)
     _check_secagg(c)
+    _check_over_select(c)
     if c.seed < 0:
         raise _bad("seed", c.seed, "an integer >= 0")
     if not c.output_dir:

@@ -83,6 +83,8 @@ EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
     # the server's defences: they change which replies are aggregated and how
     "aggregation", "trim-fraction", "byzantine-f", "max-update-norm-ratio",
     "max-examples-per-client",
+    # over-selection: which replies a sync round aggregates (the first m accepted)
+    "over-select",
     # asynchronous rounds (FedBuff): when and how replies are aggregated
     "rounds", "concurrency", "buffer-size", "staleness", "staleness-a", "staleness-b",
     "max-staleness",

@@ -70,7 +70,7 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
     dp = privacy.on
     sampler: Sampler = (
         RegisteredSampler(secrets.randbits(63), cfg.num_clients, cfg.clients_per_round) if dp
-        else AvailableSampler(cfg.seed, cfg.num_clients, cfg.clients_per_round))
+        else AvailableSampler(cfg.seed, cfg.num_clients, cfg.sampled_per_round))
     if cfg.secure_aggregation != "off":
         # dp=distributed (the only DP mode allowed here): the devices clip and noise, the
         # server adds nothing; the quorum counts the uploads in the sum (t_min = min-replies),

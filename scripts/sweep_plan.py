@@ -293,7 +293,7 @@ def matches(run_config: Mapping[str, Any], cell: Cell) -> bool:
     """
     defaults = load_defaults()
     for key, want in cell.identity().items():
-        if run_config.get(key, value_before(key, defaults.get(key))) != want:
+        if run_config.get(key, value_before(key, defaults.get(key), run_config)) != want:
             return False
     return True
 

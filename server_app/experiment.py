@@ -88,7 +88,7 @@ def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
     run_dir = Path(cfg.resume_dir).resolve()
     ckpt = load_checkpoint(run_dir)
     now = cfg.to_dict()
-    then = {**{k: config_keys.value_before(k, v) for k, v in now.items()
+    then = {**{k: config_keys.value_before(k, v, ckpt.config) for k, v in now.items()
                 if k in config_keys.BEFORE_KEY}, **ckpt.config}
     for key, value in then.items():
         if key not in RESUME_MAY_CHANGE and now.get(key) != value:

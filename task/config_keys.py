@@ -17,6 +17,7 @@ method's keys are classified with it. This module imports only the registry (num
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from methods.registry import method_param_keys
@@ -114,6 +115,17 @@ k-means). The sweep's cell matching and the resume check read a
 missing key as this, not as today's default."""
 
 
-def value_before(key: str, default: object) -> object:
-    """What a run config that lacks ``key`` ran with."""
+BEFORE_KEY_ONLY_FOR: dict[str, tuple[str, object]] = {
+    "cluster-assign": ("method", "clustered"),
+}
+"""BEFORE_KEY entries that hold only for runs of one setting (a key of one method): any other
+run never read the key, so it ran with whatever today's default is."""
+
+
+def value_before(key: str, default: object,
+                 run_config: Mapping[str, object] | None = None) -> object:
+    """What a run config (``run_config``, the old run's) that lacks ``key`` ran with."""
+    only = BEFORE_KEY_ONLY_FOR.get(key)
+    if only is not None and (run_config is None or run_config.get(only[0]) != only[1]):
+        return default
     return BEFORE_KEY.get(key, default)

@@ -11,7 +11,7 @@ from scripts.sweep_plan import load_plan, matches
 from server_app import experiment
 from server_app.checkpoint import CheckpointError
 from task.config import RunConfig
-from task.config_keys import BEFORE_KEY
+from task.config_keys import BEFORE_KEY, value_before
 
 
 def _cell(tmp_path: Path, base: str) -> object:
@@ -41,3 +41,13 @@ def test_resuming_an_old_checkpoint_refuses_the_new_default(
     ok = RunConfig.parse({"num-server-rounds": 3, "resume-dir": str(tmp_path),
                           "local-test-fraction": 0.0, "personal-eval-every": 0})
     assert experiment.resume_point(ok) is not None
+
+
+def test_an_old_default_of_one_methods_key_binds_only_that_methods_runs() -> None:
+    """Clustered FL assigned by k-means before ``cluster-assign`` existed: an old clustered
+    run reads as kmeans (a cell of today's default, loss, is another experiment), while an old
+    run of any other method never read the key and reads as today's default."""
+    assert value_before("cluster-assign", "loss", {"method": "clustered"}) == "kmeans"
+    assert value_before("cluster-assign", "loss", {"method": "fedavg"}) == "loss"
+    assert value_before("cluster-assign", "loss") == "loss"
+    assert value_before("local-test-fraction", 0.2, {"method": "fedavg"}) == 0.0

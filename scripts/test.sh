@@ -5,4 +5,13 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 # The fast suite on two workers (pytest-xdist): its tests share no ports or files.
 .venv/bin/python -m pytest -n "${FAST_TEST_WORKERS:-2}" "$@"
+# The slow tests listen on fixed 127.0.0.1 ports, many inside Linux's ephemeral range
+# (32768-60999), where any outgoing connection may take one as its local port: a deployment
+# then fails its start with "ports [...] are in use". As root, reserve the tests' block
+# (39000-44999, docs/faults.md) from the ephemeral range, keeping what was reserved before.
+reserved=/proc/sys/net/ipv4/ip_local_reserved_ports
+if [ "$(id -u)" -eq 0 ] && [ -w "$reserved" ]; then
+  now="$(cat "$reserved")"
+  case ",$now," in *",39000-44999,"*) ;; *) echo "${now:+$now,}39000-44999" > "$reserved" || true ;; esac
+fi
 .venv/bin/python -m pytest -m slow "$@"

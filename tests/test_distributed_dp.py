@@ -16,13 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Message, MessageType
 
 import methods.dp as dp_module
 from methods.dp import CLIP_SIGMAS, Mechanism, min_secagg_clip
 from methods.dp_budget import Budget
-from methods.method import ClientUpdate
-from methods.packed_arrays import pack, unpack
+from methods.packed_arrays import unpack
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from secure_aggregation import SecAggClient
 from secure_aggregation import wire as sw
@@ -31,7 +30,7 @@ from server_app.experiment import run_experiment
 from server_app.round_stages.replies import RoundReplies
 from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, params_of
 from task.config import ConfigError, RunConfig
-from tests.test_secagg_run import ProtocolGrid
+from tests.test_secagg_run import ProtocolGrid, masked_replies
 
 DDP: dict[str, Any] = {"secure-aggregation": "secagg+", "dp": "distributed",
                        "weighting": "uniform", "max-update-norm-ratio": 0.0, "min-replies": 3}
@@ -47,22 +46,9 @@ def secure_round(cfg: RunConfig, ids: list[int], inputs: dict[int, list[np.ndarr
     grid = ProtocolGrid(ids)
     session = SecAggRound(params_of(cfg))
     w_t = [np.zeros(a.shape, dtype=np.float32) for a in inputs[ids[0]]]
-    sent_to = {100 + i: i for i in ids}
-    msgs = [Message(RecordDict({"arrays": pack(w_t)}), dst_node_id=100 + i,
-                    message_type=MessageType.TRAIN) for i in ids]
-    sent = session.key_exchange(grid, 1, w_t, msgs, sent_to)  # type: ignore[arg-type]
-    replies = []
-    for msg in sent:
-        node = msg.metadata.dst_node_id
-        if sent_to[node] in lost:
-            continue
-        upload, _ = mech.release(inputs[sent_to[node]], {})
-        masked = grid.clients[node].handle(dict(msg.content.config_records[SECAGG]), upload)
-        replies.append(Message(RecordDict({SECAGG: ConfigRecord(masked)}), reply_to=msg))
-    accepted = tuple((r.metadata.src_node_id,
-                      ClientUpdate(partition_id=sent_to[r.metadata.src_node_id], upload=[],
-                                   extras={}, num_examples=1, train_loss=0.0, num_steps=1))
-                     for r in replies)
+    sent_to, replies, accepted = masked_replies(
+        grid, session, w_t, ids,
+        lambda i: None if i in lost else mech.release(inputs[i], {})[0])
     unmasks = []
     exchange = session.exchange
 

@@ -9,7 +9,7 @@ secure aggregation off, whose plain replies give the independent mean. The stage
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,31 @@ class ProtocolGrid:
         return out
 
 
+def masked_replies(grid: ProtocolGrid, session: SecAggRound, w_t: list[np.ndarray],
+                   ids: list[int], upload_of: Callable[[int], list[np.ndarray] | None],
+                   ) -> tuple[dict[int, int], list[Message], tuple[Any, ...]]:
+    """Key exchange with clients ``ids`` (node 100 + id), then each one that got a train
+    message masks ``upload_of(id)`` (None: it drops after key sharing); the round's sent_to,
+    masked replies and their accepted updates (no plain upload, as the decoder makes them)."""
+    sent_to = {100 + i: i for i in ids}
+    msgs = [Message(RecordDict({"arrays": pack(w_t)}), dst_node_id=100 + i,
+                    message_type=MessageType.TRAIN) for i in ids]
+    sent = session.key_exchange(grid, 1, w_t, msgs, sent_to)  # type: ignore[arg-type]
+    replies = []
+    for msg in sent:
+        node = msg.metadata.dst_node_id
+        upload = upload_of(sent_to[node])
+        if upload is None:
+            continue
+        masked = grid.clients[node].handle(dict(msg.content.config_records[SECAGG]), upload)
+        replies.append(Message(RecordDict({SECAGG: ConfigRecord(masked)}), reply_to=msg))
+    accepted = tuple((r.metadata.src_node_id,
+                      ClientUpdate(partition_id=sent_to[r.metadata.src_node_id], upload=[],
+                                   extras={}, num_examples=1, train_loss=0.0, num_steps=1))
+                     for r in replies)
+    return sent_to, replies, accepted
+
+
 def one_round(ids: list[int], drop: dict[int, str], vectors: dict[int, list[np.ndarray]],
               params: SecAggParams) -> tuple[RoundReplies, AccountedRounds]:
     """Key exchange, masked train replies from the clients that got a train message and are
@@ -164,22 +189,9 @@ def one_round(ids: list[int], drop: dict[int, str], vectors: dict[int, list[np.n
     grid.drop = drop
     session = SecAggRound(params)
     w_t = [np.zeros(a.shape, dtype=np.float32) for a in next(iter(vectors.values()))]
-    sent_to = {100 + i: i for i in ids}
-    msgs = [Message(RecordDict({"arrays": pack(w_t)}), dst_node_id=100 + i,
-                    message_type=MessageType.TRAIN) for i in ids]
-    sent = session.key_exchange(grid, 1, w_t, msgs, sent_to)  # type: ignore[arg-type]
-    replies = []
-    for msg in sent:
-        node = msg.metadata.dst_node_id
-        if "collect" in drop.get(node, ""):
-            continue
-        masked = grid.clients[node].handle(dict(msg.content.config_records[SECAGG]),
-                                           vectors[sent_to[node]])
-        replies.append(Message(RecordDict({SECAGG: ConfigRecord(masked)}), reply_to=msg))
-    accepted = tuple((r.metadata.src_node_id,
-                      ClientUpdate(partition_id=sent_to[r.metadata.src_node_id], upload=[],
-                                   extras={}, num_examples=1, train_loss=0.0, num_steps=1))
-                     for r in replies)
+    sent_to, replies, accepted = masked_replies(
+        grid, session, w_t, ids,
+        lambda i: None if "collect" in drop.get(100 + i, "") else vectors[i])
     rnd = RoundReplies(1, w_t, sent_to, len(ids), tuple(replies), accepted=accepted)
     accounted = AccountedRounds()
     return run_stages([SecureSum(session), _set_next, AccountRound(accounted,
@@ -397,24 +409,11 @@ def test_the_secure_sum_is_split_into_the_model_and_each_extra_upload() -> None:
     params = SecAggParams(threshold=3, num_shares=5, clip=1.0, bits=16)
     session = SecAggRound(params, extra_keys=("scaffold-delta-c",))
     w_t = [np.zeros((3,), dtype=np.float32), np.zeros((2, 2), dtype=np.float32)]
-    sent_to = {100 + i: i for i in ids}
-    msgs = [Message(RecordDict({"arrays": pack(w_t)}), dst_node_id=100 + i,
-                    message_type=MessageType.TRAIN) for i in ids]
-    sent = session.key_exchange(grid, 1, w_t, msgs, sent_to)  # type: ignore[arg-type]
     rng = np.random.default_rng(5)
     vecs = {i: [rng.uniform(-0.5, 0.5, a.shape) for a in w_t * 2] for i in ids}
-    replies = []
-    for msg in sent:
-        node = msg.metadata.dst_node_id
-        if node == 104:  # drops after key sharing
-            continue
-        masked = grid.clients[node].handle(dict(msg.content.config_records[SECAGG]),
-                                           vecs[sent_to[node]])
-        replies.append(Message(RecordDict({SECAGG: ConfigRecord(masked)}), reply_to=msg))
-    accepted = tuple((r.metadata.src_node_id,
-                      ClientUpdate(partition_id=sent_to[r.metadata.src_node_id], upload=[],
-                                   extras={}, num_examples=1, train_loss=0.0, num_steps=1))
-                     for r in replies)
+    # client 4 (node 104) drops after key sharing
+    sent_to, replies, accepted = masked_replies(
+        grid, session, w_t, ids, lambda i: None if i == 4 else vecs[i])
     done = SecureSum(session)(RoundReplies(1, w_t, sent_to, 5, tuple(replies),
                                            accepted=accepted))
     assert done.sums is not None and done.aggregate is not None

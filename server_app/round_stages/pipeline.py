@@ -66,6 +66,7 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
     ``dp=distributed`` the sampler is DP's and the secure sum releases only sums of at least
     t_min uploads, divided by the fixed m."""
     messages = TrainMessages(cfg, method, node_of_partition, client_config)
+    counts = None if examples is None else tuple(int(n) for n in examples)
     privacy = Mechanism.from_config(cfg)
     dp = privacy.on
     sampler: Sampler = (
@@ -77,7 +78,6 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
         # the mean divides by the fixed m as central does
         session = SecAggRound(params_of(cfg), timeout=cfg.round_timeout,
                               extra_keys=upload_keys(method.rule.up_keys))
-        counts = None if examples is None else tuple(int(n) for n in examples)
         secure_sum = (SecureSum(session, denominator=privacy.expected_clients,
                                 min_survivors=privacy.noise_shares) if dp
                       else SecureSum(session))
@@ -89,9 +89,8 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
             secure=session)
     rule = method.rule
     robust = RobustMean(cfg)
-    stages: list[Stage] = [DecodeReplies(
-        cfg, rule, None if examples is None else tuple(int(n) for n in examples),
-        placeholders=privacy.mode == "local")]
+    stages: list[Stage] = [DecodeReplies(cfg, rule, counts,
+                                         placeholders=privacy.mode == "local")]
     if not dp:
         stages.append(NormFilter(cfg, method))
     stages.append(MinReplies(cfg.min_replies, count_arrived=dp))

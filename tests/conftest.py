@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,20 @@ from scripts.flower_env import flower_env
 # several checkouts test on one machine.
 SIM_HTTP_PORT = os.environ.get("FEDINIT_TEST_HTTP_PORT", "39191")
 SIM_CONTROL_PORT = os.environ.get("FEDINIT_TEST_CONTROL_PORT", "39193")
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: every socket stays bound until all are chosen.
+
+    Binding and closing one socket at a time can hand the same port out twice (the kernel
+    reuses the lowest free ephemeral port, and scripts/test.sh reserves 39000-44999 below
+    it): Ray then refuses to start ("port 45001 that is used by other components").
+    """
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def kill_local_superlink(port: str) -> None:

@@ -14,7 +14,6 @@ import importlib.util
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from scripts.flower_env import REPO, flower_env
 from scripts.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV
 from store.client_store import W_PREV
 from store.state_dir import StateDir
-from tests.conftest import kill_local_superlink
+from tests.conftest import free_ports, kill_local_superlink
 
 EXAMPLE = REPO / "examples" / "tabular-quickstart"
 STRATEGY_LINE = "    strategy = FedAvg(**settings)  # the strategy line"
@@ -48,18 +47,12 @@ CHANCE = 0.25  # 4 balanced classes in the test set
 NODES = 10
 
 
-def free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     """The offline Flower environment with a private home and local SuperLink ports."""
-    http = free_port()
+    http, control = (str(port) for port in free_ports(2))
     environment = flower_env(tmp_path / "flwr-home", **{HTTP_PORT_ENV: http,
-                                                      CONTROL_PORT_ENV: free_port()})
+                                                      CONTROL_PORT_ENV: control})
     yield environment
     kill_local_superlink(http)
 

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from scripts.flower_env import flower_env
-from tests.conftest import kill_local_superlink
+from tests.conftest import free_ports, kill_local_superlink
 
 HTTP_PORT, CONTROL_PORT = "39591", "39593"
 RAY = str(Path(sys.executable).parent / "ray")
@@ -39,12 +38,6 @@ print("JOBS", json.dumps({"me": os.getpid(), "resources": ray.cluster_resources(
                           "jobs": [{"pid": j["DriverPid"], "dead": j["IsDead"]}
                                    for j in state.jobs()]}))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cluster_info(env: dict[str, str]) -> dict[str, object]:
@@ -71,27 +64,32 @@ def processes_under(temp_dir: Path) -> list[int]:
 def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], Path]]:
     """A one-machine Ray cluster (2 CPUs) on private ports; yields (address, env, logs dir)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))  # Ray's socket paths are short
-    gcs = free_port()
-    ports = {f"--{k}": free_port() for k in (
-        "node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
-        "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
-        "ray-client-server-port")}
+    names = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+             "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
+             "ray-client-server-port")
+    gcs, *chosen = free_ports(1 + len(names))
+    ports = {f"--{k}": port for k, port in zip(names, chosen, strict=True)}
     env = flower_env(tmp_path / "flwr-home", RAY_ADDRESS=f"127.0.0.1:{gcs}",
                      RAY_USAGE_STATS_ENABLED="0")
     log = (tmp_path / "ray-head.log").open("w")
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2",
+         "--node-ip-address=127.0.0.1",
          "--disable-usage-stats", "--include-dashboard=false", f"--temp-dir={temp_dir}",
          *(f"{k}={v}" for k, v in ports.items())],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while True:
+            if head.poll() is not None:  # a head that died never answers: say why, at once
+                log.flush()
+                pytest.fail("ray start exited: "
+                            + (tmp_path / "ray-head.log").read_text(errors="replace")[-2000:])
             try:
                 cluster_info(env)
                 break
-            except AssertionError:
-                if head.poll() is not None or time.monotonic() > deadline:
+            except (AssertionError, subprocess.TimeoutExpired):
+                if time.monotonic() > deadline:
                     raise
                 time.sleep(2)
         yield f"127.0.0.1:{gcs}", env, temp_dir

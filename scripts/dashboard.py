@@ -195,6 +195,10 @@ def _page(title: str, body: str, refresh: int) -> str:
             f"<body>{body}</body></html>")
 
 
+TOTALS = {"missing": "no reply (timed out)"}
+"""The page's words for status.json's task outcomes, as the fleet table's column says."""
+
+
 def _client(node: dict[str, Any]) -> str:
     """The node's client id; before it answered, the one node-registry gives it."""
     if node.get("client") is not None:
@@ -248,7 +252,7 @@ def fleet_table(status: dict[str, Any], first: int, last: int, now: float) -> st
     totals = fleet.get("totals") or {}
     if totals:
         out.append('<p id="totals">Tasks this server process: ' + ", ".join(
-            f"{k} {_fmt(v)}" for k, v in totals.items()) + "</p>")
+            f"{TOTALS.get(k, k)} {_fmt(v)}" for k, v in totals.items()) + "</p>")
     return "".join(out)
 
 

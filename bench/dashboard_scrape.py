@@ -49,7 +49,10 @@ def write_run(run: Path, nodes: int, rounds: int, dp: str) -> int:
     fleet = SimpleNamespace(node_of={c: 1000 + c for c in range(nodes)}, pending={},
                             reasons={}, refused=set(), asked_at={},
                             seen_at={1000 + c: time.time() for c in range(nodes)},
+                            registry=None, connected={1000 + c for c in range(nodes)},
+                            connected_at={1000 + c: time.time() for c in range(nodes)},
                             on_change=None)
+    fleet.online = lambda: fleet.connected
     writer = StatusWriter(run, cfg, fleet, 1)  # type: ignore[arg-type] - the fields it reads
     for c in range(nodes):
         writer.tally[1000 + c] = NodeTally(

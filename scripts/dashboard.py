@@ -182,7 +182,8 @@ STYLE = """body{font-family:sans-serif;margin:1.2em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;
 font-size:13px;text-align:left}th{background:#f3f3f3}.t{font-size:12px;font-weight:bold}
 .a{font-size:10px;fill:#555}.refused,.refused-retrying{background:#ffebee}
-.waiting-for-identity{background:#fff8e1}.bar{width:300px;height:12px;background:#eee;
+.waiting-for-identity{background:#fff8e1}
+tr[data-connected="no"]{color:#777}.bar{width:300px;height:12px;background:#eee;
 display:inline-block}.bar>span{display:block;height:12px;background:#1565c0}
 .note{color:#555;font-size:13px}"""
 
@@ -194,19 +195,42 @@ def _page(title: str, body: str, refresh: int) -> str:
             f"<body>{body}</body></html>")
 
 
+TOTALS = {"missing": "no reply (timed out)"}
+"""The page's words for status.json's task outcomes, as the fleet table's column says."""
+
+
+def _client(node: dict[str, Any]) -> str:
+    """The node's client id; before it answered, the one node-registry gives it."""
+    if node.get("client") is not None:
+        return _fmt(node.get("client"))
+    registered = node.get("registered-client")
+    return "-" if registered is None else f"({_fmt(registered)} registered)"
+
+
+def _connected(node: dict[str, Any], now: float) -> str:
+    """yes / no, with when the SuperLink last listed it (a status file before the column
+    existed: -)."""
+    if "connected" not in node:
+        return "-"
+    if node["connected"]:
+        return "yes"
+    last = node.get("last-connected")
+    return "no" + ("" if last is None else f" (last {_ago(last, now)})")
+
+
 def fleet_table(status: dict[str, Any], first: int, last: int, now: float) -> str:
     fleet = status.get("fleet") or {}
     nodes = fleet.get("nodes") or []
     private = fleet.get("per-node-tasks", "written") != "written"
-    head = ["node", "client", "state", "reason", "identity answered", "waiting"]
+    head = ["node", "client", "state", "connected", "reason", "identity answered", "waiting"]
     if not private:
-        head += ["last seen", "sent", "replied", "rejected", "missing", "train s",
-                 "participation"]
+        head += ["last answer", "sent", "replied", "rejected", "no reply (timed out)",
+                 "train s", "participation"]
     out = ['<table id="fleet"><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for n in nodes:
         state = str(n.get("state", "?"))
-        cells = [_fmt(n.get("node")), _fmt(n.get("client")), html.escape(state),
-                 _fmt(n.get("reason")), _ago(n.get("identity-seen"), now),
+        cells = [_client(n), html.escape(state), _connected(n, now), _fmt(n.get("reason")),
+                 _ago(n.get("identity-seen"), now),
                  "-" if n.get("waiting-seconds") is None else f"{n['waiting-seconds']:.0f} s"]
         if not private:
             t = n.get("tasks") or {}
@@ -217,7 +241,9 @@ def fleet_table(status: dict[str, Any], first: int, last: int, now: float) -> st
                       f'{_fmt(t.get("rejected"))}{" (" + why + ")" if why else ""}',
                       _fmt(t.get("missing")), _fmt(n.get("train-seconds"), 3),
                       participation(n.get("rounds") or [], first, last)]
-        out.append(f'<tr class="{html.escape(state)}" data-node="{_fmt(n.get("node"))}">'
+        link = {True: "yes", False: "no"}.get(n.get("connected"), "-")
+        out.append(f'<tr class="{html.escape(state)}" data-node="{_fmt(n.get("node"))}" '
+                   f'data-connected="{link}"><td>{_fmt(n.get("node"))}</td>'
                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     out.append("</table>")
     if private:
@@ -226,7 +252,7 @@ def fleet_table(status: dict[str, Any], first: int, last: int, now: float) -> st
     totals = fleet.get("totals") or {}
     if totals:
         out.append('<p id="totals">Tasks this server process: ' + ", ".join(
-            f"{k} {_fmt(v)}" for k, v in totals.items()) + "</p>")
+            f"{TOTALS.get(k, k)} {_fmt(v)}" for k, v in totals.items()) + "</p>")
     return "".join(out)
 
 

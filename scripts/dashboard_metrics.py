@@ -34,7 +34,8 @@ from server_app.status import STATUS_FILE
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 """The text format ``generate_latest`` writes (every Prometheus reads it)."""
-NODE_STATES = ("identified", "waiting-for-identity", "refused", "refused-retrying", "unknown")
+NODE_STATES = ("identified", "waiting-for-identity", "refused", "refused-retrying",
+               "registered", "unknown")
 """The node states status.json writes (server_app/status.py ``_node``)."""
 NODE = ("node", "client")
 OUTCOMES = ("sent", "replied", "rejected", "missing")
@@ -76,8 +77,14 @@ SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "fedinit_rejected_replies": ("counter", "Rejected train replies of this ServerApp process "
                                  "by reason (under DP: the reason's kind only)", ("reason",)),
     "fedinit_node_state": ("gauge", "1 for the node's state, 0 for the others (identified, "
-                           "waiting-for-identity, refused, refused-retrying, unknown); client "
+                           "waiting-for-identity, refused, refused-retrying, registered, "
+                           "unknown); client "
                            "is empty while the node holds none", (*NODE, "state")),
+    "fedinit_node_connected": ("gauge", "1 while the SuperLink lists the node as connected "
+                               "(Grid.get_node_ids at status.json's last write), else 0",
+                               NODE),
+    "fedinit_node_last_connected_timestamp_seconds": (
+        "gauge", "When the SuperLink last listed the node as connected (Unix time)", NODE),
     "fedinit_node_identity_seen_timestamp_seconds": (
         "gauge", "When the node last answered its identity query (Unix time)", NODE),
     "fedinit_node_waiting_seconds": ("gauge", "How long the node's identity query has gone "
@@ -180,6 +187,10 @@ def add_fleet(out: Families, run: str, fleet: Mapping[str, Any], private: bool) 
         node = (n.get("node"), n.get("client"))
         for state in NODE_STATES:
             out.add("fedinit_node_state", run, int(n.get("state") == state), *node, state)
+        if isinstance(n.get("connected"), bool):
+            out.add("fedinit_node_connected", run, int(n["connected"]), *node)
+        out.add("fedinit_node_last_connected_timestamp_seconds", run, n.get("last-connected"),
+                *node)
         out.add("fedinit_node_identity_seen_timestamp_seconds", run, n.get("identity-seen"),
                 *node)
         out.add("fedinit_node_waiting_seconds", run, n.get("waiting-seconds"), *node)

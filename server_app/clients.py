@@ -155,6 +155,10 @@ class Fleet:
         self._registry_error = ""
         self.seen_at: dict[int, float] = {}
         """When each node last answered its identity query (wall clock, for the status page)."""
+        self.connected: set[int] = set()
+        """The nodes the SuperLink said were connected the last time it was asked."""
+        self.connected_at: dict[int, float] = {}
+        """When each node was last among them (wall clock, for the status page)."""
         self.on_change: Callable[[], None] | None = None
         """Called after an answer placed or refused a node, or a node was said waiting
         (server_app/status.py rewrites the status file)."""
@@ -173,7 +177,7 @@ class Fleet:
         need = cfg.min_clients or cfg.num_clients
         deadline = time.monotonic() + cfg.node_wait_timeout
         while True:
-            nodes = set(self.grid.get_node_ids())
+            nodes = self.online()
             if len(nodes) > cfg.num_clients and self.registry is None:
                 raise FederationError(
                     f"{len(nodes)} SuperNodes are connected but num-clients={cfg.num_clients}; "
@@ -207,7 +211,7 @@ class Fleet:
         if self.simulated:
             return
         self._reload_registry()
-        nodes = set(self.grid.get_node_ids()) if connected is None else set(connected)
+        nodes = self.online() if connected is None else set(connected)
         now = time.monotonic()
         skip = set(self.node_of.values()) | self.refused | set(self.pending.values())
         new = sorted(n for n in nodes - skip if self.retry_at.get(n, 0.0) <= now)
@@ -266,15 +270,24 @@ class Fleet:
         """Identified clients whose node is connected now (in a simulation: all of them)."""
         if self.simulated:
             return sorted(self.node_of)
-        online = set(self.grid.get_node_ids())
+        online = self.online()
         return sorted(pid for pid, node in self.node_of.items() if node in online)
+
+    def online(self) -> set[int]:
+        """The connected nodes (Flower 1.39's ``Grid.get_node_ids``), remembered with the
+        time each was seen, so the status page says who is connected without asking again."""
+        nodes = {int(n) for n in self.grid.get_node_ids()}
+        now = time.time()
+        self.connected = nodes
+        self.connected_at.update(dict.fromkeys(nodes, now))
+        return nodes
 
     # ------------------------------------------------------------------ helpers
     def _holder_problem(self, node: int, pid: int) -> int | Refusal:
         """Without a registry a client held by another connected node stays with it."""
         holder = self.node_of.get(pid)
         if self.registry is None and holder not in (None, node) \
-                and holder in set(self.grid.get_node_ids()):
+                and holder in self.online():
             return Refusal(f"it claims partition-id={pid}, held by connected node {holder}",
                            final=False)
         return pid

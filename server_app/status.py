@@ -12,6 +12,12 @@ and not against the reply's source id). They equal the round's ``num-replies`` /
 ``num-rejected`` / ``num-missing`` summed over nodes, since this server process started (a
 resumed run counts from its resume).
 
+Every node the run knows is listed: each the SuperLink says is connected, each in
+``node-registry`` (``registered`` until it answers its identity query), and each that ever
+answered or got a task. ``connected`` is what Flower's ``Grid.get_node_ids`` said at the
+file's last write (asked again at each write): a killed node stays connected until the
+SuperLink misses its heartbeats (2 x 30 s in Flower 1.39).
+
 Under DP (``dp`` != off) the round's sample is secret (docs/faults.md, "What each DP mode
 shows"): no per-node task count, train time, last task reply or participation is written,
 only the fleet's totals, and rejection reasons are cut to their kind (the text before the
@@ -140,6 +146,12 @@ class StatusWriter:
         """Rewrite status.json atomically (no fsync: see the module docstring). A failed
         write is logged once and never stops the run: the page is a view, not the record."""
         try:
+            self.fleet.online()  # who is connected now, not at the round's start
+        except Exception as err:  # noqa: BLE001 - a SuperLink blip must not stop the run
+            if not self._failed:
+                log(WARNING, "status file: connected nodes not read (the last known are "
+                    "written): %s", err)
+        try:
             text = json.dumps(self.snapshot(), separators=(",", ":"), allow_nan=False,
                               default=_plain)
             atomic_write(self.path, lambda f: f.write(text.encode()), sync=False)
@@ -176,7 +188,8 @@ class StatusWriter:
     def _known_nodes(self) -> set[int]:
         f = self.fleet
         return (set(f.node_of.values()) | set(f.reasons) | set(f.refused)
-                | set(f.pending.values()) | set(self.tally))
+                | set(f.pending.values()) | set(self.tally) | set(f.registry or {})
+                | f.connected)
 
     def _node(self, node: int, client: int | None, pending: bool,
               now: float) -> dict[str, Any]:
@@ -188,11 +201,15 @@ class StatusWriter:
             reason = _short(f.reasons[node])
         elif pending:
             state, reason = "waiting-for-identity", None
+        elif f.registry is not None and node in f.registry:
+            state, reason = "registered", None
         else:
             state, reason = "unknown", None
         asked = f.asked_at.get(node)
         out: dict[str, Any] = {
             "node": node, "client": client, "state": state, "reason": reason,
+            "registered-client": (f.registry or {}).get(node),
+            "connected": node in f.connected, "last-connected": f.connected_at.get(node),
             "identity-seen": f.seen_at.get(node),
             "waiting-seconds": (time.monotonic() - asked) if state == "waiting-for-identity"
             and asked is not None else None}

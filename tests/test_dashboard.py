@@ -8,6 +8,7 @@ import http.client
 import json
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,7 +182,8 @@ def test_the_page_shows_the_fleet_and_one_point_per_row(
         'xmlns="http://www.w3.org/2000/svg"', "")  # nothing to load from anywhere
     for node, state in ((5555, "refused"), (7777, "waiting-for-identity"),
                         (1002, "identified")):
-        assert re.search(rf'<tr class="{state}" data-node="{node}">', body)
+        assert re.search(rf'<tr class="{state}" data-node="{node}" data-connected="yes">',
+                         body)
     assert "it has num-partitions=7 but num-clients=3" in body
     assert "client error: RuntimeError: disk full" in body
     rows = rows_of(run)
@@ -225,3 +227,53 @@ def test_bad_arguments_get_one_line_naming_the_value(
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert want in err
+
+
+# ---------------------------------------------------------------- connected or not
+class LeavingGrid(InProcessGrid):
+    """Nodes 1000 and 1001 connected, 1002 registered but never connecting; 1001 leaves
+    (drops out of ``get_node_ids``, as the SuperLink drops a node that missed its
+    heartbeats) right after round 2's training."""
+
+    def __init__(self, run_config: dict[str, Any]) -> None:
+        super().__init__(3, run_config)
+        self.contexts.pop(1002)
+        self.trained = 0
+        self.gone_at = 0.0
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+        msgs = list(messages)
+        out = super().send_and_receive(msgs, timeout=timeout)
+        if msgs and msgs[0].metadata.message_type == MessageType.TRAIN:
+            self.trained += 1
+            if self.trained == 2:
+                self.contexts.pop(1001)
+                self.gone_at = time.time()
+        return out
+
+
+def test_the_status_file_and_the_page_say_which_registered_nodes_are_connected(
+        tmp_path: Path) -> None:
+    registry = tmp_path / "registry.json"
+    registry.write_text(json.dumps({"1000": 0, "1001": 1, "1002": 2}))
+    raw = {**SMALL, "num-server-rounds": 4, "min-clients": 2, "node-registry": str(registry),
+           "output-dir": str(tmp_path)}
+    grid = LeavingGrid(raw)
+    t0 = time.time()
+    run_experiment(grid, RunConfig.parse(raw), out_dir=tmp_path / "run")
+    status = status_of(tmp_path / "run")
+    nodes = {n["node"]: n for n in status["fleet"]["nodes"]}
+    assert set(nodes) == {1000, 1001, 1002}  # the registry's nodes, connected or not
+    assert [nodes[n]["connected"] for n in (1000, 1001, 1002)] == [True, False, False]
+    assert nodes[1001]["state"] == "identified" and nodes[1001]["client"] == 1
+    assert t0 < nodes[1001]["last-connected"] <= grid.gone_at < nodes[1000]["last-connected"]
+    assert nodes[1002]["state"] == "registered" and nodes[1002]["client"] is None
+    assert nodes[1002]["registered-client"] == 2 and nodes[1002]["last-connected"] is None
+    assert nodes[1001]["tasks"]["sent"] == 2  # not sampled once it was gone
+    body = run_body("run", run_facts(tmp_path / "run"), status["written"])
+    assert '<tr class="identified" data-node="1000" data-connected="yes">' in body
+    assert '<tr class="identified" data-node="1001" data-connected="no">' in body
+    assert re.search(r'data-node="1002" data-connected="no"><td>1002</td>'
+                     r'<td>\(2 registered\)</td><td>registered</td><td>no</td>', body)
+    assert re.search(r'data-node="1001" data-connected="no"><td>1001</td><td>1</td>'
+                     r'<td>identified</td><td>no \(last \d+ s ago\)</td>', body)

@@ -125,6 +125,8 @@ def expected(run: str, path: Path) -> Series:
         node = {"node": n["node"], "client": n["client"]}
         for state in NODE_STATES:
             put("fedinit_node_state", int(n["state"] == state), **node, state=state)
+        put("fedinit_node_connected", int(n["connected"]), **node)
+        put("fedinit_node_last_connected_timestamp_seconds", n["last-connected"], **node)
         put("fedinit_node_identity_seen_timestamp_seconds", n["identity-seen"], **node)
         put("fedinit_node_waiting_seconds", n["waiting-seconds"], **node)
         if private:
@@ -255,5 +257,6 @@ def test_the_scrape_bench_runs_and_prints_one_line_per_fleet(
     assert main(["--nodes", "3", "5", "--rounds", "2", "--repeat", "1", "--dp", "central"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and lines[2].split()[0] == "3" and lines[3].split()[0] == "5"
-    # two more nodes, six series each under DP (five states, identity answered): no tasks
-    assert int(lines[3].split()[-1]) - int(lines[2].split()[-1]) == 2 * 6
+    # two more nodes, nine series each under DP (six states, identity answered, connected,
+    # last connected): no tasks
+    assert int(lines[3].split()[-1]) - int(lines[2].split()[-1]) == 2 * 9

@@ -9,6 +9,8 @@ secure aggregation off, whose plain replies give the independent mean. The stage
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from secure_aggregation import SecAggClient, SecAggParams
 from secure_aggregation import wire as sw
 from server_app.checkpoint import load_checkpoint
-from server_app.experiment import run_experiment
+from server_app.experiment import NothingTrained, run_experiment
 from server_app.round_stages.decode import DecodeReplies
 from server_app.round_stages.held import AccountedRounds
 from server_app.round_stages.method_update import AccountRound
@@ -131,6 +133,88 @@ def test_a_client_dropping_after_key_sharing_leaves_the_survivors_mean(tmp_path:
     assert grids["secure"].rows[-1]["num-replies"] == 3
     gap = max_gap(grids["secure"].weights, grids["plain"].weights)
     assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+
+
+def _tamper(stage: str, nodes: set[int], change: Callable[[ConfigRecord], None]
+            ) -> Callable[[Message], Message | None]:
+    """A reply filter: the ``stage`` protocol reply of each of ``nodes`` altered by ``change``."""
+    def hostile(reply: Message) -> Message | None:
+        rec = (reply.content.config_records.get(SECAGG)
+               if not reply.has_error() else None)
+        if reply.metadata.src_node_id in nodes and rec is not None and rec[sw.STAGE] == stage:
+            change(rec)
+        return reply
+    return hostile
+
+
+def _drop_pk1(rec: ConfigRecord) -> None:
+    del rec[sw.PK1]
+
+
+def _unknown_dst(rec: ConfigRecord) -> None:
+    rec[sw.DSTS] = [*list(rec[sw.DSTS])[:-1], 77]  # type: ignore[arg-type]
+
+
+def _short_masked(rec: ConfigRecord) -> None:
+    rec[sw.MASKED] = [b[:-4] for b in rec[sw.MASKED]]  # type: ignore[union-attr]
+
+
+HOSTILE_RUN = {"setup: no pk1": ("secagg-setup", _drop_pk1, "'pk1' must be non-empty bytes"),
+               "share keys: a share for node 77": (
+                   "secagg-share-keys", _unknown_dst, "destinations \\[.*77\\], its neighbours"),
+               "masked upload 4 bytes short": (
+                   "secagg-collect-masked", _short_masked, "masked array 0 has")}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_RUN))
+def test_a_hostile_protocol_reply_drops_its_client_and_the_round_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str) -> None:
+    """Node 1003's reply to one stage is malformed: it is rejected in one line naming client
+    3 and node 1003, and the round is the plain round of the other three within one step."""
+    stage, change, why = HOSTILE_RUN[name]
+    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "output-dir": str(tmp_path)}
+    plain = InProcessGrid(4, over)
+    plain.reply_filter = lambda r: None if (r.metadata.src_node_id == 1003 and
+                                            r.metadata.message_type == MessageType.TRAIN) else r
+    run_experiment(plain, RunConfig.parse(over), out_dir=tmp_path / "plain")
+    secure_over = {**over, "secure-aggregation": "secagg+"}
+    grid = InProcessGrid(4, secure_over)
+    grid.reply_filter = _tamper(stage, {1003}, change)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run_experiment(grid, RunConfig.parse(secure_over), out_dir=tmp_path / "secure")
+    lines = [r.getMessage() for r in caplog.records if "client 3" in r.getMessage()
+             or "node 1003" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "node 1003" in lines[0] and re.search(why, lines[0]), lines[0]
+    if stage != "secagg-collect-masked":  # the decoder's line names the node; this one both
+        assert f"client 3 (node 1003) dropped at {stage}, its reply is rejected" in lines[0]
+    secure, plain_ckpt = load_checkpoint(tmp_path / "secure"), load_checkpoint(tmp_path / "plain")
+    assert secure.rows[-1]["num-replies"] == 3
+    cfg = RunConfig.parse(secure_over)
+    gap = max_gap(secure.weights, plain_ckpt.weights)
+    assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+
+
+def test_hostile_replies_below_the_threshold_fail_the_round_in_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Two of four setup replies malformed (threshold 3): one line each, then the one line of
+    a round without a sum; no train message is sent and the run ends as one whose every
+    round had too few replies."""
+    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "output-dir": str(tmp_path),
+            "secure-aggregation": "secagg+"}
+    grid = InProcessGrid(4, over)
+    grid.reply_filter = _tamper("secagg-setup", {1001, 1002}, _drop_pk1)
+    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(
+            NothingTrained, match="no round of the run aggregated a reply"):
+        run_experiment(grid, RunConfig.parse(over), out_dir=tmp_path / "secure")
+    assert not train_msgs(grid)
+    lines = [r.getMessage() for r in caplog.records if "secure aggregation" in r.getMessage()]
+    assert lines == [
+        f"round 1: secure aggregation: client {i} (node 100{i}) dropped at secagg-setup, its "
+        f"reply is rejected: secagg reply from {i}: 'pk1' must be non-empty bytes, got NoneType"
+        for i in (1, 2)] + [
+        "round 1: secure aggregation: secagg-setup: 2 clients replied, fewer than the "
+        "threshold 3; no sum; no train message is sent, the global model is unchanged"]
 
 
 # ------------------------------------------------------------------ the stages, one by one

@@ -166,7 +166,8 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
                            partition_id=pid)
     if cfg.secure_aggregation != "off":  # the plain upload never leaves: only its masked form
         content = mask_upload(msg.content, content, context.state, pid)
-    content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
+    else:  # under secure aggregation no per-client figure leaves (secure_upload)
+        content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
     if ledger is not None:  # every ArrayRecord of the reply is one noised channel
         account_release(ledger, msg, cfg.dp_noise_multiplier, len(content.array_records))
     state.save(experiment, server_round)

@@ -91,15 +91,33 @@ def test_a_secure_run_ends_within_the_quantisation_bound_of_the_plain_run(
 
 
 def test_the_server_never_holds_a_plain_upload_nor_the_clients_secrets(tmp_path: Path) -> None:
-    grid, _ = run(tmp_path, "secure", {"secure-aggregation": "secagg+", "num-server-rounds": 1,
-                                       "eval-every": 1})
+    """Nor a per-client figure: no train or protocol reply carries a metric (train loss, step
+    and example counts, compute time, state fallback), and the round's row has no train loss
+    (the plain run's row has one: the field is really there to leak)."""
+    grid, out = run(tmp_path, "secure", {"secure-aggregation": "secagg+",
+                                         "num-server-rounds": 1, "eval-every": 1})
     replies = train_replies(grid)
     assert len(replies) == 4
     secrets = {"sk1", "sk2", "seed", "held-seeds", "held-sk1s", "enc-keys"}
+    protocol = [r for r in grid.replies if r.metadata.message_type == MessageType.TRAIN
+                or SECAGG in r.content.config_records]  # not the identity queries
+    assert len(protocol) == 16
     for reply in grid.replies:
         assert not reply.content.array_records  # no plain arrays in any reply, of any stage
         for rec in reply.content.config_records.values():
             assert not secrets & set(rec)
+    for reply in protocol:
+        assert all(not dict(rec) for rec in reply.content.metric_records.values()), \
+            dict(reply.content.metric_records)
+        assert set(reply.content.config_records) <= {SECAGG, "config"}
+        if "config" in reply.content.config_records:  # the round's own setting, no figure
+            assert set(reply.content.config_records["config"]) == {"upload-delta"}
+    row = load_checkpoint(out).rows[-1]
+    assert row["num-replies"] == 4 and row["train-loss"] is None
+    plain, plain_out = run(tmp_path, "plain", {"num-server-rounds": 1, "eval-every": 1})
+    plain_metrics = dict(train_replies(plain)[0].content.metric_records["metrics"])
+    assert {"train-loss", "num-examples", "num-steps"} <= set(plain_metrics)
+    assert load_checkpoint(plain_out).rows[-1]["train-loss"] is not None
     for reply in replies:
         assert masked_problem(reply.content, unpack(train_msgs(grid)[0].content.array_records[
             "arrays"])) is None

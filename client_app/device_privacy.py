@@ -9,8 +9,9 @@ The floor is the node's own configuration: Flower's ``--node-config`` keys
 
 or the same keys in a TOML file: ``dp-floor-file="/path"`` in the node config, else
 ``<state-dir>/dp-floor.toml`` when it exists (a key set in both places is refused). With a
-floor, a task whose run config asks for less (``dp`` not ``local``, a clip bound above
-``dp-max-clip`` on any uploaded vector, a noise multiplier below ``dp-min-noise``), or whose
+floor, a task whose run config asks for less (``dp`` neither ``local`` nor ``distributed``,
+a clip bound above ``dp-max-clip`` on any uploaded vector, a noise multiplier of the device's
+own noise below ``dp-min-noise``: z, or z / sqrt(t_min) under ``distributed``), or whose
 next release would take the device's epsilon past ``dp-max-epsilon``, gets one log line and
 an error reply, and nothing of the device's data or state is used.
 

@@ -327,6 +327,35 @@ def test_secure_sum_stage_is_the_survivors_exact_mean_after_a_dropout() -> None:
                           for k in range(2)]) > 10 * params.step
 
 
+def test_a_malformed_upload_past_the_decoder_is_dropped_by_the_sum_stage() -> None:
+    """SecureSum on its own (no decoder before it): client 4's masked vector is 4 bytes
+    short; it is dropped (not accepted, counted as rejected, not accounted), the others'
+    mean is exact within a step."""
+    set_task_identity()
+    ids = list(range(6))
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0, bits=16)
+    rng = np.random.default_rng(5)
+    vectors = {i: [rng.uniform(-0.9, 0.9, (3, 4))] for i in ids}
+    grid = ProtocolGrid(ids)
+    session = SecAggRound(params)
+    w_t = [np.zeros((3, 4), dtype=np.float32)]
+    sent_to, replies, accepted = masked_replies(grid, session, w_t, ids, lambda i: vectors[i])
+    bad = next(r for r in replies if sent_to[r.metadata.src_node_id] == 4)
+    rec = bad.content.config_records[SECAGG]
+    rec[sw.MASKED] = [b[:-4] for b in rec[sw.MASKED]]  # type: ignore[union-attr]
+    rnd = RoundReplies(1, w_t, sent_to, len(ids), tuple(replies), accepted=accepted)
+    accounted = AccountedRounds()
+    done = run_stages([SecureSum(session), _set_next,
+                       AccountRound(accounted, train_loss=False)], rnd)
+    kept = [i for i in ids if i != 4]
+    assert not done.halted and done.aggregate is not None
+    assert [sent_to[n] for n, _ in done.accepted] == kept and done.weights == (1.0,) * 5
+    assert done.rejected == 1 and done.rejections[-1][0] == 104
+    assert accounted.rounds == {i: 1 for i in kept}
+    mean = [np.mean([vectors[i][0] for i in kept], axis=0)]
+    assert max_gap(done.aggregate, mean) <= params.step + 1e-6
+
+
 def test_too_many_dropouts_halt_the_round_and_count_no_client() -> None:
     ids = list(range(5))
     params = SecAggParams(threshold=4, num_shares=5, clip=1.0, bits=16)

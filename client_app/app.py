@@ -26,6 +26,7 @@ from client_app.device_privacy import (
     DeviceFloor,
     FloorError,
     account_release,
+    device_multiplier,
     ledger_for,
     local_dp,
     private_failure,
@@ -166,9 +167,11 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
                            partition_id=pid)
     if cfg.secure_aggregation != "off":  # the plain upload never leaves: only its masked form
         content = mask_upload(msg.content, content, context.state, pid)
-    content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
-    if ledger is not None:  # every ArrayRecord of the reply is one noised channel
-        account_release(ledger, msg, cfg.dp_noise_multiplier, len(content.array_records))
+    else:  # under secure aggregation no per-client figure leaves (secure_upload)
+        content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
+    if ledger is not None:  # one noised channel per upload (masked ones too), at the device's
+        account_release(ledger, msg, device_multiplier(cfg),  # own multiplier
+                        1 + len(cfg.spec.server.up_keys))
     state.save(experiment, server_round)
     return content
 
@@ -177,12 +180,16 @@ def query_fn(msg: Message, context: Context) -> Message:
     """Identity of this node as a client: its partition id and the partition count it knows
     (-1 for a node without them: the server's node-registry names its client id). A query
     that carries a SecAgg+ stage (setup, share keys, unmask) is answered by this node's
-    protocol client (``secure_upload.secagg_step``)."""
+    protocol client (``secure_upload.secagg_step``), unless the run is below the device's
+    privacy floor (then refused, as its train message would be: it never joins the round)."""
     if SECAGG in msg.content.config_records:
         cfg = run_config_of(context)
         if cfg.secure_aggregation == "off":
             raise ValueError("a secure-aggregation query in a run with secure-aggregation=off: "
                              "refused")
+        _, refused = device_floor(context, cfg, msg, "secure-aggregation query")
+        if refused is not None:  # below the device's floor: it does not even join the round
+            return refused
         reply = secagg_step(msg.content.config_records[SECAGG], context.state,
                             partition_of(context, cfg, msg))
         return Message(content=RecordDict({SECAGG: reply}), reply_to=msg)

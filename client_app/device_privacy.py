@@ -9,8 +9,9 @@ The floor is the node's own configuration: Flower's ``--node-config`` keys
 
 or the same keys in a TOML file: ``dp-floor-file="/path"`` in the node config, else
 ``<state-dir>/dp-floor.toml`` when it exists (a key set in both places is refused). With a
-floor, a task whose run config asks for less (``dp`` not ``local``, a clip bound above
-``dp-max-clip`` on any uploaded vector, a noise multiplier below ``dp-min-noise``), or whose
+floor, a task whose run config asks for less (``dp`` neither ``local`` nor ``distributed``,
+a clip bound above ``dp-max-clip`` on any uploaded vector, a noise multiplier of the device's
+own noise below ``dp-min-noise``: z, or z / sqrt(t_min) under ``distributed``), or whose
 next release would take the device's epsilon past ``dp-max-epsilon``, gets one log line and
 an error reply, and nothing of the device's data or state is used.
 
@@ -140,11 +141,15 @@ class DeviceFloor:
         return cls(True, max_clip, min_noise, delta, ledger, max_epsilon)
 
     def shortfall(self, cfg: RunConfig) -> str | None:
-        """How the run's DP settings fall short of this floor (one line), or None."""
+        """How the run's DP settings fall short of this floor (one line), or None. Under
+        ``distributed`` the noise this device adds itself, z / sqrt(t_min) in multiples of
+        the clip, is what must reach ``dp-min-noise``: its upload carries no more should the
+        secure sum fail (a server that unmasks one upload sees exactly that)."""
         if not self.local:
             return None
-        if cfg.dp != "local":
-            return f"run config dp={cfg.dp!r}; this device's floor is {FLOOR}='local'"
+        if cfg.dp not in DEVICE_MODES:
+            return (f"run config dp={cfg.dp!r}; this device's floor is {FLOOR}='local' "
+                    f"(allowed: dp='local' or dp='distributed')")
         bounds = [("dp-clip", cfg.dp_clip)]
         if cfg.spec.server.up_keys:  # the method uploads more vectors: each has its bound
             bounds.append(("dp-clip-extra", cfg.dp_clip_extra or cfg.dp_clip))
@@ -152,7 +157,13 @@ class DeviceFloor:
             if bound > self.max_clip:
                 return (f"run config {key}={bound:g} > this device's {MAX_CLIP}="
                         f"{self.max_clip:g}")
-        if cfg.dp_noise_multiplier < self.min_noise:
+        z = device_multiplier(cfg)
+        if cfg.dp == "distributed" and z < self.min_noise:
+            return (f"run config dp='distributed' gives this device noise multiplier "
+                    f"dp-noise-multiplier / sqrt(min-replies) = {cfg.dp_noise_multiplier:g} / "
+                    f"sqrt({cfg.min_replies}) = {z:.4g} < this device's {MIN_NOISE}="
+                    f"{self.min_noise:g}")
+        if z < self.min_noise:
             return (f"run config dp-noise-multiplier={cfg.dp_noise_multiplier:g} < this "
                     f"device's {MIN_NOISE}={self.min_noise:g}")
         return None
@@ -164,13 +175,29 @@ class DeviceFloor:
         if not (self.local and math.isfinite(self.max_epsilon) and self.ledger is not None):
             return None
         channels = 1 + len(cfg.spec.server.up_keys)
-        z = cfg.dp_noise_multiplier
+        z = device_multiplier(cfg)
         eps = PrivacyLedger.at(self.ledger, self.delta).epsilon_after(z, channels)
         if eps <= self.max_epsilon:
             return None
         return (f"one more release at noise multiplier {z:g} would take this device's "
                 f"epsilon to {eps:.4g} > {MAX_EPSILON}={self.max_epsilon:g} (delta "
                 f"{self.delta:g})")
+
+
+DEVICE_MODES = ("local", "distributed")
+"""The ``dp`` modes in which the device itself noises each upload: the only ones a floor
+admits."""
+
+
+def device_multiplier(cfg: RunConfig) -> float:
+    """The noise multiplier of the device's own noise on one upload: z under ``local``,
+    z / sqrt(t_min) under ``distributed`` (t_min = ``min-replies``; ``Mechanism.device_std``
+    over the clip), 0 otherwise."""
+    if cfg.dp == "local":
+        return cfg.dp_noise_multiplier
+    if cfg.dp == "distributed":
+        return cfg.dp_noise_multiplier / math.sqrt(cfg.min_replies)
+    return 0.0
 
 
 def local_dp(cfg: RunConfig, floor: DeviceFloor) -> bool:

@@ -8,12 +8,14 @@ process; it is never put in a reply. What is masked is the model delta: w_iK - w
 ``model`` variant (the server's mean of it is avg(w_iK) - w_t, Algorithm 1's D), Delta_i
 under ``update``, followed by the method's extra uploads in name order (SCAFFOLD's
 Delta_c_i; ``secure_sum.upload_keys``) as one vector of arrays, each coordinate clipped to
-[-secagg-clip, secagg-clip] and quantised.
+[-secagg-clip, secagg-clip] and quantised. No per-client metric leaves either (train loss,
+step and example counts, compute time: each depends on the client's data or device): the
+reply's MetricRecord is empty, the server fills what it can derive itself.
 """
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from methods import wire as rk
 from methods.packed_arrays import unpack
@@ -55,8 +57,8 @@ def secagg_step(msg: ConfigRecord, state: RecordDict, client_id: int) -> ConfigR
 def mask_upload(received: RecordDict, reply: RecordDict, state: RecordDict,
                 client_id: int) -> RecordDict:
     """The train reply with its plain uploads replaced by one masked vector: the model delta,
-    then each extra upload in name order; a train message without the collect stage is
-    refused (nothing leaves in the clear)."""
+    then each extra upload in name order, and its metrics by none; a train message without
+    the collect stage is refused (nothing leaves in the clear)."""
     if SECAGG not in received.config_records:
         raise ValueError("secure-aggregation is on but the train message carries no "
                          f"{SECAGG!r} record: refusing to upload in the clear")
@@ -72,7 +74,6 @@ def mask_upload(received: RecordDict, reply: RecordDict, state: RecordDict,
     masked = client.handle(dict(received.config_records[SECAGG]), upload)
     state.config_records[STATE] = ConfigRecord(client.to_record())
     out = RecordDict({k: v for k, v in reply.config_records.items()})
-    for key, metrics in reply.metric_records.items():
-        out[key] = metrics
+    out[rk.METRICS] = MetricRecord({})  # per-client figures would leak what the sum hides
     out[SECAGG] = ConfigRecord(masked)
     return out

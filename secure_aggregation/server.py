@@ -5,12 +5,19 @@ dropped) and returns the next stage's message per node id. The server holds publ
 ciphertexts it cannot open, masked vectors and, at the end, t shares of each survivor's
 self-mask seed and of each dropped client's mask key: enough to cancel the masks in the sum,
 never enough to unmask one upload.
+
+A reply that is malformed (missing, wrong-typed or wrong-length fields, shares addressed to
+clients that are not its neighbours, a public key another client also sent, a masked vector
+of the wrong size) drops THAT client from the protocol, as if it had not answered: its reason
+is kept in ``rejected`` for the caller to log, and the round goes on while enough clients
+remain above the threshold (else ``RoundFailedError``, one line).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import itertools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,6 +37,9 @@ from secure_aggregation.quant import dequantise_sum
 from secure_aggregation.wire import SecAggInputError, Stage
 
 Replies = Mapping[int, Mapping[str, Any]]
+MAX_SUBSETS = 2000
+"""The most t-subsets of one secret's shares tried before a rebuild gives up (a corrupted
+share is found by the seed hash / public key check; k <= 15 keeps C(k, t) small)."""
 
 
 class RoundFailedError(RuntimeError):
@@ -55,18 +65,30 @@ class SecAggServer:
         self.sampled = sorted(node_ids)
         # who is in each stage: U1 keys, U2 shared keys, U3 masked input, U4 unmask shares
         self.stage_clients: dict[str, list[int]] = {}
+        self.rejected: list[tuple[int, str, str]] = []
+        """(client id, stage, why) of each reply refused so far: that client dropped."""
 
-    def _arrived(self, replies: Replies, stage: str, expected: list[int]) -> list[int]:
-        unknown = sorted(set(replies) - set(expected))
-        if unknown:
-            raise SecAggInputError(f"{stage}: replies from {unknown}, not in this stage")
-        for nid, reply in replies.items():
-            wire.stage_of(reply, stage, f"secagg reply from {nid}")
-        arrived = sorted(replies)
+    def _reject(self, nid: int, stage: str, why: str) -> None:
+        self.rejected.append((nid, stage, why))
+
+    def _arrived(self, replies: Replies, stage: str, expected: list[int],
+                 check: Callable[[int, Mapping[str, Any]], None] | None = None) -> list[int]:
+        """The clients of ``expected`` whose reply is well formed (``check`` raises
+        SecAggInputError on one that is not: that client is dropped, its reason kept)."""
+        arrived = []
+        for nid in sorted(replies):
+            reply, who = replies[nid], f"secagg reply from {nid}"
+            try:
+                if nid not in expected:
+                    raise SecAggInputError(f"{who}: not a client of this stage")
+                wire.stage_of(reply, stage, who)
+                if check is not None:
+                    check(nid, reply)
+            except (TypeError, ValueError) as err:  # SecAggInputError, or a hostile value's
+                self._reject(nid, stage, " ".join(str(err).split()))
+                continue
+            arrived.append(nid)
         self.stage_clients[stage] = arrived
-        if len(arrived) < self.params.threshold:
-            raise RoundFailedError(f"{stage}: {len(arrived)} clients replied, fewer "
-                                   f"than the threshold {self.params.threshold}; no sum")
         return arrived
 
     def setup_messages(self) -> dict[int, dict[str, Any]]:
@@ -76,40 +98,75 @@ class SecAggServer:
 
     def share_keys_messages(self, replies: Replies) -> dict[int, dict[str, Any]]:
         """Build the SecAgg+ ring over the clients that sent keys; send each its neighbours'."""
-        u1 = self._arrived(replies, Stage.SETUP, self.sampled)
         self.pk1, self.pk2 = {}, {}
-        for nid in u1:
-            for key, store in ((wire.PK1, self.pk1), (wire.PK2, self.pk2)):
-                raw = wire.get_bytes(replies[nid], key, f"secagg reply from {nid}")
+
+        def keys(nid: int, reply: Mapping[str, Any]) -> None:
+            for key in (wire.PK1, wire.PK2):
+                raw = wire.get_bytes(reply, key, f"secagg reply from {nid}")
                 try:
                     bytes_to_public_key(raw)
                 except ValueError:
                     raise SecAggInputError(f"secagg reply from {nid}: {key!r} is not a PEM "
                                            f"public key") from None
-                store[nid] = raw
+
+        u1 = self._distinct_keys(replies, self._arrived(replies, Stage.SETUP, self.sampled,
+                                                        keys))
+        self._enough(u1, Stage.SETUP)
+        for nid in u1:
+            self.pk1[nid], self.pk2[nid] = replies[nid][wire.PK1], replies[nid][wire.PK2]
         self.neighbours = ring_neighbours(u1, self.params.num_shares)
         return {nid: {wire.STAGE: Stage.SHARE_KEYS, wire.NIDS: list(nbrs),
                       wire.PK1S: [self.pk1[j] for j in nbrs],
                       wire.PK2S: [self.pk2[j] for j in nbrs]}
                 for nid, nbrs in self.neighbours.items()}
 
+    def _distinct_keys(self, replies: Replies, arrived: list[int]) -> list[int]:
+        """Drop every client whose public key another key slot also holds (its own other key
+        included): a neighbour refuses a neighbourhood with a repeated key, and a copied key
+        cannot be told from its owner's."""
+        slots: dict[bytes, list[int]] = {}
+        for nid in arrived:
+            for key in (wire.PK1, wire.PK2):
+                slots.setdefault(replies[nid][key], []).append(nid)
+        shared = {nid for holders in slots.values() if len(holders) > 1 for nid in holders}
+        for nid in sorted(shared):
+            others = sorted({h for holders in slots.values() if nid in holders
+                             and len(holders) > 1 for h in holders} - {nid})
+            self._reject(nid, Stage.SETUP, f"secagg reply from {nid}: a public key it sent "
+                         f"is also {f'sent by {others}' if others else 'its other key'}")
+        kept = [nid for nid in arrived if nid not in shared]
+        self.stage_clients[Stage.SETUP] = kept
+        return kept
+
+    def _enough(self, arrived: list[int], stage: str) -> None:
+        if len(arrived) < self.params.threshold:
+            raise RoundFailedError(f"{stage}: {len(arrived)} clients replied, fewer "
+                                   f"than the threshold {self.params.threshold}; no sum")
+
     def collect_messages(self, replies: Replies) -> dict[int, dict[str, Any]]:
         """Route each encrypted pair of shares to its destination, which alone can open it."""
-        u2 = self._arrived(replies, Stage.SHARE_KEYS, self.stage_clients[Stage.SETUP])
-        inbox: dict[int, tuple[list[int], list[bytes]]] = {nid: ([], []) for nid in u2}
         self.seed_hash: dict[int, bytes] = {}
-        for src in u2:
+
+        def shares(src: int, reply: Mapping[str, Any]) -> None:
             who = f"secagg reply from {src}"
-            dsts = wire.get_int_list(replies[src], wire.DSTS, who)
-            ctxts = wire.get_bytes_list(replies[src], wire.CTXTS, who, len(dsts))
+            dsts = wire.get_int_list(reply, wire.DSTS, who)
+            ctxts = wire.get_bytes_list(reply, wire.CTXTS, who, len(dsts))
             expected = [j for j in self.neighbours[src] if j != src]
-            if sorted(dsts) != expected:
+            if sorted(dsts) != expected or len(set(dsts)) != len(dsts):
                 raise SecAggInputError(f"{who}: destinations {sorted(dsts)}, its neighbours "
                                        f"are {expected}")
-            digest = wire.get_bytes(replies[src], wire.SEED_HASH, who)
+            if not all(ctxts):
+                raise SecAggInputError(f"{who}: an empty ciphertext")
+            digest = wire.get_bytes(reply, wire.SEED_HASH, who)
             if len(digest) != hashlib.sha256().digest_size:
                 raise SecAggInputError(f"{who}: seed hash of {len(digest)} bytes, expected 32")
-            self.seed_hash[src] = digest
+
+        u2 = self._arrived(replies, Stage.SHARE_KEYS, self.stage_clients[Stage.SETUP], shares)
+        self._enough(u2, Stage.SHARE_KEYS)
+        inbox: dict[int, tuple[list[int], list[bytes]]] = {nid: ([], []) for nid in u2}
+        for src in u2:
+            dsts, ctxts = replies[src][wire.DSTS], replies[src][wire.CTXTS]
+            self.seed_hash[src] = replies[src][wire.SEED_HASH]
             for dst, ctxt in zip(dsts, ctxts, strict=True):
                 if dst in inbox:
                     inbox[dst][0].append(src)
@@ -126,19 +183,21 @@ class SecAggServer:
         """Keep the masked vectors; ask each survivor for its neighbours' shares."""
         u2 = self.stage_clients[Stage.SHARE_KEYS]
         self.masked: dict[int, list[np.ndarray]] = {}
-        for nid, reply in replies.items():
-            if nid not in u2:
-                continue  # checked (and refused) by _arrived below
+
+        def vector(nid: int, reply: Mapping[str, Any]) -> None:
+            """Any 4 bytes are a field element mod 2^32: the length is all there is to check."""
             who = f"secagg reply from {nid}"
             raw = wire.get_bytes_list(reply, wire.MASKED, who, len(self.sizes))
-            arrays = []
             for index, (blob, size) in enumerate(zip(raw, self.sizes, strict=True)):
                 if len(blob) != 4 * size:
                     raise SecAggInputError(f"{who}: masked array {index} has {len(blob)} bytes, "
                                            f"expected {4 * size} ({size} uint32)")
-                arrays.append(np.frombuffer(blob, dtype="<u4").astype(np.int64))
-            self.masked[nid] = arrays
-        u3 = self._arrived(replies, Stage.COLLECT, u2)
+
+        u3 = self._arrived(replies, Stage.COLLECT, u2, vector)
+        self._enough(u3, Stage.COLLECT)
+        for nid in u3:
+            self.masked[nid] = [np.frombuffer(blob, dtype="<u4").astype(np.int64)
+                                for blob in replies[nid][wire.MASKED]]
         self.dropped = [n for n in u2 if n not in set(u3)]
         msgs = {}
         for nid in u3:
@@ -152,39 +211,38 @@ class SecAggServer:
     def aggregate(self, replies: Replies) -> list[np.ndarray]:
         """Rebuild the secrets from t shares each, cancel every mask, dequantise the sum."""
         u3 = self.stage_clients[Stage.COLLECT]
-        self._arrived(replies, Stage.UNMASK, u3)
-        seed_shares: dict[int, list[bytes]] = {n: [] for n in u3}
-        sk1_shares: dict[int, list[bytes]] = {n: [] for n in self.dropped}
-        for nid, reply in replies.items():
+
+        def shares(nid: int, reply: Mapping[str, Any]) -> None:
             who = f"secagg reply from {nid}"
             asked = self._asked[nid][wire.ACTIVE] + self._asked[nid][wire.DEAD]
             nids = wire.get_int_list(reply, wire.NIDS, who)
             if nids != asked:
                 raise SecAggInputError(f"{who}: shares for {nids}, asked for {asked}")
-            shares = wire.get_bytes_list(reply, wire.SHARES, who, len(nids))
-            for owner, share in zip(nids, shares, strict=True):
+            got = wire.get_bytes_list(reply, wire.SHARES, who, len(nids))
+            for owner, share in zip(nids, got, strict=True):
                 self._check_share(who, owner, nid, share)
+
+        u4 = self._arrived(replies, Stage.UNMASK, u3, shares)
+        self._enough(u4, Stage.UNMASK)
+        seed_shares: dict[int, list[bytes]] = {n: [] for n in u3}
+        sk1_shares: dict[int, list[bytes]] = {n: [] for n in self.dropped}
+        for nid in u4:
+            for owner, share in zip(replies[nid][wire.NIDS], replies[nid][wire.SHARES],
+                                    strict=True):
                 (seed_shares if owner in seed_shares else sk1_shares)[owner].append(share)
         total = [np.zeros(s, dtype=np.int64) for s in self.sizes]
         for nid in u3:
             for acc, arr in zip(total, self.masked[nid], strict=True):
                 acc += arr
         for nid in u3:
-            seed = self._rebuild(nid, seed_shares[nid], "self-mask seed")
-            if hashlib.sha256(seed).digest() != self.seed_hash[nid]:
-                raise SecAggInputError(f"secagg: client {nid}'s rebuilt self-mask seed does not "
-                                       f"match its hash (a malformed share)")
+            digest = self.seed_hash[nid]
+            seed = self._rebuild(nid, seed_shares[nid], "self-mask seed",
+                                 lambda s, d=digest: hashlib.sha256(s).digest() == d)
             add_mask(total, seed, -1)
         for nid in self.dropped:
-            sk1 = self._rebuild(nid, sk1_shares[nid], "mask key")
-            try:
-                key = bytes_to_private_key(sk1)
-            except ValueError:
-                raise SecAggInputError(f"secagg: client {nid}'s rebuilt mask key is not a "
-                                       f"private key (a malformed share)") from None
-            if public_key_to_bytes(key.public_key()) != self.pk1[nid]:
-                raise SecAggInputError(f"secagg: client {nid}'s rebuilt mask key does not match "
-                                       f"its public key (a malformed share)")
+            sk1 = self._rebuild(nid, sk1_shares[nid], "mask key",
+                                lambda s, pk=self.pk1[nid]: _private_key_of(s, pk))
+            key = bytes_to_private_key(sk1)
             for peer in self.neighbours[nid]:
                 if peer in self.masked:  # the survivor added +mask if peer > nid
                     add_mask(total, pairwise_key(key, self.pk1[peer]),
@@ -202,16 +260,32 @@ class SecAggServer:
             raise SecAggInputError(f"{who}: share of {owner} has index {index}, expected "
                                    f"{self.neighbours[owner].index(holder) + 1}")
 
-    def _rebuild(self, owner: int, shares: list[bytes], what: str) -> bytes:
+    def _rebuild(self, owner: int, shares: list[bytes], what: str,
+                 valid: Callable[[bytes], bool]) -> bytes:
+        """The secret of t of the shares that passes ``valid`` (its hash / its public key):
+        a corrupted share is outvoted by trying other t-subsets, while there are more than t."""
         t = self.params.threshold
         if len(shares) < t:
             raise RoundFailedError(
                 f"secagg unmask: {len(shares)} shares of client {owner}'s {what}, the threshold "
                 f"is {t} (more than {self.params.max_dropouts} of its neighbours dropped); no sum")
-        if len({len(s) for s in shares}) != 1:
-            raise SecAggInputError(f"secagg: shares of client {owner}'s {what} differ in length")
-        try:
-            return combine_shares(shares[:t])
-        except ValueError:
-            raise SecAggInputError(f"secagg: shares of client {owner}'s {what} do not combine "
-                                   f"(a malformed share)") from None
+        for subset in itertools.islice(itertools.combinations(shares, t), MAX_SUBSETS):
+            if len({len(s) for s in subset}) != 1:
+                continue
+            try:
+                secret = combine_shares(list(subset))
+            except ValueError:
+                continue
+            if valid(secret):
+                return secret
+        raise SecAggInputError(f"secagg: no {t} of the {len(shares)} shares of client {owner}'s "
+                               f"{what} rebuild it (malformed shares); no sum")
+
+
+def _private_key_of(raw: bytes, public: bytes) -> bool:
+    """Whether ``raw`` is the private key whose public key is ``public``."""
+    try:
+        key = bytes_to_private_key(raw)
+    except ValueError:
+        return False
+    return public_key_to_bytes(key.public_key()) == public

@@ -155,6 +155,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     state_root = Path(str(round_config[STATE_ROOT])) if STATE_ROOT in round_config else None
     n = cfg.num_server_rounds
     failed = 0
+    trained = 0
     for rnd in range(first, n + 1):
         if ledger is not None and budget is not None and budget_spent(
                 budget, cfg, rnd, ledger.counted + 1, out):
@@ -178,6 +179,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             sync_filesystem(state_root)  # flush for all, before the checkpoint relies on it
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         failed = 0 if new_arrays is not None else failed + 1
+        trained += new_arrays is not None  # a secure round's row has no per-client figure
         if new_arrays is not None:  # decoded once: evaluation and checkpoint read ``weights``
             weights = unpack(new_arrays)
             _check_finite(rnd, weights, strategy.server_state(), out)
@@ -210,7 +212,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                 f"replies; stopped after round {rnd}. Bring the SuperNodes back and resume "
                 f"with --run-config \"resume-dir='{out}'\"")
 
-    if rec.aggregated_rounds() == 0:
+    if rec.aggregated_rounds() == 0 and trained == 0:
         raise NothingTrained(
             f"no round of the run aggregated a reply (all {len(rec.rows)} rounds had fewer than "
             f"min-replies={cfg.min_replies} usable replies: see the rejected replies above); "

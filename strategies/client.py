@@ -55,6 +55,13 @@ from store.state_dir import StateDir
 from strategies.wire import client_rule
 from task.models import get_weights, set_weights
 
+SECAGG = "secagg"
+"""The ConfigRecord of a train message under SecAgg+ (``secure_aggregation.wire.RECORD``)."""
+SECAGG_REFUSAL = (
+    "method_train does not do SecAgg+'s masked upload, and this train message asks for it "
+    "(a 'secagg' record: secure-aggregation=secagg+): refusing to train and to upload in the "
+    "clear; run the project's ClientApp (client_app/) for secure aggregation")
+"""The one line ``method_train`` raises under secure aggregation, before any training."""
 Step = Callable[[nn.Module, Any], torch.Tensor]
 """The user's train step: step(model, batch) -> the batch's scalar loss (not yet backward)."""
 Optimizer = Callable[[list[nn.Parameter], float], torch.optim.Optimizer]
@@ -238,8 +245,12 @@ def method_train(msg: Message, context: Context, model: nn.Module,
     """Train ``model`` on ``trainloader`` as the method the server names, and reply.
 
     ``num_examples`` (the reply's weight) defaults to ``len(trainloader.dataset)``;
-    ``initial`` gives the run's w_0 (module docstring); ``state_dir`` adds the files.
+    ``initial`` gives the run's w_0 (module docstring); ``state_dir`` adds the files. A train
+    message of a secure-aggregation round is refused in one line (``SECAGG_REFUSAL``): this
+    client half sends plain arrays, which must never leave under SecAgg+.
     """
+    if SECAGG in msg.content.config_records:
+        raise ValueError(SECAGG_REFUSAL)
     conf = msg.content.config_records[rk.CONFIG]
     _, rule = client_rule(conf)
     check_model(model)

@@ -527,6 +527,11 @@ def _check_secagg(c: RunConfig) -> None:
     ):
         if not ok:
             raise _bad(key, value, f"{allowed} {with_it} ({why})")
+    if c.method == "fedcm" and (c.on_devices or c.max_examples_per_client > 0):
+        raise _bad("method", c.method, f"a method other than fedcm {with_it} when the server "
+                   f"cannot derive each client's step count (dataset='device' or "
+                   f"max-examples-per-client > 0: a masked reply carries no step count, and "
+                   f"FedCM's d = -D / (K eta) needs K)")
     if c.dp == "distributed":
         _check_distributed_dp(c)
 

@@ -112,3 +112,14 @@ def test_distributed_dp_bounds_the_quantiser_by_the_larger_of_the_two_clips() ->
            "(dp-clip-extra + 20 device noise stds z dp-clip-extra / sqrt(min-replies)" in line
     RunConfig.parse({**ddp, "method": "scaffold", "dp-clip-extra": 2.0, "secagg-clip": 25.1})
     RunConfig.parse({**ddp, "method": "fedavg", "dp-clip-extra": 2.0})  # no extra upload
+
+
+def test_fedcm_is_refused_where_the_server_cannot_derive_the_step_counts() -> None:
+    """A masked reply carries no step count K; FedCM's d = -D / (K eta) needs it, so FedCM
+    runs under SecAgg+ only where the server derives K from the partition sizes."""
+    assert RunConfig.parse({**SECAGG, "method": "fedcm"}).method == "fedcm"
+    line = refusal({**SECAGG, "method": "fedcm", "max-examples-per-client": 50})
+    assert line.startswith("run config: method='fedcm' is not allowed; allowed: a method "
+                           "other than fedcm with secure-aggregation='secagg+' when the "
+                           "server cannot derive each client's step count")
+    RunConfig.parse({**SECAGG, "method": "fedavg", "max-examples-per-client": 50})

@@ -37,7 +37,7 @@ from flwr.app import (
     RecordDict,
 )
 
-from client_app.app import evaluate_fn, train_fn
+from client_app.app import evaluate_fn, query_fn, train_fn
 from client_app.device_privacy import REFUSED, DeviceFloor, FloorError
 from client_app.model_cache import cached_model, client_tensors, initial_weights
 from client_app.round import client_round
@@ -150,8 +150,10 @@ def test_a_key_in_both_places_is_refused(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- hostile run configs
 HOSTILE = [
-    ({"dp": "off"}, "run config dp='off'; this device's floor is dp-floor='local'"),
-    ({"dp": "central"}, "run config dp='central'; this device's floor is dp-floor='local'"),
+    ({"dp": "off"}, "run config dp='off'; this device's floor is dp-floor='local' (allowed: "
+                    "dp='local' or dp='distributed')"),
+    ({"dp": "central"}, "run config dp='central'; this device's floor is dp-floor='local' "
+                        "(allowed: dp='local' or dp='distributed')"),
     ({"dp-clip": 1.5}, "run config dp-clip=1.5 > this device's dp-max-clip=1"),
     ({"dp-noise-multiplier": 0.5},
      "run config dp-noise-multiplier=0.5 < this device's dp-min-noise=1"),
@@ -510,6 +512,79 @@ def test_a_run_under_device_floors_completes_without_data_dependent_fields(
     refused = [r for r in grid.replies if r.has_error()]
     assert len(refused) == 2 * 2 * 3  # divergence + personal evaluation, each round, each node
     assert all(r.error.code == REFUSED for r in refused)
+
+
+# ---------------------------------------------------------------- distributed DP and the floor
+DDP_RUN = {**RUN, "dp": "distributed", "secure-aggregation": "secagg+", "min-replies": 3,
+           "fraction-train": 1.0, "max-update-norm-ratio": 0.0, "secagg-clip": 8.0}
+"""z = 1.2, t_min = 3: each device adds noise multiplier 1.2 / sqrt(3) = 0.6928 itself."""
+
+
+def test_a_distributed_run_below_the_devices_own_noise_floor_is_refused(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A floor of 1.0 against z / sqrt(t_min) = 0.693 (z = 1.2 alone would pass): the
+    secure-aggregation query, the train and the evaluate message are each refused in one
+    line naming the per-device multiplier; nothing is read or written."""
+    cfg = RunConfig.parse(DDP_RUN)
+    ctx = context(tmp_path, DDP_RUN, **FLOOR)
+    setup = train_message(cfg)
+    setup.content.config_records["secagg"] = ConfigRecord({"stage": "secagg-setup"})
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        replies = [query_fn(setup, ctx), train_fn(train_message(cfg), ctx),
+                   evaluate_fn(evaluate_message(list(initial_weights(cfg)), None), ctx)]
+    reason = ("run config dp='distributed' gives this device noise multiplier "
+              "dp-noise-multiplier / sqrt(min-replies) = 1.2 / sqrt(3) = 0.6928 < this "
+              "device's dp-min-noise=1")
+    for reply, task in zip(replies, ("secure-aggregation query", "train message",
+                                     "evaluate message (evaluation)"), strict=True):
+        assert reply.has_error() and reply.error.code == REFUSED
+        assert reply.error.reason == f"device privacy: refused the {task} of round 1: {reason}"
+    assert privacy_lines(caplog) == [r.error.reason for r in replies]
+    assert list(tmp_path.iterdir()) == [] and not ctx.state.config_records
+    # the same floor admits z / sqrt(t_min) >= 1 (z = 1.8: 1.039), and a larger clip not
+    floor = DeviceFloor.of({**FLOOR, "state-dir": str(tmp_path)})
+    assert floor.shortfall(RunConfig.parse({**DDP_RUN, "dp-noise-multiplier": 1.8,
+                                            "secagg-clip": 12.0})) is None
+    assert floor.shortfall(RunConfig.parse({**DDP_RUN, "dp-noise-multiplier": 1.8,
+                                            "secagg-clip": 33.0, "dp-clip": 1.5})) == \
+        "run config dp-clip=1.5 > this device's dp-max-clip=1"
+
+
+def test_a_floored_device_leaves_a_distributed_run_that_goes_on_and_one_meeting_it_counts(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """4 devices, all in each round (t_min = 3), z = 0.7: device 3's floor (1.0) is above
+    its share 0.7 / sqrt(3) = 0.404 and it refuses at the first query, logging one line;
+    device 2's floor (0.3) is met: it trains and its own ledger counts one channel at
+    0.404 per round. The rounds go on with 3 uploads."""
+    run = {**DDP_RUN, "dp-noise-multiplier": 0.7, "dp-clip": 0.05, "secagg-clip": 1.0,
+           "num-server-rounds": 2, "train-limit": 300, "eval-every": 2,
+           "personal-eval-every": 0, "output-dir": str(tmp_path)}
+    cfg = RunConfig.parse(run)
+    grid = InProcessGrid(4, cfg.to_dict())
+    grid.context_of(3).node_config.update({**FLOOR, "state-dir": str(tmp_path / "node3")})
+    grid.context_of(2).node_config.update({**FLOOR, "dp-min-noise": 0.3,
+                                           "state-dir": str(tmp_path / "node2")})
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run_experiment(grid, cfg, out_dir=tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text()
+            .splitlines()]
+    assert [r["num-replies"] for r in rows] == [3, 3]
+    z_dev = 0.7 / math.sqrt(3)
+    lines = [ln for ln in privacy_lines(caplog) if ln.startswith("device privacy:")]
+    assert len([ln for ln in privacy_lines(caplog) if "client 3 (node 1003) dropped: client "
+                "error: device privacy: refused" in ln]) == 2  # the server's, once a round
+    assert lines == [f"device privacy: refused the secure-aggregation query of round {r}: run "
+                     f"config dp='distributed' gives this device noise multiplier "
+                     f"dp-noise-multiplier / sqrt(min-replies) = 0.7 / sqrt(3) = {z_dev:.4g} "
+                     f"< this device's dp-min-noise=1" for r in (1, 2)]
+    assert not [m for m in grid.sent if m.metadata.dst_node_id == 1003
+                and m.metadata.message_type == MessageType.TRAIN]
+    ledger = json.loads((tmp_path / "node2" / LEDGER_NAME).read_text())
+    assert ledger["participations"] == 2
+    assert ledger["releases"] == [{"noise-multiplier": pytest.approx(z_dev), "channels": 1,
+                                   "count": 2}]
+    assert ledger["epsilon"] == pytest.approx(_reference_epsilon(z_dev, 2, 1e-5))
+    assert not (tmp_path / "node3").exists() or not (tmp_path / "node3" / LEDGER_NAME).exists()
 
 
 # ---------------------------------------------------------------- a process deployment

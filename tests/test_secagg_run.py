@@ -9,6 +9,8 @@ secure aggregation off, whose plain replies give the independent mean. The stage
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from secure_aggregation import SecAggClient, SecAggParams
 from secure_aggregation import wire as sw
 from server_app.checkpoint import load_checkpoint
-from server_app.experiment import run_experiment
+from server_app.experiment import NothingTrained, run_experiment
 from server_app.round_stages.decode import DecodeReplies
 from server_app.round_stages.held import AccountedRounds
 from server_app.round_stages.method_update import AccountRound
@@ -89,15 +91,33 @@ def test_a_secure_run_ends_within_the_quantisation_bound_of_the_plain_run(
 
 
 def test_the_server_never_holds_a_plain_upload_nor_the_clients_secrets(tmp_path: Path) -> None:
-    grid, _ = run(tmp_path, "secure", {"secure-aggregation": "secagg+", "num-server-rounds": 1,
-                                       "eval-every": 1})
+    """Nor a per-client figure: no train or protocol reply carries a metric (train loss, step
+    and example counts, compute time, state fallback), and the round's row has no train loss
+    (the plain run's row has one: the field is really there to leak)."""
+    grid, out = run(tmp_path, "secure", {"secure-aggregation": "secagg+",
+                                         "num-server-rounds": 1, "eval-every": 1})
     replies = train_replies(grid)
     assert len(replies) == 4
     secrets = {"sk1", "sk2", "seed", "held-seeds", "held-sk1s", "enc-keys"}
+    protocol = [r for r in grid.replies if r.metadata.message_type == MessageType.TRAIN
+                or SECAGG in r.content.config_records]  # not the identity queries
+    assert len(protocol) == 16
     for reply in grid.replies:
         assert not reply.content.array_records  # no plain arrays in any reply, of any stage
         for rec in reply.content.config_records.values():
             assert not secrets & set(rec)
+    for reply in protocol:
+        assert all(not dict(rec) for rec in reply.content.metric_records.values()), \
+            dict(reply.content.metric_records)
+        assert set(reply.content.config_records) <= {SECAGG, "config"}
+        if "config" in reply.content.config_records:  # the round's own setting, no figure
+            assert set(reply.content.config_records["config"]) == {"upload-delta"}
+    row = load_checkpoint(out).rows[-1]
+    assert row["num-replies"] == 4 and row["train-loss"] is None
+    plain, plain_out = run(tmp_path, "plain", {"num-server-rounds": 1, "eval-every": 1})
+    plain_metrics = dict(train_replies(plain)[0].content.metric_records["metrics"])
+    assert {"train-loss", "num-examples", "num-steps"} <= set(plain_metrics)
+    assert load_checkpoint(plain_out).rows[-1]["train-loss"] is not None
     for reply in replies:
         assert masked_problem(reply.content, unpack(train_msgs(grid)[0].content.array_records[
             "arrays"])) is None
@@ -131,6 +151,88 @@ def test_a_client_dropping_after_key_sharing_leaves_the_survivors_mean(tmp_path:
     assert grids["secure"].rows[-1]["num-replies"] == 3
     gap = max_gap(grids["secure"].weights, grids["plain"].weights)
     assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+
+
+def _tamper(stage: str, nodes: set[int], change: Callable[[ConfigRecord], None]
+            ) -> Callable[[Message], Message | None]:
+    """A reply filter: the ``stage`` protocol reply of each of ``nodes`` altered by ``change``."""
+    def hostile(reply: Message) -> Message | None:
+        rec = (reply.content.config_records.get(SECAGG)
+               if not reply.has_error() else None)
+        if reply.metadata.src_node_id in nodes and rec is not None and rec[sw.STAGE] == stage:
+            change(rec)
+        return reply
+    return hostile
+
+
+def _drop_pk1(rec: ConfigRecord) -> None:
+    del rec[sw.PK1]
+
+
+def _unknown_dst(rec: ConfigRecord) -> None:
+    rec[sw.DSTS] = [*list(rec[sw.DSTS])[:-1], 77]  # type: ignore[arg-type]
+
+
+def _short_masked(rec: ConfigRecord) -> None:
+    rec[sw.MASKED] = [b[:-4] for b in rec[sw.MASKED]]  # type: ignore[union-attr]
+
+
+HOSTILE_RUN = {"setup: no pk1": ("secagg-setup", _drop_pk1, "'pk1' must be non-empty bytes"),
+               "share keys: a share for node 77": (
+                   "secagg-share-keys", _unknown_dst, "destinations \\[.*77\\], its neighbours"),
+               "masked upload 4 bytes short": (
+                   "secagg-collect-masked", _short_masked, "masked array 0 has")}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_RUN))
+def test_a_hostile_protocol_reply_drops_its_client_and_the_round_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str) -> None:
+    """Node 1003's reply to one stage is malformed: it is rejected in one line naming client
+    3 and node 1003, and the round is the plain round of the other three within one step."""
+    stage, change, why = HOSTILE_RUN[name]
+    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "output-dir": str(tmp_path)}
+    plain = InProcessGrid(4, over)
+    plain.reply_filter = lambda r: None if (r.metadata.src_node_id == 1003 and
+                                            r.metadata.message_type == MessageType.TRAIN) else r
+    run_experiment(plain, RunConfig.parse(over), out_dir=tmp_path / "plain")
+    secure_over = {**over, "secure-aggregation": "secagg+"}
+    grid = InProcessGrid(4, secure_over)
+    grid.reply_filter = _tamper(stage, {1003}, change)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run_experiment(grid, RunConfig.parse(secure_over), out_dir=tmp_path / "secure")
+    lines = [r.getMessage() for r in caplog.records if "client 3" in r.getMessage()
+             or "node 1003" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "node 1003" in lines[0] and re.search(why, lines[0]), lines[0]
+    if stage != "secagg-collect-masked":  # the decoder's line names the node; this one both
+        assert f"client 3 (node 1003) dropped at {stage}, its reply is rejected" in lines[0]
+    secure, plain_ckpt = load_checkpoint(tmp_path / "secure"), load_checkpoint(tmp_path / "plain")
+    assert secure.rows[-1]["num-replies"] == 3
+    cfg = RunConfig.parse(secure_over)
+    gap = max_gap(secure.weights, plain_ckpt.weights)
+    assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+
+
+def test_hostile_replies_below_the_threshold_fail_the_round_in_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Two of four setup replies malformed (threshold 3): one line each, then the one line of
+    a round without a sum; no train message is sent and the run ends as one whose every
+    round had too few replies."""
+    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "output-dir": str(tmp_path),
+            "secure-aggregation": "secagg+"}
+    grid = InProcessGrid(4, over)
+    grid.reply_filter = _tamper("secagg-setup", {1001, 1002}, _drop_pk1)
+    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(
+            NothingTrained, match="no round of the run aggregated a reply"):
+        run_experiment(grid, RunConfig.parse(over), out_dir=tmp_path / "secure")
+    assert not train_msgs(grid)
+    lines = [r.getMessage() for r in caplog.records if "secure aggregation" in r.getMessage()]
+    assert lines == [
+        f"round 1: secure aggregation: client {i} (node 100{i}) dropped at secagg-setup, its "
+        f"reply is rejected: secagg reply from {i}: 'pk1' must be non-empty bytes, got NoneType"
+        for i in (1, 2)] + [
+        "round 1: secure aggregation: secagg-setup: 2 clients replied, fewer than the "
+        "threshold 3; no sum; no train message is sent, the global model is unchanged"]
 
 
 # ------------------------------------------------------------------ the stages, one by one
@@ -223,6 +325,35 @@ def test_secure_sum_stage_is_the_survivors_exact_mean_after_a_dropout() -> None:
     # the mean over all seven is far from it: the dropped client is really left out
     assert max_gap(mean, [np.mean([vectors[i][k] for i in ids], axis=0)
                           for k in range(2)]) > 10 * params.step
+
+
+def test_a_malformed_upload_past_the_decoder_is_dropped_by_the_sum_stage() -> None:
+    """SecureSum on its own (no decoder before it): client 4's masked vector is 4 bytes
+    short; it is dropped (not accepted, counted as rejected, not accounted), the others'
+    mean is exact within a step."""
+    set_task_identity()
+    ids = list(range(6))
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0, bits=16)
+    rng = np.random.default_rng(5)
+    vectors = {i: [rng.uniform(-0.9, 0.9, (3, 4))] for i in ids}
+    grid = ProtocolGrid(ids)
+    session = SecAggRound(params)
+    w_t = [np.zeros((3, 4), dtype=np.float32)]
+    sent_to, replies, accepted = masked_replies(grid, session, w_t, ids, lambda i: vectors[i])
+    bad = next(r for r in replies if sent_to[r.metadata.src_node_id] == 4)
+    rec = bad.content.config_records[SECAGG]
+    rec[sw.MASKED] = [b[:-4] for b in rec[sw.MASKED]]  # type: ignore[union-attr]
+    rnd = RoundReplies(1, w_t, sent_to, len(ids), tuple(replies), accepted=accepted)
+    accounted = AccountedRounds()
+    done = run_stages([SecureSum(session), _set_next,
+                       AccountRound(accounted, train_loss=False)], rnd)
+    kept = [i for i in ids if i != 4]
+    assert not done.halted and done.aggregate is not None
+    assert [sent_to[n] for n, _ in done.accepted] == kept and done.weights == (1.0,) * 5
+    assert done.rejected == 1 and done.rejections[-1][0] == 104
+    assert accounted.rounds == {i: 1 for i in kept}
+    mean = [np.mean([vectors[i][0] for i in kept], axis=0)]
+    assert max_gap(done.aggregate, mean) <= params.step + 1e-6
 
 
 def test_too_many_dropouts_halt_the_round_and_count_no_client() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -50,12 +50,16 @@ class Round:
         self.clients = {i: SecAggClient(i) for i in ids}
         self.vectors = vectors
         self.log: dict[str, dict[int, dict[str, Any]]] = {}
+        self.tamper: dict[str, Callable[[dict[int, dict[str, Any]]], None]] = {}
+        """Per stage: what a hostile client does to the replies before the server reads them."""
 
     def _ask(self, stage: str, msgs: Mapping[int, Mapping[str, Any]],
              absent: set[int]) -> dict[int, dict[str, Any]]:
         replies = {i: self.clients[i].handle(m, self.vectors.get(i))
                    for i, m in over_wire(msgs).items() if i not in absent}
         self.log[stage] = over_wire(replies)
+        if stage in self.tamper:
+            self.tamper[stage](self.log[stage])
         return self.log[stage]
 
     def run(self, drop_after_keys: set[int] = frozenset(),  # type: ignore[assignment]
@@ -286,41 +290,133 @@ def _one_line(err: pytest.ExceptionInfo[BaseException]) -> str:
     return str(err.value)
 
 
-def test_a_malformed_share_is_refused_in_one_line() -> None:
+def test_a_malformed_share_drops_that_reply_and_the_sum_stays_exact() -> None:
+    """Client 2's unmask reply carries a bad share: a wrong length or index drops its reply
+    (its upload stays in the sum, the others' shares rebuild the secrets); a flipped bit
+    passes the layout check and is outvoted by another t-subset (the seed hash decides)."""
     params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
     ids = [1, 2, 3, 4, 5]
+    vectors = grid_vectors(ids, params)
     for corrupt, pattern in [(lambda s: s[:-3], "expected 4 \\+ a multiple of 16"),
-                             (lambda s: s[:10] + bytes([s[10] ^ 1]) + s[11:],
-                              "malformed share"),
+                             (lambda s: s[:10] + bytes([s[10] ^ 1]) + s[11:], None),
                              (lambda s: (99).to_bytes(4, "little") + s[4:], "has index 99")]:
-        rnd = Round(params, ids, grid_vectors(ids, params))
-        s = rnd.server
-        replies = rnd._ask(Stage.SETUP, s.setup_messages(), set())
-        replies = rnd._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), set())
-        replies = rnd._ask(Stage.COLLECT, s.collect_messages(replies), set())
-        replies = rnd._ask(Stage.UNMASK, s.unmask_messages(replies), set())
-        replies[2]["shares"][0] = corrupt(replies[2]["shares"][0])
-        with pytest.raises(SecAggInputError) as err:
-            s.aggregate(replies)
-        assert _one_line(err).startswith("secagg")
-        assert re.search(pattern, str(err.value)), str(err.value)
+        rnd = Round(params, ids, vectors)
+
+        def bad_share(replies: dict[int, dict[str, Any]], corrupt: Any = corrupt) -> None:
+            replies[2]["shares"][0] = corrupt(replies[2]["shares"][0])
+
+        rnd.tamper[Stage.UNMASK] = bad_share
+        got = rnd.run()
+        for g, p in zip(got, plain_sum(vectors, ids, 1.0), strict=True):
+            np.testing.assert_array_equal(g, p)
+        if pattern is None:
+            assert rnd.server.rejected == []
+        else:
+            [(nid, stage, why)] = rnd.server.rejected
+            assert (nid, stage) == (2, Stage.UNMASK) and re.search(pattern, why), why
 
 
-def test_a_wrong_length_masked_vector_is_refused_in_one_line() -> None:
+def test_shares_that_rebuild_no_valid_secret_fail_in_one_line() -> None:
+    """Every holder's share of client 1's seed flipped: no t-subset matches its hash."""
     params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
     ids = [1, 2, 3, 4, 5]
     rnd = Round(params, ids, grid_vectors(ids, params))
-    s = rnd.server
-    replies = rnd._ask(Stage.SETUP, s.setup_messages(), set())
-    replies = rnd._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), set())
-    replies = rnd._ask(Stage.COLLECT, s.collect_messages(replies), set())
-    replies[3]["masked"][1] = replies[3]["masked"][1][:-4]
-    with pytest.raises(SecAggInputError,
-                       match=r"^secagg reply from 3: masked array 1 has 12 bytes, expected 16 "):
-        s.unmask_messages(replies)
-    replies[3]["masked"] = replies[3]["masked"][:2]
-    with pytest.raises(SecAggInputError, match="'masked' has 2 entries, expected 3"):
-        s.unmask_messages(replies)
+
+    def flip(replies: dict[int, dict[str, Any]]) -> None:
+        for reply in replies.values():
+            i = reply["nids"].index(1)
+            share = reply["shares"][i]
+            reply["shares"][i] = share[:10] + bytes([share[10] ^ 1]) + share[11:]
+
+    rnd.tamper[Stage.UNMASK] = flip
+    with pytest.raises(SecAggInputError, match=r"^secagg: no 3 of the 5 shares of client 1's "
+                                               r"self-mask seed rebuild it") as err:
+        rnd.run()
+    _one_line(err)
+
+
+def _pem_of(rnd: Round, nid: int) -> bytes:
+    return rnd.clients[nid]._pk1  # noqa: SLF001 - the key a copier would send
+
+
+HOSTILE: dict[str, tuple[str, Callable[[dict[int, dict[str, Any]]], None], set[int], str]] = {
+    "setup: pk1 missing": (Stage.SETUP, lambda r: r[3].pop("pk1"), {3},
+                           "'pk1' must be non-empty bytes, got NoneType"),
+    "setup: pk2 an int": (Stage.SETUP, lambda r: r[3].update(pk2=7), {3},
+                          "'pk2' must be non-empty bytes, got int"),
+    "setup: pk1 not PEM": (Stage.SETUP, lambda r: r[3].update(pk1=b"x" * 91), {3},
+                           "'pk1' is not a PEM public key"),
+    "setup: wrong stage": (Stage.SETUP, lambda r: r[3].update(stage="secagg-unmask"), {3},
+                           "stage 'secagg-unmask' where 'secagg-setup' was expected"),
+    "setup: pk1 copied from 2": (Stage.SETUP, lambda r: r[3].update(pk1=r[2]["pk1"]), {2, 3},
+                                 "a public key it sent is also sent by"),
+    "setup: pk2 = own pk1": (Stage.SETUP, lambda r: r[3].update(pk2=r[3]["pk1"]), {3},
+                             "a public key it sent is also its other key"),
+    "share keys: one ciphertext short": (
+        Stage.SHARE_KEYS, lambda r: r[3].update(ctxts=r[3]["ctxts"][:-1]), {3},
+        "'ctxts' has 3 entries, expected 4"),
+    "share keys: a share for an unknown node": (
+        Stage.SHARE_KEYS, lambda r: r[3].update(dsts=[*r[3]["dsts"][:-1], 99]), {3},
+        "destinations .*99.*, its neighbours are"),
+    "share keys: a destination twice": (
+        Stage.SHARE_KEYS, lambda r: r[3].update(dsts=[r[3]["dsts"][0]] * 4), {3},
+        "destinations .*, its neighbours are"),
+    "share keys: a short seed hash": (
+        Stage.SHARE_KEYS, lambda r: r[3].update({"seed-hash": b"\x01" * 31}), {3},
+        "seed hash of 31 bytes, expected 32"),
+    "share keys: dsts not ints": (
+        Stage.SHARE_KEYS, lambda r: r[3].update(dsts=["1", "2", "4", "5"]), {3},
+        "'dsts' must be a list of non-negative ints"),
+    "masked: one array short": (
+        Stage.COLLECT, lambda r: r[3].update(masked=r[3]["masked"][:2]), {3},
+        "'masked' has 2 entries, expected 3"),
+    "masked: 4 bytes short": (
+        Stage.COLLECT, lambda r: r[3]["masked"].__setitem__(1, r[3]["masked"][1][:-4]), {3},
+        "masked array 1 has 12 bytes, expected 16 "),
+    "masked: ints, not bytes": (
+        Stage.COLLECT, lambda r: r[3].update(masked=[1, 2, 3]), {3},
+        "'masked' must be a list of bytes, got list"),
+    "masked: float64 bytes": (
+        Stage.COLLECT, lambda r: r[3]["masked"].__setitem__(
+            0, np.zeros(36, dtype=np.float64).tobytes()), {3},
+        "masked array 0 has 288 bytes, expected 144"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_hostile_reply_drops_its_client_and_the_round_sums_the_rest(name: str) -> None:
+    """Each malformed reply in a 6-client SecAgg+ ring (t=3, k=5): that client (and a client
+    whose key was copied) is dropped with its reason kept, the rest sum exactly."""
+    stage, tamper, dropped, pattern = HOSTILE[name]
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4, 5, 6]
+    vectors = grid_vectors(ids, params, seed=4)
+    rnd = Round(params, ids, vectors)
+    rnd.tamper[stage] = tamper
+    got = rnd.run()
+    for g, p in zip(got, plain_sum(vectors, [i for i in ids if i not in dropped], 1.0),
+                    strict=True):
+        np.testing.assert_array_equal(g, p)
+    assert {nid for nid, _, _ in rnd.server.rejected} == dropped
+    assert all(s == stage and "\n" not in why for _, s, why in rnd.server.rejected)
+    assert any(re.search(pattern, why) for _, _, why in rnd.server.rejected), \
+        rnd.server.rejected
+
+
+def test_hostile_replies_below_the_threshold_fail_the_round_in_one_line() -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4]
+
+    def two_bad(replies: dict[int, dict[str, Any]]) -> None:
+        replies[1].pop("pk1")
+        replies[2]["pk2"] = b"not a key"
+
+    rnd = Round(params, ids, grid_vectors(ids, params))
+    rnd.tamper[Stage.SETUP] = two_bad
+    with pytest.raises(RoundFailedError, match=r"^secagg-setup: 2 clients replied, fewer than "
+                                               r"the threshold 3; no sum$"):
+        rnd.run()
+    assert [nid for nid, _, _ in rnd.server.rejected] == [1, 2]
 
 
 def test_a_client_refuses_bad_input_in_one_line() -> None:

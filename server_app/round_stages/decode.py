@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from methods import wire as rk
@@ -38,7 +38,8 @@ class DecodeReplies:
     are uniform under DP and no rule DP runs with reads the counts, so placeholders stand in,
     whatever a reply claims. ``secure``: under secure aggregation a reply carries its masked
     upload and no plain array (``secure_sum.masked_problem``); its update's ``upload`` is
-    empty, the sum is ``SecureSum``'s.
+    empty, the sum is ``SecureSum``'s; no per-client metric is read (the client sends none):
+    the counts are the server's own (``decode_masked``).
     """
 
     cfg: RunConfig
@@ -83,15 +84,17 @@ class DecodeReplies:
         if rk.METRICS not in content.metric_records:
             return f"missing MetricRecord {rk.METRICS!r}"
         metrics = content.metric_records[rk.METRICS]
-        local = self.placeholders
-        for key in () if local else (rk.NUM_EXAMPLES, rk.TRAIN_LOSS, rk.NUM_STEPS):
-            if key not in metrics:
-                return f"missing metric {key!r}"
         said = (content.config_records[rk.CONFIG].get(rk.UPLOAD_DELTA)
                 if rk.CONFIG in content.config_records else None)
         if said is not (self.cfg.ri_aggregation == "update"):
             return (f"the reply says {rk.UPLOAD_DELTA}={said!r}; the round asked for "
                     f"{'Delta_i' if self.cfg.ri_aggregation == 'update' else 'w_iK'}")
+        if self.secure:  # only the sum may be learnt: no per-client figure is read
+            return self.decode_masked(content, pid, w_t)
+        local = self.placeholders
+        for key in () if local else (rk.NUM_EXAMPLES, rk.TRAIN_LOSS, rk.NUM_STEPS):
+            if key not in metrics:
+                return f"missing metric {key!r}"
         n, steps, loss = ((1, 1, math.nan) if local else
                           (metrics[rk.NUM_EXAMPLES], metrics[rk.NUM_STEPS], metrics[rk.TRAIN_LOSS]))
         if not local:
@@ -104,14 +107,6 @@ class DecodeReplies:
                 return problem
             if not isinstance(loss, int | float) or not math.isfinite(float(loss)):
                 return f"train-loss={loss!r} is not finite"
-        if self.secure:
-            problem = masked_problem(content, w_t, len(self.rule.up_keys))
-            if problem is not None:
-                return problem
-            update = ClientUpdate(partition_id=pid, upload=[], extras={}, num_examples=n,
-                                  train_loss=float(loss), num_steps=steps)
-            problem = self.rule.reply_problem(update, self.expected_steps(pid))
-            return update if problem is None else problem
         arrays: dict[str, Weights] = {}
         for key in (rk.ARRAYS, *self.rule.up_keys):
             if key not in content.array_records:
@@ -127,6 +122,20 @@ class DecodeReplies:
                               num_examples=n, train_loss=float(loss), num_steps=steps,
                               metrics=dict(metrics))
         problem = self.rule.reply_problem(update, self.expected_steps(pid))
+        return update if problem is None else problem
+
+    def decode_masked(self, content: RecordDict, pid: int, w_t: Weights) -> ClientUpdate | str:
+        """A masked reply: its counts are the ones the server derives itself (the
+        partition's size and step count, else 1: uniform weighting reads neither), its train
+        loss unknown (NaN); whatever metrics it carries are not read."""
+        problem = masked_problem(content, w_t, len(self.rule.up_keys))
+        if problem is not None:
+            return problem
+        steps = self.expected_steps(pid)
+        update = ClientUpdate(partition_id=pid, upload=[], extras={},
+                              num_examples=self.true_examples(pid) or 1,
+                              train_loss=math.nan, num_steps=steps or 1)
+        problem = self.rule.reply_problem(update, steps)
         return update if problem is None else problem
 
     def examples_problem(self, partition_id: int, n: int) -> str | None:

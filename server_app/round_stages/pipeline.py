@@ -85,7 +85,8 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
             sampler, messages,
             (DecodeReplies(cfg, method.rule, counts, secure=True),
              MinReplies(cfg.min_replies), secure_sum,
-             MethodUpdate(cfg, method, RobustMean(cfg)), AccountRound(accounted)),
+             MethodUpdate(cfg, method, RobustMean(cfg)),
+             AccountRound(accounted, train_loss=False)),  # no client's loss is known
             secure=session)
     rule = method.rule
     robust = RobustMean(cfg)

@@ -15,9 +15,12 @@ then uses as it would the plain mean and the plain sums (``RoundInput.upload_sum
 ``RoundInput.extra_sum``). Protocol ids are the client ids (small ints the client knows), not
 Flower's node ids.
 
-A client that drops in any stage is left out; more dropouts than the threshold allows (or a
-malformed protocol reply) and the round has no sum: the model stays, one line is logged, and
-no client's state is counted as aggregated (``AccountRound`` never runs for it).
+A client that drops in any stage is left out, and so is one whose protocol reply is malformed
+or hostile (missing or wrong-typed keys, a public key another client also sent, shares for
+clients that are not its neighbours, a masked vector of the wrong size: one line each naming
+the client and its node; ``SecAggServer.rejected``); more dropouts than the threshold allows
+and the round has no sum: the model stays, one line is logged, and no client's state is
+counted as aggregated (``AccountRound`` never runs for it).
 """
 
 from __future__ import annotations
@@ -93,6 +96,17 @@ class SecAggRound:
     server_round: int = 0
     node_of: dict[int, int] = dataclasses.field(default_factory=dict)
     """Client id -> node id of this round's participants."""
+    logged: int = 0
+    """How many of the server's ``rejected`` replies are logged already."""
+
+    def log_rejected(self, server: SecAggServer) -> None:
+        """One line per protocol reply the server refused since the last call: that client
+        is dropped from the protocol, the round goes on without it."""
+        for pid, stage, why in server.rejected[self.logged:]:
+            log(WARNING, "round %d: secure aggregation: client %d (node %s) dropped at %s, "
+                "its reply is rejected: %s", self.server_round, pid,
+                self.node_of.get(pid, "?"), stage, why)
+        self.logged = len(server.rejected)
 
     def key_exchange(self, grid: Grid, server_round: int, w_t: Weights,
                      messages: Sequence[Message], sent_to: Mapping[int, int]) -> list[Message]:
@@ -101,13 +115,21 @@ class SecAggRound:
         line logged) when the round cannot have a sum."""
         self.server, self.grid, self.server_round = None, grid, server_round
         self.node_of = {pid: node for node, pid in sent_to.items()}
+        self.logged = 0
+        server = None
         try:
             server = SecAggServer(self.params, sorted(self.node_of),
                                   [tuple(a.shape) for a in w_t] * (1 + len(self.extra_keys)))
             keys = self.exchange(server.setup_messages())
-            shared = self.exchange(server.share_keys_messages(keys))
+            try:
+                shared = self.exchange(server.share_keys_messages(keys))
+            finally:
+                self.log_rejected(server)
             collect = server.collect_messages(shared)
+            self.log_rejected(server)
         except (RoundFailedError, SecAggInputError) as err:
+            if server is not None:
+                self.log_rejected(server)
             log(WARNING, "round %d: secure aggregation: %s; no train message is sent, the "
                 "global model is unchanged", server_round, err)
             return []
@@ -182,16 +204,31 @@ class SecureSum:
                 self.min_survivors)
             return dataclasses.replace(replies, halted=True)
         try:
-            shares = self.session.exchange(server.unmask_messages(masked))
-            total = server.aggregate(shares)
+            try:
+                asked = server.unmask_messages(masked)
+            finally:
+                self.session.log_rejected(server)
+            uploaded = server.stage_clients[SecAggStage.COLLECT]  # a malformed upload: dropped
+            if len(uploaded) < self.min_survivors:
+                raise RoundFailedError(f"{len(uploaded)} well-formed uploads < t_min="
+                                       f"{self.min_survivors} (min-replies): nothing is unmasked")
+            total = server.aggregate(self.session.exchange(asked))
+            self.session.log_rejected(server)
         except (RoundFailedError, SecAggInputError) as err:
+            self.session.log_rejected(server)
             log(WARNING, "round %d: secure aggregation: %s; the global model is unchanged",
                 replies.server_round, err)
             return dataclasses.replace(replies, halted=True)
-        n, k = len(masked), len(replies.w_t)
+        kept = set(uploaded)
+        accepted = tuple(a for a in replies.accepted if replies.sent_to[a[0]] in kept)
+        dropped = tuple((node, "secure aggregation: its masked upload is malformed")
+                        for node, _ in replies.accepted if replies.sent_to[node] not in kept)
+        n, k = len(uploaded), len(replies.w_t)
         keys = (rk.ARRAYS, *self.session.extra_keys)
         sums = {key: [a.astype(np.float64) for a in total[i * k:(i + 1) * k]]
                 for i, key in enumerate(keys)}
         mean = [(s / (self.denominator or n)).astype(np.float32) for s in sums[rk.ARRAYS]]
-        return dataclasses.replace(replies, weights=(1.0,) * n, aggregate=mean, finals=(),
-                                   sums=sums)
+        return dataclasses.replace(replies, accepted=accepted, weights=(1.0,) * n,
+                                   aggregate=mean, finals=(), sums=sums,
+                                   rejected=replies.rejected + len(dropped),
+                                   rejections=(*replies.rejections, *dropped))

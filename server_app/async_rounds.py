@@ -61,7 +61,8 @@ ASYNC_FIELDS = ("staleness-mean", "staleness-max", "dropped-stale", "in-flight",
                 "buffered")
 """Columns an asynchronous row adds to ROUND_FIELDS: the buffer's mean and max staleness,
 replies dropped for ``max-staleness`` since the previous flush, tasks out at the flush, all
-tasks sent so far, and each buffered reply as [client, tau, s(tau)] in arrival order."""
+tasks sent so far, and each buffered reply as [client, version sent, tau, s(tau)] in arrival
+order."""
 LINK_ERRORS = frozenset({ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
                          ErrorCode.REPLY_MESSAGE_UNAVAILABLE})
 """Error replies the SuperLink writes itself: the client never answered (a lost task)."""
@@ -313,8 +314,9 @@ class AsyncLoop:
                  "staleness-mean": mean, "staleness-max": most,
                  "dropped-stale": flush.dropped, "in-flight": len(self.tasks),
                  "dispatched": self.counts.dispatched,
-                 "buffered": [[c, t, f] for c, t, f in zip(flush.clients, flush.staleness,
-                                                           flush.factors, strict=True)],
+                 "buffered": [list(b) for b in zip(flush.clients, flush.started,
+                                                   flush.staleness, flush.factors,
+                                                   strict=True)],
                  "state-fallbacks": self.counts.fallbacks,
                  "clients-trained": sorted(flush.clients)}
         self.counts.rejected = self.counts.lost = self.counts.fallbacks = 0

@@ -326,7 +326,7 @@ def test_a_dead_clients_task_is_lost_and_its_slot_goes_to_another_client(
     assert [r["round"] for r in rows] == list(range(1, 7))
     assert all(r["num-replies"] == 2 and r["num-rejected"] == 0 for r in rows)
     assert all(dead not in r["clients-trained"] for r in rows)
-    assert all(c != dead for r in rows for c, _, _ in r["buffered"])
+    assert all(c != dead for r in rows for c, _, _, _ in r["buffered"])
     sent_dead = grid.train_sent_to(1000 + dead)
     missing = sum(r["num-missing"] for r in rows)
     assert missing >= 1 and sent_dead - missing in (0, 1)  # one may still be out at the end
@@ -335,7 +335,8 @@ def test_a_dead_clients_task_is_lost_and_its_slot_goes_to_another_client(
     resent = [r.getMessage() for r in caplog.records if "lost task(s) re-sent" in r.getMessage()]
     assert resent, "no lost slot was refilled"
     assert all(f"[{dead}]" not in line for line in resent)
-    for r in rows:  # each buffered reply's weight is (1 + tau)^-a, tau as the row says
-        taus = [t for _, t, _ in r["buffered"]]
-        assert max(taus) == r["staleness-max"]
-        assert all(s == pytest.approx((1.0 + t) ** -0.5) for _, t, s in r["buffered"])
+    for r in rows:  # tau = the version it arrived at - the version sent; weight (1 + tau)^-a
+        assert [t for _, _, t, _ in r["buffered"]] == [r["round"] - 1 - v
+                                                      for _, v, _, _ in r["buffered"]]
+        assert max(t for _, _, t, _ in r["buffered"]) == r["staleness-max"]
+        assert all(s == pytest.approx((1.0 + t) ** -0.5) for _, _, t, s in r["buffered"])

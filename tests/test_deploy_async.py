@@ -38,7 +38,7 @@ VERSIONS, A, TIMEOUT = 20, 0.5, 20.0
 longest task (its first: data, model and a cold x10 training) on a loaded machine."""
 RUN = {"method": "fedavg", "rounds": "async", "num-clients": NODES, "concurrency": 3,
        "buffer-size": 2, "staleness": "poly", "staleness-a": A, "num-server-rounds": VERSIONS,
-       "round-timeout": TIMEOUT, "task-deadline": 60.0, "train-limit": 1200, "batch-size": 50,
+       "round-timeout": TIMEOUT, "task-deadline": 60.0, "train-limit": 2000, "batch-size": 50,
        "local-epochs": 1, "seed": 0, "eval-every": VERSIONS, "personal-eval-every": 0,
        "tracking": "off", "node-wait-timeout": 60.0}
 

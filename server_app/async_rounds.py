@@ -11,9 +11,9 @@ sent the newest model. Each flush is one row of rounds.jsonl (``round`` is the n
 A task that never ends (its node died mid-task) is given up after ``round-timeout``; one the
 SuperLink answers with its own error (``Node Unavailable`` once the node missed its
 heartbeats) is given up at once. Either way it counts as lost (``num-missing``), never as
-aggregated, its slot goes to another idle client, and that client is benched (not sent a
-task) for ``round-timeout`` seconds, doubled with each further loss in a row, until it
-answers again.
+aggregated, its slot goes to another idle client, and that client is benched: passed over
+for ``round-timeout`` seconds, doubled with each further loss in a row, until it answers
+again, unless no other idle client can take a free slot.
 
 The flush hands D to the method's own server rule: FedAvg's (FedAvg/FedInit, FedProx, FedSAM,
 Ditto) is w + eta_g D, FedAdam's its optimiser step. Not built yet (refused by the run
@@ -122,9 +122,10 @@ class Counters:
 
 @dataclass
 class Bench:
-    """Clients whose last task was lost: not sent another before ``until``, a pause of
+    """Clients whose last task was lost: passed over until ``until``, a pause of
     ``round-timeout`` doubled with each loss in a row (a dead node costs a few slots, a
-    node that only stalled once comes back soon); a reply of theirs ends it."""
+    node that only stalled once comes back soon); a reply of theirs ends it. A benched
+    client still takes a slot that no other idle client can (nothing is lost by trying)."""
 
     timeout: float
     strikes: dict[int, int] = field(default_factory=dict)
@@ -142,6 +143,19 @@ class Bench:
 
     def benched(self, now: float) -> set[int]:
         return {pid for pid, t in self.until.items() if t > now}
+
+
+def choose(idle: set[int], benched: set[int], free: int,
+           rng: np.random.Generator) -> list[int]:
+    """Up to ``free`` of the ``idle`` clients, a seeded choice; a benched one only for a slot
+    that no other can take. Without benched clients: one draw per slot from the sorted idle
+    list, as before benching existed (the same seed picks the same clients)."""
+    chosen = []
+    for pool in (sorted(idle - benched), sorted(idle & benched)):
+        while free > 0 and pool:
+            chosen.append(pool.pop(int(rng.integers(len(pool)))))
+            free -= 1
+    return chosen
 
 
 class AsyncLoop:
@@ -172,13 +186,9 @@ class AsyncLoop:
 
     def fill(self, weights: Weights) -> None:
         """Send the newest model to seeded idle clients until ``concurrency`` are training."""
-        idle = sorted(set(self.available()) - self.busy()
-                      - self.bench.benched(time.monotonic()))
-        free = self.cfg.async_concurrency - len(self.tasks)
-        chosen = []
-        while free > 0 and idle:
-            chosen.append(idle.pop(int(self.rng.integers(len(idle)))))
-            free -= 1
+        chosen = choose(set(self.available()) - self.busy(),
+                        self.bench.benched(time.monotonic()),
+                        self.cfg.async_concurrency - len(self.tasks), self.rng)
         if not chosen:
             return
         version = self.buffer.version
@@ -256,7 +266,7 @@ class AsyncLoop:
         self.counts.refill += 1
         pause = self.bench.lost(task.pid, time.monotonic())
         log(WARNING, "version %d: lost the task of client %d (sent version %d): %s; its slot "
-            "goes to another idle client, client %d is benched for %gs",
+            "goes to another idle client, client %d is passed over for %gs",
             self.buffer.version, task.pid, task.version, why, task.pid, pause)
         self.give_up_check()
 

@@ -304,26 +304,28 @@ class DeadClientGrid(InProcessGrid):
                    for m in self.sent)
 
 
-@pytest.mark.parametrize("error", [None, ErrorCode.NODE_UNAVAILABLE])
+@pytest.mark.parametrize(("error", "concurrency", "versions"), [
+    (None, 3, 6), (ErrorCode.NODE_UNAVAILABLE, 3, 6), (None, 4, 12)])
 def test_a_dead_clients_task_is_lost_and_its_slot_goes_to_another_client(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-        error: int | None) -> None:
+        error: int | None, concurrency: int, versions: int) -> None:
     """A task that never returns is given up at round-timeout (also while other replies keep
     coming), one the SuperLink answers with Node Unavailable at once: counted in num-missing,
     never aggregated, its slot re-sent to another idle client, the dead client benched
-    (round-timeout, doubled per loss); the run completes its versions."""
-    over = {"num-clients": 4, "num-server-rounds": 6, "concurrency": 3, "buffer-size": 2,
-            "staleness": "poly", "staleness-a": 0.5,
+    (round-timeout, doubled per loss); the run completes its versions. With concurrency 4 of
+    4 a slot that no other client can take goes to it again."""
+    over = {"num-clients": 4, "num-server-rounds": versions, "concurrency": concurrency,
+            "buffer-size": 2, "staleness": "poly", "staleness-a": 0.5,
             "round-timeout": 1.0 if error is None else 600.0}  # 1 s on the fake clock
     raw = RunConfig.parse({**SMALL, **over, "output-dir": str(tmp_path)}).to_dict()
-    clock = FakeClock(0.3) if error is None else None
+    clock = None if error is not None else FakeClock(0.3 if concurrency == 3 else 0.6)
     if clock is not None:
         monkeypatch.setattr(async_rounds, "time", clock)
     grid = DeadClientGrid(raw, error, clock)
     with caplog.at_level(logging.INFO):
         _, rows = run(tmp_path, grid, **over)
     dead = (grid.dead or 0) - 1000
-    assert [r["round"] for r in rows] == list(range(1, 7))
+    assert [r["round"] for r in rows] == list(range(1, versions + 1))
     assert all(r["num-replies"] == 2 and r["num-rejected"] == 0 for r in rows)
     assert all(dead not in r["clients-trained"] for r in rows)
     assert all(c != dead for r in rows for c, _, _, _ in r["buffered"])
@@ -334,9 +336,23 @@ def test_a_dead_clients_task_is_lost_and_its_slot_goes_to_another_client(
         assert sent_dead == 1 and missing == 1
     resent = [r.getMessage() for r in caplog.records if "lost task(s) re-sent" in r.getMessage()]
     assert resent, "no lost slot was refilled"
-    assert all(f"[{dead}]" not in line for line in resent)
+    if concurrency == 3:  # an idle client was there to take the slot
+        assert all(f"[{dead}]" not in line for line in resent)
+    else:  # a slot no other client takes (or its pause ran out): it is tried again
+        assert sent_dead >= 2
     for r in rows:  # tau = the version it arrived at - the version sent; weight (1 + tau)^-a
         assert [t for _, _, t, _ in r["buffered"]] == [r["round"] - 1 - v
                                                       for _, v, _, _ in r["buffered"]]
         assert max(t for _, _, t, _ in r["buffered"]) == r["staleness-max"]
         assert all(s == pytest.approx((1.0 + t) ** -0.5) for _, _, t, s in r["buffered"])
+
+
+def test_a_benched_client_takes_only_a_slot_no_other_can() -> None:
+    def pick(idle: set[int], benched: set[int], free: int) -> list[int]:
+        return async_rounds.choose(idle, benched, free, np.random.default_rng([0, 32]))
+
+    assert pick({0, 1, 2, 3}, set(), 3) == [1, 0, 2]  # seed 0's draws, as without a bench
+    assert sorted(pick({0, 1, 2, 3}, {2}, 3)) == [0, 1, 3]  # enough others: 2 passed over
+    assert pick({0, 2}, {2}, 2)[0] == 0 and sorted(pick({0, 2}, {2}, 2)) == [0, 2]
+    assert pick({2}, {2}, 1) == [2]  # the only idle client takes the free slot
+    assert pick({0, 1}, set(), 0) == []

@@ -15,6 +15,7 @@ metric, and counts each release in its own ledger.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client_app import slowdown
 from client_app.device_privacy import (
     DeviceFloor,
     FloorError,
@@ -128,26 +130,37 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
 
 def train_fn(msg: Message, context: Context) -> Message:
     """One participation: Flower's message and context in, ``client_round`` does the work.
-    A run below the device's privacy floor is refused before anything is read. Under local
-    DP the release is counted in the device's ledger before the reply leaves, and a task
-    that fails says only that it failed (its error's text may tell of the data)."""
+    The node's ``slowdown`` (``client_app.slowdown``; a bad one fails the task first) sleeps
+    (FACTOR - 1) x the training time after the reply is built, before it is handed back."""
+    factor = slowdown.factor_of(context.node_config)
+    trained: list[float] = []
+    reply = train_reply(msg, context, trained.append)
+    slowdown.stretch(factor, sum(trained))
+    return reply
+
+
+def train_reply(msg: Message, context: Context, timed: Callable[[float], None]) -> Message:
+    """The train reply. A run below the device's privacy floor is refused before anything is
+    read. Under local DP the release is counted in the device's ledger before the reply
+    leaves, and a task that fails says only that it failed (its error's text may tell of
+    the data)."""
     cfg = run_config_of(context)
     floor, refused = device_floor(context, cfg, msg, "train message")
     if refused is not None:
         return refused
     if not local_dp(cfg, floor):
-        return Message(content=train_content(msg, context, cfg, floor), reply_to=msg)
+        return Message(content=train_content(msg, context, cfg, floor, timed), reply_to=msg)
     try:
         spent = floor.budget_spent(cfg)
         if spent is not None:
             return refusal(msg, "train message", spent)
-        return Message(content=train_content(msg, context, cfg, floor), reply_to=msg)
+        return Message(content=train_content(msg, context, cfg, floor, timed), reply_to=msg)
     except Exception as err:  # noqa: BLE001 - under local DP its text stays on the device
         return private_failure(msg, "train message", err)
 
 
 def train_content(msg: Message, context: Context, cfg: RunConfig,
-                  floor: DeviceFloor) -> RecordDict:
+                  floor: DeviceFloor, timed: Callable[[float], None] | None = None) -> RecordDict:
     """The reply's content; under local DP the device's ledger is read before any data
     (a damaged one stops the task) and counts the release once it is made."""
     pid = partition_of(context, cfg, msg)
@@ -164,7 +177,7 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
     x, y = client_tensors(cfg, pid, data_dir_of(context))
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            cached_model(cfg), x, y, initial=lambda: initial_weights(cfg),
-                           partition_id=pid)
+                           partition_id=pid, timed=timed)
     if cfg.secure_aggregation != "off":  # the plain upload never leaves: only its masked form
         content = mask_upload(msg.content, content, context.state, pid)
     else:  # under secure aggregation no per-client figure leaves (secure_upload)

@@ -38,11 +38,14 @@ def client_round(
     initial: Callable[[], Sequence[np.ndarray]],
     partition_id: int,
     loss_fn: LossFn = nn.functional.cross_entropy,
+    timed: Callable[[float], None] | None = None,
 ) -> RecordDict:
     """Train from the RI start point with ``rule.train``, update ``state``, return the reply.
 
     ``initial`` gives w_0 (the RI w_prev before a first participation); it is called only
-    then, so a deployment does not rebuild the initial model on every message.
+    then, so a deployment does not rebuild the initial model on every message. ``timed``
+    is handed the local training's seconds (the reply's ``compute-seconds``, also under
+    local DP where the reply withholds them): a node's ``slowdown`` stretches by it.
     """
     conf = received.config_records[rk.CONFIG]
     server_round, lr, beta = int(conf[rk.ROUND]), float(conf[rk.LR]), float(conf[rk.BETA])
@@ -62,6 +65,9 @@ def client_round(
                                   device=next(model.parameters()).device,
                                   sgd=sgd_pass(model, x, y, settings, loss_fn),
                                   losses=train_losses(model, x, y, cfg.batch_size, loss_fn)))
+    seconds = time.perf_counter() - t0
+    if timed is not None:
+        timed(seconds)
     trained = outcome.trained
     final = trained.final
 
@@ -70,7 +76,7 @@ def client_round(
         state.put(key, arrays)
     metrics = train_metrics(cfg.dp == "local", {  # local DP: none (client_app.device_privacy)
         rk.NUM_EXAMPLES: trained.num_examples, rk.TRAIN_LOSS: trained.mean_loss,
-        rk.NUM_STEPS: trained.num_steps, rk.COMPUTE_SECONDS: time.perf_counter() - t0,
+        rk.NUM_STEPS: trained.num_steps, rk.COMPUTE_SECONDS: seconds,
         **outcome.metrics})  # the method's own (clustered FL's cluster choice)
     upload, extras = Mechanism.from_config(cfg).release(  # DP: clipped (local: noised)
         upload_vector(final, start, "update" if delta else "model"), outcome.extras)

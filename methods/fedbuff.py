@@ -61,6 +61,8 @@ class Flush:
     dropped: int
     """Replies dropped for ``max-staleness`` since the previous flush."""
     clients: tuple[int, ...]
+    started: tuple[int, ...] = ()
+    """The version each buffered reply's task was sent (its tau is ``version`` - 1 - it)."""
 
 
 @dataclass
@@ -126,7 +128,8 @@ class FedBuff:
                 for a, d in zip(w, step, strict=True)])
         out = Flush(weights=new, version=self.version + 1, replies=len(self.buffer),
                     staleness=tuple(taus), factors=tuple(factors), dropped=self.dropped,
-                    clients=tuple(u.client for u in self.buffer))
+                    clients=tuple(u.client for u in self.buffer),
+                    started=tuple(u.version for u in self.buffer))
         self.version += 1
         self.buffer = []
         self.dropped = 0

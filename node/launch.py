@@ -1,7 +1,8 @@
 """Start a SuperNode with its warm ClientApp executor: the one way this project runs a node.
 
     python -m node.launch [--executor warm|flower] [--poll S] [--node-poll S] \
-        [--idle-poll S] [--active-window S] [--task-deadline S] -- <flower-supernode arguments>
+        [--idle-poll S] [--active-window S] [--task-deadline S] [--slowdown FACTOR] \
+        -- <flower-supernode arguments>
 
 The SuperNode runs in this process, in ``--isolation process`` with its Runtime API on
 loopback (only the executor beside it may reach it: it hands out this client's messages).
@@ -33,6 +34,7 @@ import atexit
 import ipaddress
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,7 +83,19 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="warm executor: kill a task running longer than this many seconds "
                         "and answer it with an error reply; wins over the run config's "
                         "task-deadline (default 0: the run config decides)")
+    p.add_argument("--slowdown", type=str, default=None, metavar="FACTOR",
+                   help="this node trains FACTOR x its real compute time (it sleeps (FACTOR - "
+                        "1) x its training time after building each train reply; the reply's "
+                        "compute-seconds stay the real ones): a slow device for tests and "
+                        "demos; written to the node config as slowdown=FACTOR (default 1)")
     args = p.parse_args(ours)
+    if args.slowdown is not None:
+        from client_app.slowdown import SlowdownError, check_factor
+
+        try:
+            args.slowdown = check_factor(args.slowdown)
+        except SlowdownError as err:
+            p.error(f"--{err}")
     if not (math.isfinite(args.task_deadline) and args.task_deadline >= 0):
         p.error(f"--task-deadline {args.task_deadline} is not allowed; allowed: 0 (the run "
                 "config decides) or a number of seconds > 0")
@@ -126,6 +140,27 @@ def runtime_address(node_args: list[str]) -> tuple[list[str], str]:
     return [*args, "--isolation", "process"], f"{host}:{port}"
 
 
+def with_slowdown(node_args: list[str], factor: float | None) -> list[str]:
+    """flower-supernode's arguments with ``slowdown=FACTOR`` added to its (last)
+    ``--node-config`` (or one of its own); a node config that names it too is refused
+    (Flower's parser refuses a key given twice)."""
+    if factor is None:
+        return node_args
+    entry = f"slowdown={factor!r}"
+    args = list(node_args)
+    for i in range(len(args) - 1, -1, -1):
+        flag, _, inline = args[i].partition("=")
+        if flag != "--node-config" or (not inline and i + 1 == len(args)):
+            continue
+        at = i if inline else i + 1
+        if re.search(r"(^|\s)slowdown\s*=", args[at].partition("=")[2] if inline else args[at]):
+            raise SystemExit("node.launch: --slowdown and a node config slowdown=... are both "
+                             "given; allowed: one of them")
+        args[at] = f"{args[at]} {entry}"
+        return args
+    return [*args, "--node-config", entry]
+
+
 def executor_command(args: argparse.Namespace, address: str,
                      wake_fd: int | None = None, approved: Path | None = None) -> list[str]:
     """The executor's command; with ``wake_fd`` the warm one waits on it (the node wakes it)
@@ -157,17 +192,32 @@ def chosen_executor(requested: str) -> str:
 def device_allowlist(node_args: list[str]) -> Allowlist | None:
     """The device's approved-apps list named by flower-supernode's ``--node-config`` (or in
     its ``state-dir``), read once now: a bad one stops the node with its one line."""
-    from flwr.common.config import parse_config_args
-
     from node.app_allowlist import Allowlist, AllowlistError, path_from_node_config
 
-    given = [node_args[i + 1] for i, a in enumerate(node_args[:-1]) if a == "--node-config"]
-    given += [a.split("=", 1)[1] for a in node_args if a.startswith("--node-config=")]
     try:
-        path = path_from_node_config(parse_config_args(given[-1:]) if given else {})
+        path = path_from_node_config(node_config_of(node_args))
         return None if path is None else Allowlist.load(path)
     except (AllowlistError, ValueError) as err:
         raise SystemExit(f"node.launch: {err}") from None
+
+
+def node_config_of(node_args: list[str]) -> dict[str, object]:
+    """The node config flower-supernode's (last) ``--node-config`` gives."""
+    from flwr.common.config import parse_config_args
+
+    given = [node_args[i + 1] for i, a in enumerate(node_args[:-1]) if a == "--node-config"]
+    given += [a.split("=", 1)[1] for a in node_args if a.startswith("--node-config=")]
+    return dict(parse_config_args(given[-1:])) if given else {}
+
+
+def check_slowdown(node_args: list[str]) -> None:
+    """A node config ``slowdown`` that is not a number >= 1 stops the node with one line."""
+    from client_app.slowdown import SlowdownError, factor_of
+
+    try:
+        factor_of(node_config_of(node_args))
+    except SlowdownError as err:
+        raise SystemExit(f"node.launch: node config {err}") from None
 
 
 def allowlist_executor(allowlist: Allowlist | None, executor: str) -> None:
@@ -193,8 +243,9 @@ def plain_logs_off_terminal() -> None:
 def main(argv: list[str] | None = None) -> None:
     args, node_args = parse_args(sys.argv[1:] if argv is None else argv)
     plain_logs_off_terminal()
-    node_args, address = runtime_address(node_args)
+    node_args, address = runtime_address(with_slowdown(node_args, args.slowdown))
     allowlist = device_allowlist(node_args)
+    check_slowdown(node_args)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])])

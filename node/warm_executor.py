@@ -59,9 +59,11 @@ if TYPE_CHECKING:
     from node.app_allowlist import Allowlist
 
 PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.optim",
-           "flwr.clientapp", "flwr.serverapp", "flwr.supernode.runtime.run_clientapp",
-           "node.task_runner")
-"""Imported once by the supervisor, before any fork: what every ClientApp task needs."""
+           "torch._dynamo", "flwr.clientapp", "flwr.serverapp",
+           "flwr.supernode.runtime.run_clientapp", "node.task_runner")
+"""Imported once by the supervisor, before any fork: what every ClientApp task needs.
+``torch._dynamo``: the first ``torch.optim.SGD`` imports it lazily (2-6 s), which a first
+train task would otherwise pay inside its compute-seconds (and a ``slowdown`` stretch)."""
 CLIENT_APP_TASK = "flwr-clientapp"  # flwr.supercore.constant.TaskType.CLIENT_APP
 ORPHAN_SECONDS = 60.0
 """A task whose worker has not pulled its message this long after hand-over, when the node

@@ -94,6 +94,8 @@ class Deployment:
     """The SuperLink's state: ``sqlite`` (a database file: registered nodes and runs survive
     a SuperLink restart) or ``memory`` (Flower's in-memory state: faster rounds, everything
     lost with the process; ``restart_link`` then has nothing to resume)."""
+    slowdown: dict[int, float] = field(default_factory=dict)
+    """{node index: FACTOR}: ``node.launch --slowdown`` for those nodes (slow devices)."""
     procs: list[Proc] = field(default_factory=list)
 
     # --------------------------------------------------------------- layout
@@ -261,6 +263,7 @@ class Deployment:
                *([] if self.node_poll is None else ["--node-poll", str(self.node_poll)]),
                *([] if self.idle_poll is None else ["--idle-poll", str(self.idle_poll)]),
                *([] if self.wake else ["--no-wake"]),
+               *(["--slowdown", str(self.slowdown[i])] if i in self.slowdown else []),
                "--status-file", str(self.executor_status(i)), "--",
                "--superlink", self.fleet_address,
                "--host", "127.0.0.1", "--port", str(self.node_port(i)),
@@ -509,6 +512,23 @@ def build_run_config(overrides: list[str], num_nodes: int, out: TextIO) -> dict[
     return cfg_map
 
 
+def slowdowns(given: list[str], num_nodes: int) -> dict[int, float] | str:
+    """``--slowdown I=FACTOR`` flags as {I: FACTOR}, or the one-line error."""
+    from client_app.slowdown import SlowdownError, check_factor
+
+    out: dict[int, float] = {}
+    for item in given:
+        node, sep, factor = item.partition("=")
+        if not sep or not node.strip().isdigit() or int(node) >= num_nodes:
+            return (f"--slowdown {item} is not allowed; allowed: I=FACTOR with I a node "
+                    f"index 0..{num_nodes - 1}")
+        try:
+            out[int(node)] = check_factor(factor)
+        except SlowdownError as err:
+            return f"--slowdown {item}: {err}"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("overrides", nargs="*", metavar="key=value")
@@ -540,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="SuperLink state: sqlite (a database under the work dir: registered "
                          "nodes and runs survive a SuperLink restart; default) or memory "
                          "(faster rounds, lost with the process)")
+    ap.add_argument("--slowdown", action="append", default=[], metavar="I=FACTOR",
+                    help="node I trains FACTOR x its real compute time (node.launch "
+                         "--slowdown; repeat for more nodes)")
     ap.add_argument("--app", type=Path, default=REPO, help="the Flower App (default: this repo)")
     ap.add_argument("--run-timeout", type=float, default=3600.0,
                     help="give up on the run after this many seconds (default 3600)")
@@ -549,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
         return stop_saved(work_dir)
     if args.num_nodes < 1:
         ap.error("--num-nodes must be >= 1")
+    slow = slowdowns(args.slowdown, args.num_nodes)
+    if isinstance(slow, str):
+        ap.error(slow)
     try:
         run_cfg = build_run_config(args.overrides, args.num_nodes, sys.stdout)
     except ConfigError as err:
@@ -559,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, raise_on_signal)
     dep = Deployment(work_dir, args.num_nodes, args.base_port, args.insecure,
                      args.threads_per_node, args.executor, args.node_poll, args.idle_poll,
-                     not args.no_wake, link_state=args.link_state)
+                     not args.no_wake, link_state=args.link_state, slowdown=slow)
     code = 1
     try:
         dep.up()

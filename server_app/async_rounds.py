@@ -8,6 +8,13 @@ sent), its update Delta_i is buffered with the version it started from, and ever
 step. A freed slot is refilled at once with a seeded choice of the idle connected clients,
 sent the newest model. Each flush is one row of rounds.jsonl (``round`` is the new version).
 
+A task that never ends (its node died mid-task) is given up after ``round-timeout``; one the
+SuperLink answers with its own error (``Node Unavailable`` once the node missed its
+heartbeats) is given up at once. Either way it counts as lost (``num-missing``), never as
+aggregated, its slot goes to another idle client, and that client is benched: passed over
+for ``round-timeout`` seconds, doubled with each further loss in a row, until it answers
+again, unless no other idle client can take a free slot.
+
 The flush hands D to the method's own server rule: FedAvg's (FedAvg/FedInit, FedProx, FedSAM,
 Ditto) is w + eta_g D, FedAdam's its optimiser step. Not built yet (refused by the run
 config): checkpoint/resume, DP, robust rules, federated and personalized evaluation, and
@@ -20,7 +27,7 @@ import io
 import math
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -28,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Message
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -49,10 +57,15 @@ from task.data_paths import check_present
 from task.federated_data import dataset_of, partition_sizes
 from task.models import get_weights, initial_model, set_weights
 
-ASYNC_FIELDS = ("staleness-mean", "staleness-max", "dropped-stale", "in-flight", "dispatched")
+ASYNC_FIELDS = ("staleness-mean", "staleness-max", "dropped-stale", "in-flight", "dispatched",
+                "buffered")
 """Columns an asynchronous row adds to ROUND_FIELDS: the buffer's mean and max staleness,
-replies dropped for ``max-staleness`` since the previous flush, tasks out at the flush and all
-tasks sent so far."""
+replies dropped for ``max-staleness`` since the previous flush, tasks out at the flush, all
+tasks sent so far, and each buffered reply as [client, version sent, tau, s(tau)] in arrival
+order."""
+LINK_ERRORS = frozenset({ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
+                         ErrorCode.REPLY_MESSAGE_UNAVAILABLE})
+"""Error replies the SuperLink writes itself: the client never answered (a lost task)."""
 POLL_SECONDS = 0.1
 """Pause between pulls that brought nothing."""
 
@@ -103,6 +116,46 @@ class Counters:
     fallbacks: int = 0
     """Replies whose client could not use its saved state (``rk.STATE_FALLBACK``)."""
     dispatched: int = 0
+    refill: int = 0
+    """Lost tasks whose slots the next ``fill`` hands on (its log line names who got them)."""
+
+
+@dataclass
+class Bench:
+    """Clients whose last task was lost: passed over until ``until``, a pause of
+    ``round-timeout`` doubled with each loss in a row (a dead node costs a few slots, a
+    node that only stalled once comes back soon); a reply of theirs ends it. A benched
+    client still takes a slot that no other idle client can (nothing is lost by trying)."""
+
+    timeout: float
+    strikes: dict[int, int] = field(default_factory=dict)
+    until: dict[int, float] = field(default_factory=dict)
+
+    def lost(self, pid: int, now: float) -> float:
+        self.strikes[pid] = self.strikes.get(pid, 0) + 1
+        pause = self.timeout * 2 ** (self.strikes[pid] - 1)
+        self.until[pid] = now + pause
+        return pause
+
+    def answered(self, pid: int) -> None:
+        self.strikes.pop(pid, None)
+        self.until.pop(pid, None)
+
+    def benched(self, now: float) -> set[int]:
+        return {pid for pid, t in self.until.items() if t > now}
+
+
+def choose(idle: set[int], benched: set[int], free: int,
+           rng: np.random.Generator) -> list[int]:
+    """Up to ``free`` of the ``idle`` clients, a seeded choice; a benched one only for a slot
+    that no other can take. Without benched clients: one draw per slot from the sorted idle
+    list, as before benching existed (the same seed picks the same clients)."""
+    chosen = []
+    for pool in (sorted(idle - benched), sorted(idle & benched)):
+        while free > 0 and pool:
+            chosen.append(pool.pop(int(rng.integers(len(pool)))))
+            free -= 1
+    return chosen
 
 
 class AsyncLoop:
@@ -126,18 +179,16 @@ class AsyncLoop:
         self.accepted: list[tuple[ClientUpdate, float]] = []
         """The buffer's decoded replies and weights (the method's rule sees them at a flush)."""
         self.counts = Counters()
+        self.bench = Bench(cfg.round_timeout)
 
     def busy(self) -> set[int]:
         return {t.pid for t in self.tasks.values()}
 
     def fill(self, weights: Weights) -> None:
         """Send the newest model to seeded idle clients until ``concurrency`` are training."""
-        idle = sorted(set(self.available()) - self.busy())
-        free = self.cfg.async_concurrency - len(self.tasks)
-        chosen = []
-        while free > 0 and idle:
-            chosen.append(idle.pop(int(self.rng.integers(len(idle)))))
-            free -= 1
+        chosen = choose(set(self.available()) - self.busy(),
+                        self.bench.benched(time.monotonic()),
+                        self.cfg.async_concurrency - len(self.tasks), self.rng)
         if not chosen:
             return
         version = self.buffer.version
@@ -155,6 +206,10 @@ class AsyncLoop:
             if msg_id:
                 self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now)
         self.counts.dispatched += len(chosen)
+        if self.counts.refill:
+            log(INFO, "version %d: %d lost task(s) re-sent: client(s) %s now train", version,
+                self.counts.refill, chosen[:self.counts.refill])
+            self.counts.refill = max(0, self.counts.refill - len(chosen))
 
     def take(self, msg: Message) -> Task | None:
         """The task ``msg`` answers, checked and buffered (or counted as rejected/dropped)."""
@@ -162,6 +217,10 @@ class AsyncLoop:
         if task is None:
             return None
         version = self.buffer.version
+        if msg.has_error() and msg.error.code in LINK_ERRORS:
+            self.lose(task, f"the SuperLink answered for it: {msg.error.reason}")
+            return task
+        self.bench.answered(task.pid)
         self.counts.fallbacks += state_fallbacks([msg])
         decoded = self.strategy.check(version, msg, task)
         if isinstance(decoded, str):
@@ -193,15 +252,23 @@ class AsyncLoop:
                 f"{c.async_buffer_size}); stopped, see the rejected replies above")
 
     def expire(self) -> None:
-        """Give up on tasks older than ``round-timeout``: their slots are refilled."""
+        """Give up on tasks older than ``round-timeout`` (checked on every pass, also while
+        other replies keep coming): their slots are refilled."""
         now = time.monotonic()
         for msg_id, task in list(self.tasks.items()):
             if now - task.sent_at > self.cfg.round_timeout:
                 del self.tasks[msg_id]
-                self.counts.lost += 1
-                log(WARNING, "client %d sent no reply within round-timeout=%gs; its slot is "
-                    "refilled", task.pid, self.cfg.round_timeout)
-                self.give_up_check()
+                self.lose(task, f"no reply within round-timeout={self.cfg.round_timeout:g}s")
+
+    def lose(self, task: Task, why: str) -> None:
+        """Count ``task`` as lost (never aggregated), bench its client, refill its slot."""
+        self.counts.lost += 1
+        self.counts.refill += 1
+        pause = self.bench.lost(task.pid, time.monotonic())
+        log(WARNING, "version %d: lost the task of client %d (sent version %d): %s; its slot "
+            "goes to another idle client, client %d is passed over for %gs",
+            self.buffer.version, task.pid, task.version, why, task.pid, pause)
+        self.give_up_check()
 
     def run(self, weights: Weights, on_flush: Callable[[Flush, dict[str, Any]], None]) -> Weights:
         """Keep ``concurrency`` clients busy and flush every K accepted replies."""
@@ -213,9 +280,9 @@ class AsyncLoop:
                 raise TooFewReplies(f"rounds=async: no client to train for "
                                     f"node-wait-timeout={self.cfg.node_wait_timeout:g}s at "
                                     f"version {self.buffer.version}")
+            self.expire()
             replies = list(self.grid.pull_messages(list(self.tasks))) if self.tasks else []
             if not replies:
-                self.expire()
                 time.sleep(POLL_SECONDS)
                 continue
             idle_since = time.monotonic()
@@ -257,6 +324,9 @@ class AsyncLoop:
                  "staleness-mean": mean, "staleness-max": most,
                  "dropped-stale": flush.dropped, "in-flight": len(self.tasks),
                  "dispatched": self.counts.dispatched,
+                 "buffered": [list(b) for b in zip(flush.clients, flush.started,
+                                                   flush.staleness, flush.factors,
+                                                   strict=True)],
                  "state-fallbacks": self.counts.fallbacks,
                  "clients-trained": sorted(flush.clients)}
         self.counts.rejected = self.counts.lost = self.counts.fallbacks = 0

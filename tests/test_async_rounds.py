@@ -5,6 +5,7 @@ FedBuff's step recomputed here from the tasks and replies in the order they were
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 
 from client_app.trainer import local_sgd
 from methods import wire as rk
 from methods.packed_arrays import unpack
 from scripts.inprocess_grid import InProcessGrid
+from server_app import async_rounds
 from server_app.app import RunAborted, main
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
@@ -251,3 +254,105 @@ def test_the_app_selects_the_loop_by_rounds_and_stops_when_every_reply_fails(
                                          r"buffer-size=2\); stopped"):
         main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                            run_config=raw))
+
+
+class FakeClock:
+    """The loop's clock (``server_app.async_rounds.time``): each pull and each pause move it
+    ``step`` seconds, so ``round-timeout`` passes in a few in-process pulls."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class DeadClientGrid(InProcessGrid):
+    """The client of the first train message dies with it: its train tasks never come back
+    (``error=None``) or the SuperLink answers them with ``error`` (Node Unavailable)."""
+
+    def __init__(self, raw: dict[str, Any], error: int | None = None,
+                 clock: FakeClock | None = None) -> None:
+        super().__init__(raw["num-clients"], raw)
+        self.dead: int | None = None
+        self.error, self.clock = error, clock
+        self.reply_filter = self.kill
+
+    def kill(self, reply: Message) -> Message | None:
+        if reply.metadata.message_type != "train":
+            return reply
+        node = reply.metadata.src_node_id
+        self.dead = node if self.dead is None else self.dead
+        if node != self.dead:
+            return reply
+        if self.error is None:
+            return None
+        task = next(m for m in self.sent
+                    if m.metadata.message_id == reply.metadata.reply_to_message_id)
+        return Message(Error(code=self.error, reason="Error: Node Unavailable"), reply_to=task)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        if self.clock is not None:
+            self.clock.now += self.clock.step
+        return super().pull_messages(message_ids)
+
+    def train_sent_to(self, node: int) -> int:
+        return sum(m.metadata.message_type == "train" and m.metadata.dst_node_id == node
+                   for m in self.sent)
+
+
+@pytest.mark.parametrize(("error", "concurrency", "versions"), [
+    (None, 3, 6), (ErrorCode.NODE_UNAVAILABLE, 3, 6), (None, 4, 12)])
+def test_a_dead_clients_task_is_lost_and_its_slot_goes_to_another_client(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        error: int | None, concurrency: int, versions: int) -> None:
+    """A task that never returns is given up at round-timeout (also while other replies keep
+    coming), one the SuperLink answers with Node Unavailable at once: counted in num-missing,
+    never aggregated, its slot re-sent to another idle client, the dead client benched
+    (round-timeout, doubled per loss); the run completes its versions. With concurrency 4 of
+    4 a slot that no other client can take goes to it again."""
+    over = {"num-clients": 4, "num-server-rounds": versions, "concurrency": concurrency,
+            "buffer-size": 2, "staleness": "poly", "staleness-a": 0.5,
+            "round-timeout": 1.0 if error is None else 600.0}  # 1 s on the fake clock
+    raw = RunConfig.parse({**SMALL, **over, "output-dir": str(tmp_path)}).to_dict()
+    clock = None if error is not None else FakeClock(0.3 if concurrency == 3 else 0.6)
+    if clock is not None:
+        monkeypatch.setattr(async_rounds, "time", clock)
+    grid = DeadClientGrid(raw, error, clock)
+    with caplog.at_level(logging.INFO):
+        _, rows = run(tmp_path, grid, **over)
+    dead = (grid.dead or 0) - 1000
+    assert [r["round"] for r in rows] == list(range(1, versions + 1))
+    assert all(r["num-replies"] == 2 and r["num-rejected"] == 0 for r in rows)
+    assert all(dead not in r["clients-trained"] for r in rows)
+    assert all(c != dead for r in rows for c, _, _, _ in r["buffered"])
+    sent_dead = grid.train_sent_to(1000 + dead)
+    missing = sum(r["num-missing"] for r in rows)
+    assert missing >= 1 and sent_dead - missing in (0, 1)  # one may still be out at the end
+    if error is not None:  # benched for round-timeout after its loss: never asked again
+        assert sent_dead == 1 and missing == 1
+    resent = [r.getMessage() for r in caplog.records if "lost task(s) re-sent" in r.getMessage()]
+    assert resent, "no lost slot was refilled"
+    if concurrency == 3:  # an idle client was there to take the slot
+        assert all(f"[{dead}]" not in line for line in resent)
+    else:  # a slot no other client takes (or its pause ran out): it is tried again
+        assert sent_dead >= 2
+    for r in rows:  # tau = the version it arrived at - the version sent; weight (1 + tau)^-a
+        assert [t for _, _, t, _ in r["buffered"]] == [r["round"] - 1 - v
+                                                      for _, v, _, _ in r["buffered"]]
+        assert max(t for _, _, t, _ in r["buffered"]) == r["staleness-max"]
+        assert all(s == pytest.approx((1.0 + t) ** -0.5) for _, _, t, s in r["buffered"])
+
+
+def test_a_benched_client_takes_only_a_slot_no_other_can() -> None:
+    def pick(idle: set[int], benched: set[int], free: int) -> list[int]:
+        return async_rounds.choose(idle, benched, free, np.random.default_rng([0, 32]))
+
+    assert pick({0, 1, 2, 3}, set(), 3) == [1, 0, 2]  # seed 0's draws, as without a bench
+    assert sorted(pick({0, 1, 2, 3}, {2}, 3)) == [0, 1, 3]  # enough others: 2 passed over
+    assert pick({0, 2}, {2}, 2)[0] == 0 and sorted(pick({0, 2}, {2}, 2)) == [0, 2]
+    assert pick({2}, {2}, 1) == [2]  # the only idle client takes the free slot
+    assert pick({0, 1}, set(), 0) == []

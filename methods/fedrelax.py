@@ -22,8 +22,9 @@ client that has trained linked to its ``graph-k`` most cosine-similar clients by
 update (its upload minus its previous model, sketched), rebuilt after round 1 and every
 ``graph-refresh-every`` rounds; no edges before round 1 ends; or ``loss``: learned from how
 well each candidate neighbour's model fits a client's own data (``methods/graph_loss.py``): a
-client sampled from round 2 on, at its first participation and then once
-``graph-refresh-every`` rounds have passed since its last measurement, is also sent up to
+client sampled from round 2 on, at its first participation, once ``graph-refresh-every``
+rounds have passed since its last measurement, and when more candidates are available than its
+last choice was made from, is also sent up to
 ``graph-candidates`` other clients' latest models (the server's copies), reports the mean loss
 of each on its own training data (one float per candidate) before it trains, and is linked to
 its ``graph-k`` lowest (A = 1; the union of the clients' choices). The graph in use is written
@@ -124,6 +125,8 @@ class FedRelaxState(ServerState):
     """[int64 (N, graph-k)]: each client's lowest-loss candidates (-1: empty; loss graph)."""
     measured: Weights
     """[int64 (N,)]: the round of each client's last measurement (0: none; loss graph)."""
+    pool: Weights
+    """[int64 (N,)]: how many candidates each client's last measurement scored (loss graph)."""
     clock: Weights
     """[int64 (1,)]: the rounds completed (which round the next messages are for)."""
 
@@ -155,6 +158,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                              sketch=[np.zeros((0, gr.SKETCH_DIM), dtype=np.float32)],
                              chosen=[np.zeros((0, self.params.graph_k), dtype=np.int64)],
                              measured=[np.zeros(0, dtype=np.int64)],
+                             pool=[np.zeros(0, dtype=np.int64)],
                              clock=[np.zeros(1, dtype=np.int64)])
 
     def model_of(self, state: FedRelaxState, pid: int) -> Weights:
@@ -183,7 +187,9 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         ``graph=loss`` and its measurement is due)."""
         upcoming = int(state.clock[0][0]) + 1
         if self.params.graph != gl.SOURCE or not gl.due(
-                state.measured[0], pid, upcoming, self.params.graph_refresh_every):
+                state.measured[0], state.pool[0], pid, upcoming,
+                self.params.graph_refresh_every,
+                gl.available(pid, state.version[0], self.params.graph_candidates)):
             return np.zeros(0, dtype=np.int64)
         return gl.candidates(pid, state.version[0], state.chosen[0],
                              self.params.graph_candidates, upcoming)
@@ -218,6 +224,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         by_loss = self.params.graph == gl.SOURCE
         chosen = gl.grown_choice(state.chosen[0], n) if by_loss else state.chosen[0]
         measured = gr.grown_rows(state.measured[0], n) if by_loss else state.measured[0]
+        pool = gr.grown_rows(state.pool[0], n) if by_loss else state.pool[0]
         remeasured = False
         moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
         for u in rnd.updates:
@@ -235,6 +242,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             if by_loss and len(sent):  # its losses passed reply_problem
                 chosen[pid] = gl.choice(u.metrics, sent, self.params.graph_k)
                 measured[pid] = rnd.server_round
+                pool[pid] = len(sent)
                 remeasured = True
         w_next = [(w.astype(np.float64) + m / n).astype(w.dtype)
                   for w, m in zip(w_t, moved, strict=True)]
@@ -250,7 +258,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             self.report(graph, n, rnd.server_round)
         return w_next, dataclasses.replace(
             state, version=[version], graph=graph, sketch=[sketch], chosen=[chosen],
-            measured=[measured], clock=[np.asarray([rnd.server_round], dtype=np.int64)])
+            measured=[measured], pool=[pool],
+            clock=[np.asarray([rnd.server_round], dtype=np.int64)])
 
     def report(self, graph: list[np.ndarray], n: int, server_round: int) -> None:
         """``graph.json`` (the edge list in use, from which round) and ``graph.png``."""

@@ -42,12 +42,25 @@ def loss_key(candidate: int) -> str:
     return f"{LOSS_PREFIX}{candidate}"
 
 
-def due(measured: np.ndarray, pid: int, upcoming: int, every: int) -> bool:
-    """Whether client ``pid``, sampled for round ``upcoming``, measures its candidates: from
-    round 2 on (round 1 has no models to compare), at its first participation and then once
-    ``every`` rounds have passed since its last measurement."""
+def due(measured: np.ndarray, pool: np.ndarray, pid: int, upcoming: int, every: int,
+        available: int) -> bool:
+    """Whether client ``pid``, sampled for round ``upcoming``, measures its candidates: when
+    there are any (from round 2 on), at its first participation, once ``every`` rounds have
+    passed since its last measurement, and whenever more candidates are available than its
+    last choice was made from (``pool``: early choices, made among the few clients trained
+    by then, are remade as the federation fills)."""
+    if upcoming < 2 or available == 0:
+        return False
     last = int(measured[pid]) if pid < len(measured) else 0
-    return upcoming >= 2 and (last == 0 or upcoming - last >= every)
+    scored = int(pool[pid]) if pid < len(pool) else 0
+    return last == 0 or upcoming - last >= every or available > scored
+
+
+def available(pid: int, version: np.ndarray, limit: int) -> int:
+    """How many candidates ``pid`` would score now: the other clients with a model, at most
+    ``limit``."""
+    have = int(np.count_nonzero(version > 0)) - int(pid < len(version) and version[pid] > 0)
+    return min(have, limit)
 
 
 def candidates(pid: int, version: np.ndarray, chosen: np.ndarray, limit: int,

@@ -191,3 +191,35 @@ def test_union_graph_and_choice_rules() -> None:
     assert gl.choice(metrics, np.asarray([7, 1, 4]), 2).tolist() == [1, 4]  # tie: lower id
     assert gl.choice(metrics, np.asarray([7, 1, 4]), 5).tolist() == [1, 4, 7, -1, -1]
 
+
+
+def test_a_client_measures_when_due_or_when_more_candidates_are_available() -> None:
+    measured = np.asarray([0, 2, 2], dtype=np.int64)
+    pool = np.asarray([0, 5, 5], dtype=np.int64)
+    assert not gl.due(measured, pool, 0, 1, 5, 0)  # round 1: no model to score
+    assert not gl.due(measured, pool, 0, 3, 5, 0)  # nobody else has a model
+    assert gl.due(measured, pool, 0, 3, 5, 2)  # never measured
+    assert gl.due(measured, pool, 9, 3, 5, 2)  # a client the state has not grown to yet
+    assert not gl.due(measured, pool, 1, 4, 5, 5)  # measured at 2 among as many
+    assert gl.due(measured, pool, 1, 4, 5, 6)  # more candidates than its choice saw
+    assert gl.due(measured, pool, 2, 7, 5, 5)  # 5 rounds since
+    version = np.asarray([3, 0, 1, 2], dtype=np.int64)
+    assert gl.available(0, version, 32) == 2 and gl.available(1, version, 32) == 3
+    assert gl.available(1, version, 2) == 2
+
+
+def test_graph_purity_counts_the_edges_inside_one_regime(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    from scripts.graph_purity import main
+
+    (tmp_path / "regimes.csv").write_text("partition-id,regime\n0,0\n1,0\n2,1\n3,1\n4,1\n")
+    (tmp_path / "graph.json").write_text(json.dumps(
+        {"round": 7, "source": "loss", "num-clients": 5,
+         "edges": [[0, 1, 1.0], [1, 2, 1.0], [2, 3, 1.0]]}))
+    assert main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out == (f"{tmp_path.name}: graph=loss after round 7: 2 of 3 "
+                                       "edges inside one regime; 1 clients without an edge\n")
+    (tmp_path / "graph.json").unlink()
+    with pytest.raises(ValueError, match="needs graph.json and regimes.csv"):
+        main([str(tmp_path)])

@@ -187,9 +187,17 @@ def test_union_graph_and_choice_rules() -> None:
     chosen = np.asarray([[1, 2], [0, gl.NONE], [gl.NONE, gl.NONE], [2, 0]], dtype=np.int64)
     edges, weights = gl.union_graph(chosen)
     assert edges.tolist() == [[0, 1], [0, 2], [0, 3], [2, 3]] and weights.tolist() == [1.0] * 4
-    metrics = {gl.loss_key(1): 0.5, gl.loss_key(4): 0.2, gl.loss_key(7): 0.5}
-    assert gl.choice(metrics, np.asarray([7, 1, 4]), 2).tolist() == [1, 4]  # tie: lower id
-    assert gl.choice(metrics, np.asarray([7, 1, 4]), 5).tolist() == [1, 4, 7, -1, -1]
+    metrics = {gl.loss_key(1): 0.5, gl.loss_key(4): 0.45, gl.loss_key(7): 0.5,
+               gl.loss_key(8): 0.8}
+    sent = np.asarray([8, 7, 1, 4])
+    assert gl.choice(metrics, sent, 2).tolist() == [1, 4]  # tie: the lower id
+    assert gl.choice(metrics, sent, 5).tolist() == [1, 4, 7, -1, -1]  # none past the gap
+    metrics[gl.loss_key(4)] = 0.1  # now the widest gap is below 4's loss
+    assert gl.choice(metrics, sent, 3).tolist() == [4, -1, -1]
+    two = {gl.loss_key(1): 0.5, gl.loss_key(2): 3.0}
+    assert gl.choice(two, np.asarray([1, 2]), 2).tolist() == [1, 2]  # too few to split
+    assert gl.lower_group(np.asarray([1.0, 1.1, 1.2, 5.0, 5.1])) == 3
+    assert gl.lower_group(np.asarray([1.0, 1.0, 1.0])) == 1  # no gap: the first
 
 
 

@@ -113,23 +113,24 @@ def losses_problem(metrics: Mapping[str, Any], sent: np.ndarray) -> str | None:
     return None
 
 
-def lower_group(losses: np.ndarray) -> int:
-    """How many of the ascending ``losses`` lie below their widest gap (all of them when
-    fewer than 3): the candidates whose models fit the client's data clearly better than the
-    rest (a one-dimensional two-group split, free of the losses' scale)."""
+def lower_group(losses: np.ndarray, span: int | None = None) -> int:
+    """How many of the ascending ``losses`` lie below the widest gap among the lowest
+    ``span`` of them (all when fewer than 3): the candidates whose models fit the client's
+    data clearly better than the next (a two-group split free of the losses' scale). The span
+    keeps the gaps between the far groups (e.g. two other regimes) out of the comparison."""
     if len(losses) < 3:
         return len(losses)
-    return int(np.argmax(np.diff(losses))) + 1
+    return int(np.argmax(np.diff(losses[:span]))) + 1
 
 
 def choice(metrics: Mapping[str, Any], sent: np.ndarray, k: int) -> np.ndarray:
     """The ``k`` candidates with the lowest reported loss (ties: the lower id), none above
-    the widest gap of the sorted losses (``lower_group``), padded with ``NONE`` to length
-    ``k``; the metrics passed ``losses_problem``."""
+    the widest gap among the 2k lowest losses (``lower_group``), padded with ``NONE`` to
+    length ``k``; the metrics passed ``losses_problem``."""
     ids = np.sort(sent.astype(np.int64))
     losses = np.asarray([float(metrics[loss_key(int(j))]) for j in ids], dtype=np.float64)
     order = np.argsort(losses, kind="stable")
-    best = ids[order[:min(k, lower_group(losses[order]))]]
+    best = ids[order[:min(k, lower_group(losses[order], 2 * k))]]
     return np.concatenate([np.sort(best), np.full(k - len(best), NONE, dtype=np.int64)])
 
 

@@ -197,6 +197,11 @@ def test_union_graph_and_choice_rules() -> None:
     two = {gl.loss_key(1): 0.5, gl.loss_key(2): 3.0}
     assert gl.choice(two, np.asarray([1, 2]), 2).tolist() == [1, 2]  # too few to split
     assert gl.lower_group(np.asarray([1.0, 1.1, 1.2, 5.0, 5.1])) == 3
+    far = np.asarray([1.0, 1.1, 1.2, 2.0, 2.1, 4.0, 4.1])  # own, near, far groups
+    assert gl.lower_group(far) == 5 and gl.lower_group(far, 4) == 3
+    sent = np.arange(7)
+    losses = {gl.loss_key(j): float(v) for j, v in zip(sent, far[::-1], strict=True)}
+    assert gl.choice(losses, sent, 2).tolist() == [5, 6]  # span 4: the near group is out
     assert gl.lower_group(np.asarray([1.0, 1.0, 1.0])) == 1  # no gap: the first
 
 

@@ -27,7 +27,8 @@ rounds have passed since its last measurement, and when more candidates are avai
 last choice was made from, is also sent up to
 ``graph-candidates`` other clients' latest models (the server's copies), reports the mean loss
 of each on its own training data (one float per candidate) before it trains, and is linked to
-its ``graph-k`` lowest (A = 1; the union of the clients' choices). The graph in use is written
+its ``graph-k`` lowest, none past the widest gap among its 2k lowest (A = 1; the union of the
+clients' choices). The graph in use is written
 to the run directory (``graph.json``, ``graph.png``) each time it changes.
 
 RI and DP are refused: RI's start point is built from a global model the clients do not train

@@ -5,7 +5,8 @@ local data sets, here by the loss of client j's model on client i's data).
 At a measurement client i receives the latest models of a few candidate clients, computes the
 mean loss of each on its own training data (no gradient; the loss path clustered FL uses) and
 reports one number per candidate (``fedrelax-loss-<j>``); its data never leaves it. The server
-keeps each client's ``graph-k`` lowest-loss candidates (its choice) and links i and j (A_ij =
+keeps each client's ``graph-k`` lowest-loss candidates, none past the widest gap among its 2k
+lowest losses (its choice), and links i and j (A_ij =
 1) when either chose the other: the union, as the knn graph. Candidates: every other client
 with a stored model when there are at most ``graph-candidates``, else the client's current
 choice plus a sample of the others, seeded by the round and the client (so the choice can

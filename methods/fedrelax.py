@@ -20,8 +20,16 @@ scores each client's own w^(i).
 Graph (``graph``): ``file:<path>`` of weighted edges (``methods/graph.py``), or ``knn``: every
 client that has trained linked to its ``graph-k`` most cosine-similar clients by their latest
 update (its upload minus its previous model, sketched), rebuilt after round 1 and every
-``graph-refresh-every`` rounds; no edges before round 1 ends. The graph in use is written to
-the run directory (``graph.json``, ``graph.png``) each time it changes.
+``graph-refresh-every`` rounds; no edges before round 1 ends; or ``loss``: learned from how
+well each candidate neighbour's model fits a client's own data (``methods/graph_loss.py``): a
+client sampled from round 2 on, at its first participation, once ``graph-refresh-every``
+rounds have passed since its last measurement, and when more candidates are available than its
+last choice was made from, is also sent up to
+``graph-candidates`` other clients' latest models (the server's copies), reports the mean loss
+of each on its own training data (one float per candidate) before it trains, and is linked to
+its ``graph-k`` lowest, none past the widest gap among its 2k lowest (A = 1; the union of the
+clients' choices). The graph in use is written
+to the run directory (``graph.json``, ``graph.png``) each time it changes.
 
 RI and DP are refused: RI's start point is built from a global model the clients do not train
 from (each starts from its own w^(i), which is what RI's w_prev carries), and the server needs
@@ -38,9 +46,11 @@ from pathlib import Path
 import numpy as np
 
 from methods import graph as gr
+from methods import graph_loss as gl
 from methods.method import (
     ClientDown,
     ClientRule,
+    ClientUpdate,
     LocalJob,
     LocalOutcome,
     MethodSpec,
@@ -48,6 +58,7 @@ from methods.method import (
     Params,
     ReportFiles,
     RoundInput,
+    Scalar,
     ServerRule,
     ServerState,
     check_range,
@@ -72,21 +83,31 @@ class FedRelaxParams(Params):
     fedrelax_alpha: float
     """alpha: the weight of the GTV term; 0 = local training only."""
     graph: str
-    """``knn`` (learned) or ``file:<path>`` (edges ``i j [weight]``)."""
+    """``knn`` or ``loss`` (learned) or ``file:<path>`` (edges ``i j [weight]``)."""
     graph_k: int
     """Neighbours per client in the learned graph."""
     graph_refresh_every: int
-    """Rounds between rebuilds of the learned graph (after round 1 and every this many)."""
+    """Rounds between rebuilds of the learned graph (knn: after round 1 and every this many;
+    loss: between one client's measurements)."""
+    graph_candidates: int
+    """``graph=loss``: the most candidate models one client scores at a measurement."""
 
     def check(self) -> None:
         check_range("fedrelax-alpha", self.fedrelax_alpha, self.fedrelax_alpha >= 0,
                     "a number >= 0 (0 = local training only)")
-        check_range("graph", self.graph, self.graph == "knn" or (
+        check_range("graph", self.graph, self.graph in ("knn", gl.SOURCE) or (
             self.graph.startswith(gr.FILE_PREFIX) and len(self.graph) > len(gr.FILE_PREFIX)),
-            "knn | file:<path of an edge list 'i j [weight]' per line>")
+            "knn | loss | file:<path of an edge list 'i j [weight]' per line>")
         check_range("graph-k", self.graph_k, self.graph_k >= 1, "an integer >= 1")
         check_range("graph-refresh-every", self.graph_refresh_every,
                     self.graph_refresh_every >= 1, "an integer >= 1")
+        check_range("graph-candidates", self.graph_candidates,
+                    self.graph_candidates >= self.graph_k,
+                    f"an integer >= graph-k ({self.graph_k})")
+
+    @property
+    def learned(self) -> bool:
+        return self.graph in ("knn", gl.SOURCE)
 
 
 @dataclass(frozen=True)
@@ -100,7 +121,15 @@ class FedRelaxState(ServerState):
     graph: Weights
     """[edges (E, 2) int64, weights (E,) float64]: the graph in use."""
     sketch: Weights
-    """[float32 (N, SKETCH_DIM)]: each client's latest update, sketched (learned graph)."""
+    """[float32 (N, SKETCH_DIM)]: each client's latest update, sketched (knn graph)."""
+    chosen: Weights
+    """[int64 (N, graph-k)]: each client's lowest-loss candidates (-1: empty; loss graph)."""
+    measured: Weights
+    """[int64 (N,)]: the round of each client's last measurement (0: none; loss graph)."""
+    pool: Weights
+    """[int64 (N,)]: how many candidates each client's last measurement scored (loss graph)."""
+    clock: Weights
+    """[int64 (1,)]: the rounds completed (which round the next messages are for)."""
 
 
 class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
@@ -115,16 +144,23 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         super().__init__(params)
         self.models: ModelFiles | None = None
         self.results: ReportFiles | None = None
+        self.sent: dict[int, np.ndarray] = {}
+        """Client id -> the candidates its last message carried (``graph=loss``): a reply's
+        losses must be for exactly these."""
 
     def bind(self, models: ModelFiles, results: ReportFiles | None) -> None:
         self.models, self.results = models, results
 
     def init(self, w0: Weights) -> FedRelaxState:
-        graph = (gr.empty() if self.params.graph == "knn"
+        graph = (gr.empty() if self.params.learned
                  else gr.read_edges(Path(self.params.graph.removeprefix(gr.FILE_PREFIX))))
         return FedRelaxState(w0=[a.copy() for a in w0], version=[np.zeros(0, dtype=np.int64)],
                              graph=graph,
-                             sketch=[np.zeros((0, gr.SKETCH_DIM), dtype=np.float32)])
+                             sketch=[np.zeros((0, gr.SKETCH_DIM), dtype=np.float32)],
+                             chosen=[np.zeros((0, self.params.graph_k), dtype=np.int64)],
+                             measured=[np.zeros(0, dtype=np.int64)],
+                             pool=[np.zeros(0, dtype=np.int64)],
+                             clock=[np.zeros(1, dtype=np.int64)])
 
     def model_of(self, state: FedRelaxState, pid: int) -> Weights:
         """The server's copy of client ``pid``'s current model (w_0 before its first upload)."""
@@ -147,9 +183,33 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                 acc += a * w.astype(np.float64)
         return [(t / degree).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)], degree
 
+    def candidates_for(self, state: FedRelaxState, pid: int) -> np.ndarray:
+        """The clients whose models ``pid`` scores in its next message (none unless
+        ``graph=loss`` and its measurement is due)."""
+        upcoming = int(state.clock[0][0]) + 1
+        if self.params.graph != gl.SOURCE or not gl.due(
+                state.measured[0], state.pool[0], pid, upcoming,
+                self.params.graph_refresh_every,
+                gl.available(pid, state.version[0], self.params.graph_candidates)):
+            return np.zeros(0, dtype=np.int64)
+        return gl.candidates(pid, state.version[0], state.chosen[0],
+                             self.params.graph_candidates, upcoming)
+
     def down_to(self, state: FedRelaxState, partition_id: int, w_t: Weights) -> ClientDown:
         mean, degree = self.term(state, partition_id)
-        return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)]})
+        ids = self.candidates_for(state, partition_id)
+        self.sent[partition_id] = ids
+        models = gl.stacked([self.model_of(state, int(j)) for j in ids], state.w0)
+        return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)],
+                                 gl.CANDIDATES: models, gl.CANDIDATE_IDS: [ids]})
+
+    def reply_problem(self, update: ClientUpdate, expected_steps: int | None) -> str | None:
+        """Under ``graph=loss``: one finite loss for each candidate the client was sent,
+        none for another client."""
+        if self.params.graph != gl.SOURCE:
+            return None
+        sent = self.sent.get(update.partition_id, np.zeros(0, dtype=np.int64))
+        return gl.losses_problem(update.metrics, sent)
 
     def update(self, state: FedRelaxState, w_t: Weights,
                rnd: RoundInput) -> tuple[Weights, FedRelaxState]:
@@ -162,6 +222,11 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         version = gr.grown_rows(state.version[0], n)
         sketch = (gr.grown_rows(state.sketch[0], n) if self.params.graph == "knn"
                   else state.sketch[0])
+        by_loss = self.params.graph == gl.SOURCE
+        chosen = gl.grown_choice(state.chosen[0], n) if by_loss else state.chosen[0]
+        measured = gr.grown_rows(state.measured[0], n) if by_loss else state.measured[0]
+        pool = gr.grown_rows(state.pool[0], n) if by_loss else state.pool[0]
+        remeasured = False
         moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
         for u in rnd.updates:
             pid = u.partition_id
@@ -174,6 +239,12 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                 acc += m
             if self.params.graph == "knn":
                 sketch[pid] = gr.sketch(move)
+            sent = self.sent.get(pid, np.zeros(0, dtype=np.int64))
+            if by_loss and len(sent):  # its losses passed reply_problem
+                chosen[pid] = gl.choice(u.metrics, sent, self.params.graph_k)
+                measured[pid] = rnd.server_round
+                pool[pid] = len(sent)
+                remeasured = True
         w_next = [(w.astype(np.float64) + m / n).astype(w.dtype)
                   for w, m in zip(w_t, moved, strict=True)]
         graph = state.graph
@@ -181,10 +252,15 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             rnd.server_round == 1 or rnd.server_round % self.params.graph_refresh_every == 0)
         if rebuild:
             graph = gr.knn_graph(sketch, version > 0, self.params.graph_k)
+        if remeasured:
+            rebuild = True
+            graph = gl.union_graph(chosen)
         if rebuild or rnd.server_round == 1:
             self.report(graph, n, rnd.server_round)
-        return w_next, dataclasses.replace(state, version=[version], graph=graph,
-                                           sketch=[sketch])
+        return w_next, dataclasses.replace(
+            state, version=[version], graph=graph, sketch=[sketch], chosen=[chosen],
+            measured=[measured], pool=[pool],
+            clock=[np.asarray([rnd.server_round], dtype=np.int64)])
 
     def report(self, graph: list[np.ndarray], n: int, server_round: int) -> None:
         """``graph.json`` (the edge list in use, from which round) and ``graph.png``."""
@@ -202,7 +278,7 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
     """Local SGD on L_i(w) + alpha d_i ||w - m_i||^2 from the client's own model."""
 
     state_keys = (OWN,)
-    down_keys = (DEGREE,)
+    down_keys = (DEGREE, gl.CANDIDATES, gl.CANDIDATE_IDS)
     personal_key = OWN
 
     def initial_state(self, key: str, w_t: Weights) -> Weights:
@@ -216,8 +292,26 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
             raise ValueError(f"fedrelax-alpha={self.params.fedrelax_alpha!r} with degree "
                              f"{degree:g} at lr={job.lr!r}: lr x 2 alpha d_i = "
                              f"{job.lr * strength:g} >= 2 diverges; lower fedrelax-alpha")
+        metrics = self.measure(job)
         trained = job.sgd(job.state[OWN], proximal_hook(job.w_t, strength, job.device))
-        return LocalOutcome(trained, {OWN: trained.final}, {})
+        return LocalOutcome(trained, {OWN: trained.final}, {}, metrics)
+
+    @staticmethod
+    def measure(job: LocalJob) -> dict[str, Scalar]:
+        """``graph=loss``: the mean loss of each candidate model sent on this client's own
+        training data, by candidate (nothing when none was sent)."""
+        ids = np.asarray(job.down[gl.CANDIDATE_IDS][0]).reshape(-1)
+        if len(ids) == 0:
+            return {}
+        if job.losses is None:
+            raise ValueError("FedRelax with graph=loss needs the client's training losses "
+                             "(LocalJob.losses); this client shell gives none")
+        models = gl.unstacked(job.down[gl.CANDIDATES])
+        if len(models) != len(ids):
+            raise ValueError(f"the server sent {len(models)} candidate models for "
+                             f"{len(ids)} candidate ids")
+        return {gl.loss_key(int(j)): float(v)
+                for j, v in zip(ids, job.losses(models), strict=True)}
 
 
 SPEC = MethodSpec(name="fedrelax", label="FedRelax", params=FedRelaxParams,

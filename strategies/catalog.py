@@ -121,10 +121,12 @@ class FedRelax(MethodAdapter):
     method = "fedrelax"
 
     def __init__(self, *, alpha: float = 0.1, graph: str = "knn", graph_k: int = 3,
-                 graph_refresh_every: int = 5, **settings: Any) -> None:
+                 graph_refresh_every: int = 5, graph_candidates: int = 32,
+                 **settings: Any) -> None:
         super().__init__({"alpha": ("fedrelax-alpha", alpha), "graph": ("graph", graph),
                           "graph_k": ("graph-k", graph_k),
                           "graph_refresh_every": ("graph-refresh-every", graph_refresh_every),
+                          "graph_candidates": ("graph-candidates", graph_candidates),
                           "beta": ("beta", 0.0)}, **settings)
 
 

@@ -57,15 +57,19 @@ class CrashingGrid(InProcessGrid):
 
 
 PER_CLIENT = {"fedrelax": {"beta": 0.0, "graph-refresh-every": 2, "graph-k": 1},
+              "fedrelax-loss": {"beta": 0.0, "graph": "loss", "graph-refresh-every": 2,
+                                "graph-k": 1},
               "clustered": {"beta": 0.0, "cluster-every": 2},
               "clustered-kmeans": {"beta": 0.0, "cluster-every": 2, "cluster-assign": "kmeans"}}
 """FedRelax (server copies of the clients' models on disk, the learned graph rebuilt after
-the resume) and clustered FL (cluster models; the clients' loss-based choices, or under
+the resume; under graph=loss the clients' choices and when each measured) and clustered FL
+(cluster models; the clients' loss-based choices, or under
 k-means the assignment re-clustered after the resume)."""
 
 
 @pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedadam", "feddyn", "fedcm",
-                                    "fedrelax", "clustered", "clustered-kmeans"])
+                                    "fedrelax", "fedrelax-loss", "clustered",
+                                    "clustered-kmeans"])
 def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) -> None:
     """Guards the checkpoint of every kind of server state (SCAFFOLD's c, Adam's moments,
     FedDyn's H, FedCM's momentum d, the norm history, FedRelax's per-client versions and

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from methods import clustered
 from methods import wire as rk
 from methods.packed_arrays import unpack
 from scripts.inprocess_grid import set_task_identity
@@ -45,6 +46,9 @@ def reply(msg: Message, rng: np.random.Generator) -> Message:
     got = unpack(msg.content.array_records[rk.ARRAYS])
     up = [(a + 1e-3 * rng.standard_normal(a.shape)).astype(a.dtype) for a in got]
     metrics = MetricRecord({rk.NUM_EXAMPLES: 100, rk.TRAIN_LOSS: 1.0, rk.NUM_STEPS: 8})
+    if clustered.CURRENT in msg.content.array_records:  # cluster-assign=loss: keep the cluster sent
+        current = unpack(msg.content.array_records[clustered.CURRENT])[0]
+        metrics[clustered.CHOICE] = int(np.asarray(current).reshape(-1)[0])
     return Message(content=RecordDict({rk.ARRAYS: ArrayRecord(up), rk.METRICS: metrics,
                                        rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: False})}),
                    reply_to=msg)

@@ -9,10 +9,15 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from scripts.flower_env import flower_env
+
+if TYPE_CHECKING:
+    from task.config import RunConfig
+    from task.data_sets.spec import DataSplits
 
 # Private local SuperLink ports for the tests' `flwr run`s; FEDINIT_TEST_*_PORT move them when
 # several checkouts test on one machine.
@@ -54,6 +59,35 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+SMALL_TEST_SET = 1000
+"""Central test examples the in-process runs of ``small_central_test_set`` score on."""
+
+
+@pytest.fixture(scope="module")
+def small_central_test_set() -> Iterator[None]:
+    """Central evaluation on the first ``SMALL_TEST_SET`` examples of the test split.
+
+    Scoring the whole split (10,000 Fashion-MNIST images) each round was most of an
+    in-process run's time; tests that compare runs with each other (resume, faults,
+    state) score every run on the same images, so they prove the same on fewer. Module
+    scope, so that a module's own shared runs (module fixtures) score on the same images.
+    """
+    import dataclasses
+
+    import server_app.central_eval as central_eval
+
+    real = central_eval.dataset_of
+
+    def first_examples(cfg: RunConfig) -> DataSplits:
+        data = real(cfg)
+        return dataclasses.replace(data, test_x=data.test_x[:SMALL_TEST_SET],
+                                   test_y=data.test_y[:SMALL_TEST_SET])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(central_eval, "dataset_of", first_examples)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -90,6 +90,37 @@ def small_central_test_set() -> Iterator[None]:
         yield
 
 
+class FakeClock:
+    """``monotonic`` and ``sleep`` for code whose waits the tests only need to run out:
+    ``sleep`` moves the clock on at once. ``time`` stays the wall clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    @staticmethod
+    def time() -> float:
+        import time
+
+        return time.time()
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The node discovery's clock (server_app/clients.py) made a FakeClock: a test whose
+    nodes never all identify waits out node-wait-timeout without sleeping through it."""
+    import server_app.clients as clients
+
+    clock = FakeClock()
+    monkeypatch.setattr(clients, "time", clock)
+    return clock
+
+
 @pytest.fixture(scope="session")
 def sim_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Environment for `flwr run` simulations on private ports, torn down after the session."""

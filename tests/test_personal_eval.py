@@ -29,6 +29,8 @@ from task.config import ConfigError, RunConfig
 from task.federated_data import dataset_of
 from task.models import initial_model, set_weights
 
+pytestmark = pytest.mark.usefixtures("small_central_test_set")
+
 
 def scores(*accs: tuple[float, float, float | None]) -> list[pe.ClientScores]:
     return [pe.ClientScores(i, 10, {"global": g, "finetuned": f, "own": o})

@@ -90,6 +90,22 @@ def small_central_test_set() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="module")
+def quick_runs(small_central_test_set: None) -> Iterator[None]:
+    """``small_central_test_set``, and runs that draw no accuracy.png / divergence.png.
+
+    Two matplotlib figures cost 0.25 s of CPU per run, about a third of what a tiny
+    in-process run still took; tests that assert nothing about the plots skip them.
+    tests/test_personal_eval.py (not on this fixture) checks every plot is written.
+    """
+    del small_central_test_set
+    from server_app.results import Recorder
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Recorder, "plot", lambda self: None)
+        yield
+
+
 class FakeClock:
     """``monotonic`` and ``sleep`` for code whose waits the tests only need to run out:
     ``sleep`` moves the clock on at once. ``time`` stays the wall clock."""

@@ -13,7 +13,7 @@ from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
 from task.config import RunConfig
 
-pytestmark = pytest.mark.usefixtures("small_central_test_set")
+pytestmark = pytest.mark.usefixtures("quick_runs")
 
 SMALL = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4, "train-limit": 1200,
          "local-epochs": 1}

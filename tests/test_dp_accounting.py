@@ -51,7 +51,7 @@ from server_app.privacy import LEDGER_FILE, Ledger
 from server_app.strategy import MethodStrategy
 from task.config import RunConfig
 
-pytestmark = pytest.mark.usefixtures("small_central_test_set")
+pytestmark = pytest.mark.usefixtures("quick_runs")
 
 D_MODEL = 30_000
 
@@ -314,7 +314,7 @@ class WatchingGrid(InProcessGrid):
 
 @pytest.fixture(scope="module")
 def dp_run(tmp_path_factory: pytest.TempPathFactory,
-           small_central_test_set: None) -> tuple[Path, WatchingGrid]:
+           quick_runs: None) -> tuple[Path, WatchingGrid]:
     tmp = tmp_path_factory.mktemp("dp-run")
     cfg = RunConfig.parse({**SMALL, "output-dir": str(tmp)})
     grid = WatchingGrid(tmp / "run", 3, cfg.to_dict())

@@ -15,7 +15,7 @@ from task.datasets import to_tensor
 from task.federated_data import client_examples, dataset_of
 from task.models import get_weights, initial_model, set_weights
 
-pytestmark = pytest.mark.usefixtures("small_central_test_set")
+pytestmark = pytest.mark.usefixtures("quick_runs")
 
 SMALL = {"num-clients": 5, "fraction-train": 0.6, "num-server-rounds": 3, "train-limit": 1000,
          "local-epochs": 1, "batch-size": 20}

@@ -29,7 +29,7 @@ from store.simulated_state import RUN_SUBDIR
 from task.config import RunConfig
 from tests.sim_engine import InProcessSimulation
 
-pytestmark = pytest.mark.usefixtures("small_central_test_set")
+pytestmark = pytest.mark.usefixtures("quick_runs")
 
 BASE = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 6, "train-limit": 600,
         "local-epochs": 1, "beta": 0.1, "eval-every": 6, "personal-eval-every": 0,

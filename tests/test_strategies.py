@@ -46,7 +46,7 @@ from task.config import ConfigError, RunConfig
 from task.models import initial_weights
 from tests.test_layers import project_imports
 
-pytestmark = pytest.mark.usefixtures("small_central_test_set")
+pytestmark = pytest.mark.usefixtures("quick_runs")
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 3, "train-limit": 800,

@@ -1,7 +1,7 @@
 """CPU seconds of test files at a git ref and in the working tree, back to back.
 
     .venv/bin/python -m bench.suite_cpu --ref main tests/test_resume_and_faults.py
-    .venv/bin/python -m bench.suite_cpu --ref HEAD~3 --rounds 2 tests/test_a.py tests/test_b.py
+    .venv/bin/python -m bench.suite_cpu --ref HEAD~3 --rounds 2 tests/test_fleet.py tests/test_dp.py
 
 The fast suite's time (scripts/test.sh, two pytest-xdist workers) is about the sum of its
 tests' CPU over the two cores; wall time on a shared machine says more about the neighbours

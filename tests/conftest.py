@@ -9,10 +9,15 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from scripts.flower_env import flower_env
+
+if TYPE_CHECKING:
+    from task.config import RunConfig
+    from task.data_sets.spec import DataSplits
 
 # Private local SuperLink ports for the tests' `flwr run`s; FEDINIT_TEST_*_PORT move them when
 # several checkouts test on one machine.
@@ -54,6 +59,82 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+SMALL_TEST_SET = 1000
+"""Central test examples the in-process runs of ``small_central_test_set`` score on."""
+
+
+@pytest.fixture(scope="module")
+def small_central_test_set() -> Iterator[None]:
+    """Central evaluation on the first ``SMALL_TEST_SET`` examples of the test split.
+
+    Scoring the whole split (10,000 Fashion-MNIST images) each round was most of an
+    in-process run's time; tests that compare runs with each other (resume, faults,
+    state) score every run on the same images, so they prove the same on fewer. Module
+    scope, so that a module's own shared runs (module fixtures) score on the same images.
+    """
+    import dataclasses
+
+    import server_app.central_eval as central_eval
+
+    real = central_eval.dataset_of
+
+    def first_examples(cfg: RunConfig) -> DataSplits:
+        data = real(cfg)
+        return dataclasses.replace(data, test_x=data.test_x[:SMALL_TEST_SET],
+                                   test_y=data.test_y[:SMALL_TEST_SET])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(central_eval, "dataset_of", first_examples)
+        yield
+
+
+@pytest.fixture(scope="module")
+def quick_runs(small_central_test_set: None) -> Iterator[None]:
+    """``small_central_test_set``, and runs that draw no accuracy.png / divergence.png.
+
+    Two matplotlib figures cost 0.25 s of CPU per run, about a third of what a tiny
+    in-process run still took; tests that assert nothing about the plots skip them.
+    tests/test_personal_eval.py (not on this fixture) checks every plot is written.
+    """
+    del small_central_test_set
+    from server_app.results import Recorder
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Recorder, "plot", lambda self: None)
+        yield
+
+
+class FakeClock:
+    """``monotonic`` and ``sleep`` for code whose waits the tests only need to run out:
+    ``sleep`` moves the clock on at once. ``time`` stays the wall clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    @staticmethod
+    def time() -> float:
+        import time
+
+        return time.time()
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """The node discovery's clock (server_app/clients.py) made a FakeClock: a test whose
+    nodes never all identify waits out node-wait-timeout without sleeping through it."""
+    import server_app.clients as clients
+
+    clock = FakeClock()
+    monkeypatch.setattr(clients, "time", clock)
+    return clock
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,8 @@ from task.config import ConfigError, RunConfig
 from task.models import initial_weights
 from tests.sim_engine import InProcessSimulation
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 TINY = {"num-clients": 6, "fraction-train": 0.34, "num-server-rounds": 3, "train-limit": 600,
         "local-epochs": 1, "beta": 0.1, "method": "scaffold", "eval-every": 3,
         "personal-eval-every": 0, "divergence-every": 1}

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import numpy as np
+import pytest
 from flwr.app import RecordDict
 
 from methods import wire as rk
@@ -11,6 +12,8 @@ from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
 from task.config import RunConfig
+
+pytestmark = pytest.mark.usefixtures("quick_runs")
 
 SMALL = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4, "train-limit": 1200,
          "local-epochs": 1}

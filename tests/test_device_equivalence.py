@@ -22,6 +22,8 @@ from task.config import RunConfig
 from task.data_sets.fashion_mnist import SPEC as FASHION
 from task.federated_data import dataset_of, partition_indices
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 BENCH = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 3, "train-limit": 800,
          "local-epochs": 1, "personal-eval-every": 0, "method": "scaffold", "beta": 0.1}
 CLASSES = "tshirt,trouser,pullover,dress,coat,sandal,shirt,sneaker,bag,boot"

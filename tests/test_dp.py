@@ -33,6 +33,8 @@ from server_app.strategy import MethodStrategy
 from task.config import ConfigError, RunConfig
 from tests.lsq_problem import Federation, lsq_problem
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 DP = {"dp": "central", "weighting": "uniform"}
 DP_METHODS = [m for m in METHODS if m != "fedcm" and composes_with_ri(m)]
 

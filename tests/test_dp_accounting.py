@@ -51,6 +51,8 @@ from server_app.privacy import LEDGER_FILE, Ledger
 from server_app.strategy import MethodStrategy
 from task.config import RunConfig
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 D_MODEL = 30_000
 
 
@@ -311,7 +313,8 @@ class WatchingGrid(InProcessGrid):
 
 
 @pytest.fixture(scope="module")
-def dp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, WatchingGrid]:
+def dp_run(tmp_path_factory: pytest.TempPathFactory,
+           quick_runs: None) -> tuple[Path, WatchingGrid]:
     tmp = tmp_path_factory.mktemp("dp-run")
     cfg = RunConfig.parse({**SMALL, "output-dir": str(tmp)})
     grid = WatchingGrid(tmp / "run", 3, cfg.to_dict())

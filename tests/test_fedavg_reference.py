@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from client_app.trainer import local_sgd
@@ -13,6 +14,8 @@ from task.config import RunConfig
 from task.datasets import to_tensor
 from task.federated_data import client_examples, dataset_of
 from task.models import get_weights, initial_model, set_weights
+
+pytestmark = pytest.mark.usefixtures("quick_runs")
 
 SMALL = {"num-clients": 5, "fraction-train": 0.6, "num-server-rounds": 3, "train-limit": 1000,
          "local-epochs": 1, "batch-size": 20}

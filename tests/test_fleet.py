@@ -22,6 +22,8 @@ from server_app.clients import FederationError, Fleet
 from server_app.experiment import run_experiment
 from task.config import ConfigError, RunConfig
 
+pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")
+
 SMALL = {"num-clients": 3, "fraction-train": 1.0, "num-server-rounds": 3, "train-limit": 300,
          "local-epochs": 1, "batch-size": 50, "node-wait-timeout": 3.0}
 

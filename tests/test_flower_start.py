@@ -18,6 +18,8 @@ from server_app.strategy import MethodStrategy
 from task.config import RunConfig
 from task.models import initial_weights
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 3, "train-limit": 800,
          "local-epochs": 1, "personal-eval-every": 0, "eval-every": 3, "beta": 0.1}
 

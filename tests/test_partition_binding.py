@@ -13,6 +13,8 @@ from scripts.inprocess_grid import InProcessGrid
 from server_app.clients import FederationError, Fleet, discover_clients
 from task.config import RunConfig
 
+pytestmark = pytest.mark.usefixtures("fake_clock")
+
 
 def cfg(tmp: Path, registry: dict[int, int] | None = None) -> RunConfig:
     over: dict[str, object] = {"num-clients": 3, "node-wait-timeout": 3.0}

@@ -29,6 +29,8 @@ from task.config import ConfigError, RunConfig
 from task.federated_data import dataset_of
 from task.models import initial_model, set_weights
 
+pytestmark = pytest.mark.usefixtures("small_central_test_set")
+
 
 def scores(*accs: tuple[float, float, float | None]) -> list[pe.ClientScores]:
     return [pe.ClientScores(i, 10, {"global": g, "finetuned": f, "own": o})
@@ -189,7 +191,7 @@ def test_evaluation_leaves_every_clients_state_bit_identical(
         clients = list(csv.DictReader(f))
     assert [int(c["partition-id"]) for c in clients] == [0, 1, 2, 3]
     assert {c["round"] for c in clients} == {"2"}
-    for name in ("personal.png", "personal_cdf.png"):
+    for name in ("accuracy.png", "divergence.png", "personal.png", "personal_cdf.png"):
         assert (tmp_path / "run" / name).stat().st_size > 1000
 
 

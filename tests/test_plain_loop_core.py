@@ -18,6 +18,8 @@ from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 2, "train-limit": 400,
          "local-epochs": 1, "batch-size": 32, "beta": 0.1}
 

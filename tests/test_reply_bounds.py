@@ -26,6 +26,8 @@ from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
 from task.config import ConfigError, RunConfig
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 SIZES = (30, 50, 70, 90)
 """The partitions' true example counts, as the ServerApp derives them from the config."""
 RNG = np.random.default_rng(0)

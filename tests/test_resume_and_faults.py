@@ -18,6 +18,8 @@ from server_app.experiment import TooFewReplies, run_experiment
 from store.client_store import W_PREV, ClientStore
 from task.config import RunConfig
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 4, "train-limit": 800,
          "local-epochs": 1}
 
@@ -212,7 +214,7 @@ FIVE = {"num-clients": 5, "fraction-train": 0.6, "num-server-rounds": 3}
 
 
 @pytest.fixture(scope="module")
-def clean_acc(tmp_path_factory: pytest.TempPathFactory) -> float:
+def clean_acc(tmp_path_factory: pytest.TempPathFactory, quick_runs: None) -> float:
     tmp = tmp_path_factory.mktemp("clean")
     cfg = config(tmp, **FIVE)
     run_experiment(InProcessGrid(5, cfg.to_dict()), cfg, out_dir=tmp / "run")

@@ -3,11 +3,15 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from methods import wire as rk
 from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from server_app.results import ROUND_FIELDS
 from task.config import RunConfig
+
+pytestmark = pytest.mark.usefixtures("quick_runs")
 
 SMALL = {"num-clients": 3, "num-server-rounds": 2, "train-limit": 150, "local-epochs": 1,
          "batch-size": 50}

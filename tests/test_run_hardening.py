@@ -24,6 +24,8 @@ from store.state_dir import StateDir
 from task.config import ConfigError
 from tests.test_resume_and_faults import CrashingGrid, config, corrupt, rows
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 
 def round_of(messages: list[Any]) -> int | None:
     conf = messages[0].content.config_records.get(rk.CONFIG, {}) if messages else {}
@@ -147,7 +149,8 @@ def without_timing(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def reference_rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def reference_rows(tmp_path_factory: pytest.TempPathFactory,
+                   quick_runs: None) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("ref")
     cfg = config(tmp, **{"num-server-rounds": 5})
     run_experiment(InProcessGrid(4, cfg.to_dict()), cfg, out_dir=tmp / "run")

@@ -24,6 +24,8 @@ from store.state_dir import StateDir
 from task.config import RunConfig
 from tests.sim_engine import InProcessSimulation
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 SMALL = {"num-clients": 4, "fraction-train": 1.0, "num-server-rounds": 2, "train-limit": 400,
          "local-epochs": 1, "method": "scaffold", "beta": 0.1, "eval-every": 2}
 

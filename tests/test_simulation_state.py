@@ -20,6 +20,8 @@ from store.simulated_state import RUN_SUBDIR
 from task.config import RunConfig
 from tests.sim_engine import InProcessSimulation
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 TWICE = {"num-clients": 4, "fraction-train": 1.0, "num-server-rounds": 2, "train-limit": 400,
          "local-epochs": 1, "method": "scaffold", "beta": 0.1, "eval-every": 2}
 """SCAFFOLD + RI: each client keeps w_prev and c_i; all 4 train in both rounds."""

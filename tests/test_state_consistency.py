@@ -29,6 +29,8 @@ from store.simulated_state import RUN_SUBDIR
 from task.config import RunConfig
 from tests.sim_engine import InProcessSimulation
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 BASE = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 6, "train-limit": 600,
         "local-epochs": 1, "beta": 0.1, "eval-every": 6, "personal-eval-every": 0,
         "max-update-norm-ratio": 1.3}

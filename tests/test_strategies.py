@@ -46,6 +46,8 @@ from task.config import ConfigError, RunConfig
 from task.models import initial_weights
 from tests.test_layers import project_imports
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 3, "train-limit": 800,
          "local-epochs": 1, "personal-eval-every": 0, "eval-every": 3}

@@ -109,7 +109,9 @@ def test_set_weights_errors() -> None:
 
 # resnet18-gn is plain torch, built to match torchvision's resnet18 with GroupNorm(2, C) and this
 # project's former conv1 replacement: names, shapes, seeded initial weights and outputs.
-TV_CASES = [(c, side, classes) for c in (3, 1) for side in (32, 28) for classes in (10, 100)]
+TV_CASES = [(3, 32, 10), (3, 28, 100), (1, 32, 100), (1, 28, 10)]
+"""Both stems (3 channels: torchvision's; 1: the replaced conv1), both sides (the adaptive pool)
+and both heads, every pair of them once: a pairwise cover of the full 2 x 2 x 2 grid."""
 
 
 def _torchvision_resnet18_gn(num_classes: int, in_channels: int, seed: int) -> torch.nn.Module:

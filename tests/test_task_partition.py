@@ -69,12 +69,12 @@ def _dirichlet_reference(labels: np.ndarray, num_clients: int, alpha: float,
 
 
 @pytest.mark.parametrize(("clients", "alpha", "seed"),
-                         [(10, 0.1, 0), (100, 0.5, 1), (1000, 0.1, 0), (2000, 0.05, 2)])
+                         [(10, 0.1, 0), (100, 0.5, 1), (1000, 0.1, 0)])
 def test_dirichlet_judges_draws_by_size_with_the_same_result(
         labels: np.ndarray, clients: int, alpha: float, seed: int) -> None:
     """Only the kept draw is split; the partition is the draw-by-draw one, bit for bit
-    (1000 clients at alpha 0.1 and 2000 at 0.05 use all 100 draws, then repair 5 and 188
-    empty clients)."""
+    (1000 clients at alpha 0.1 use all 100 draws, then repair 5 empty clients: the path a
+    2000-client cell took too, at twice the reference's cost)."""
     assert _same(dirichlet_split(labels, clients, alpha, seed),
                  _dirichlet_reference(labels, clients, alpha, seed))
 

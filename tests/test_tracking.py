@@ -18,6 +18,8 @@ from server_app.results import Recorder
 from server_app.tracking import EVENTS_DIR, TrackingUnavailable, check_available, tag_of
 from task.config import ConfigError, RunConfig
 
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
 SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 3, "train-limit": 800,
          "local-epochs": 1, "personal-eval-every": 2, "local-test-fraction": 0.2,
          "eval-every": 1, "beta": 0.1}

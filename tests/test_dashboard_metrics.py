@@ -26,6 +26,8 @@ from tests import test_dashboard
 from tests.test_dashboard import rows_of, status_of
 from tests.test_fleet import SMALL
 
+pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
+
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 faulty_run = test_dashboard.faulty_run
 """The faulty fleet's run (late, refused, silent, failing and dropped nodes), shared."""
@@ -34,7 +36,7 @@ PER_NODE_TASKS = ("fedinit_node_tasks_total", "fedinit_node_rejected_replies_tot
 
 
 @pytest.fixture(scope="module")
-def dp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def dp_run(tmp_path_factory: pytest.TempPathFactory, quick_runs: None) -> Path:
     tmp = tmp_path_factory.mktemp("dp")
     raw = {**SMALL, "num-server-rounds": 3, "fraction-train": 0.67, "dp": "central",
            "weighting": "uniform", "dp-clip": 0.05, "dp-target-epsilon": 500.0,

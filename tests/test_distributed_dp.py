@@ -32,6 +32,8 @@ from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, p
 from task.config import ConfigError, RunConfig
 from tests.test_secagg_run import ProtocolGrid, masked_replies
 
+pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
+
 DDP: dict[str, Any] = {"secure-aggregation": "secagg+", "dp": "distributed",
                        "weighting": "uniform", "max-update-norm-ratio": 0.0, "min-replies": 3}
 

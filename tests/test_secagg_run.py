@@ -35,6 +35,8 @@ from server_app.round_stages.replies import RoundReplies, run_stages
 from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, masked_problem
 from task.config import RunConfig
 
+pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
+
 BASE: dict[str, Any] = {
     "num-clients": 4, "fraction-train": 1.0, "num-server-rounds": 2, "train-limit": 400,
     "local-epochs": 1, "eval-every": 2, "personal-eval-every": 0, "tracking": "off",

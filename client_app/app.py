@@ -23,7 +23,6 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app import slowdown
 from client_app.device_privacy import (
     DeviceFloor,
     FloorError,
@@ -47,6 +46,7 @@ from client_app.secure_upload import SECAGG, mask_upload, secagg_step
 from flower_compat import install
 from methods import wire as rk
 from methods.packed_arrays import shapes, unpack
+from node import slowdown
 from store.client_store import ClientStore
 from store.simulated_state import STATE_ROOT
 from store.state_dir import StateDir
@@ -130,7 +130,7 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
 
 def train_fn(msg: Message, context: Context) -> Message:
     """One participation: Flower's message and context in, ``client_round`` does the work.
-    The node's ``slowdown`` (``client_app.slowdown``; a bad one fails the task first) sleeps
+    The node's ``slowdown`` (``node.slowdown``; a bad one fails the task first) sleeps
     (FACTOR - 1) x the training time after the reply is built, before it is handed back."""
     factor = slowdown.factor_of(context.node_config)
     trained: list[float] = []

@@ -90,7 +90,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         "demos; written to the node config as slowdown=FACTOR (default 1)")
     args = p.parse_args(ours)
     if args.slowdown is not None:
-        from client_app.slowdown import SlowdownError, check_factor
+        from node.slowdown import SlowdownError, check_factor
 
         try:
             args.slowdown = check_factor(args.slowdown)
@@ -212,7 +212,7 @@ def node_config_of(node_args: list[str]) -> dict[str, object]:
 
 def check_slowdown(node_args: list[str]) -> None:
     """A node config ``slowdown`` that is not a number >= 1 stops the node with one line."""
-    from client_app.slowdown import SlowdownError, factor_of
+    from node.slowdown import SlowdownError, factor_of
 
     try:
         factor_of(node_config_of(node_args))

@@ -514,7 +514,7 @@ def build_run_config(overrides: list[str], num_nodes: int, out: TextIO) -> dict[
 
 def slowdowns(given: list[str], num_nodes: int) -> dict[int, float] | str:
     """``--slowdown I=FACTOR`` flags as {I: FACTOR}, or the one-line error."""
-    from client_app.slowdown import SlowdownError, check_factor
+    from node.slowdown import SlowdownError, check_factor
 
     out: dict[int, float] = {}
     for item in given:

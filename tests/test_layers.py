@@ -16,10 +16,11 @@ ALLOWED: dict[str, set[str]] = {
     "task": {"methods", "store", "flower_compat"},
     # both apps run the SecAgg+ core's halves:
     # client_app/secure_upload.py, server_app/round_stages/secure_sum.py
-    "client_app": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
+    # client_app/app.py reads the node's own slowdown factor (node/slowdown.py)
+    "client_app": {"task", "methods", "store", "flower_compat", "secure_aggregation", "node"},
     "server_app": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
     "scripts": {"server_app", "client_app", "task", "methods", "store", "flower_compat",
-                "secure_aggregation"},
+                "secure_aggregation", "node"},
     # Flower Strategy classes over the server's MethodStrategy, and their client half
     "strategies": {"server_app", "client_app", "task", "methods", "store", "flower_compat"},
     # SecAgg+ protocol core (client and server halves): only Flower, numpy and flower_compat

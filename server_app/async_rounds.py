@@ -12,6 +12,11 @@ The flush hands D to the method's own server rule: FedAvg's (FedAvg/FedInit, Fed
 Ditto) is w + eta_g D, FedAdam's its optimiser step. Not built yet (refused by the run
 config): checkpoint/resume, DP, robust rules, federated and personalized evaluation, and
 the methods with per-round server state (``task.choices.ASYNC_REFUSALS``).
+
+With ``device-speeds`` on, the loop runs on the virtual clock (``server_app/virtual_clock.py``):
+a task sent at simulated time t to client i finishes at t + d_i, and the loop waits for the
+one reply that finishes first in simulated time (ties: the earlier dispatch), whatever order
+replies arrive in; flushes, staleness and the model are then the same on any machine.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from server_app.experiment import NothingTrained, TooFewReplies, run_name, state
 from server_app.results import Recorder
 from server_app.round_stages.replies import RoundReplies
 from server_app.strategy import MethodStrategy
+from server_app.virtual_clock import CLOCK_FIELDS, VirtualClock
 from store.files import atomic_write_bytes
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present
@@ -66,6 +72,10 @@ class Task:
     version: int
     weights: Weights
     sent_at: float
+    finish: float = 0.0
+    """Simulated finish time (``device-speeds`` on): send time + the client's duration."""
+    seq: int = 0
+    """Dispatch number: breaks ties of ``finish`` by send order."""
 
 
 class BufferedStrategy(MethodStrategy):
@@ -126,6 +136,9 @@ class AsyncLoop:
         self.accepted: list[tuple[ClientUpdate, float]] = []
         """The buffer's decoded replies and weights (the method's rule sees them at a flush)."""
         self.counts = Counters()
+        self.clock = VirtualClock.for_run(cfg)
+        """None under ``device-speeds=off``; its ``now`` is the finish time of the reply
+        handled last."""
 
     def busy(self) -> set[int]:
         return {t.pid for t in self.tasks.values()}
@@ -151,9 +164,13 @@ class AsyncLoop:
             self.last_round[pid] = rnd
         now = time.monotonic()
         ids = list(self.grid.push_messages(messages))
-        for msg_id, pid in zip(ids, chosen, strict=True):
+        sim = self.clock
+        for seq, (msg_id, pid) in enumerate(zip(ids, chosen, strict=True),
+                                            self.counts.dispatched):
             if msg_id:
-                self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now)
+                finish = sim.now + sim.duration(pid) if sim is not None else 0.0
+                self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now,
+                                          finish, seq)
         self.counts.dispatched += len(chosen)
 
     def take(self, msg: Message) -> Task | None:
@@ -213,7 +230,7 @@ class AsyncLoop:
                 raise TooFewReplies(f"rounds=async: no client to train for "
                                     f"node-wait-timeout={self.cfg.node_wait_timeout:g}s at "
                                     f"version {self.buffer.version}")
-            replies = list(self.grid.pull_messages(list(self.tasks))) if self.tasks else []
+            replies = self.pull()
             if not replies:
                 self.expire()
                 time.sleep(POLL_SECONDS)
@@ -230,6 +247,21 @@ class AsyncLoop:
                         break
                 self.fill(weights)
         return weights
+
+    def pull(self) -> list[Message]:
+        """Replies to handle now: whatever came back (wall order), or, on the virtual clock,
+        only the reply of the task that finishes first in simulated time (the clock moves
+        to its finish); other replies wait on the SuperLink for their turn."""
+        if not self.tasks:
+            return []
+        if self.clock is None:
+            return list(self.grid.pull_messages(list(self.tasks)))
+        first = min(self.tasks, key=lambda i: (self.tasks[i].finish, self.tasks[i].seq))
+        got = [m for m in self.grid.pull_messages([first])
+               if m.metadata.reply_to_message_id == first]
+        if got:
+            self.clock.now = self.tasks[first].finish
+        return got[:1]
 
     def apply(self, w: Weights, step: Weights) -> Weights:
         """The method's server rule on the buffered update D = ``step`` (FedAvg's: w + eta_g
@@ -258,7 +290,8 @@ class AsyncLoop:
                  "dropped-stale": flush.dropped, "in-flight": len(self.tasks),
                  "dispatched": self.counts.dispatched,
                  "state-fallbacks": self.counts.fallbacks,
-                 "clients-trained": sorted(flush.clients)}
+                 "clients-trained": sorted(flush.clients),
+                 **({"sim-time": self.clock.now} if self.clock is not None else {})}
         self.counts.rejected = self.counts.lost = self.counts.fallbacks = 0
         return facts
 
@@ -281,10 +314,11 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
     strategy = BufferedStrategy(cfg, node_of, weights, available=fleet.available,
                                 examples=partition_sizes(cfg))
     strategy.bind_run_dir(out)
-    rec = Recorder(out, cfg.to_dict(), eval_source="central", extra_fields=ASYNC_FIELDS,
+    loop = AsyncLoop(grid, cfg, strategy, fleet.available, node_of, ConfigRecord(
+        {rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)}))
+    rec = Recorder(out, cfg.to_dict(), eval_source="central",
+                   extra_fields=ASYNC_FIELDS + (CLOCK_FIELDS if loop.clock else ()),
                    tracking=cfg.tracking)
-    round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
-    loop = AsyncLoop(grid, cfg, strategy, fleet.available, node_of, round_config)
     n = cfg.num_server_rounds
     last = [time.monotonic()]
 

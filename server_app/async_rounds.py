@@ -139,6 +139,10 @@ class AsyncLoop:
         self.clock = VirtualClock.for_run(cfg)
         """None under ``device-speeds=off``; its ``now`` is the finish time of the reply
         handled last."""
+        self.waiting: tuple[str, float] = ("", 0.0)
+        """On the clock: the task whose reply the loop waits for, and since when (wall)."""
+        self.early: dict[str, Message] = {}
+        """On the clock: replies a grid handed back before their turn, kept for it."""
 
     def busy(self) -> set[int]:
         return {t.pid for t in self.tasks.values()}
@@ -210,11 +214,19 @@ class AsyncLoop:
                 f"{c.async_buffer_size}); stopped, see the rejected replies above")
 
     def expire(self) -> None:
-        """Give up on tasks older than ``round-timeout``: their slots are refilled."""
+        """Give up on tasks older than ``round-timeout``: their slots are refilled. On the
+        virtual clock only the task waited for can be given up, timed from when the loop
+        began waiting for it (a later task's reply may sit pulled-for-later meanwhile)."""
         now = time.monotonic()
         for msg_id, task in list(self.tasks.items()):
-            if now - task.sent_at > self.cfg.round_timeout:
+            since = task.sent_at
+            if self.clock is not None:
+                if msg_id != self.waiting[0]:
+                    continue
+                since = self.waiting[1]
+            if now - since > self.cfg.round_timeout:
                 del self.tasks[msg_id]
+                self.early.pop(msg_id, None)
                 self.counts.lost += 1
                 log(WARNING, "client %d sent no reply within round-timeout=%gs; its slot is "
                     "refilled", task.pid, self.cfg.round_timeout)
@@ -257,11 +269,17 @@ class AsyncLoop:
         if self.clock is None:
             return list(self.grid.pull_messages(list(self.tasks)))
         first = min(self.tasks, key=lambda i: (self.tasks[i].finish, self.tasks[i].seq))
-        got = [m for m in self.grid.pull_messages([first])
-               if m.metadata.reply_to_message_id == first]
-        if got:
-            self.clock.now = self.tasks[first].finish
-        return got[:1]
+        if self.waiting[0] != first:
+            self.waiting = (first, time.monotonic())
+        if first not in self.early:
+            for msg in self.grid.pull_messages([first]):
+                if msg.metadata.reply_to_message_id in self.tasks:
+                    self.early.setdefault(msg.metadata.reply_to_message_id, msg)
+        got = self.early.pop(first, None)
+        if got is None:
+            return []
+        self.clock.now = self.tasks[first].finish
+        return [got]
 
     def apply(self, w: Weights, step: Weights) -> Weights:
         """The method's server rule on the buffered update D = ``step`` (FedAvg's: w + eta_g

@@ -63,7 +63,8 @@ def acc_at(points: list[tuple[float, float]], when: float) -> float:
 def cell(runs: dict[str, list[dict[str, Any]]], target: float) -> dict[str, dict[str, float]]:
     """One seed's figures for the three modes of one speeds/method."""
     points = {m: evaluated(rows) for m, rows in runs.items()}
-    fixed = min(p[-1][0] for p in points.values())
+    fixed = min((p[-1][0] for m, p in points.items() if m in MODES),
+                default=min(p[-1][0] for p in points.values()))
     return {m: {"to-target": time_to(p, target), "acc-at-fixed": acc_at(p, fixed),
                 "fixed": fixed, "final": p[-1][1], "end": p[-1][0]}
             for m, p in points.items()}
@@ -83,7 +84,9 @@ def table(results: dict[str, Any], target: float) -> str:
         speeds, method = key.split("|")
         cells = [cell(runs, target) for runs in seeds.values()]
         sync_t = mean([c["sync"]["to-target"] for c in cells])
-        for mode in MODES:
+        for mode in dict.fromkeys(m for c in cells for m in c):
+            if not all(mode in c for c in cells):
+                continue
             t = mean([c[mode]["to-target"] for c in cells])
             lines.append(
                 f"{speeds:<12} {method:<8} {mode:<12} {fmt(t, '.1f'):>9} "
@@ -108,7 +111,7 @@ def plot(results: dict[str, Any], path: Path, target: float, label: str) -> None
 
     speeds = list(dict.fromkeys(k.split("|")[0] for k in results))
     fig, axes = plt.subplots(1, len(speeds), figsize=(5 * len(speeds), 3.8), squeeze=False)
-    styles = {"sync": "-", "over-select": "--", "async": ":"}
+    styles = {"sync": "-", "over-select": "--", "async": ":", "async-long": "-."}
     colours = {"fedavg": "tab:blue", "fedinit": "tab:red"}
     for ax, sp in zip(axes[0], speeds, strict=True):
         for key, seeds in results.items():
@@ -117,6 +120,8 @@ def plot(results: dict[str, Any], path: Path, target: float, label: str) -> None
             method = key.split("|")[1]
             runs = seeds[min(seeds)]
             for mode, rows in runs.items():
+                if mode == "async" and "async-long" in runs:
+                    continue  # the long run's first flushes are this run, bit for bit
                 pts = evaluated(rows)
                 ax.plot([t for t, _ in pts], [100 * a for _, a in pts], styles[mode],
                         color=colours[method], label=f"{method} {mode}")
@@ -144,7 +149,12 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--out", type=Path, default=None, help="write every run's rows here")
     ap.add_argument("--plot", type=Path, default=None)
-    ap.add_argument("--rows", type=Path, default=None, help="only print/plot a saved --out")
+    ap.add_argument("--async-rounds", type=int, default=0,
+                    help="also run async for this many flushes (mode async-long): its time "
+                         "to the target when the equal-update async run stops short of it")
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--rows", type=Path, nargs="+", default=None,
+                    help="only print/plot saved --out files (their seeds merged)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     base = {"num-clients": a.clients, "fraction-train": a.fraction,
@@ -155,7 +165,12 @@ def main() -> None:
              f"{a.rounds} rounds/flushes, train-limit {a.train_limit}, seeds {a.seeds}")
     results: dict[str, Any]
     if a.rows is not None:
-        results = json.loads(a.rows.read_text())
+        results = {}
+        for path in a.rows:
+            for key, seeds in json.loads(path.read_text()).items():
+                for seed, runs in seeds.items():
+                    results.setdefault(key, {}).setdefault(seed, {}).update(runs)
+        label = f"{label.split(', seeds')[0]}, seeds {sorted(next(iter(results.values())))}"
     else:
         results = {}
         t0 = time.monotonic()
@@ -164,7 +179,11 @@ def main() -> None:
                 for method in a.methods:
                     key = f"{sp}|{method}"
                     for seed in a.seeds:
-                        for mode, over in MODES.items():
+                        modes = {m: MODES[m] for m in a.modes}
+                        if a.async_rounds:
+                            modes["async-long"] = {"rounds": "async",
+                                                   "num-server-rounds": a.async_rounds}
+                        for mode, over in modes.items():
                             raw = {**base, **METHODS[method], **over, "seed": seed,
                                    "device-speeds": sp}
                             out = Path(tmp) / f"{sp.replace(':', '_')}-{method}-{seed}-{mode}"

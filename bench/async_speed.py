@@ -130,7 +130,7 @@ def plot(results: dict[str, Any], path: Path, target: float, label: str) -> None
         ax.set_xlabel("simulated time (s)")
         ax.set_ylabel("test accuracy (%)")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(label, fontsize=9)
+    fig.suptitle(f"{label}; the lowest seed's runs plotted", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -19,6 +19,11 @@ The flush hands D to the method's own server rule: FedAvg's (FedAvg/FedInit, Fed
 Ditto) is w + eta_g D, FedAdam's its optimiser step. Not built yet (refused by the run
 config): checkpoint/resume, DP, robust rules, federated and personalized evaluation, and
 the methods with per-round server state (``task.choices.ASYNC_REFUSALS``).
+
+With ``device-speeds`` on, the loop runs on the virtual clock (``server_app/virtual_clock.py``):
+a task sent at simulated time t to client i finishes at t + d_i, and the loop waits for the
+one reply that finishes first in simulated time (ties: the earlier dispatch), whatever order
+replies arrive in; flushes, staleness and the model are then the same on any machine.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from server_app.experiment import NothingTrained, TooFewReplies, run_name, state
 from server_app.results import Recorder
 from server_app.round_stages.replies import RoundReplies
 from server_app.strategy import MethodStrategy
+from server_app.virtual_clock import CLOCK_FIELDS, VirtualClock
 from store.files import atomic_write_bytes
 from task.config import RunConfig, check_examples, check_writable
 from task.data_paths import check_present
@@ -79,6 +85,10 @@ class Task:
     version: int
     weights: Weights
     sent_at: float
+    finish: float = 0.0
+    """Simulated finish time (``device-speeds`` on): send time + the client's duration."""
+    seq: int = 0
+    """Dispatch number: breaks ties of ``finish`` by send order."""
 
 
 class BufferedStrategy(MethodStrategy):
@@ -180,6 +190,13 @@ class AsyncLoop:
         """The buffer's decoded replies and weights (the method's rule sees them at a flush)."""
         self.counts = Counters()
         self.bench = Bench(cfg.round_timeout)
+        self.clock = VirtualClock.for_run(cfg)
+        """None under ``device-speeds=off``; its ``now`` is the finish time of the reply
+        handled last."""
+        self.waiting: tuple[str, float] = ("", 0.0)
+        """On the clock: the task whose reply the loop waits for, and since when (wall)."""
+        self.early: dict[str, Message] = {}
+        """On the clock: replies a grid handed back before their turn, kept for it."""
 
     def busy(self) -> set[int]:
         return {t.pid for t in self.tasks.values()}
@@ -202,9 +219,13 @@ class AsyncLoop:
             self.last_round[pid] = rnd
         now = time.monotonic()
         ids = list(self.grid.push_messages(messages))
-        for msg_id, pid in zip(ids, chosen, strict=True):
+        sim = self.clock
+        for seq, (msg_id, pid) in enumerate(zip(ids, chosen, strict=True),
+                                            self.counts.dispatched):
             if msg_id:
-                self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now)
+                finish = sim.now + sim.duration(pid) if sim is not None else 0.0
+                self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now,
+                                          finish, seq)
         self.counts.dispatched += len(chosen)
         if self.counts.refill:
             log(INFO, "version %d: %d lost task(s) re-sent: client(s) %s now train", version,
@@ -253,11 +274,19 @@ class AsyncLoop:
 
     def expire(self) -> None:
         """Give up on tasks older than ``round-timeout`` (checked on every pass, also while
-        other replies keep coming): their slots are refilled."""
+        other replies keep coming): their slots are refilled. On the virtual clock only the
+        task waited for can be given up, timed from when the loop began waiting for it (a
+        later task's reply may sit pulled-for-later meanwhile)."""
         now = time.monotonic()
         for msg_id, task in list(self.tasks.items()):
-            if now - task.sent_at > self.cfg.round_timeout:
+            since = task.sent_at
+            if self.clock is not None:
+                if msg_id != self.waiting[0]:
+                    continue
+                since = self.waiting[1]
+            if now - since > self.cfg.round_timeout:
                 del self.tasks[msg_id]
+                self.early.pop(msg_id, None)
                 self.lose(task, f"no reply within round-timeout={self.cfg.round_timeout:g}s")
 
     def lose(self, task: Task, why: str) -> None:
@@ -281,7 +310,7 @@ class AsyncLoop:
                                     f"node-wait-timeout={self.cfg.node_wait_timeout:g}s at "
                                     f"version {self.buffer.version}")
             self.expire()
-            replies = list(self.grid.pull_messages(list(self.tasks))) if self.tasks else []
+            replies = self.pull()
             if not replies:
                 time.sleep(POLL_SECONDS)
                 continue
@@ -297,6 +326,27 @@ class AsyncLoop:
                         break
                 self.fill(weights)
         return weights
+
+    def pull(self) -> list[Message]:
+        """Replies to handle now: whatever came back (wall order), or, on the virtual clock,
+        only the reply of the task that finishes first in simulated time (the clock moves
+        to its finish); other replies wait on the SuperLink for their turn."""
+        if not self.tasks:
+            return []
+        if self.clock is None:
+            return list(self.grid.pull_messages(list(self.tasks)))
+        first = min(self.tasks, key=lambda i: (self.tasks[i].finish, self.tasks[i].seq))
+        if self.waiting[0] != first:
+            self.waiting = (first, time.monotonic())
+        if first not in self.early:
+            for msg in self.grid.pull_messages([first]):
+                if msg.metadata.reply_to_message_id in self.tasks:
+                    self.early.setdefault(msg.metadata.reply_to_message_id, msg)
+        got = self.early.pop(first, None)
+        if got is None:
+            return []
+        self.clock.now = self.tasks[first].finish
+        return [got]
 
     def apply(self, w: Weights, step: Weights) -> Weights:
         """The method's server rule on the buffered update D = ``step`` (FedAvg's: w + eta_g
@@ -328,7 +378,8 @@ class AsyncLoop:
                                                    flush.staleness, flush.factors,
                                                    strict=True)],
                  "state-fallbacks": self.counts.fallbacks,
-                 "clients-trained": sorted(flush.clients)}
+                 "clients-trained": sorted(flush.clients),
+                 **({"sim-time": self.clock.now} if self.clock is not None else {})}
         self.counts.rejected = self.counts.lost = self.counts.fallbacks = 0
         return facts
 
@@ -351,10 +402,11 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
     strategy = BufferedStrategy(cfg, node_of, weights, available=fleet.available,
                                 examples=partition_sizes(cfg))
     strategy.bind_run_dir(out)
-    rec = Recorder(out, cfg.to_dict(), eval_source="central", extra_fields=ASYNC_FIELDS,
+    loop = AsyncLoop(grid, cfg, strategy, fleet.available, node_of, ConfigRecord(
+        {rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)}))
+    rec = Recorder(out, cfg.to_dict(), eval_source="central",
+                   extra_fields=ASYNC_FIELDS + (CLOCK_FIELDS if loop.clock else ()),
                    tracking=cfg.tracking)
-    round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
-    loop = AsyncLoop(grid, cfg, strategy, fleet.available, node_of, round_config)
     n = cfg.num_server_rounds
     last = [time.monotonic()]
 

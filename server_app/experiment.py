@@ -47,6 +47,7 @@ from server_app.results import DP_CONVENTIONS, DP_FIELDS, DP_LEFT_OUT, Recorder
 from server_app.status import StatusWriter
 from server_app.strategy import MethodStrategy
 from server_app.tracking import check_available as check_tracking
+from server_app.virtual_clock import CLOCK_FIELDS, VirtualClock
 from store.files import atomic_write_bytes, sync_filesystem
 from store.simulated_state import STATE_ROOT
 from task import config_keys
@@ -141,11 +142,15 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     budget = privacy_budget(cfg, strategy)
     ledger = None if budget is None else Ledger.open(out, first - 1,
                                                      resume[1].rows if resume else None)
+    clock = VirtualClock.for_run(cfg)
     rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1,
                    rows=resume[1].rows if resume else None, eval_source=cfg.eval_source,
-                   extra_fields=(DP_FIELDS if budget else
-                                 OVER_SELECT_FIELDS if cfg.over_select > 0.0 else ()),
+                   extra_fields=((DP_FIELDS if budget else
+                                  OVER_SELECT_FIELDS if cfg.over_select > 0.0 else ())
+                                 + (CLOCK_FIELDS if clock else ())),
                    left_out=DP_LEFT_OUT if budget else (), tracking=cfg.tracking)
+    if clock is not None and rec.rows:  # a resumed run's clock goes on from its last row
+        clock.now = float(rec.rows[-1].get("sim-time") or 0.0)
     write_regimes(out, cfg)
     status = StatusWriter(out, cfg, fleet, first)  # status.json: the operator's live page
     status.watch(strategy)
@@ -168,13 +173,21 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             ledger.count(rnd)  # DP) and its model (evaluation, next round) are then counted
         t_send = time.monotonic()
         over: dict[str, int] = {}
-        if cfg.over_select > 0.0:  # the first m accepted replies close the round
+        if clock is not None and cfg.over_select > 0.0:  # the first m in simulated order
+            got = clock.close_first(
+                list(grid.send_and_receive(messages, timeout=cfg.round_timeout)),
+                cfg.clients_per_round, strategy.sent_to, strategy.accepts, rnd)
+            replies, over = got.replies, got.fields(len(messages))
+        elif cfg.over_select > 0.0:  # the first m accepted replies close the round
             got = collect_first(grid, messages, cfg.clients_per_round, strategy.accepts,
                                 cfg.round_timeout, rnd)
             replies, over = got.replies, got.fields(len(messages))
         else:
             replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
         timing = reply_timing(replies, time.monotonic() - t_send)
+        if clock is not None:
+            clock.sync_round(replies, strategy.sent_to)
+            timing["sim-time"] = clock.now
         if state_root is not None:  # the clients wrote their state without fsync: one
             sync_filesystem(state_root)  # flush for all, before the checkpoint relies on it
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)

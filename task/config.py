@@ -49,6 +49,7 @@ from task.choices import (
 from task.config_checks import ConfigError, bad_value, did_you_mean
 from task.data_sets import DATASET_NAMES, default_data_dir, spec_of, split_floats, split_names
 from task.data_sets.device import NAME as DEVICE
+from task.device_speeds import parse_speeds
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 __all__ = ["ConfigError", "RunConfig", "check_examples", "check_writable", "load_defaults"]
@@ -140,6 +141,7 @@ class RunConfig:
     staleness_a: float
     staleness_b: float
     max_staleness: int
+    device_speeds: str
     params: Params = field(default_factory=Params)
     """The chosen method's own keys, checked by the method (``methods.<method>``)."""
     method_values: tuple[tuple[str, Any], ...] = ()
@@ -655,6 +657,10 @@ def _check_ranges(c: RunConfig) -> None:
     _check_async(c)
     _check_secagg(c)
     _check_over_select(c)
+    parse_speeds(c.device_speeds)
+    if c.on_devices and c.device_speeds != "off":
+        raise _bad("device-speeds", c.device_speeds, "off with dataset='device' (the server "
+                   "cannot count a device's examples, so a task has no simulated duration)")
     if c.seed < 0:
         raise _bad("seed", c.seed, "an integer >= 0")
     if not c.output_dir:

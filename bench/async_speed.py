@@ -1,0 +1,204 @@
+"""Sync, sync with over-selection and async (FedBuff) on the virtual clock (``device-speeds``).
+
+Fashion-MNIST Dirichlet-0.1, FedAvg (beta 0) and FedInit (beta 0.1), each under every
+``--speeds`` spec (default: 20% and 50% of the devices 5x slower, lognormal sigma 1), each
+mode on the same seed and data; in process (``scripts/inprocess_grid.py``), one run after the
+other. Printed per (speeds, method, mode), mean over ``--seeds``: simulated seconds to
+``--target`` accuracy (``-``: not reached), accuracy at a fixed simulated time (the earliest
+of the three modes' final ``sim-time`` for that speeds/method/seed, so every mode is measured
+inside its run), final accuracy after the same number of accepted client updates (rounds x m
+= flushes x buffer-size), and the speed-up of async and over-select against sync. Every run's
+rows go to ``--out`` (JSON), and ``--plot`` draws accuracy against simulated time.
+
+    .venv/bin/python -m bench.async_speed [--clients 100] [--rounds 30] [--seeds 0]
+        [--train-limit 12000] [--target 0.7] [--plot docs/img/async_speed.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from scripts.inprocess_grid import InProcessGrid
+from server_app.async_rounds import run_async_experiment
+from server_app.experiment import run_experiment
+from task.config import RunConfig
+
+METHODS = {"fedavg": {"beta": 0.0}, "fedinit": {"beta": 0.1}}
+MODES = {"sync": {}, "over-select": {"over-select": 0.3}, "async": {"rounds": "async"}}
+SPEEDS = ("slow:0.2:5", "slow:0.5:5", "lognormal:1")
+
+
+def one_run(base: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    """One run in process: its rounds.jsonl rows."""
+    cfg = RunConfig.parse({**base, "output-dir": str(out)})
+    run = run_async_experiment if cfg.rounds == "async" else run_experiment
+    run(InProcessGrid(cfg.num_clients, cfg.to_dict()), cfg, out_dir=out / "run")
+    return [json.loads(x) for x in (out / "run" / "rounds.jsonl").read_text().splitlines()]
+
+
+def evaluated(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(sim-time, test-acc) of every row with an evaluation."""
+    return [(r["sim-time"], r["test-acc"]) for r in rows if r["test-acc"] is not None]
+
+
+def time_to(points: list[tuple[float, float]], target: float) -> float:
+    return next((t for t, a in points if a >= target), math.nan)
+
+
+def acc_at(points: list[tuple[float, float]], when: float) -> float:
+    """The last evaluated accuracy at or before simulated time ``when``."""
+    before = [a for t, a in points if t <= when + 1e-9]
+    return before[-1] if before else math.nan
+
+
+def cell(runs: dict[str, list[dict[str, Any]]], target: float) -> dict[str, dict[str, float]]:
+    """One seed's figures for the three modes of one speeds/method."""
+    points = {m: evaluated(rows) for m, rows in runs.items()}
+    fixed = min((p[-1][0] for m, p in points.items() if m in MODES),
+                default=min(p[-1][0] for p in points.values()))
+    return {m: {"to-target": time_to(p, target), "acc-at-fixed": acc_at(p, fixed),
+                "fixed": fixed, "final": p[-1][1], "end": p[-1][0]}
+            for m, p in points.items()}
+
+
+def mean(values: list[float]) -> float:
+    ok = [v for v in values if not math.isnan(v)]
+    return float(np.mean(ok)) if len(ok) == len(values) and ok else math.nan
+
+
+def table(results: dict[str, Any], target: float) -> str:
+    """The printed table: one line per speeds/method/mode, means over seeds."""
+    head = (f"{'speeds':<12} {'method':<8} {'mode':<12} {'t->' + format(target, '.0%'):>9} "
+            f"{'speed-up':>8} {'acc@T':>6} {'T':>7} {'final':>6} {'sim end':>8}")
+    lines = [head]
+    for key, seeds in results.items():
+        speeds, method = key.split("|")
+        cells = [cell(runs, target) for runs in seeds.values()]
+        sync_t = mean([c["sync"]["to-target"] for c in cells])
+        for mode in dict.fromkeys(m for c in cells for m in c):
+            if not all(mode in c for c in cells):
+                continue
+            t = mean([c[mode]["to-target"] for c in cells])
+            lines.append(
+                f"{speeds:<12} {method:<8} {mode:<12} {fmt(t, '.1f'):>9} "
+                f"{fmt(sync_t / t, '.2f') + 'x':>8} "
+                f"{fmt(100 * mean([c[mode]['acc-at-fixed'] for c in cells]), '.2f'):>6} "
+                f"{fmt(mean([c[mode]['fixed'] for c in cells]), '.1f'):>7} "
+                f"{fmt(100 * mean([c[mode]['final'] for c in cells]), '.2f'):>6} "
+                f"{fmt(mean([c[mode]['end'] for c in cells]), '.1f'):>8}")
+    return "\n".join(lines)
+
+
+def fmt(x: float, spec: str) -> str:
+    return "-" if math.isnan(x) else format(x, spec)
+
+
+def plot(results: dict[str, Any], path: Path, target: float, label: str) -> None:
+    """Accuracy against simulated time: one panel per speeds spec, seed 0's runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    speeds = list(dict.fromkeys(k.split("|")[0] for k in results))
+    fig, axes = plt.subplots(1, len(speeds), figsize=(5 * len(speeds), 3.8), squeeze=False)
+    styles = {"sync": "-", "over-select": "--", "async": ":", "async-long": "-."}
+    colours = {"fedavg": "tab:blue", "fedinit": "tab:red"}
+    for ax, sp in zip(axes[0], speeds, strict=True):
+        for key, seeds in results.items():
+            if key.split("|")[0] != sp:
+                continue
+            method = key.split("|")[1]
+            runs = seeds[min(seeds)]
+            for mode, rows in runs.items():
+                if mode == "async" and "async-long" in runs:
+                    continue  # the long run's first flushes are this run, bit for bit
+                pts = evaluated(rows)
+                ax.plot([t for t, _ in pts], [100 * a for _, a in pts], styles[mode],
+                        color=colours[method], label=f"{method} {mode}")
+        ax.axhline(100 * target, color="grey", lw=0.5)
+        ax.set_title(f"device-speeds={sp}")
+        ax.set_xlabel("simulated time (s)")
+        ax.set_ylabel("test accuracy (%)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{label}; the lowest seed's runs plotted", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--fraction", type=float, default=0.1)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--train-limit", type=int, default=12000)
+    ap.add_argument("--eval-every", type=int, default=2)
+    ap.add_argument("--target", type=float, default=0.7)
+    ap.add_argument("--speeds", nargs="+", default=list(SPEEDS))
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--out", type=Path, default=None, help="write every run's rows here")
+    ap.add_argument("--plot", type=Path, default=None)
+    ap.add_argument("--async-rounds", type=int, default=0,
+                    help="also run async for this many flushes (mode async-long): its time "
+                         "to the target when the equal-update async run stops short of it")
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--rows", type=Path, nargs="+", default=None,
+                    help="only print/plot saved --out files (their seeds merged)")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    base = {"num-clients": a.clients, "fraction-train": a.fraction,
+            "num-server-rounds": a.rounds, "partition": "dirichlet", "dirichlet-alpha": 0.1,
+            "train-limit": a.train_limit, "eval-every": a.eval_every, "local-epochs": 1,
+            "personal-eval-every": 0, "tracking": "off"}
+    label = (f"Fashion-MNIST Dir-0.1, {a.clients} clients, m={round(a.fraction * a.clients)}, "
+             f"{a.rounds} rounds/flushes, train-limit {a.train_limit}, seeds {a.seeds}")
+    results: dict[str, Any]
+    if a.rows is not None:
+        results = {}
+        for path in a.rows:
+            for key, seeds in json.loads(path.read_text()).items():
+                for seed, runs in seeds.items():
+                    results.setdefault(key, {}).setdefault(seed, {}).update(runs)
+        label = f"{label.split(', seeds')[0]}, seeds {sorted(next(iter(results.values())))}"
+    else:
+        results = {}
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory() as tmp:
+            for sp in a.speeds:
+                for method in a.methods:
+                    key = f"{sp}|{method}"
+                    for seed in a.seeds:
+                        modes = {m: MODES[m] for m in a.modes}
+                        if a.async_rounds:
+                            modes["async-long"] = {"rounds": "async",
+                                                   "num-server-rounds": a.async_rounds}
+                        for mode, over in modes.items():
+                            raw = {**base, **METHODS[method], **over, "seed": seed,
+                                   "device-speeds": sp}
+                            out = Path(tmp) / f"{sp.replace(':', '_')}-{method}-{seed}-{mode}"
+                            rows = one_run(raw, out)
+                            results.setdefault(key, {}).setdefault(str(seed), {})[mode] = rows
+                            print(f"# {key} seed {seed} {mode}: final acc "
+                                  f"{rows[-1]['test-acc']:.4f} sim {rows[-1]['sim-time']:.1f}s "
+                                  f"({time.monotonic() - t0:.0f}s wall so far)", flush=True)
+                    if a.out is not None:
+                        a.out.write_text(json.dumps(results))
+    print(label)
+    print(table(results, a.target))
+    if a.plot is not None:
+        plot(results, a.plot, a.target, label)
+
+
+if __name__ == "__main__":
+    main()

@@ -26,6 +26,8 @@ from task.device_speeds import STEP_SECONDS, durations, slowdowns
 from task.federated_data import client_examples
 from tests.test_async_rounds import fedbuff_by_hand, first_model
 
+pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
+
 
 @pytest.fixture(autouse=True)
 def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,7 +32,7 @@ from tests.sim_engine import InProcessSimulation
 from tests.test_fedavg_reference import max_diff, reference_fedavg
 from tests.test_resume_and_faults import corrupt
 
-pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
+pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read, no real wait
 
 SMALL = {"num-clients": 3, "train-limit": 150, "local-epochs": 1, "batch-size": 50,
          "personal-eval-every": 0, "tracking": "off", "rounds": "async"}

@@ -22,7 +22,7 @@ from server_app.experiment import run_experiment
 from task.config import ConfigError, RunConfig
 from tests.test_resume_and_faults import corrupt
 
-pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
+pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read, no real wait
 
 SMALL = {"num-clients": 6, "fraction-train": 0.5, "train-limit": 180, "local-epochs": 1,
          "batch-size": 50, "personal-eval-every": 0, "tracking": "off", "beta": 0.0,

@@ -26,7 +26,7 @@ from task.device_speeds import STEP_SECONDS, durations, slowdowns
 from task.federated_data import client_examples
 from tests.test_async_rounds import fedbuff_by_hand, first_model
 
-pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
+pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read, no real wait
 
 
 @pytest.fixture(autouse=True)

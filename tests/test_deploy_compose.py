@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from scripts.flower_env import REPO
 from task.data_paths import default_data_dir
@@ -128,7 +129,13 @@ def test_compose_stack_with_tls_auth_and_an_edge_node(docker: DockerEngine,
     config = sh("docker-compose", "-f", str(REPO / "docker-compose.yml"), "config").stdout
     for net in ("fleet", "control"):
         assert re.search(net + r":\n(\s+\S.*\n)*?\s+internal: true", config), net
-    assert "ports:" not in config, "no port may be published"
+    # No port is published but the operator's page's (profile `dashboard`, never started
+    # here), and that one on the host's loopback only (tests/test_compose_dashboard.py).
+    published = {name: svc["ports"] for name, svc in yaml.safe_load(config)["services"].items()
+                 if svc.get("ports")}
+    assert set(published) <= {"dashboard"}, f"no port may be published: {published}"
+    assert all(str(p).startswith("127.0.0.1:") for p in published.get("dashboard", [])), \
+        published
     # The CPU images carry no torchvision (none exists for CPU torch 2.13 on PyPI): the
     # ClientApp and ServerApp modules, every model included, must do without it.
     imports = probe(f"{PREFIX}-serverapp:{TAG}", "import client_app.app, server_app.app",

@@ -188,3 +188,13 @@ def docker_session(log_dir: Path, project: str) -> Iterator[DockerEngine]:
             if left:
                 sh("docker", "rm", "-f", *left)
         engine.stop()
+
+
+def check_published_ports(config: dict[str, Any]) -> None:
+    """A resolved compose config publishes no port but the operator's page's (profile
+    ``dashboard``, started only on request), and that one on the host's loopback only."""
+    published = {name: svc["ports"] for name, svc in config["services"].items()
+                 if svc.get("ports")}
+    assert set(published) <= {"dashboard"}, f"no port may be published: {published}"
+    assert all(str(p).startswith("127.0.0.1:") for p in published.get("dashboard", [])), \
+        published

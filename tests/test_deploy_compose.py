@@ -25,7 +25,14 @@ import yaml
 from scripts.flower_env import REPO
 from task.data_paths import default_data_dir
 from task.datasets import load_dataset
-from tests.deploy_helpers import DockerEngine, docker_session, rounds, run_dir, sh
+from tests.deploy_helpers import (
+    DockerEngine,
+    check_published_ports,
+    docker_session,
+    rounds,
+    run_dir,
+    sh,
+)
 from tests.device_data import FMNIST_CLASSES, skewed_fmnist_folders
 
 PREFIX, TAG = "local/fedinit", "flwr1.39.0"
@@ -129,13 +136,7 @@ def test_compose_stack_with_tls_auth_and_an_edge_node(docker: DockerEngine,
     config = sh("docker-compose", "-f", str(REPO / "docker-compose.yml"), "config").stdout
     for net in ("fleet", "control"):
         assert re.search(net + r":\n(\s+\S.*\n)*?\s+internal: true", config), net
-    # No port is published but the operator's page's (profile `dashboard`, never started
-    # here), and that one on the host's loopback only (tests/test_compose_dashboard.py).
-    published = {name: svc["ports"] for name, svc in yaml.safe_load(config)["services"].items()
-                 if svc.get("ports")}
-    assert set(published) <= {"dashboard"}, f"no port may be published: {published}"
-    assert all(str(p).startswith("127.0.0.1:") for p in published.get("dashboard", [])), \
-        published
+    check_published_ports(yaml.safe_load(config))  # the page's, on 127.0.0.1, and no other
     # The CPU images carry no torchvision (none exists for CPU torch 2.13 on PyPI): the
     # ClientApp and ServerApp modules, every model included, must do without it.
     imports = probe(f"{PREFIX}-serverapp:{TAG}", "import client_app.app, server_app.app",

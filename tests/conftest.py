@@ -65,6 +65,30 @@ SMALL_TEST_SET = 1000
 """Central test examples the in-process runs of ``small_central_test_set`` score on."""
 
 
+LOG_TAIL_LINES = 30
+"""Lines of each process log a failed deployment test reports."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[None]:
+    """A failed test that used a deployment reports the end of each of its process logs
+    (SuperLink, SuperNodes, runs): a node's log is the only record of what it was doing,
+    and a CI failure is otherwise read without it."""
+    report = yield
+    if report.failed and call.when in ("call", "teardown"):
+        funcargs = getattr(item, "funcargs", {})
+        for value in funcargs.values():
+            logs = getattr(value, "logs", None)
+            if isinstance(logs, Path) and logs.is_dir():
+                for log in sorted(logs.glob("*.log")):
+                    lines = [ln for ln in log.read_text(errors="replace").splitlines()
+                             if ln.split(":", 3)[-1].strip()]  # not Flower's empty lines
+                    tail = lines[-LOG_TAIL_LINES:]
+                    report.sections.append((f"deployment log {log.name}", "\n".join(tail)))
+    return report
+
+
 @pytest.fixture(scope="module")
 def small_central_test_set() -> Iterator[None]:
     """Central evaluation on the first ``SMALL_TEST_SET`` examples of the test split.

@@ -230,7 +230,10 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_model(
     assert done < 3, "the run finished before its ServerApp was killed"
     assert not (run_path / "final_model.npz").exists()
 
-    resumed = FlwrRun(dep, "resume", {**cfg, "output-dir": str(out),
+    # A node may still be busy with the killed run's last message (its objects never fully
+    # pushed: the node retries until the SuperLink says the run is over), so the resumed run
+    # waits longer for every node than a fresh one.
+    resumed = FlwrRun(dep, "resume", {**cfg, "output-dir": str(out), "node-wait-timeout": 180.0,
                                       "resume-dir": str(run_path)})
     try:
         status = resumed.wait(300)

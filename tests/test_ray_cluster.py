@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from scripts.flower_env import flower_env
@@ -35,6 +36,9 @@ import json, os, ray
 from ray._private import state
 ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR")
 print("JOBS", json.dumps({"me": os.getpid(), "resources": ray.cluster_resources(),
+                          "nodes": sum(n["Alive"] for n in ray.nodes()),
+                          "actors": [[a["Address"]["NodeID"], a["ActorClassName"]]
+                                     for a in state.actors().values()],
                           "jobs": [{"pid": j["DriverPid"], "dead": j["IsDead"]}
                                    for j in state.jobs()]}))
 """
@@ -60,70 +64,108 @@ def processes_under(temp_dir: Path) -> list[int]:
     return pids
 
 
+NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+              "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")
+"""The ports every Ray node binds; each node on this machine gets its own."""
+
+
+def start_node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`ray start ... --block` with its own free ports, in its own process group."""
+    names = NODE_PORTS + (("ray-client-server-port",) if "--head" in args else ())
+    ports = free_ports(len(names))
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [RAY, "start", "--block", *args, "--node-ip-address=127.0.0.1",
+             "--disable-usage-stats", *(f"--{k}={v}" for k, v in zip(names, ports, strict=True))],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for_nodes(nodes: list[tuple[subprocess.Popen[bytes], Path]], env: dict[str, str],
+                   count: int) -> None:
+    """Until the cluster answers with ``count`` live nodes; a node that exited fails at once
+    with its log (before: a dead head meant a 120 s wait)."""
+    deadline = time.monotonic() + 180
+    while True:
+        for proc, log in nodes:
+            if proc.poll() is not None:
+                pytest.fail(f"ray start exited ({log.name}): "
+                            + log.read_text(errors="replace")[-2000:])
+        try:
+            if cluster_info(env)["nodes"] == count:
+                return
+        except (AssertionError, subprocess.TimeoutExpired):
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"the Ray cluster did not show {count} live nodes in 180 s")
+        time.sleep(2)
+
+
 @pytest.fixture
-def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], Path]]:
-    """A one-machine Ray cluster (2 CPUs) on private ports; yields (address, env, logs dir)."""
+def ray_cluster(request: pytest.FixtureRequest, tmp_path: Path
+                ) -> Iterator[tuple[str, dict[str, str], Path]]:
+    """A Ray cluster on this machine, on private ports: ``request.param`` nodes (default 1,
+    a head with 2 CPUs; 2: a head and a worker node with 1 CPU each); yields (address, env,
+    the cluster's temp dir)."""
+    count = getattr(request, "param", 1)
     temp_dir = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))  # Ray's socket paths are short
-    names = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
-             "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
-             "ray-client-server-port")
-    gcs, *chosen = free_ports(1 + len(names))
-    ports = {f"--{k}": port for k, port in zip(names, chosen, strict=True)}
+    (gcs,) = free_ports(1)
     env = flower_env(tmp_path / "flwr-home", RAY_ADDRESS=f"127.0.0.1:{gcs}",
                      RAY_USAGE_STATS_ENABLED="0")
-    log = (tmp_path / "ray-head.log").open("w")
-    head = subprocess.Popen(
-        [RAY, "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2",
-         "--node-ip-address=127.0.0.1",
-         "--disable-usage-stats", "--include-dashboard=false", f"--temp-dir={temp_dir}",
-         *(f"{k}={v}" for k, v in ports.items())],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    cpus = 2 if count == 1 else 1
+    nodes = [(start_node(["--head", f"--port={gcs}", f"--num-cpus={cpus}",
+                          "--include-dashboard=false", f"--temp-dir={temp_dir}"],
+                         env, tmp_path / "ray-head.log"), tmp_path / "ray-head.log")]
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if head.poll() is not None:  # a head that died never answers: say why, at once
-                log.flush()
-                pytest.fail("ray start exited: "
-                            + (tmp_path / "ray-head.log").read_text(errors="replace")[-2000:])
-            try:
-                cluster_info(env)
-                break
-            except (AssertionError, subprocess.TimeoutExpired):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(2)
+        wait_for_nodes(nodes, env, 1)
+        for i in range(1, count):  # worker nodes join the head's session (and its temp dir)
+            log = tmp_path / f"ray-worker-{i}.log"
+            nodes.append((start_node([f"--address=127.0.0.1:{gcs}", f"--num-cpus={cpus}"],
+                                     env, log), log))
+        wait_for_nodes(nodes, env, count)
         yield f"127.0.0.1:{gcs}", env, temp_dir
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            head.wait(60)
+        for proc, _ in reversed(nodes):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(60)
         for pid in processes_under(temp_dir):  # anything `ray start` left behind, by pid
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-@pytest.mark.slow
-def test_simulation_runs_on_an_existing_ray_cluster(
-        ray_head: tuple[str, dict[str, str], Path], tmp_path: Path) -> None:
-    address, env, temp_dir = ray_head
-    before = cluster_info(env)
-    assert before["resources"]["CPU"] == 2.0
+def simulate(env: dict[str, str], out: Path, num_clients: int, fraction: float) -> None:
+    """A 2-round simulation by the project's own command, on our test ports; the local
+    SuperLink is stopped before (it must start with this ``env``) and after."""
     env = {**env, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": HTTP_PORT,
            "FLWR_LOCAL_CONTROL_API_PORT": CONTROL_PORT}
-    out = tmp_path / "out"
-    kill_local_superlink(HTTP_PORT)  # the SuperLink must start with RAY_ADDRESS in its env
+    kill_local_superlink(HTTP_PORT)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "scripts.simulate", "num-clients=4",
-             "fraction-train=0.5", "num-server-rounds=2", "train-limit=2000",
+            [sys.executable, "-m", "scripts.simulate", f"num-clients={num_clients}",
+             f"fraction-train={fraction}", "num-server-rounds=2", "train-limit=2000",
              f"output-dir={out}"], env=env, capture_output=True, text=True, timeout=900,
             check=False)
     finally:
         kill_local_superlink(HTTP_PORT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def final_model(out: Path) -> list[bytes]:
+    (run_dir,) = list(out.iterdir())
+    with np.load(run_dir / "final_model.npz") as z:
+        return [z[k].tobytes() for k in z.files]
+
+
+@pytest.mark.slow
+def test_simulation_runs_on_an_existing_ray_cluster(
+        ray_cluster: tuple[str, dict[str, str], Path], tmp_path: Path) -> None:
+    address, env, temp_dir = ray_cluster
+    before = cluster_info(env)
+    assert before["resources"]["CPU"] == 2.0
+    out = tmp_path / "out"
+    simulate(env, out, num_clients=4, fraction=0.5)
     # The simulation was a driver of THIS cluster: one new job, not our probe, finished by
     # now; and the cluster outlived it (attached, not owned).
     after = cluster_info(env)
@@ -137,3 +179,26 @@ def test_simulation_runs_on_an_existing_ray_cluster(
         [p.name for p in worker_logs]
     (run_dir,) = list(out.iterdir())
     assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ray_cluster", [2], indirect=True)
+def test_simulation_spans_two_ray_nodes_and_matches_one_machine(
+        ray_cluster: tuple[str, dict[str, str], Path], tmp_path: Path) -> None:
+    """docs/scaling.md's multi-node recipe, both nodes on this machine: a head and a worker
+    node with 1 CPU each, so Flower's pool holds two actors and Ray must place one on each;
+    the model is the one a single machine's run makes, bit for bit."""
+    _address, env, _temp_dir = ray_cluster
+    spanned = tmp_path / "two-nodes"
+    simulate(env, spanned, num_clients=4, fraction=1.0)
+    info = cluster_info(env)
+    nodes_with_actors = {node for node, cls in info["actors"] if cls == "ClientAppActor"}
+    assert len(nodes_with_actors) == 2, info["actors"]
+    assert info["nodes"] == 2  # both nodes outlived the run
+
+    alone = tmp_path / "one-machine"  # Flower's own Ray, started and stopped by the run
+    simulate({k: v for k, v in env.items() if k != "RAY_ADDRESS"}, alone, num_clients=4,
+             fraction=1.0)
+    actors_after = [cls for _node, cls in cluster_info(env)["actors"]]
+    assert actors_after.count("ClientAppActor") == 2, "the one-machine run used the cluster"
+    assert final_model(spanned) == final_model(alone)

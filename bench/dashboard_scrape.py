@@ -26,7 +26,7 @@ and in SQLite (a deployment's SuperLink, as ``fedinit-deploy`` and compose start
 its state in SQLite), with the nodes registered as the simulation engine registers them; a
 deployment adds a gRPC round trip on top, so ``before`` is a lower bound.
 
-    .venv/bin/python -m bench.dashboard_scrape --only write    # 10, 100, 1000 nodes; ~1 min
+    .venv/bin/python -m bench.dashboard_scrape --table write   # 10, 100, 1000 nodes; ~1 min
 """
 
 from __future__ import annotations
@@ -180,17 +180,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=200, help="rows written and rounds tallied")
     p.add_argument("--dp", default="off", choices=["off", "central", "local"])
     p.add_argument("--repeat", type=int, default=30)
-    p.add_argument("--only", choices=["scrape", "write"], default=None,
-                   help="one of the two tables (default: both)")
+    p.add_argument("--table", choices=["scrape", "write", "both"], default="scrape",
+                   help="the scrape table, the status write table (before/after), or both")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        if a.only != "write":
+        if a.table != "write":
             print(f"rounds={a.rounds} dp={a.dp}, median of {a.repeat}, ms", flush=True)
             print(f"{'nodes':>6} {'status KB':>9} {'read':>7} {'collect':>8} {'scrape':>7} "
                   f"{'page':>7} {'metrics KB':>10} {'series':>7}", flush=True)
             for n in a.nodes:
                 print(measure(Path(tmp) / f"n{n}", n, a.rounds, a.dp, a.repeat), flush=True)
-        if a.only != "scrape":
+        if a.table != "scrape":
             print(f"status.json write, rounds={a.rounds}, median of {a.repeat} alternating, "
                   "ms: before = get_node_ids + write (as it was), after = write (as it is)",
                   flush=True)

@@ -18,9 +18,10 @@ answered or got a task. ``connected`` is the fleet's last answer from Flower's
 ``Grid.get_node_ids`` (``Fleet.online``, with when each node was last in it), which the rounds
 ask for anyway (identity queries and sampling, each round; in a simulation once, at the start:
 the engine's nodes never miss a heartbeat). A write asks the SuperLink nothing (with 1000
-nodes a ``get_node_ids`` round trip per write would cost more than the write), so
-``connected`` is at most one round old: a killed node stays connected until the SuperLink
-misses its heartbeats (2 x 30 s in Flower 1.39) and a round has asked since.
+nodes in a SQLite-backed SuperLink the call alone was 18-24 ms of a 50-71 ms write, before
+its gRPC: docs/benchmarks.md), so ``connected`` is at most one round old: a killed node
+stays connected until the SuperLink misses its heartbeats (2 x 30 s in Flower 1.39) and a
+round has asked since.
 
 Under DP (``dp`` != off) the round's sample is secret (docs/faults.md, "What each DP mode
 shows"): no per-node task count, train time, last task reply or participation is written,

@@ -16,6 +16,17 @@ rounds each) beside a ``rounds.jsonl`` of ``--rounds`` rows, then timed (median 
 
 and the size of the answer. The collector reads status.json, the rows and config.json at
 each scrape (no cache), so its cost grows with the fleet and the rows, as the page's does.
+
+Then what one status.json write costs the ServerApp (``StatusWriter.write`` over a real
+``Fleet``, every node identified and tallied as above), side by side, alternating, median of
+``--repeat``: ``before``, the write as it was (``Fleet.online``, i.e. ``Grid.get_node_ids``,
+then the file), and ``after``, the write as it is (the file only: connected is the round's
+last answer). ``get_node_ids`` runs in this process against Flower's own LinkState, in memory
+and in SQLite (a deployment's SuperLink, as ``fedinit-deploy`` and compose start it, keeps
+its state in SQLite), with the nodes registered as the simulation engine registers them; a
+deployment adds a gRPC round trip on top, so ``before`` is a lower bound.
+
+    .venv/bin/python -m bench.dashboard_scrape --table write   # 10, 100, 1000 nodes; ~1 min
 """
 
 from __future__ import annotations
@@ -33,8 +44,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from flwr.server.superlink.fleet.vce import vce_api
+from flwr.server.superlink.linkstate import LinkStateFactory
+from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+from flwr.supercore.object_store import ObjectStoreFactory
+from flwr.supercore.run import Run
+from flwr.superlink.federation import NoOpFederationManager
+from flwr.superlink.grid import InMemoryGrid
+
 from scripts.dashboard import make_server
 from scripts.dashboard_metrics import registry_for, scrape
+from server_app.clients import Fleet
 from server_app.status import STATUS_FILE, NodeTally, StatusWriter
 from task.config import RunConfig
 
@@ -52,7 +72,6 @@ def write_run(run: Path, nodes: int, rounds: int, dp: str) -> int:
                             registry=None, connected={1000 + c for c in range(nodes)},
                             connected_at={1000 + c: time.time() for c in range(nodes)},
                             on_change=None)
-    fleet.online = lambda: fleet.connected
     writer = StatusWriter(run, cfg, fleet, 1)  # type: ignore[arg-type] - the fields it reads
     for c in range(nodes):
         writer.tally[1000 + c] = NodeTally(
@@ -110,19 +129,77 @@ def measure(root: Path, nodes: int, rounds: int, dp: str, repeat: int) -> str:
             f"{page:>7.2f} {len(text) / 1024:>10.1f} {series:>7}")
 
 
+def linked_grid(root: Path, nodes: int, database: str) -> InMemoryGrid:
+    """Flower's Grid over its own LinkState (``memory`` or ``sqlite``, a file under
+    ``root``) with ``nodes`` nodes registered and online, as the simulation engine does."""
+    db = FLWR_IN_MEMORY_DB_NAME if database == "memory" else str(root / "state.db")
+    factory = LinkStateFactory(db, NoOpFederationManager(), ObjectStoreFactory())
+    run_id = factory.state().create_run(None, None, None, {}, NOOP_FEDERATION_ID, None, None,
+                                        "serverapp")
+    grid = InMemoryGrid(state_factory=factory)
+    grid.set_run(Run.create_empty(run_id))
+    vce_api._register_nodes(nodes, factory)
+    return grid
+
+
+def measure_write(root: Path, nodes: int, rounds: int, database: str, repeat: int) -> str:
+    """One line of the write table: the write before (get_node_ids + file) and after."""
+    root.mkdir(parents=True)
+    grid = linked_grid(root, nodes, database)
+    cfg = RunConfig.parse({"num-clients": nodes, "num-server-rounds": 2 * rounds})
+    fleet = Fleet(grid, cfg)
+    fleet.node_of = dict(enumerate(sorted(fleet.online())))
+    writer = StatusWriter(root / "run", cfg, fleet, 1)
+    (root / "run").mkdir()
+    for node in fleet.node_of.values():
+        writer.tally[node] = NodeTally(
+            sent=rounds, replied=rounds - 1, missing=1, train_seconds=1.25,
+            last_reply=time.time(), rounds=list(range(1, rounds + 1)))
+    writer.round = rounds
+
+    def before() -> None:
+        fleet.online()
+        writer.write()
+
+    timed: dict[str, list[float]] = {"ask": [], "before": [], "after": []}
+    for fn in (fleet.online, before, writer.write):  # warm
+        fn()
+    for _ in range(repeat):
+        for name, fn in (("ask", fleet.online), ("before", before), ("after", writer.write)):
+            t0 = time.perf_counter()
+            fn()
+            timed[name].append(time.perf_counter() - t0)
+    ms = {k: 1000 * statistics.median(v) for k, v in timed.items()}
+    return (f"{nodes:>6} {database:>8} {ms['ask']:>13.2f} {ms['before']:>10.2f} "
+            f"{ms['after']:>9.2f} {ms['before'] / ms['after']:>7.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[10, 100, 1000])
     p.add_argument("--rounds", type=int, default=200, help="rows written and rounds tallied")
     p.add_argument("--dp", default="off", choices=["off", "central", "local"])
     p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--table", choices=["scrape", "write", "both"], default="scrape",
+                   help="the scrape table, the status write table (before/after), or both")
     a = p.parse_args(argv)
-    print(f"rounds={a.rounds} dp={a.dp}, median of {a.repeat}, ms", flush=True)
-    print(f"{'nodes':>6} {'status KB':>9} {'read':>7} {'collect':>8} {'scrape':>7} "
-          f"{'page':>7} {'metrics KB':>10} {'series':>7}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for n in a.nodes:
-            print(measure(Path(tmp) / f"n{n}", n, a.rounds, a.dp, a.repeat), flush=True)
+        if a.table != "write":
+            print(f"rounds={a.rounds} dp={a.dp}, median of {a.repeat}, ms", flush=True)
+            print(f"{'nodes':>6} {'status KB':>9} {'read':>7} {'collect':>8} {'scrape':>7} "
+                  f"{'page':>7} {'metrics KB':>10} {'series':>7}", flush=True)
+            for n in a.nodes:
+                print(measure(Path(tmp) / f"n{n}", n, a.rounds, a.dp, a.repeat), flush=True)
+        if a.table != "scrape":
+            print(f"status.json write, rounds={a.rounds}, median of {a.repeat} alternating, "
+                  "ms: before = get_node_ids + write (as it was), after = write (as it is)",
+                  flush=True)
+            print(f"{'nodes':>6} {'state':>8} {'get_node_ids':>13} {'before':>10} "
+                  f"{'after':>9} {'ratio':>8}", flush=True)
+            for n in a.nodes:
+                for database in ("memory", "sqlite"):
+                    print(measure_write(Path(tmp) / f"w{n}-{database}", n, a.rounds,
+                                        database, a.repeat), flush=True)
     return 0
 
 

@@ -81,7 +81,7 @@ SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                            "unknown); client "
                            "is empty while the node holds none", (*NODE, "state")),
     "fedinit_node_connected": ("gauge", "1 while the SuperLink lists the node as connected "
-                               "(Grid.get_node_ids at status.json's last write), else 0",
+                               "(Grid.get_node_ids as the round last asked it), else 0",
                                NODE),
     "fedinit_node_last_connected_timestamp_seconds": (
         "gauge", "When the SuperLink last listed the node as connected (Unix time)", NODE),

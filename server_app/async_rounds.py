@@ -53,7 +53,7 @@ from server_app.central_eval import CentralEvaluator
 from server_app.clients import Fleet
 from server_app.engine_facts import client_state_entry
 from server_app.experiment import NothingTrained, TooFewReplies, run_name, state_fallbacks
-from server_app.results import Recorder
+from server_app.results import AGGREGATED, Recorder
 from server_app.round_stages.replies import RoundReplies
 from server_app.strategy import MethodStrategy
 from server_app.virtual_clock import CLOCK_FIELDS, VirtualClock
@@ -379,6 +379,7 @@ class AsyncLoop:
                                                    strict=True)],
                  "state-fallbacks": self.counts.fallbacks,
                  "clients-trained": sorted(flush.clients),
+                 AGGREGATED: True,  # a flush always applies its (non-empty) buffer
                  **({"sim-time": self.clock.now} if self.clock is not None else {})}
         self.counts.rejected = self.counts.lost = self.counts.fallbacks = 0
         return facts

@@ -172,6 +172,7 @@ class Fleet:
         """
         if self.simulated:
             self.node_of.update(_simulated_clients(cast(InMemoryGrid, self.grid), self.cfg))
+            self.online()  # asked once: the engine's nodes never miss a heartbeat
             return self.node_of
         cfg = self.cfg
         need = cfg.min_clients or cfg.num_clients
@@ -275,7 +276,8 @@ class Fleet:
 
     def online(self) -> set[int]:
         """The connected nodes (Flower 1.39's ``Grid.get_node_ids``), remembered with the
-        time each was seen, so the status page says who is connected without asking again."""
+        time each was seen (``connected``, ``connected_at``): the status page shows this last
+        answer and never asks itself (server_app/status.py)."""
         nodes = {int(n) for n in self.grid.get_node_ids()}
         now = time.time()
         self.connected = nodes

@@ -43,7 +43,7 @@ from server_app.personal_round import personal_round
 from server_app.personal_summary import KINDS
 from server_app.privacy import COUNTED, Ledger, budget_spent, privacy_budget
 from server_app.regime_files import CENTRAL_TEST, write_regimes
-from server_app.results import DP_CONVENTIONS, DP_FIELDS, DP_LEFT_OUT, Recorder
+from server_app.results import AGGREGATED, DP_CONVENTIONS, DP_FIELDS, DP_LEFT_OUT, Recorder
 from server_app.status import StatusWriter
 from server_app.strategy import MethodStrategy
 from server_app.tracking import check_available as check_tracking
@@ -160,7 +160,6 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     state_root = Path(str(round_config[STATE_ROOT])) if STATE_ROOT in round_config else None
     n = cfg.num_server_rounds
     failed = 0
-    trained = 0
     for rnd in range(first, n + 1):
         if ledger is not None and budget is not None and budget_spent(
                 budget, cfg, rnd, ledger.counted + 1, out):
@@ -192,7 +191,6 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             sync_filesystem(state_root)  # flush for all, before the checkpoint relies on it
         new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         failed = 0 if new_arrays is not None else failed + 1
-        trained += new_arrays is not None  # a secure round's row has no per-client figure
         if new_arrays is not None:  # decoded once: evaluation and checkpoint read ``weights``
             weights = unpack(new_arrays)
             _check_finite(rnd, weights, strategy.server_state(), out)
@@ -213,7 +211,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
                **timing, **m, **over, **personal, **evaluated,
                "clients-trained": clients_trained(replies, strategy.sent_to),
-               **(dp_fields(budget, ledger.counted) if budget and ledger else {})}
+               **(dp_fields(budget, ledger.counted) if budget and ledger else {}),
+               AGGREGATED: new_arrays is not None}
         rec.add_round(row)
         status.add_round(row, messages, replies, strategy.sent_to)
         save_checkpoint(out, Checkpoint(rnd, weights,
@@ -225,7 +224,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                 f"replies; stopped after round {rnd}. Bring the SuperNodes back and resume "
                 f"with --run-config \"resume-dir='{out}'\"")
 
-    if rec.aggregated_rounds() == 0 and trained == 0:
+    if rec.aggregated_rounds() == 0:  # the rows a resume kept count too
         raise NothingTrained(
             f"no round of the run aggregated a reply (all {len(rec.rows)} rounds had fewer than "
             f"min-replies={cfg.min_replies} usable replies: see the rejected replies above); "

@@ -33,8 +33,13 @@ DIVERGENCE_LABEL = r"divergence $\frac{1}{|S|}\sum_{i \in S} \|w_{i,K} - w_{t+1}
 """The paper's consistency term, as ``methods.ri.divergence`` computes it each round: the
 mean squared distance of the selected clients' final local models from the new global model."""
 
+AGGREGATED = "aggregated"
+"""Round field: True when the round's replies (an async flush's buffer) moved the global
+model, set by whoever writes the row (server_app/experiment.py, server_app/async_rounds.py).
+The one mark sync, secure (no train loss, no divergence), personalized and async rows share:
+``Recorder.aggregated_rounds`` counts it, kept rows of a resumed run included."""
 ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, "lr",
-                rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, "state-fallbacks",
+                rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, AGGREGATED, "state-fallbacks",
                 rk.NORM_LIMIT_USED, "round-seconds", "elapsed-seconds", "collect-seconds",
                 "client-seconds-max", *PERSONAL_FIELDS, *FEDERATED_FIELDS, *DIVERGENCE_FIELDS,
                 "clients-trained")
@@ -68,6 +73,16 @@ CLIENT_FIELDS = ("round", "partition-id", "num-test",
                  *(f"acc-{kind}" for kind in KINDS))
 KIND_LABELS = {"global": "(a) global model", "finetuned": "(b) global, fine-tuned",
                "own": "(c) own model (w_prev / Ditto's v)"}
+
+
+def was_aggregated(row: dict[str, Any]) -> bool:
+    """The row's AGGREGATED flag; a row written before the flag existed (kept from an older
+    checkpoint) counts when it reports a train loss or a divergence, which only aggregated
+    sync rounds do (such an old secure row reports neither and does not count)."""
+    flag = row.get(AGGREGATED)
+    if isinstance(flag, bool):
+        return flag
+    return row.get(rk.ROUND_TRAIN_LOSS) is not None or row.get(rk.DIVERGENCE) is not None
 
 
 def smoothed_peak(accs: Sequence[float], window: int = 5, last: int = 50) -> float:
@@ -162,10 +177,9 @@ class Recorder:
                                      client_columns(rows, CLIENT_FIELDS[3:]))
 
     def aggregated_rounds(self) -> int:
-        """Rounds whose replies were aggregated: only those report a divergence (and, but
-        under local DP, a train loss)."""
-        return sum(1 for r in self.rows
-                   if r.get("train-loss") is not None or r.get("divergence") is not None)
+        """Rows whose round aggregated replies (``was_aggregated``), the rows a resumed run
+        kept included: the one count the run's NothingTrained check reads."""
+        return sum(1 for r in self.rows if was_aggregated(r))
 
     def accuracies(self) -> list[float]:
         return [r["test-acc"] for r in self.rows if r["test-acc"] is not None]

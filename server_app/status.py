@@ -14,9 +14,14 @@ resumed run counts from its resume).
 
 Every node the run knows is listed: each the SuperLink says is connected, each in
 ``node-registry`` (``registered`` until it answers its identity query), and each that ever
-answered or got a task. ``connected`` is what Flower's ``Grid.get_node_ids`` said at the
-file's last write (asked again at each write): a killed node stays connected until the
-SuperLink misses its heartbeats (2 x 30 s in Flower 1.39).
+answered or got a task. ``connected`` is the fleet's last answer from Flower's
+``Grid.get_node_ids`` (``Fleet.online``, with when each node was last in it), which the rounds
+ask for anyway (identity queries and sampling, each round; in a simulation once, at the start:
+the engine's nodes never miss a heartbeat). A write asks the SuperLink nothing (with 1000
+nodes in a SQLite-backed SuperLink the call alone was 18-24 ms of a 50-71 ms write, before
+its gRPC: docs/benchmarks.md), so ``connected`` is at most one round old: a killed node
+stays connected until the SuperLink misses its heartbeats (2 x 30 s in Flower 1.39) and a
+round has asked since.
 
 Under DP (``dp`` != off) the round's sample is secret (docs/faults.md, "What each DP mode
 shows"): no per-node task count, train time, last task reply or participation is written,
@@ -144,13 +149,8 @@ class StatusWriter:
     # ------------------------------------------------------------------ file
     def write(self) -> None:
         """Rewrite status.json atomically (no fsync: see the module docstring). A failed
-        write is logged once and never stops the run: the page is a view, not the record."""
-        try:
-            self.fleet.online()  # who is connected now, not at the round's start
-        except Exception as err:  # noqa: BLE001 - a SuperLink blip must not stop the run
-            if not self._failed:
-                log(WARNING, "status file: connected nodes not read (the last known are "
-                    "written): %s", err)
+        write is logged once and never stops the run: the page is a view, not the record.
+        Who is connected is the fleet's last answer (the module docstring): no SuperLink call."""
         try:
             text = json.dumps(self.snapshot(), separators=(",", ":"), allow_nan=False,
                               default=_plain)

@@ -51,8 +51,9 @@ def chromium_path() -> str:
 
 def off_host(urls: list[str], host: str = LOCAL_HOST) -> list[str]:
     """The URLs that went to any host but ``host`` (data:, blob: and about: stay local)."""
-    return [u for u in urls
-            if urlsplit(u).scheme not in LOCAL_SCHEMES and urlsplit(u).hostname != host]
+    return [
+        u for u in urls if urlsplit(u).scheme not in LOCAL_SCHEMES and urlsplit(u).hostname != host
+    ]
 
 
 @dataclass
@@ -64,8 +65,13 @@ class LocalPage:
     """Playwright's error when an evaluation meets a navigation (the meta refresh)."""
     requests: list[str] = field(default_factory=list)
 
-    def looks(self, script: str, timeout: float, every: float = 0.25,
-              before: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
+    def looks(
+        self,
+        script: str,
+        timeout: float,
+        every: float = 0.25,
+        before: Callable[[], None] | None = None,
+    ) -> Iterator[dict[str, Any]]:
         """Each look ``script`` (a JS function returning ``{loaded: bool, ...}``) takes at one
         loaded document, one every ``every`` seconds, until ``timeout`` seconds passed (the
         caller breaks when it saw enough). ``before`` runs before each evaluation: what the
@@ -92,8 +98,9 @@ class LocalPage:
         the window, not padded to the window's height when it is shorter."""
         width = (self.page.viewport_size or {"width": 1400})["width"]
         height = self.page.evaluate(CONTENT_HEIGHT)
-        self.page.screenshot(path=str(path), full_page=True,
-                             clip={"x": 0, "y": 0, "width": width, "height": height})
+        self.page.screenshot(
+            path=str(path), full_page=True, clip={"x": 0, "y": 0, "width": width, "height": height}
+        )
 
 
 @contextmanager
@@ -102,8 +109,10 @@ def open_browser(width: int = 1500, height: int = 900) -> Iterator[LocalPage]:
     try:
         from playwright.sync_api import Error, sync_playwright
     except ImportError as err:
-        raise BrowserError("playwright is missing: pip install playwright (pyproject's dev "
-                           "extras; no browser download: the system chromium is used)") from err
+        raise BrowserError(
+            "playwright is missing: pip install playwright (pyproject's dev "
+            "extras; no browser download: the system chromium is used)"
+        ) from err
     exe = chromium_path()
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=exe, headless=True, args=FLAGS)

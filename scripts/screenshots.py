@@ -32,13 +32,22 @@ from scripts.dashboard import find_runs, make_server
 from scripts.flower_env import REPO
 from scripts.headless import BrowserError, LocalPage, open_browser
 
-RUN_PAGE, SWEEP_PAGE, TENSORBOARD = "dashboard-run.png", "dashboard-sweep.png", \
-    "tensorboard-sweep.png"
+RUN_PAGE, SWEEP_PAGE, TENSORBOARD = (
+    "dashboard-run.png",
+    "dashboard-sweep.png",
+    "tensorboard-sweep.png",
+)
 NAMES = (RUN_PAGE, SWEEP_PAGE, TENSORBOARD)
 RUNS = {"beta": (0.0, 0.1)}
 """The two runs: FedAvg (no relaxed initialization) and FedInit (beta=0.1)."""
-SMALL = {"num-server-rounds": 8, "train-limit": 4000, "num-clients": 20,
-         "fraction-train": 0.5, "personal-eval-every": 0, "seed": 0}
+SMALL = {
+    "num-server-rounds": 8,
+    "train-limit": 4000,
+    "num-clients": 20,
+    "fraction-train": 0.5,
+    "personal-eval-every": 0,
+    "seed": 0,
+}
 """A run of about 15 s on a loaded 2-core machine: a curve of 8 points."""
 READY = """() => document.readyState === 'complete' && !!document.querySelector('svg.curve')"""
 TB_URL = re.compile(r"TensorBoard \S+ at (http://127\.0\.0\.1:\d+/)")
@@ -61,8 +70,14 @@ def make_runs(out: Path, rounds: int, clients: int, train_limit: int) -> None:
 
     torch.set_num_threads(1)
     for beta in RUNS["beta"]:
-        raw = {**SMALL, "num-server-rounds": rounds, "num-clients": clients,
-               "train-limit": train_limit, "beta": beta, "output-dir": str(out)}
+        raw = {
+            **SMALL,
+            "num-server-rounds": rounds,
+            "num-clients": clients,
+            "train-limit": train_limit,
+            "beta": beta,
+            "output-dir": str(out),
+        }
         cfg = RunConfig.parse(raw)
         run_experiment(InProcessGrid(cfg.num_clients, raw), cfg)
 
@@ -85,9 +100,23 @@ def tensorboard(logdir: Path, port: int, log: Path, timeout: float = 120.0) -> I
     its own); its URL once it answers."""
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
-             "--host", "127.0.0.1", "--port", str(port), "--load_fast", "false"],
-            stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "tensorboard.main",
+                "--logdir",
+                str(logdir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--load_fast",
+                "false",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -126,19 +155,26 @@ def shoot_tensorboard(tab: LocalPage, url: str, path: Path) -> None:
         close.first.click()
     tab.page.get_by_text(TB_CARD, exact=True).first.wait_for(timeout=60_000)
     tab.page.wait_for_function(
-        "() => document.querySelectorAll('canvas, svg path, line-chart').length > 0",
-        timeout=30_000)
+        "() => document.querySelectorAll('canvas, svg path, line-chart').length > 0", timeout=30_000
+    )
     tab.page.wait_for_timeout(2000)  # the lines are drawn after the card (WebGL / canvas)
     tab.page.screenshot(path=str(path))
 
 
-def make_pictures(root: Path, out: Path, dashboard_port: int = 0,
-                  tensorboard_port: int = 0, with_tensorboard: bool = True) -> list[Path]:
+def make_pictures(
+    root: Path,
+    out: Path,
+    dashboard_port: int = 0,
+    tensorboard_port: int = 0,
+    with_tensorboard: bool = True,
+) -> list[Path]:
     """The PNGs of ``root``'s runs, written into ``out`` only if no request left 127.0.0.1."""
     runs = find_runs(root)
     if not runs or "" in runs:
-        raise ScreenshotError(f"{root} holds no run directories: give an output directory "
-                              "(the runs side by side), not one run's directory")
+        raise ScreenshotError(
+            f"{root} holds no run directories: give an output directory "
+            "(the runs side by side), not one run's directory"
+        )
     key = sorted(runs)[-1]
     with tempfile.TemporaryDirectory(prefix="screenshots-") as tmp:
         staged = Path(tmp)
@@ -150,35 +186,53 @@ def make_pictures(root: Path, out: Path, dashboard_port: int = 0,
                     with tensorboard(root, tensorboard_port, staged / "tb.log") as tb:
                         shoot_tensorboard(tab, tb, staged / TENSORBOARD)
             except tab.reloading as err:  # Playwright's errors: a page that never drew
-                raise ScreenshotError(f"a page did not load: {str(err).splitlines()[0]}"
-                                      ) from err
+                raise ScreenshotError(f"a page did not load: {str(err).splitlines()[0]}") from err
             away, asked = tab.off_host(), len(tab.requests)
         if away:
-            raise ScreenshotError(f"{len(away)} of {asked} requests left 127.0.0.1: "
-                                  f"{away[:5]}")
+            raise ScreenshotError(f"{len(away)} of {asked} requests left 127.0.0.1: {away[:5]}")
         out.mkdir(parents=True, exist_ok=True)
         made = []
         for name in NAMES:
             if (staged / name).exists():
                 shutil.copyfile(staged / name, out / name)
                 made.append(out / name)
-    print(f"screenshots: {asked} requests, all to 127.0.0.1; wrote "
-          + ", ".join(str(p) for p in made), flush=True)
+    print(
+        f"screenshots: {asked} requests, all to 127.0.0.1; wrote "
+        + ", ".join(str(p) for p in made),
+        flush=True,
+    )
     return made
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scripts.screenshots", description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(REPO / "docs" / "img"),
-                   help="where the PNGs go (default docs/img)")
-    p.add_argument("--from", dest="source", default=None,
-                   help="an output directory of finished runs (default: make two small runs)")
-    p.add_argument("--rounds", type=int, default=SMALL["num-server-rounds"],
-                   help="rounds of each run made (default 8)")
-    p.add_argument("--clients", type=int, default=SMALL["num-clients"],
-                   help="clients of each run made (default 20)")
-    p.add_argument("--train-limit", type=int, default=SMALL["train-limit"],
-                   help="training examples of each run made (default 4000)")
+    p.add_argument(
+        "--out", default=str(REPO / "docs" / "img"), help="where the PNGs go (default docs/img)"
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        default=None,
+        help="an output directory of finished runs (default: make two small runs)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=SMALL["num-server-rounds"],
+        help="rounds of each run made (default 8)",
+    )
+    p.add_argument(
+        "--clients",
+        type=int,
+        default=SMALL["num-clients"],
+        help="clients of each run made (default 20)",
+    )
+    p.add_argument(
+        "--train-limit",
+        type=int,
+        default=SMALL["train-limit"],
+        help="training examples of each run made (default 4000)",
+    )
     p.add_argument("--dashboard-port", type=int, default=0, help="default 0: any free")
     p.add_argument("--tensorboard-port", type=int, default=0, help="default 0: any free")
     p.add_argument("--no-tensorboard", action="store_true", help="only the page's pictures")
@@ -199,8 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             make_runs(root, a.rounds, a.clients, a.train_limit)
         else:
             root = Path(a.source)
-        make_pictures(root, Path(a.out), a.dashboard_port, a.tensorboard_port,
-                      not a.no_tensorboard)
+        make_pictures(root, Path(a.out), a.dashboard_port, a.tensorboard_port, not a.no_tensorboard)
     except (ScreenshotError, BrowserError) as err:
         print(f"screenshots: {err}", file=sys.stderr)
         return 1

@@ -39,10 +39,14 @@ def chromium() -> str:
         if os.geteuid() != 0 or shutil.which("apt-get") is None:
             pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (as root)")
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False,
-                       capture_output=True)
-        proc = subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env,
-                              check=False, capture_output=True, text=True)
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False, capture_output=True)
+        proc = subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "chromium"],
+            env=env,
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0 or not Path(CHROMIUM).exists():
             pytest.fail(f"apt-get install chromium failed: {proc.stderr[-500:]}")
     return CHROMIUM
@@ -51,8 +55,9 @@ def chromium() -> str:
 @contextmanager
 def browse(width: int = 1500, height: int = 900) -> Iterator[LocalPage]:
     """A headless chromium tab for a test (skipped without Playwright)."""
-    pytest.importorskip("playwright.sync_api",
-                        reason="pip install playwright (pyproject's dev extras)")
+    pytest.importorskip(
+        "playwright.sync_api", reason="pip install playwright (pyproject's dev extras)"
+    )
     chromium()
     with open_browser(width, height) as tab:
         yield tab

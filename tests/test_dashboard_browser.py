@@ -39,7 +39,8 @@ def rows(run: Path) -> int:
 
 @pytest.mark.slow
 def test_a_browser_sees_the_fleet_and_the_curve_grow_while_the_run_goes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(clients, "RETRY_SECONDS", 0.0)
     monkeypatch.setattr(clients, "IDENTITY_WAIT_SECONDS", 0.0)
     raw = {**SMALL, "num-server-rounds": ROUNDS, "min-clients": 2, "output-dir": str(tmp_path)}
@@ -91,5 +92,12 @@ def test_a_browser_sees_the_fleet_and_the_curve_grow_while_the_run_goes(
     assert states["5555"] == "refused" and states["7777"] == "waiting-for-identity"
     assert states["1002"] == "identified" and states["1000"] == "identified"
     assert urls and not away, away
-    print(json.dumps({"browser-test-seconds": round(time.monotonic() - t0, 1),
-                      "requests": len(urls), "counts-seen": sorted(set(counts))}))
+    print(
+        json.dumps(
+            {
+                "browser-test-seconds": round(time.monotonic() - t0, 1),
+                "requests": len(urls),
+                "counts-seen": sorted(set(counts)),
+            }
+        )
+    )

@@ -93,10 +93,10 @@ def tails(dep: Deployment, run: FlwrRun | None) -> str:
 
 @pytest.mark.slow
 def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     t0 = time.monotonic()
-    dep = Deployment(tmp_path / "deploy", CLIENTS + 1, base_port=BASE_PORT,
-                     num_partitions=CLIENTS)
+    dep = Deployment(tmp_path / "deploy", CLIENTS + 1, base_port=BASE_PORT, num_partitions=CLIENTS)
     child_pid_file = tmp_path / "hung-child.pid"
     app = fault_app(tmp_path / "app", hang_at(HANG_ROUND, HUNG, child_pid_file))
     out = tmp_path / "out"
@@ -121,11 +121,21 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
             del registry[str(node_of[WRONG])]  # registered with the SuperLink, no client
             dep.registry.write_text(json.dumps(registry))
             late, wrong, hung, killed = (str(node_of[i]) for i in (LATE, WRONG, HUNG, KILLED))
-            cfg = {"method": "fedavg", "num-clients": CLIENTS, "min-clients": 2,
-                   "fraction-train": 1.0, "num-server-rounds": ROUNDS, "train-limit": 300,
-                   "local-epochs": 1, "seed": 0, "personal-eval-every": 0,
-                   "node-wait-timeout": 60.0, "round-timeout": TIMEOUT,
-                   "node-registry": str(dep.registry), "output-dir": str(out)}
+            cfg = {
+                "method": "fedavg",
+                "num-clients": CLIENTS,
+                "min-clients": 2,
+                "fraction-train": 1.0,
+                "num-server-rounds": ROUNDS,
+                "train-limit": 300,
+                "local-epochs": 1,
+                "seed": 0,
+                "personal-eval-every": 0,
+                "node-wait-timeout": 60.0,
+                "round-timeout": TIMEOUT,
+                "node-registry": str(dep.registry),
+                "output-dir": str(out),
+            }
             run = flwr = FlwrRun(dep, "run", cfg, app)
             flwr.run_id()
             deadline = time.monotonic() + 180
@@ -148,20 +158,27 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
                 there = {
                     "late": fleet.get(int(late), {}).get("state") == "identified",
                     "refused": f"refused node {wrong}: it has num-partitions=7" in flwr.text(),
-                    "hung": any(r["round"] == HANG_ROUND and r["num-missing"]
-                                + r["num-rejected"] >= 1 for r in rows),
+                    "hung": any(
+                        r["round"] == HANG_ROUND and r["num-missing"] + r["num-rejected"] >= 1
+                        for r in rows
+                    ),
                     "killed": killed_at is not None
-                    and fleet.get(int(killed), {}).get("connected") is False}
+                    and fleet.get(int(killed), {}).get("connected") is False,
+                }
                 for event in (e for e, yes in there.items() if yes):
                     on_file.setdefault(event, now)
 
             def stalled(what: str) -> str:
-                table = [(r["round"], r["clients-trained"], r["num-missing"],
-                          r["num-rejected"]) for r in rows_of(run_dir)]
-                return (f"stalled ({what}): on the page {sorted(on_page)}, in the files "
-                        f"{sorted(on_file)}, {seen[-1:] or 'no look'} (points, rows); the "
-                        f"killed node's row {nodes.get(killed)} (at the kill {at_kill}); "
-                        f"(round, trained, missing, rejected) {table}\n" + tails(dep, run))
+                table = [
+                    (r["round"], r["clients-trained"], r["num-missing"], r["num-rejected"])
+                    for r in rows_of(run_dir)
+                ]
+                return (
+                    f"stalled ({what}): on the page {sorted(on_page)}, in the files "
+                    f"{sorted(on_file)}, {seen[-1:] or 'no look'} (points, rows); the "
+                    f"killed node's row {nodes.get(killed)} (at the kill {at_kill}); "
+                    f"(round, trained, missing, rejected) {table}\n" + tails(dep, run)
+                )
 
             server = make_server(run_dir, port=BASE_PORT + 50, refresh=1)
             threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -175,13 +192,15 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
                     and nodes[late]["connected"] == "yes",
                     "refused": nodes.get(wrong, {}).get("state") == "refused"
                     and "num-partitions=7" in nodes[wrong]["reason"],
-                    "hung": failed(nodes.get(hung, {})) >= 1}
+                    "hung": failed(nodes.get(hung, {})) >= 1,
+                }
                 for event in (e for e, yes in shown.items() if yes):
                     on_page.setdefault(event, time.monotonic())
                 points = int(look["points"])
                 seen.append((points, len(rows_of(run_dir))))
-                trained_late = [r["round"] for r in rows_of(run_dir)
-                                if LATE in r["clients-trained"]]
+                trained_late = [
+                    r["round"] for r in rows_of(run_dir) if LATE in r["clients-trained"]
+                ]
                 if len(on_page) == len(shown) and trained_late and points > trained_late[0]:
                     break
                 assert flwr.popen.poll() is None, stalled("the run ended")
@@ -203,8 +222,7 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
                     on_page.setdefault("killed", time.monotonic())
                     gone = {"points": points, "nodes": nodes}
                 # done: a round finished (and shown) after the page said it was gone
-                if gone and points > gone["points"] and failed(nodes[killed]) > at_kill[
-                        "failed"]:
+                if gone and points > gone["points"] and failed(nodes[killed]) > at_kill["failed"]:
                     break
                 assert flwr.popen.poll() is None, stalled("the run ended")
             else:
@@ -227,14 +245,21 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
     rows = rows_of(run_dir)
     lag = {e: round(on_page[e] - on_file[e], 2) for e in on_file if e in on_page}
     counts = [p for p, _ in seen]
-    after = [(r["round"], r["clients-trained"]) for r in rows[at_kill["rows"]:]]
-    print(json.dumps({"dashboard-deploy-seconds": round(time.monotonic() - t0, 1),
-                      "page-minus-file-seconds": lag, "requests": len(urls),
-                      "counts-seen": sorted(set(counts)),
-                      "late-node-first-seen": first_look.get(late, {}).get("state"),
-                      "killed-shown-after-seconds": round(on_page["killed"] - killed_at, 1),
-                      "killed-failed-tasks": [at_kill["failed"], failed(nodes[killed])],
-                      "rounds-after-kill": after}))
+    after = [(r["round"], r["clients-trained"]) for r in rows[at_kill["rows"] :]]
+    print(
+        json.dumps(
+            {
+                "dashboard-deploy-seconds": round(time.monotonic() - t0, 1),
+                "page-minus-file-seconds": lag,
+                "requests": len(urls),
+                "counts-seen": sorted(set(counts)),
+                "late-node-first-seen": first_look.get(late, {}).get("state"),
+                "killed-shown-after-seconds": round(on_page["killed"] - killed_at, 1),
+                "killed-failed-tasks": [at_kill["failed"], failed(nodes[killed])],
+                "rounds-after-kill": after,
+            }
+        )
+    )
     assert set(on_file) == {"late", "refused", "hung", "killed"}, on_file  # they happened
     assert child_pid_file.exists(), "the hang was never reached"
     assert all(lag[e] <= EVENT_SECONDS for e in on_file), lag

@@ -17,22 +17,37 @@ PORT = int(os.environ.get("FEDINIT_TEST_SCREENSHOT_PORT", "44060"))
 
 
 def test_off_host_counts_every_request_but_127_0_0_1_and_in_browser_urls() -> None:
-    urls = ["http://127.0.0.1:8050/", "http://127.0.0.1:6006/font.woff2?x=1",
-            "data:image/png;base64,AAAA", "blob:http://127.0.0.1:6006/1f2e", "about:blank",
-            "https://fonts.googleapis.com/css?family=Roboto", "http://localhost:8050/",
-            "http://127.0.0.2/", "http://[::1]:8050/", "https://127.0.0.1.example.com/"]
+    urls = [
+        "http://127.0.0.1:8050/",
+        "http://127.0.0.1:6006/font.woff2?x=1",
+        "data:image/png;base64,AAAA",
+        "blob:http://127.0.0.1:6006/1f2e",
+        "about:blank",
+        "https://fonts.googleapis.com/css?family=Roboto",
+        "http://localhost:8050/",
+        "http://127.0.0.2/",
+        "http://[::1]:8050/",
+        "https://127.0.0.1.example.com/",
+    ]
     assert off_host(urls) == urls[5:]
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--rounds", "0"], "--rounds=0 is not allowed: 1 or more"),
-    (["--clients", "-2"], "--clients=-2 is not allowed: 1 or more"),
-    (["--dashboard-port", "70000"], "--dashboard-port=70000 is not allowed: 0..65535"),
-    (["--from", "/nonexistent/runs"], "--from='/nonexistent/runs' is not a directory"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--rounds", "0"], "--rounds=0 is not allowed: 1 or more"),
+        (["--clients", "-2"], "--clients=-2 is not allowed: 1 or more"),
+        (["--dashboard-port", "70000"], "--dashboard-port=70000 is not allowed: 0..65535"),
+        (["--from", "/nonexistent/runs"], "--from='/nonexistent/runs' is not a directory"),
+    ],
+)
 def test_bad_arguments_are_refused_before_any_work(
-        args: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    args: list[str],
+    says: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def no_runs(*_: object) -> None:
         raise AssertionError("a run was started")
 
@@ -55,19 +70,32 @@ def test_a_run_directory_instead_of_an_output_directory_is_refused(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_the_script_writes_three_pictures_that_decode_and_are_not_blank(
-        tmp_path: Path) -> None:
-    pytest.importorskip("playwright.sync_api",
-                        reason="pip install playwright (pyproject's dev extras)")
+def test_the_script_writes_three_pictures_that_decode_and_are_not_blank(tmp_path: Path) -> None:
+    pytest.importorskip(
+        "playwright.sync_api", reason="pip install playwright (pyproject's dev extras)"
+    )
     from PIL import Image, ImageStat
 
     from tests.browser_page import chromium
 
     chromium()
     out = tmp_path / "img"
-    code = screenshots.main(["--out", str(out), "--rounds", "3", "--clients", "4",
-                             "--train-limit", "400", "--dashboard-port", str(PORT),
-                             "--tensorboard-port", str(PORT + 1)])
+    code = screenshots.main(
+        [
+            "--out",
+            str(out),
+            "--rounds",
+            "3",
+            "--clients",
+            "4",
+            "--train-limit",
+            "400",
+            "--dashboard-port",
+            str(PORT),
+            "--tensorboard-port",
+            str(PORT + 1),
+        ]
+    )
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(screenshots.NAMES)
     for name in screenshots.NAMES:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts import screenshots
-from scripts.headless import off_host
+from scripts.headless import LocalPage, off_host
 
 PORT = int(os.environ.get("FEDINIT_TEST_SCREENSHOT_PORT", "44060"))
 """The page on PORT, TensorBoard on PORT + 1."""
@@ -106,3 +106,35 @@ def test_the_script_writes_three_pictures_that_decode_and_are_not_blank(tmp_path
             variance = ImageStat.Stat(img.convert("RGB")).var
         assert width >= 800 and height >= 100, (name, img.size)
         assert max(variance) > 0, (name, variance)
+
+
+@pytest.mark.slow
+def test_a_request_to_another_host_fails_the_script_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The browser's requests are really counted: a picture whose page also asks for an
+    image from ``localhost`` (a name, not 127.0.0.1; port 1: nothing answers) fails."""
+    pytest.importorskip(
+        "playwright.sync_api", reason="pip install playwright (pyproject's dev extras)"
+    )
+    from tests.browser_page import chromium
+
+    chromium()
+    run = tmp_path / "out" / "run-a"
+    run.mkdir(parents=True)
+    (run / "rounds.jsonl").write_text(
+        "".join(f'{{"round": {r}, "test-acc": {0.1 * r}}}\n' for r in (1, 2, 3))
+    )
+    shoot = screenshots.shoot_dashboard
+
+    def and_an_image_elsewhere(tab: LocalPage, url: str, path: Path) -> None:
+        shoot(tab, url, path)
+        tab.page.set_content('<img src="http://localhost:1/x.png">')
+        tab.page.wait_for_timeout(500)
+
+    monkeypatch.setattr(screenshots, "shoot_dashboard", and_an_image_elsewhere)
+    with pytest.raises(screenshots.ScreenshotError, match=r"requests left 127\.0\.0\.1"):
+        screenshots.make_pictures(
+            tmp_path / "out", tmp_path / "img", dashboard_port=PORT, with_tensorboard=False
+        )
+    assert not (tmp_path / "img").exists()

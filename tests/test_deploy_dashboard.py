@@ -13,7 +13,7 @@ the page.
 
 Each event is shown as such on the page within EVENT_SECONDS of the test first seeing it in
 the run's files or log; the accuracy curve grows one point per round; every request the
-browser makes goes to 127.0.0.1. About 3-4 minutes on a loaded 2-core machine, most of it
+browser makes goes to 127.0.0.1. About 2-3 minutes on a loaded 2-core machine, most of it
 the late node's start-up and the killed node's heartbeat lapse. ``FEDINIT_SCREENSHOTS=1``
 writes the page as docs/img/fleet-page.png once all of it is on the page (never in CI: the
 tree stays as it is).

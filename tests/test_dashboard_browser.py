@@ -5,13 +5,9 @@ nodes, the accuracy curve growing a point per round, and no request leaving 127.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 from flwr.app import Message, MessageType
@@ -20,35 +16,12 @@ from scripts.dashboard import make_server
 from server_app import clients
 from server_app.experiment import run_experiment
 from task.config import RunConfig
+from tests.browser_page import FLEET_LOOK, browse
 from tests.test_fleet import SMALL, ChangingGrid, silent_7777
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]
 ROUNDS = 5
-LOOK = """() => ({
-  loaded: document.readyState === 'complete' && !!document.getElementById('fleet'),
-  points: document.querySelectorAll('svg[data-key="test-acc"] circle.pt').length,
-  states: Object.fromEntries([...document.querySelectorAll('#fleet tr[data-node]')]
-                             .map(tr => [tr.dataset.node, tr.className]))})"""
-"""What the test reads off the page, in one evaluation of one loaded document."""
 ROUND_PAUSE = 1.2
 """Seconds each train reply is held back: rounds slow enough to watch the curve grow."""
-
-
-def chromium() -> str:
-    """Debian's chromium, installed with apt (as root) when missing."""
-    if not Path(CHROMIUM).exists():
-        if os.geteuid() != 0 or shutil.which("apt-get") is None:
-            pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (as root)")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False,
-                       capture_output=True)
-        proc = subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env,
-                              check=False, capture_output=True, text=True)
-        if proc.returncode != 0 or not Path(CHROMIUM).exists():
-            pytest.fail(f"apt-get install chromium failed: {proc.stderr[-500:]}")
-    return CHROMIUM
 
 
 def slow_replies(reply: Message) -> Message | None:
@@ -66,10 +39,8 @@ def rows(run: Path) -> int:
 
 @pytest.mark.slow
 def test_a_browser_sees_the_fleet_and_the_curve_grow_while_the_run_goes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright "
-                                   "(pyproject's dev extras)")
-    exe = chromium()
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(clients, "RETRY_SECONDS", 0.0)
     monkeypatch.setattr(clients, "IDENTITY_WAIT_SECONDS", 0.0)
     raw = {**SMALL, "num-server-rounds": ROUNDS, "min-clients": 2, "output-dir": str(tmp_path)}
@@ -91,32 +62,21 @@ def test_a_browser_sees_the_fleet_and_the_curve_grow_while_the_run_goes(
     t0 = time.monotonic()
     worker.start()
     urls: list[str] = []
+    away: list[str] = []
     seen: list[tuple[int, int]] = []  # (points on the page, rows on disk just after)
     states: dict[str, str] = {}
     try:
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=exe, headless=True, args=FLAGS)
-            page = browser.new_page()
-            page.on("request", lambda r: urls.append(r.url))
+        with browse() as tab:
             while not (run / "status.json").exists() and worker.is_alive():
                 time.sleep(0.1)
-            page.goto(f"http://127.0.0.1:{port}/")
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                try:  # one look at one document: a reload in between cannot mix two
-                    look = page.evaluate(LOOK)
-                except sync_api.Error:  # the page is being reloaded (meta refresh)
-                    continue
-                if not look["loaded"]:
-                    page.wait_for_timeout(100)
-                    continue
+            tab.page.goto(f"http://127.0.0.1:{port}/")
+            for look in tab.looks(FLEET_LOOK, timeout=120):
                 points = int(look["points"])
-                states.update(look["states"])
+                states.update({n: cells["state"] for n, cells in look["nodes"].items()})
                 seen.append((points, rows(run)))
                 if points == ROUNDS and not worker.is_alive():
                     break
-                page.wait_for_timeout(250)
-            browser.close()
+            urls, away = list(tab.requests), tab.off_host()
     finally:
         worker.join(timeout=120)
         server.shutdown()
@@ -131,6 +91,13 @@ def test_a_browser_sees_the_fleet_and_the_curve_grow_while_the_run_goes(
     assert len(set(counts)) >= 3
     assert states["5555"] == "refused" and states["7777"] == "waiting-for-identity"
     assert states["1002"] == "identified" and states["1000"] == "identified"
-    assert urls and all(urlsplit(u).hostname == "127.0.0.1" for u in urls), urls
-    print(json.dumps({"browser-test-seconds": round(time.monotonic() - t0, 1),
-                      "requests": len(urls), "counts-seen": sorted(set(counts))}))
+    assert urls and not away, away
+    print(
+        json.dumps(
+            {
+                "browser-test-seconds": round(time.monotonic() - t0, 1),
+                "requests": len(urls),
+                "counts-seen": sorted(set(counts)),
+            }
+        )
+    )

@@ -26,6 +26,7 @@ from methods.packed_arrays import pack, unpack
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from secure_aggregation import SecAggClient, SecAggParams
 from secure_aggregation import wire as sw
+from secure_aggregation.envelope import token_length
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import NothingTrained, run_experiment
 from server_app.round_stages.decode import DecodeReplies
@@ -208,6 +209,53 @@ def test_a_hostile_protocol_reply_drops_its_client_and_the_round_goes_on(
     assert "node 1003" in lines[0] and re.search(why, lines[0]), lines[0]
     if stage != "secagg-collect-masked":  # the decoder's line names the node; this one both
         assert f"client 3 (node 1003) dropped at {stage}, its reply is rejected" in lines[0]
+    secure, plain_ckpt = load_checkpoint(tmp_path / "secure"), load_checkpoint(tmp_path / "plain")
+    assert secure.rows[-1]["num-replies"] == 3
+    cfg = RunConfig.parse(secure_over)
+    gap = max_gap(secure.weights, plain_ckpt.weights)
+    assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+
+
+def _garbage_ctxts(rec: ConfigRecord) -> None:
+    """Every ciphertext replaced by bytes of the right length that no recipient can open."""
+    rec[sw.CTXTS] = [bytes(len(c)) for c in rec[sw.CTXTS]]  # type: ignore[union-attr]
+
+
+def _short_ctxts(rec: ConfigRecord) -> None:
+    rec[sw.CTXTS] = [c[:-16] for c in rec[sw.CTXTS]]  # type: ignore[index,union-attr]
+
+
+@pytest.mark.parametrize(("change", "server_line", "recipients"), [
+    (_garbage_ctxts, "the encrypted shares client 3 sent to [0, 1, 2] do not open there", 3),
+    (_short_ctxts, f"the ciphertext for 0 has {token_length() - 16} bytes, expected", 0)],
+    ids=["undecryptable", "wrong length"])
+def test_a_hostile_ciphertext_drops_its_sender_and_the_round_sums_the_rest(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        change: Callable[[ConfigRecord], None], server_line: str, recipients: int) -> None:
+    """Node 1003 (client 3) sends encrypted shares its neighbours cannot use. The server
+    rejects wrong-length ciphertexts itself; ones of the right length each recipient leaves
+    out (one line on its side) and reports in its masked upload. Either way the server drops
+    client 3 in one line naming it and its node, no honest client drops, and the round's
+    model is the plain round of the other three within one quantisation step."""
+    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "output-dir": str(tmp_path)}
+    plain = InProcessGrid(4, over)
+    plain.reply_filter = lambda r: None if (r.metadata.src_node_id == 1003 and
+                                            r.metadata.message_type == MessageType.TRAIN) else r
+    run_experiment(plain, RunConfig.parse(over), out_dir=tmp_path / "plain")
+    secure_over = {**over, "secure-aggregation": "secagg+"}
+    grid = InProcessGrid(4, secure_over)
+    grid.reply_filter = _tamper("secagg-share-keys", {1003}, change)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run_experiment(grid, RunConfig.parse(secure_over), out_dir=tmp_path / "secure")
+    lines = [r.getMessage() for r in caplog.records]
+    server = [x for x in lines if x.startswith("round 1: secure aggregation:")]
+    assert len(server) == 1, server
+    assert server[0].startswith("round 1: secure aggregation: client 3 (node 1003) dropped at "
+                                "secagg-share-keys, its reply is rejected: ") and \
+        server_line in server[0], server[0]
+    left_out = [x for x in lines if "left out client 3" in x]
+    assert sorted(x.split(":")[0] for x in left_out) == [
+        f"secagg client {i}" for i in (0, 1, 2)][:recipients]
     secure, plain_ckpt = load_checkpoint(tmp_path / "secure"), load_checkpoint(tmp_path / "plain")
     assert secure.rows[-1]["num-replies"] == 3
     cfg = RunConfig.parse(secure_over)

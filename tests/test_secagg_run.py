@@ -20,7 +20,10 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
+from client_app.app import evaluate_fn
+from client_app.model_cache import initial_weights
 from client_app.secure_upload import STATE, mask_upload
+from methods import wire as rk
 from methods.method import ClientUpdate
 from methods.packed_arrays import pack, unpack
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
@@ -35,6 +38,7 @@ from server_app.round_stages.method_update import AccountRound
 from server_app.round_stages.replies import RoundReplies, run_stages
 from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, masked_problem
 from task.config import RunConfig
+from tests.test_device_privacy import context, evaluate_message
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
 
@@ -131,6 +135,75 @@ def test_the_server_never_holds_a_plain_upload_nor_the_clients_secrets(tmp_path:
                       + [(t, "secagg-collect-masked")] * 4 + [(q, "secagg-unmask")] * 4)
     for ctx in grid.contexts.values():  # the protocol state stayed on the node, done
         assert ctx.state.config_records[STATE]["next"] == "done"
+
+
+VISIBLE: dict[str, set[tuple[str, str]]] = {
+    "identity": {("config", "partition-id"), ("config", "num-partitions")},
+    "secagg-setup": {("secagg", k) for k in ("stage", "pk1", "pk2")},
+    "secagg-share-keys": {("secagg", k) for k in ("stage", "dsts", "ctxts", "seed-hash")},
+    "secagg-collect-masked": {("secagg", k) for k in ("stage", "masked", "bad-srcs")}
+    | {("config", "upload-delta")},
+    "secagg-unmask": {("secagg", k) for k in ("stage", "nids", "shares", "reveal",
+                                               "pair-keys")},
+}
+"""Every (record, key) a reply may carry under secure aggregation, by the reply's kind: the
+fields docs/faults.md's table lists as visible in its secure-aggregation column."""
+
+
+def test_every_reply_under_secagg_carries_only_the_fields_the_docs_list(tmp_path: Path) -> None:
+    """Two secure rounds, each centrally evaluated: every reply the server receives (identity
+    queries, the four protocol stages, the train replies) is walked record by record, key by
+    key. No array and no metric leaves a client, no evaluate message is sent (the per-client
+    evaluations are refused with secure aggregation), and nothing but the listed keys is
+    there; the same walk over the plain run finds the per-client figures it would catch."""
+    def kinds(grid: InProcessGrid) -> dict[str, set[tuple[str, str]]]:
+        seen: dict[str, set[tuple[str, str]]] = {}
+        for reply in grid.replies:
+            assert not reply.has_error(), reply.error.reason
+            recs = reply.content.config_records
+            kind = str(recs[SECAGG][sw.STAGE]) if SECAGG in recs else (
+                "identity" if reply.metadata.message_type == MessageType.QUERY else
+                str(reply.metadata.message_type))
+            seen.setdefault(kind, set()).update(
+                {(name, key) for name, rec in recs.items() for key in rec}
+                | {(name, key) for name, rec in reply.content.metric_records.items()
+                   for key in rec}
+                | {(name, "<arrays>") for name in reply.content.array_records})
+        return seen
+
+    over = {"secure-aggregation": "secagg+", "eval-every": 1, "beta": 0.1}
+    secure, _ = run(tmp_path, "secure", over)
+    seen = kinds(secure)
+    assert set(seen) == set(VISIBLE), set(seen)  # every kind of reply, none else
+    for kind, fields in seen.items():
+        assert fields <= VISIBLE[kind], (kind, fields - VISIBLE[kind])
+    assert not [m for m in secure.sent if m.metadata.message_type == MessageType.EVALUATE]
+    plain, _ = run(tmp_path, "plain", {**over, "secure-aggregation": "off"})
+    leaks = kinds(plain)[MessageType.TRAIN] - VISIBLE["secagg-collect-masked"]
+    assert {("arrays", "<arrays>"), ("metrics", "train-loss"),
+            ("metrics", "num-examples")} <= leaks, leaks
+
+
+@pytest.mark.parametrize(("flag", "kind"), [
+    (rk.DIVERGENCE_EVAL, "divergence"), (rk.PERSONAL_EVAL, "personalized evaluation"),
+    (rk.FEDERATED_EVAL, "federated evaluation"), (None, "evaluation")])
+def test_a_device_in_a_secure_run_answers_no_evaluate_message(
+        flag: str | None, kind: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A server that sends a secure run's device an evaluate message anyway (the run config
+    refuses all of them) gets a one-line refusal and no figure: each is per client."""
+    raw = {**BASE, "secure-aggregation": "secagg+", "local-test-fraction": 0.2,
+           "output-dir": str(tmp_path)}
+    cfg = RunConfig.parse(raw)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        reply = evaluate_fn(evaluate_message(list(initial_weights(cfg)), flag, 2),
+                            context(tmp_path, raw))
+    want = (f"device privacy: refused the evaluate message ({kind}) of round 2: under "
+            "secure-aggregation='secagg+' this device sends no per-client evaluation (the "
+            "server learns only sums)")
+    assert reply.has_error() and reply.error.reason == want
+    assert not reply.has_content()
+    assert [r.getMessage() for r in caplog.records] == [want]
 
 
 def test_a_client_dropping_after_key_sharing_leaves_the_survivors_mean(tmp_path: Path) -> None:

@@ -280,9 +280,10 @@ class SecAggServer:
             seed = self._rebuild(nid, seed_shares[nid], "self-mask seed",
                                  lambda s, d=digest: hashlib.sha256(s).digest() == d)
             add_mask(total, seed, -1)
-        revealed = {(peer, owner): key for peer in u4
-                    for owner, key in zip(replies[peer].get(wire.REVEAL) or [],
-                                          replies[peer].get(wire.PAIR_KEYS) or [], strict=True)}
+        revealed = {(peer, owner): key  # only what was asked (its length checked above)
+                    for peer in u4 if self._asked[peer].get(wire.REVEAL)
+                    for owner, key in zip(self._asked[peer][wire.REVEAL],
+                                          replies[peer][wire.PAIR_KEYS], strict=True)}
         for nid in self.dropped:
             peers = [p for p in self.neighbours[nid] if p in self.masked]
             if nid in self.reported and len(sk1_shares[nid]) < self.params.threshold:

@@ -495,6 +495,20 @@ def test_a_reported_client_with_too_few_shares_and_a_silent_peer_fails_in_one_li
         rnd.run(drop_in_unmask={4})
 
 
+def test_unasked_pairwise_keys_in_an_unmask_reply_are_ignored() -> None:
+    """A client that adds keys nobody asked for (lists of unequal length at that) changes
+    nothing: the server reads only what it asked each client to reveal."""
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4, 5, 6]
+    vectors = grid_vectors(ids, params, seed=3)
+    rnd = Round(params, ids, vectors)
+    rnd.tamper[Stage.UNMASK] = lambda r: r[3].update({"reveal": [1, 2], "pair-keys": [b"k"]})
+    got = rnd.run()
+    for g, p in zip(got, plain_sum(vectors, ids, 1.0), strict=True):
+        np.testing.assert_array_equal(g, p)
+    assert rnd.server.rejected == []
+
+
 def test_a_client_reveals_no_mask_key_of_a_survivor() -> None:
     """A server asking a client for its pairwise key with a survivor (whose seed share it
     also asks for) is refused: the two would unmask that survivor's pair."""

@@ -11,6 +11,9 @@ Each size runs once with no dropout and once with the most clients dropped after
 (adjacent on the ring, the worst place), the most the threshold survives: min(k, n) - t.
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.secagg_cost [--sizes 3,10,50] [--bits 16]
+
+With ``--deployed``: 4 SuperNodes over TLS instead, plain and secagg+ rounds side by side
+(``bench.secagg_deployed``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
+from bench import secagg_deployed
 from secure_aggregation import SecAggClient, SecAggParams, SecAggServer
 from task.models import build_model, get_weights
 from tests.lsq_problem import serialized_bytes
@@ -91,7 +95,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="3,10,50")
     parser.add_argument("--bits", type=int, default=16)
-    args = parser.parse_args()
+    parser.add_argument("--deployed", action="store_true",
+                        help="4 TLS SuperNodes, plain vs secagg+: bench.secagg_deployed's "
+                        "options (--rounds, --train-limit, --pairs, --base-port) apply")
+    args, rest = parser.parse_known_args()
+    if args.deployed:
+        secagg_deployed.cli(rest)
+        return
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     weights = get_weights(build_model("cnn", 10, 1, seed=0))
     count = sum(w.size for w in weights)
     plain_up = serialized_bytes(ArrayRecord(weights))

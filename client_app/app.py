@@ -217,7 +217,8 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     evaluation (``federated-eval``: the received model on the local test split); otherwise
     loss and accuracy of the received model on this client's training data. Never changes
     the client's state. Under local DP every one of them is refused: each is an exact
-    answer about the device's data or state."""
+    answer about the device's data or state; under secure aggregation too (each is a
+    per-client figure, and the server of such a run may learn only sums)."""
     cfg = run_config_of(context)
     conf = msg.content.config_records.get(rk.CONFIG)
     task = f"evaluate message ({evaluation_kind(conf)})"
@@ -227,6 +228,10 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     if local_dp(cfg, floor):
         return refusal(msg, task, "under local DP this device answers no exact query about "
                                   "its data or state")
+    if cfg.secure_aggregation != "off":  # its scores would tell the server what sums hide
+        return refusal(msg, task, f"under secure-aggregation={cfg.secure_aggregation!r} this "
+                                  "device sends no per-client evaluation (the server learns "
+                                  "only sums)")
     pid = partition_of(context, cfg, msg)
     data_dir = data_dir_of(context)
     if conf is not None and conf.get(rk.FEDERATED_EVAL):

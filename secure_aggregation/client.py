@@ -10,21 +10,18 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
+from logging import WARNING
 from typing import Any
 
 import numpy as np
-from cryptography.fernet import InvalidToken
+from flwr.common.logger import log
 from flwr.common.secure_aggregation.crypto.shamir import create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import (
-    decrypt,
     encrypt,
     generate_shared_key,
 )
 from flwr.common.secure_aggregation.ndarrays_arithmetic import parameters_mod
-from flwr.common.secure_aggregation.secaggplus_utils import (
-    share_keys_plaintext_concat,
-    share_keys_plaintext_separate,
-)
+from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat
 from flwr.supercore.primitives.asymmetric import (
     bytes_to_private_key,
     bytes_to_public_key,
@@ -34,6 +31,7 @@ from flwr.supercore.primitives.asymmetric import (
 )
 
 from secure_aggregation import wire
+from secure_aggregation.envelope import open_shares
 from secure_aggregation.masks import add_mask, expand, pairwise_key
 from secure_aggregation.params import MODULUS, SecAggParams
 from secure_aggregation.quant import check_vector, quantise
@@ -48,6 +46,7 @@ class SecAggClient:
 
     def __init__(self, node_id: int) -> None:
         self.node_id = node_id
+        self._bad: list[int] = []
         self._next = Stage.SETUP
         self._who = f"secagg client {node_id}"
 
@@ -125,7 +124,11 @@ class SecAggClient:
                 wire.SEED_HASH: hashlib.sha256(self._seed).digest()}
 
     def masked_input(self, msg: Mapping[str, Any], vector: list[np.ndarray]) -> dict[str, Any]:
-        """Keep the neighbours' shares; upload q(x) + PRG(seed) +- pairwise masks mod 2^32."""
+        """Keep the neighbours' shares; upload q(x) + PRG(seed) +- pairwise masks mod 2^32.
+
+        A neighbour whose ciphertext does not open is left out (logged once) and named in the
+        reply (``BAD_SRCS``): the server drops it, so the pairwise mask added with it here is
+        cancelled with its mask key, rebuilt from the other neighbours' shares."""
         self._enter(msg, Stage.COLLECT)
         srcs = wire.get_int_list(msg, wire.SRCS, self._who)
         ctxts = wire.get_bytes_list(msg, wire.CTXTS, self._who, len(srcs))
@@ -136,17 +139,18 @@ class SecAggClient:
                                    f"shared keys, fewer than the threshold "
                                    f"{self.params.threshold}")
         check_vector(vector, self.sizes)
+        own = tuple(len(s) for s in self._held[self.node_id])
+        bad = []
         for src, ctxt in zip(srcs, ctxts, strict=True):
-            try:
-                plain = decrypt(self._enc_keys[src], ctxt)
-            except InvalidToken:
-                raise SecAggInputError(f"{self._who}: the shares from {src} do not decrypt "
-                                       f"(tampered or misrouted)") from None
-            actual_src, dst, seed_share, sk1_share = share_keys_plaintext_separate(plain)
-            if (actual_src, dst) != (src, self.node_id):
-                raise SecAggInputError(f"{self._who}: shares labelled {actual_src}->{dst} "
-                                       f"arrived as {src}->{self.node_id}")
-            self._held[src] = (seed_share, sk1_share)
+            opened = open_shares(self._enc_keys[src], ctxt, src, self.node_id,
+                                 (own[0], own[1]))
+            if isinstance(opened, str):  # only this client can tell: it reports the sender
+                bad.append(src)
+                log(WARNING, "%s: left out client %d, whose encrypted shares cannot be used "
+                    "(%s); reported to the server", self._who, src, opened)
+                continue
+            self._held[src] = opened
+        self._bad = bad
         total = [q + m for q, m in zip(quantise(vector, self.params),
                                        expand(self._seed, self.sizes), strict=True)]
         for src in srcs:
@@ -155,10 +159,12 @@ class SecAggClient:
         masked = parameters_mod(total, MODULUS)
         self._next = Stage.UNMASK
         return {wire.STAGE: Stage.COLLECT,
-                wire.MASKED: [a.astype("<u4").tobytes() for a in masked]}
+                wire.MASKED: [a.astype("<u4").tobytes() for a in masked], wire.BAD_SRCS: bad}
 
     def unmask(self, msg: Mapping[str, Any]) -> dict[str, Any]:
-        """Release seed shares of survivors and sk1 shares of the dropped, never both, once."""
+        """Release seed shares of survivors and sk1 shares of the dropped, never both, once;
+        for dropped neighbours it could not take shares from (reported), the pairwise mask
+        key it shares with each, which is what their sk1 would reveal of it."""
         self._enter(msg, Stage.UNMASK)
         active = wire.get_int_list(msg, wire.ACTIVE, self._who)
         dead = wire.get_int_list(msg, wire.DEAD, self._who)
@@ -174,9 +180,19 @@ class SecAggClient:
             raise SecAggInputError(f"{self._who}: only {len(active)} survivors in its "
                                    f"neighbourhood, fewer than the threshold "
                                    f"{self.params.threshold}")
+        reveal = wire.get_int_list(msg, wire.REVEAL, self._who) if wire.REVEAL in msg else []
+        masked_with = set(self._held) | set(self._bad)
+        if (len(set(reveal)) != len(reveal) or set(reveal) & set(active)
+                or not set(reveal) <= masked_with - {self.node_id}):
+            raise SecAggInputError(f"{self._who}: asked to reveal its mask keys with {reveal}: "
+                                   f"only distinct neighbours it masked with, none a survivor")
         shares = [self._held[n][0] for n in active] + [self._held[n][1] for n in dead]
         self._next = DONE
-        return {wire.STAGE: Stage.UNMASK, wire.NIDS: asked, wire.SHARES: shares}
+        out = {wire.STAGE: Stage.UNMASK, wire.NIDS: asked, wire.SHARES: shares}
+        if reveal:  # the masks it added with reported clients: what their mask keys would give
+            out[wire.REVEAL] = reveal
+            out[wire.PAIR_KEYS] = [pairwise_key(self._sk1, self._pk1s[j]) for j in reveal]
+        return out
 
     # ------------------------------------------------------------ the node's private state
     def to_record(self) -> dict[str, Any]:
@@ -197,6 +213,8 @@ class SecAggClient:
                     "enc-keys": list(self._enc_keys.values()), "held-ids": list(self._held),
                     "held-seeds": [v[0] for v in self._held.values()],
                     "held-sk1s": [v[1] for v in self._held.values()]})
+        if self._next == Stage.UNMASK:
+            out["bad-ids"] = list(self._bad)
         return out
 
     @classmethod
@@ -230,6 +248,8 @@ class SecAggClient:
                 wire.get_bytes_list(rec, "held-seeds", who, len(ids)),
                 wire.get_bytes_list(rec, "held-sk1s", who, len(ids)), strict=True),
                 strict=True))
+            client._bad = (wire.get_int_list(rec, "bad-ids", who)
+                           if client._next == Stage.UNMASK else [])
         except (KeyError, TypeError, ValueError) as err:
             if isinstance(err, SecAggInputError):
                 raise

@@ -7,10 +7,12 @@ self-mask seed and of each dropped client's mask key: enough to cancel the masks
 never enough to unmask one upload.
 
 A reply that is malformed (missing, wrong-typed or wrong-length fields, shares addressed to
-clients that are not its neighbours, a public key another client also sent, a masked vector
-of the wrong size) drops THAT client from the protocol, as if it had not answered: its reason
-is kept in ``rejected`` for the caller to log, and the round goes on while enough clients
-remain above the threshold (else ``RoundFailedError``, one line).
+clients that are not its neighbours or ciphertexts of the wrong length, a public key another
+client also sent or one off Flower's curve, a masked vector of the wrong size) drops THAT
+client from the protocol, as if it had not answered; so does a ciphertext that a recipient
+reports it cannot open (the recipient leaves the sender out and says so in its masked-input
+reply). Its reason is kept in ``rejected`` for the caller to log, and the round goes on
+while enough clients remain above the threshold (else ``RoundFailedError``, one line).
 """
 
 from __future__ import annotations
@@ -23,13 +25,10 @@ from typing import Any
 import numpy as np
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.ndarrays_arithmetic import parameters_mod
-from flwr.supercore.primitives.asymmetric import (
-    bytes_to_private_key,
-    bytes_to_public_key,
-    public_key_to_bytes,
-)
+from flwr.supercore.primitives.asymmetric import bytes_to_private_key, public_key_to_bytes
 
 from secure_aggregation import wire
+from secure_aggregation.envelope import key_problem, token_length
 from secure_aggregation.graph import ring_neighbours
 from secure_aggregation.masks import add_mask, pairwise_key
 from secure_aggregation.params import MODULUS, SecAggParams
@@ -37,6 +36,8 @@ from secure_aggregation.quant import dequantise_sum
 from secure_aggregation.wire import SecAggInputError, Stage
 
 Replies = Mapping[int, Mapping[str, Any]]
+PAIR_KEY_BYTES = 32
+"""A pairwise mask key (``masks.pairwise_key``)."""
 MAX_SUBSETS = 2000
 """The most t-subsets of one secret's shares tried before a rebuild gives up (a corrupted
 share is found by the seed hash / public key check; k <= 15 keeps C(k, t) small)."""
@@ -67,6 +68,9 @@ class SecAggServer:
         self.stage_clients: dict[str, list[int]] = {}
         self.rejected: list[tuple[int, str, str]] = []
         """(client id, stage, why) of each reply refused so far: that client dropped."""
+        self.reported: list[int] = []
+        """Clients dropped because a neighbour's masked-input reply reported that their
+        encrypted shares did not open there."""
 
     def _reject(self, nid: int, stage: str, why: str) -> None:
         self.rejected.append((nid, stage, why))
@@ -102,12 +106,9 @@ class SecAggServer:
 
         def keys(nid: int, reply: Mapping[str, Any]) -> None:
             for key in (wire.PK1, wire.PK2):
-                raw = wire.get_bytes(reply, key, f"secagg reply from {nid}")
-                try:
-                    bytes_to_public_key(raw)
-                except ValueError:
-                    raise SecAggInputError(f"secagg reply from {nid}: {key!r} is not a PEM "
-                                           f"public key") from None
+                why = key_problem(wire.get_bytes(reply, key, f"secagg reply from {nid}"))
+                if why is not None:
+                    raise SecAggInputError(f"secagg reply from {nid}: {key!r} {why}")
 
         u1 = self._distinct_keys(replies, self._arrived(replies, Stage.SETUP, self.sampled,
                                                         keys))
@@ -155,8 +156,10 @@ class SecAggServer:
             if sorted(dsts) != expected or len(set(dsts)) != len(dsts):
                 raise SecAggInputError(f"{who}: destinations {sorted(dsts)}, its neighbours "
                                        f"are {expected}")
-            if not all(ctxts):
-                raise SecAggInputError(f"{who}: an empty ciphertext")
+            for dst, ctxt in zip(dsts, ctxts, strict=True):
+                if len(ctxt) != token_length():
+                    raise SecAggInputError(f"{who}: the ciphertext for {dst} has {len(ctxt)} "
+                                           f"bytes, expected {token_length()}")
             digest = wire.get_bytes(reply, wire.SEED_HASH, who)
             if len(digest) != hashlib.sha256().digest_size:
                 raise SecAggInputError(f"{who}: seed hash of {len(digest)} bytes, expected 32")
@@ -193,7 +196,15 @@ class SecAggServer:
                     raise SecAggInputError(f"{who}: masked array {index} has {len(blob)} bytes, "
                                            f"expected {4 * size} ({size} uint32)")
 
-        u3 = self._arrived(replies, Stage.COLLECT, u2, vector)
+            bad = reply.get(wire.BAD_SRCS, [])
+            if bad:
+                bad = wire.get_int_list(reply, wire.BAD_SRCS, who)
+                sent = [j for j in self.neighbours[nid] if j in set(u2) and j != nid]
+                if len(set(bad)) != len(bad) or not set(bad) <= set(sent):
+                    raise SecAggInputError(f"{who}: {wire.BAD_SRCS!r} {bad} are not distinct "
+                                           f"neighbours that sent it shares ({sent})")
+
+        u3 = self._drop_reported(replies, self._arrived(replies, Stage.COLLECT, u2, vector))
         self._enough(u3, Stage.COLLECT)
         for nid in u3:
             self.masked[nid] = [np.frombuffer(blob, dtype="<u4").astype(np.int64)
@@ -202,11 +213,33 @@ class SecAggServer:
         msgs = {}
         for nid in u3:
             nbrs = [j for j in self.neighbours[nid] if j in set(u2)]
+            lacks = set(replies[nid].get(wire.BAD_SRCS) or [])  # it holds no share of those
             msgs[nid] = {wire.STAGE: Stage.UNMASK,
                          wire.ACTIVE: [j for j in nbrs if j in set(u3)],
-                         wire.DEAD: [j for j in nbrs if j in set(self.dropped)]}
+                         wire.DEAD: [j for j in nbrs if j in set(self.dropped) - lacks]}
+            reveal = [j for j in nbrs if j in set(self.reported) and j != nid]
+            if reveal:
+                msgs[nid][wire.REVEAL] = reveal
         self._asked = msgs
         return msgs
+
+    def _drop_reported(self, replies: Replies, arrived: list[int]) -> list[int]:
+        """``arrived`` without each client a neighbour reported (its ciphertext did not open
+        there: only the recipient can tell); each is rejected once, naming who reported it,
+        and its mask key is rebuilt like a dropped client's. A false report only drops an
+        honest client (the server cannot tell who lies); it unmasks nothing."""
+        reporters: dict[int, list[int]] = {}
+        for nid in arrived:
+            for src in replies[nid].get(wire.BAD_SRCS) or []:
+                reporters.setdefault(src, []).append(nid)
+        for src in sorted(reporters):
+            self._reject(src, Stage.SHARE_KEYS, f"secagg: the encrypted shares client {src} "
+                         f"sent to {sorted(reporters[src])} do not open there (reported by "
+                         f"them in the masked-input stage)")
+        kept = [nid for nid in arrived if nid not in reporters]
+        self.reported = sorted(reporters)
+        self.stage_clients[Stage.COLLECT] = kept
+        return kept
 
     def aggregate(self, replies: Replies) -> list[np.ndarray]:
         """Rebuild the secrets from t shares each, cancel every mask, dequantise the sum."""
@@ -221,6 +254,14 @@ class SecAggServer:
             got = wire.get_bytes_list(reply, wire.SHARES, who, len(nids))
             for owner, share in zip(nids, got, strict=True):
                 self._check_share(who, owner, nid, share)
+            reveal = self._asked[nid].get(wire.REVEAL, [])
+            if reveal:
+                if wire.get_int_list(reply, wire.REVEAL, who) != reveal:
+                    raise SecAggInputError(f"{who}: {wire.REVEAL!r} is not {reveal}")
+                keys = wire.get_bytes_list(reply, wire.PAIR_KEYS, who, len(reveal))
+                if any(len(key) != PAIR_KEY_BYTES for key in keys):
+                    raise SecAggInputError(f"{who}: a pairwise mask key is not "
+                                           f"{PAIR_KEY_BYTES} bytes")
 
         u4 = self._arrived(replies, Stage.UNMASK, u3, shares)
         self._enough(u4, Stage.UNMASK)
@@ -239,14 +280,27 @@ class SecAggServer:
             seed = self._rebuild(nid, seed_shares[nid], "self-mask seed",
                                  lambda s, d=digest: hashlib.sha256(s).digest() == d)
             add_mask(total, seed, -1)
+        revealed = {(peer, owner): key  # only what was asked (its length checked above)
+                    for peer in u4 if self._asked[peer].get(wire.REVEAL)
+                    for owner, key in zip(self._asked[peer][wire.REVEAL],
+                                          replies[peer][wire.PAIR_KEYS], strict=True)}
         for nid in self.dropped:
-            sk1 = self._rebuild(nid, sk1_shares[nid], "mask key",
-                                lambda s, pk=self.pk1[nid]: _private_key_of(s, pk))
-            key = bytes_to_private_key(sk1)
-            for peer in self.neighbours[nid]:
-                if peer in self.masked:  # the survivor added +mask if peer > nid
-                    add_mask(total, pairwise_key(key, self.pk1[peer]),
-                                   -1 if peer > nid else 1)
+            peers = [p for p in self.neighbours[nid] if p in self.masked]
+            if nid in self.reported and len(sk1_shares[nid]) < self.params.threshold:
+                missing = [p for p in peers if (p, nid) not in revealed]
+                if missing:
+                    raise RoundFailedError(
+                        f"secagg unmask: {len(sk1_shares[nid])} shares of reported client "
+                        f"{nid}'s mask key (threshold {self.params.threshold}) and no mask key "
+                        f"of its pair with {missing}; no sum")
+                pair_keys = [revealed[(p, nid)] for p in peers]
+            else:
+                sk1 = self._rebuild(nid, sk1_shares[nid], "mask key",
+                                    lambda s, pk=self.pk1[nid]: _private_key_of(s, pk))
+                key = bytes_to_private_key(sk1)
+                pair_keys = [pairwise_key(key, self.pk1[p]) for p in peers]
+            for peer, pair_key in zip(peers, pair_keys, strict=True):
+                add_mask(total, pair_key, -1 if peer > nid else 1)  # peer added +mask if > nid
         summed = parameters_mod(total, MODULUS)
         return dequantise_sum(summed, len(u3), self.params, self.shapes)
 

@@ -26,7 +26,10 @@ NIDS, PK1S, PK2S = "nids", "pk1s", "pk2s"
 DSTS, CTXTS, SRCS = "dsts", "ctxts", "srcs"
 SEED_HASH = "seed-hash"  # SHA-256 of the self-mask seed: lets the server detect a bad share
 MASKED = "masked"  # one little-endian uint32 byte string per array
+BAD_SRCS = "bad-srcs"  # in the masked reply: neighbours whose encrypted shares did not open
 ACTIVE, DEAD = "active", "dead"
+REVEAL = "reveal"  # in unmask: reported (dropped) neighbours whose pairwise mask key to disclose
+PAIR_KEYS = "pair-keys"  # the reply: those 32-byte pairwise mask keys, in REVEAL's order
 SHARES = "shares"
 SIZES = "sizes"
 

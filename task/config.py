@@ -526,6 +526,15 @@ def _check_secagg(c: RunConfig) -> None:
         ("secagg-bits", c.secagg_bits, c.clients_per_round <= max_clients,
          f"a value with clients per round <= (2^32 - 1) // 2^bits ({max_clients} now)",
          "the quantised sum would wrap around 2^32"),
+        # the evaluations answer per client: under secure aggregation the server learns sums
+        ("evaluation", c.evaluation, c.eval_source == "central",
+         "central, or auto without dataset='device'",
+         "federated evaluation sends each client's loss, accuracy and test-split size, and "
+         "the server holds no test set with dataset='device'"),
+        ("divergence-every", c.divergence_every, c.divergence_every == 0, "0",
+         "each client would send ||w_prev_i - w_t||^2 and whether it has trained"),
+        ("personal-eval-every", c.personal_eval_every, c.personal_eval_every == 0, "0",
+         "each client would send its global, fine-tuned and own-model accuracies"),
     ):
         if not ok:
             raise _bad(key, value, f"{allowed} {with_it} ({why})")

@@ -10,7 +10,7 @@ from secure_aggregation.params import MAX_BITS, SecAggParams
 from task import choices
 from task.config import ConfigError, RunConfig
 
-SECAGG = {"secure-aggregation": "secagg+", "weighting": "uniform",
+SECAGG = {"secure-aggregation": "secagg+", "weighting": "uniform", "personal-eval-every": 0,
           "max-update-norm-ratio": 0.0}
 
 
@@ -86,6 +86,14 @@ def test_each_method_on_the_sum_is_accepted(method: str) -> None:
      "rounds='async' is not allowed; allowed: sync with secure-aggregation='secagg+'"),
     ({"fraction-train": 0.02}, "secagg-threshold=3 is not allowed; allowed: at most the "
                                "clients per round (2) with secure-aggregation='secagg+'"),
+    ({"evaluation": "federated"}, "evaluation='federated' is not allowed; allowed: central, "
+                                  "or auto without dataset='device' with secure-aggregation="
+                                  "'secagg+' (federated evaluation sends each client's loss"),
+    ({"divergence-every": 5}, "divergence-every=5 is not allowed; allowed: 0 with secure-"
+                              "aggregation='secagg+' (each client would send ||w_prev_i - w_t"),
+    ({"personal-eval-every": 20}, "personal-eval-every=20 is not allowed; allowed: 0 with "
+                                  "secure-aggregation='secagg+' (each client would send its "
+                                  "global, fine-tuned and own-model accuracies)"),
     ({"secagg-bits": 24, "num-clients": 300, "fraction-train": 1.0},
      "secagg-bits=24 is not allowed; allowed: a value with clients per round <= (2^32 - 1) "
      "// 2^bits (255 now)"),

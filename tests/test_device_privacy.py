@@ -516,6 +516,7 @@ def test_a_run_under_device_floors_completes_without_data_dependent_fields(
 
 # ---------------------------------------------------------------- distributed DP and the floor
 DDP_RUN = {**RUN, "dp": "distributed", "secure-aggregation": "secagg+", "min-replies": 3,
+           "personal-eval-every": 0,
            "fraction-train": 1.0, "max-update-norm-ratio": 0.0, "secagg-clip": 8.0}
 """z = 1.2, t_min = 3: each device adds noise multiplier 1.2 / sqrt(3) = 0.6928 itself."""
 

@@ -35,7 +35,8 @@ from tests.test_secagg_run import ProtocolGrid, masked_replies
 pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
 
 DDP: dict[str, Any] = {"secure-aggregation": "secagg+", "dp": "distributed",
-                       "weighting": "uniform", "max-update-norm-ratio": 0.0, "min-replies": 3}
+                       "weighting": "uniform", "max-update-norm-ratio": 0.0, "min-replies": 3,
+                       "personal-eval-every": 0}
 
 
 # ------------------------------------------------------------------ the stage, many times

@@ -20,12 +20,16 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
+from client_app.app import evaluate_fn
+from client_app.model_cache import initial_weights
 from client_app.secure_upload import STATE, mask_upload
+from methods import wire as rk
 from methods.method import ClientUpdate
 from methods.packed_arrays import pack, unpack
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from secure_aggregation import SecAggClient, SecAggParams
 from secure_aggregation import wire as sw
+from secure_aggregation.envelope import token_length
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import NothingTrained, run_experiment
 from server_app.round_stages.decode import DecodeReplies
@@ -34,6 +38,7 @@ from server_app.round_stages.method_update import AccountRound
 from server_app.round_stages.replies import RoundReplies, run_stages
 from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, masked_problem
 from task.config import RunConfig
+from tests.test_device_privacy import context, evaluate_message
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
 
@@ -132,6 +137,75 @@ def test_the_server_never_holds_a_plain_upload_nor_the_clients_secrets(tmp_path:
         assert ctx.state.config_records[STATE]["next"] == "done"
 
 
+VISIBLE: dict[str, set[tuple[str, str]]] = {
+    "identity": {("config", "partition-id"), ("config", "num-partitions")},
+    "secagg-setup": {("secagg", k) for k in ("stage", "pk1", "pk2")},
+    "secagg-share-keys": {("secagg", k) for k in ("stage", "dsts", "ctxts", "seed-hash")},
+    "secagg-collect-masked": {("secagg", k) for k in ("stage", "masked", "bad-srcs")}
+    | {("config", "upload-delta")},
+    "secagg-unmask": {("secagg", k) for k in ("stage", "nids", "shares", "reveal",
+                                               "pair-keys")},
+}
+"""Every (record, key) a reply may carry under secure aggregation, by the reply's kind: the
+fields docs/faults.md's table lists as visible in its secure-aggregation column."""
+
+
+def test_every_reply_under_secagg_carries_only_the_fields_the_docs_list(tmp_path: Path) -> None:
+    """Two secure rounds, each centrally evaluated: every reply the server receives (identity
+    queries, the four protocol stages, the train replies) is walked record by record, key by
+    key. No array and no metric leaves a client, no evaluate message is sent (the per-client
+    evaluations are refused with secure aggregation), and nothing but the listed keys is
+    there; the same walk over the plain run finds the per-client figures it would catch."""
+    def kinds(grid: InProcessGrid) -> dict[str, set[tuple[str, str]]]:
+        seen: dict[str, set[tuple[str, str]]] = {}
+        for reply in grid.replies:
+            assert not reply.has_error(), reply.error.reason
+            recs = reply.content.config_records
+            kind = str(recs[SECAGG][sw.STAGE]) if SECAGG in recs else (
+                "identity" if reply.metadata.message_type == MessageType.QUERY else
+                str(reply.metadata.message_type))
+            seen.setdefault(kind, set()).update(
+                {(name, key) for name, rec in recs.items() for key in rec}
+                | {(name, key) for name, rec in reply.content.metric_records.items()
+                   for key in rec}
+                | {(name, "<arrays>") for name in reply.content.array_records})
+        return seen
+
+    over = {"secure-aggregation": "secagg+", "eval-every": 1, "beta": 0.1}
+    secure, _ = run(tmp_path, "secure", over)
+    seen = kinds(secure)
+    assert set(seen) == set(VISIBLE), set(seen)  # every kind of reply, none else
+    for kind, fields in seen.items():
+        assert fields <= VISIBLE[kind], (kind, fields - VISIBLE[kind])
+    assert not [m for m in secure.sent if m.metadata.message_type == MessageType.EVALUATE]
+    plain, _ = run(tmp_path, "plain", {**over, "secure-aggregation": "off"})
+    leaks = kinds(plain)[MessageType.TRAIN] - VISIBLE["secagg-collect-masked"]
+    assert {("arrays", "<arrays>"), ("metrics", "train-loss"),
+            ("metrics", "num-examples")} <= leaks, leaks
+
+
+@pytest.mark.parametrize(("flag", "kind"), [
+    (rk.DIVERGENCE_EVAL, "divergence"), (rk.PERSONAL_EVAL, "personalized evaluation"),
+    (rk.FEDERATED_EVAL, "federated evaluation"), (None, "evaluation")])
+def test_a_device_in_a_secure_run_answers_no_evaluate_message(
+        flag: str | None, kind: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A server that sends a secure run's device an evaluate message anyway (the run config
+    refuses all of them) gets a one-line refusal and no figure: each is per client."""
+    raw = {**BASE, "secure-aggregation": "secagg+", "local-test-fraction": 0.2,
+           "output-dir": str(tmp_path)}
+    cfg = RunConfig.parse(raw)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        reply = evaluate_fn(evaluate_message(list(initial_weights(cfg)), flag, 2),
+                            context(tmp_path, raw))
+    want = (f"device privacy: refused the evaluate message ({kind}) of round 2: under "
+            "secure-aggregation='secagg+' this device sends no per-client evaluation (the "
+            "server learns only sums)")
+    assert reply.has_error() and reply.error.reason == want
+    assert not reply.has_content()
+    assert [r.getMessage() for r in caplog.records] == [want]
+
+
 def test_a_client_dropping_after_key_sharing_leaves_the_survivors_mean(tmp_path: Path) -> None:
     """Node 1003's train reply is lost (after it shared keys): the secure round's model is the
     plain round's over the other three, within one quantisation step."""
@@ -208,6 +282,53 @@ def test_a_hostile_protocol_reply_drops_its_client_and_the_round_goes_on(
     assert "node 1003" in lines[0] and re.search(why, lines[0]), lines[0]
     if stage != "secagg-collect-masked":  # the decoder's line names the node; this one both
         assert f"client 3 (node 1003) dropped at {stage}, its reply is rejected" in lines[0]
+    secure, plain_ckpt = load_checkpoint(tmp_path / "secure"), load_checkpoint(tmp_path / "plain")
+    assert secure.rows[-1]["num-replies"] == 3
+    cfg = RunConfig.parse(secure_over)
+    gap = max_gap(secure.weights, plain_ckpt.weights)
+    assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+
+
+def _garbage_ctxts(rec: ConfigRecord) -> None:
+    """Every ciphertext replaced by bytes of the right length that no recipient can open."""
+    rec[sw.CTXTS] = [bytes(len(c)) for c in rec[sw.CTXTS]]  # type: ignore[union-attr]
+
+
+def _short_ctxts(rec: ConfigRecord) -> None:
+    rec[sw.CTXTS] = [c[:-16] for c in rec[sw.CTXTS]]  # type: ignore[index,union-attr]
+
+
+@pytest.mark.parametrize(("change", "server_line", "recipients"), [
+    (_garbage_ctxts, "the encrypted shares client 3 sent to [0, 1, 2] do not open there", 3),
+    (_short_ctxts, f"the ciphertext for 0 has {token_length() - 16} bytes, expected", 0)],
+    ids=["undecryptable", "wrong length"])
+def test_a_hostile_ciphertext_drops_its_sender_and_the_round_sums_the_rest(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        change: Callable[[ConfigRecord], None], server_line: str, recipients: int) -> None:
+    """Node 1003 (client 3) sends encrypted shares its neighbours cannot use. The server
+    rejects wrong-length ciphertexts itself; ones of the right length each recipient leaves
+    out (one line on its side) and reports in its masked upload. Either way the server drops
+    client 3 in one line naming it and its node, no honest client drops, and the round's
+    model is the plain round of the other three within one quantisation step."""
+    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "output-dir": str(tmp_path)}
+    plain = InProcessGrid(4, over)
+    plain.reply_filter = lambda r: None if (r.metadata.src_node_id == 1003 and
+                                            r.metadata.message_type == MessageType.TRAIN) else r
+    run_experiment(plain, RunConfig.parse(over), out_dir=tmp_path / "plain")
+    secure_over = {**over, "secure-aggregation": "secagg+"}
+    grid = InProcessGrid(4, secure_over)
+    grid.reply_filter = _tamper("secagg-share-keys", {1003}, change)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run_experiment(grid, RunConfig.parse(secure_over), out_dir=tmp_path / "secure")
+    lines = [r.getMessage() for r in caplog.records]
+    server = [x for x in lines if x.startswith("round 1: secure aggregation:")]
+    assert len(server) == 1, server
+    assert server[0].startswith("round 1: secure aggregation: client 3 (node 1003) dropped at "
+                                "secagg-share-keys, its reply is rejected: ") and \
+        server_line in server[0], server[0]
+    left_out = [x for x in lines if "left out client 3" in x]
+    assert sorted(x.split(":")[0] for x in left_out) == [
+        f"secagg client {i}" for i in (0, 1, 2)][:recipients]
     secure, plain_ckpt = load_checkpoint(tmp_path / "secure"), load_checkpoint(tmp_path / "plain")
     assert secure.rows[-1]["num-replies"] == 3
     cfg = RunConfig.parse(secure_over)

@@ -8,16 +8,23 @@ attack with everything the server holds.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import pytest
+from cryptography.fernet import Fernet
+from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ConfigRecord
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
-from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
-from flwr.supercore.primitives.asymmetric import bytes_to_private_key
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt
+from flwr.common.secure_aggregation.secaggplus_utils import (
+    pseudo_rand_gen,
+    share_keys_plaintext_concat,
+)
+from flwr.supercore.primitives.asymmetric import bytes_to_private_key, public_key_to_bytes
 from scipy.stats import chisquare
 
 from secure_aggregation import (
@@ -29,6 +36,7 @@ from secure_aggregation import (
     SecAggServer,
     Stage,
 )
+from secure_aggregation.envelope import token_length
 from secure_aggregation.graph import ring_neighbours
 from secure_aggregation.masks import expand, pairwise_key
 
@@ -350,6 +358,15 @@ HOSTILE: dict[str, tuple[str, Callable[[dict[int, dict[str, Any]]], None], set[i
                            "stage 'secagg-unmask' where 'secagg-setup' was expected"),
     "setup: pk1 copied from 2": (Stage.SETUP, lambda r: r[3].update(pk1=r[2]["pk1"]), {2, 3},
                                  "a public key it sent is also sent by"),
+    "setup: pk1 on another curve": (
+        Stage.SETUP, lambda r: r[3].update(pk1=_p256_pem()), {3},
+        "'pk1' is not a public key on secp384r1"),
+    "share keys: a ciphertext 16 bytes short": (
+        Stage.SHARE_KEYS, lambda r: r[3]["ctxts"].__setitem__(1, r[3]["ctxts"][1][:-16]), {3},
+        f"the ciphertext for 2 has {token_length() - 16} bytes, expected {token_length()}"),
+    "share keys: a ciphertext of 3 garbage bytes": (
+        Stage.SHARE_KEYS, lambda r: r[3]["ctxts"].__setitem__(0, b"xyz"), {3},
+        "the ciphertext for 1 has 3 bytes, expected"),
     "setup: pk2 = own pk1": (Stage.SETUP, lambda r: r[3].update(pk2=r[3]["pk1"]), {3},
                              "a public key it sent is also its other key"),
     "share keys: one ciphertext short": (
@@ -381,6 +398,131 @@ HOSTILE: dict[str, tuple[str, Callable[[dict[int, dict[str, Any]]], None], set[i
             0, np.zeros(36, dtype=np.float64).tobytes()), {3},
         "masked array 0 has 288 bytes, expected 144"),
 }
+
+
+def _p256_pem() -> bytes:
+    return public_key_to_bytes(ec.generate_private_key(ec.SECP256R1()).public_key())
+
+
+def _garbage_token(_: Round, __: int = 0) -> bytes:
+    """Bytes of a ciphertext's length that are no Fernet token."""
+    return bytes(range(256))[:token_length()] + b"\x00" * max(0, token_length() - 256)
+
+
+def _foreign_token(_: Round, __: int) -> bytes:
+    """A well-formed token of the right length, sealed under a key nobody in the round has."""
+    fernet = Fernet(Fernet.generate_key())
+    return next(t for n in range(512) if len(t := fernet.encrypt(b"\x00" * n)) == token_length())
+
+
+def _mislabelled_token(rnd: Round, dst: int) -> bytes:
+    """Client 3's own key to ``dst``, over a plaintext labelled 3 -> 6 (another pair's)."""
+    own = rnd.clients[3]._held[3]  # noqa: SLF001 - a hostile client's own shares
+    return encrypt(rnd.clients[3]._enc_keys[dst],  # noqa: SLF001
+                   share_keys_plaintext_concat(3, 6, own[0], own[1]))
+
+
+def _short_share_token(rnd: Round, dst: int) -> bytes:
+    """Client 3's own key to ``dst`` and the right labels, its seed share 16 bytes short and
+    its other share 16 long: the same token length, so the server cannot see it."""
+    own = rnd.clients[3]._held[3]  # noqa: SLF001
+    return encrypt(rnd.clients[3]._enc_keys[dst],  # noqa: SLF001
+                   share_keys_plaintext_concat(3, dst, own[0][:-16], own[1] + b"\x00" * 16))
+
+
+SEALED: dict[str, tuple[Callable[[Round, int], bytes], str]] = {
+    "garbage bytes of the right length": (_garbage_token, "do not decrypt"),
+    "a token under a foreign key": (_foreign_token, "do not decrypt"),
+    "another pair's labels": (_mislabelled_token, "labelled 3->6, sent as 3->"),
+    "a share of the wrong length": (_short_share_token, "shares of 36 and"),
+}
+
+
+@pytest.mark.parametrize("to_all", [False, True], ids=["to 1", "to all 4"])
+@pytest.mark.parametrize("name", sorted(SEALED))
+def test_a_ciphertext_only_its_recipient_can_check_drops_its_sender(
+        name: str, to_all: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Client 3 (ring of 6, t=3, k=5: neighbours 1, 2, 4, 5) sends a ciphertext the server
+    cannot tell from a good one, to client 1 or to all four. Each recipient leaves 3 out (one
+    line of its own) and reports it; the server drops 3 once, naming who reported it; the sum
+    is exactly that of the other five, the reporters' masks with 3 cancelled with the keys
+    they reveal (to all four: no neighbour holds a share of 3's mask key)."""
+    make, why = SEALED[name]
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4, 5, 6]
+    vectors = grid_vectors(ids, params, seed=7)
+    rnd = Round(params, ids, vectors)
+
+    def seal(replies: dict[int, dict[str, Any]]) -> None:
+        for pos, dst in enumerate(replies[3]["dsts"]):
+            if to_all or dst == 1:
+                replies[3]["ctxts"][pos] = make(rnd, dst)
+
+    rnd.tamper[Stage.SHARE_KEYS] = seal
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        got = rnd.run()
+    for g, p in zip(got, plain_sum(vectors, [1, 2, 4, 5, 6], 1.0), strict=True):
+        np.testing.assert_array_equal(g, p)
+    reporters = [1, 2, 4, 5] if to_all else [1]
+    assert [n for n in ids if rnd.log[Stage.COLLECT][n]["bad-srcs"]] == reporters
+    assert all(rnd.log[Stage.COLLECT][n]["bad-srcs"] == [3] for n in reporters)
+    assert rnd.server.rejected == [(3, Stage.SHARE_KEYS, (
+        f"secagg: the encrypted shares client 3 sent to {reporters} do not open there "
+        f"(reported by them in the masked-input stage)"))]
+    assert rnd.server.stage_clients[Stage.COLLECT] == [1, 2, 4, 5, 6]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == len(reporters) and all(
+        re.fullmatch(rf"secagg client {n}: left out client 3, whose encrypted shares cannot "
+                     rf"be used \(.*{why}.*\); reported to the server", line)
+        for n, line in zip(reporters, lines, strict=True)), lines
+    revealed = {n for n, m in rnd.unmask_msgs.items() if "reveal" in m}
+    assert revealed == {1, 2, 4, 5} and all(rnd.unmask_msgs[n]["reveal"] == [3]
+                                            for n in revealed)
+    for n in reporters:  # a reporter is never asked for a share it does not hold
+        assert 3 not in rnd.unmask_msgs[n]["dead"]
+
+
+def test_a_reported_client_with_too_few_shares_and_a_silent_peer_fails_in_one_line() -> None:
+    """All four neighbours of 3 report it, and 4 then drops in unmask: nothing holds a share
+    of 3's mask key and 4's mask with 3 cannot be cancelled, so the round has no sum."""
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4, 5, 6]
+    rnd = Round(params, ids, grid_vectors(ids, params))
+    rnd.tamper[Stage.SHARE_KEYS] = lambda r: r[3].update(
+        ctxts=[_garbage_token(rnd)] * len(r[3]["ctxts"]))
+    with pytest.raises(RoundFailedError, match=r"^secagg unmask: 0 shares of reported client 3's "
+                       r"mask key \(threshold 3\) and no mask key of its pair with \[4\]; no sum$"):
+        rnd.run(drop_in_unmask={4})
+
+
+def test_unasked_pairwise_keys_in_an_unmask_reply_are_ignored() -> None:
+    """A client that adds keys nobody asked for (lists of unequal length at that) changes
+    nothing: the server reads only what it asked each client to reveal."""
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4, 5, 6]
+    vectors = grid_vectors(ids, params, seed=3)
+    rnd = Round(params, ids, vectors)
+    rnd.tamper[Stage.UNMASK] = lambda r: r[3].update({"reveal": [1, 2], "pair-keys": [b"k"]})
+    got = rnd.run()
+    for g, p in zip(got, plain_sum(vectors, ids, 1.0), strict=True):
+        np.testing.assert_array_equal(g, p)
+    assert rnd.server.rejected == []
+
+
+def test_a_client_reveals_no_mask_key_of_a_survivor() -> None:
+    """A server asking a client for its pairwise key with a survivor (whose seed share it
+    also asks for) is refused: the two would unmask that survivor's pair."""
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = [1, 2, 3, 4, 5]
+    rnd = Round(params, ids, grid_vectors(ids, params))
+    s = rnd.server
+    replies = rnd._ask(Stage.SETUP, s.setup_messages(), set())
+    replies = rnd._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), set())
+    replies = rnd._ask(Stage.COLLECT, over_wire(s.collect_messages(replies)), set())
+    ask = dict(s.unmask_messages(replies)[1])
+    ask["reveal"] = [2]
+    with pytest.raises(SecAggInputError, match=r"asked to reveal its mask keys with \[2\]"):
+        rnd.clients[1].unmask(ask)
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -437,8 +579,8 @@ def test_a_client_refuses_bad_input_in_one_line() -> None:
         rnd.clients[1].masked_input(msgs[1], [good[0], good[1], good[2].ravel()[:-1]])
     tampered = dict(msgs[2])
     tampered["ctxts"] = [c[:-2] + b"AA" for c in msgs[2]["ctxts"]]
-    with pytest.raises(SecAggInputError, match="do not decrypt"):
-        rnd.clients[2].masked_input(tampered, rnd.vectors[2])
+    reply = rnd.clients[2].masked_input(tampered, rnd.vectors[2])  # reports, does not fail
+    assert reply["bad-srcs"] == msgs[2]["srcs"] and len(reply["masked"]) == len(SHAPES)
     with pytest.raises(SecAggInputError, match="unknown stage 'fit'"):
         rnd.clients[3].handle({"stage": "fit"})
 

@@ -17,8 +17,9 @@ Flower's node ids.
 
 A client that drops in any stage is left out, and so is one whose protocol reply is malformed
 or hostile (missing or wrong-typed keys, a public key another client also sent, shares for
-clients that are not its neighbours, a masked vector of the wrong size: one line each naming
-the client and its node; ``SecAggServer.rejected``); more dropouts than the threshold allows
+clients that are not its neighbours, a ciphertext of the wrong length or one its recipient
+reports it cannot open, a masked vector of the wrong size: one line each naming the client
+and its node; ``SecAggServer.rejected``); more dropouts than the threshold allows
 and the round has no sum: the model stays, one line is logged, and no client's state is
 counted as aggregated (``AccountRound`` never runs for it).
 """
@@ -221,7 +222,10 @@ class SecureSum:
             return dataclasses.replace(replies, halted=True)
         kept = set(uploaded)
         accepted = tuple(a for a in replies.accepted if replies.sent_to[a[0]] in kept)
-        dropped = tuple((node, "secure aggregation: its masked upload is malformed")
+        reported = set(server.reported)
+        dropped = tuple((node, "secure aggregation: its encrypted shares did not open at a "
+                         "neighbour" if replies.sent_to[node] in reported else
+                         "secure aggregation: its masked upload is malformed")
                         for node, _ in replies.accepted if replies.sent_to[node] not in kept)
         n, k = len(uploaded), len(replies.w_t)
         keys = (rk.ARRAYS, *self.session.extra_keys)

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import yaml
 from scripts.flower_env import REPO
 from task.data_paths import default_data_dir
 from task.datasets import load_dataset
+from tests.conftest import free_ports
 from tests.deploy_helpers import (
     DockerEngine,
     check_published_ports,
@@ -70,8 +72,10 @@ PREPARE = (
     ".write(k.public_bytes(s.Encoding.OpenSSH, s.PublicFormat.OpenSSH))\"")
 
 
-def compose(work: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "FEDINIT_WORK": str(work), "FEDINIT_RESULTS": str(work / "results")}
+def compose(work: Path, *args: str, timeout: float = 120,
+            env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FEDINIT_WORK": str(work), "FEDINIT_RESULTS": str(work / "results"),
+           **(env_extra or {})}
     return subprocess.run(["docker-compose", "--project-directory", str(REPO), "-p", PROJECT,
                            "-f", str(REPO / "docker-compose.yml"), *args],
                           capture_output=True, text=True, timeout=timeout, env=env, check=False)
@@ -95,6 +99,36 @@ def control_api_probes(work: Path) -> dict[str, Any]:
     found["cli"] = json.loads(cli.stdout.strip().splitlines()[-1]) if cli.returncode == 0 \
         else {"connect": cli.stderr[-300:]}
     return found
+
+
+def fetch(url: str, wait: float = 90.0) -> bytes:
+    """GET ``url``, retried while the server comes up."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as res:  # noqa: S310 - our loopback
+                return bytes(res.read())
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+
+
+def dashboard_view(work: Path, run_name: str) -> dict[str, Any]:
+    """The operator's page (profile ``dashboard``) started on the finished run's results:
+    where it is published, what it shows, and what it can dial."""
+    (port,) = free_ports(1)
+    up = compose(work, "--profile", "dashboard", "up", "-d", "dashboard",
+                 env_extra={"FEDINIT_DASHBOARD_PORT": str(port)})
+    assert up.returncode == 0, up.stderr[-2000:]
+    cid = compose(work, "--profile", "dashboard", "ps", "-q", "dashboard").stdout.strip()
+    base = f"http://127.0.0.1:{port}"
+    dial = sh("docker", "exec", cid, "python", "-c", PROBE)
+    return {"published": sh("docker", "port", cid).stdout.split("\n")[0].strip(),
+            "port": port, "index": fetch(f"{base}/").decode(),
+            "page": fetch(f"{base}/{run_name}/").decode(),
+            "status": json.loads(fetch(f"{base}/{run_name}/status.json")),
+            "dials": json.loads(dial.stdout or "{}") if dial.returncode == 0 else dial.stderr}
 
 
 def probe(image: str, code: str, mount: str = "") -> subprocess.CompletedProcess[str]:
@@ -152,12 +186,25 @@ def test_compose_stack_with_tls_auth_and_an_edge_node(docker: DockerEngine,
              "fraction-train=1.0", "train-limit=3000", timeout=1200)
     wall = time.monotonic() - t0
     out = run.stdout + run.stderr
+    view: dict[str, Any] = {}
     try:
         probes = control_api_probes(work)
+        if run.returncode == 0:
+            view = dashboard_view(work, run_dir(work / "results").name)
     finally:
         sh("docker", "rm", "-f", f"{PROJECT}-edge-2")
-        compose(work, "--profile", "cli", "down", "-v", "--remove-orphans")
+        compose(work, "--profile", "cli", "--profile", "dashboard", "down", "-v",
+                "--remove-orphans")
     assert run.returncode == 0, out[-5000:]
+    # The operator's page, in compose: published on the host's loopback only, it shows the
+    # finished run and its three nodes, and it cannot dial the SuperLink (Fleet or Control).
+    assert view["published"] == f"8050/tcp -> 127.0.0.1:{view['port']}", view["published"]
+    assert run_dir(work / "results").name in view["index"]
+    status = view["status"]
+    assert status["run"]["state"] == "done" and status["run"]["round"] == 3, status["run"]
+    assert len(status["fleet"]["nodes"]) == 3, status["fleet"]
+    assert "connected" in view["page"] and status["run"]["name"] in view["page"]
+    assert view["dials"]["connect"] != "ok" and view["dials"]["control-ip"] != "ok", view
     print(f"\nControl API probes: {probes}")
     # The operator's CLI reaches the Control API; a SuperNode (which runs the ClientApp) or
     # the edge node cannot: registering a key, unregistering a node, submitting a run fail.

@@ -35,6 +35,7 @@ from store.client_store import W_PREV
 from store.files import read_record
 from store.state_dir import StateDir
 from task.config import RunConfig
+from tests.sim_engine import InProcessSimulation
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read, no real wait
 
@@ -283,3 +284,60 @@ def test_a_checkpoint_of_another_config_or_done_is_refused_in_one_line(
     with pytest.raises(CheckpointError) as err:
         loop_state_of(ok[0], broken, has_clock=True)
     one_line(err, "incomplete asynchronous state: missing 'rng'")
+
+
+def test_without_the_clock_a_resume_redoes_the_tasks_in_flight_and_finishes(
+        tmp_path: Path) -> None:
+    """``device-speeds`` off: the completion order is the machine's, so no bit-identity is
+    claimed, but the resume re-sends the tasks in flight, every version has one row, and no
+    client lost its state."""
+    over = {"device-speeds": "off", "num-clients": 3}
+    cfg = config(tmp_path, **over)
+    run_dir = tmp_path / "crash-run"
+    with pytest.raises(KeyboardInterrupt):
+        run_async_experiment(KilledGrid(KILL_AT, cfg), cfg, run_dir)
+    done = len(rows(run_dir))
+    assert 1 <= done < 6
+    assert load_checkpoint(run_dir).async_state["clock-now"] is None  # type: ignore[index]
+    resumed = config(tmp_path, **over, **{"resume-dir": str(run_dir)})
+    run_async_experiment(InProcessGrid(3, resumed.to_dict()), resumed)
+    got = rows(run_dir)
+    assert [r["round"] for r in got] == [1, 2, 3, 4, 5, 6]
+    assert all(r["state-fallbacks"] == 0 for r in got)
+    assert "sim-time" not in got[0]
+
+
+@pytest.mark.slow  # no processes, but three starts of the engine (~30 s each when loaded)
+def test_killed_and_resumed_on_flowers_engine_ends_bit_identical(tmp_path: Path) -> None:
+    """The same kill on Flower's InMemoryGrid and engine (tests/sim_engine.py): real message
+    ids, the simulation's clients keeping their state in files under the run directory, a
+    fresh engine (fresh nodes) for the resumed run."""
+    cfg = config(tmp_path)
+    over = {k: v for k, v in cfg.to_dict().items() if k != "client-state-dir"}
+    cfg = RunConfig.parse(over)
+    with InProcessSimulation(3, over) as sim:
+        run_async_experiment(sim.grid, cfg, tmp_path / "ref-run")
+    run_dir = tmp_path / "crash-run"
+    with InProcessSimulation(3, over) as sim:
+        push, pushed = sim.grid.push_messages, []
+
+        def dying_push(messages: Iterable[Message]) -> Iterable[str]:
+            msgs = list(messages)
+            ids = list(push(msgs))
+            pushed.extend(m for m in msgs if m.metadata.message_type == "train")
+            if len(pushed) >= KILL_AT:
+                raise KeyboardInterrupt("server killed")
+            return ids
+
+        sim.grid.push_messages = dying_push  # type: ignore[method-assign]
+        with pytest.raises(KeyboardInterrupt):
+            run_async_experiment(sim.grid, cfg, run_dir)
+    assert [r["round"] for r in rows(run_dir)] == [1, 2, 3]
+    resumed = {**over, "resume-dir": str(run_dir)}
+    with InProcessSimulation(3, resumed) as sim:
+        run_async_experiment(sim.grid, RunConfig.parse(resumed))
+    assert same(final_model(run_dir), final_model(tmp_path / "ref-run"))
+    got, want = rows(run_dir), rows(tmp_path / "ref-run")
+    assert [{k: r.get(k) for k in SIMULATED} for r in got] == \
+        [{k: r.get(k) for k in SIMULATED} for r in want]
+    assert list((run_dir / "client-state").rglob("r*.npz")), "no client state files"

@@ -2,7 +2,9 @@
 
 ``<root>/<experiment>/client-<pid>/r<round>.npz``, one record per participation, the newest
 ``KEEP_VERSIONS`` kept: a round that was in flight when the server died is redone from the
-version before it, exactly as the uninterrupted run did.
+version before it, exactly as the uninterrupted run did. Under ``rounds=async`` a client may
+train several times between two checkpoints, so the server also names the version a resume
+would start it from (``rk.KEEP_ROUND``), kept beside the newest two.
 
 One directory per client, so finding a client's versions lists only its own files: with every
 client's files in one directory (the layout before, ``<experiment>/client-<pid>-r<round>.npz``)

@@ -16,6 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ from store.client_store import W_PREV
 from store.files import read_record
 from store.state_dir import StateDir
 from task.config import RunConfig
+from tests.conftest import SIM_HTTP_PORT
 from tests.sim_engine import InProcessSimulation
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read, no real wait
@@ -341,3 +347,78 @@ def test_killed_and_resumed_on_flowers_engine_ends_bit_identical(tmp_path: Path)
     assert [{k: r.get(k) for k in SIMULATED} for r in got] == \
         [{k: r.get(k) for k in SIMULATED} for r in want]
     assert list((run_dir / "client-state").rglob("r*.npz")), "no client state files"
+
+
+@pytest.mark.slow
+def test_simulation_process_killed_mid_run_resumes_to_the_same_model(
+        sim_env: dict[str, str], tmp_path: Path) -> None:
+    """A real ``flwr run`` simulation (scripts/simulate.py) on the virtual clock: its
+    ``flwr-simulation`` process is SIGKILLed wherever it is once 3 versions are written (a
+    flush, a push or the middle of a checkpoint), then resumed: the same final model and
+    rows as an uninterrupted run's, the clients' state in the run directory."""
+    speeds = tmp_path / "speeds.txt"
+    speeds.write_text("1\n2.4\n6.3\n1.7\n")
+    argv = [sys.executable, "-m", "scripts.simulate", "num-clients=4", "rounds=async",
+            "concurrency=3", "buffer-size=2", "num-server-rounds=14", "train-limit=400",
+            "local-epochs=1", "batch-size=50", "beta=0.1", "staleness=poly",
+            "personal-eval-every=0", "tracking=off", "eval-every=7",
+            f"device-speeds=file:{speeds}"]
+    ref = subprocess.run([*argv, f"output-dir={tmp_path / 'ref'}"], env=sim_env,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
+    (ref_dir,) = list((tmp_path / "ref").iterdir())
+
+    out = tmp_path / "crash"
+    proc = subprocess.Popen([*argv, f"output-dir={out}"], env=sim_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        rows_file = None
+        while time.monotonic() < deadline and rows_file is None:
+            found = list(out.glob("*/rounds.jsonl"))
+            if found and len(found[0].read_text().splitlines()) >= 3:
+                rows_file = found[0]
+            time.sleep(0.05)
+        assert rows_file is not None, "the run never reached version 3"
+        pids = simulation_pids()
+        assert pids, "no flwr-simulation process to kill"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=120)  # flwr run ends with its simulation; the script cleans up
+    finally:
+        stop(proc)
+    run_dir = rows_file.parent
+    assert not (run_dir / "summary.json").exists(), "the run finished before it was killed"
+    killed_at = load_checkpoint(run_dir).server_round
+    assert 2 <= killed_at < 14  # version 3 written, its checkpoint maybe not yet
+
+    resumed = subprocess.run([*argv, f"output-dir={out}", f"resume-dir={run_dir}"],
+                             env=sim_env, capture_output=True, text=True, timeout=600,
+                             check=False)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resuming after version" in resumed.stdout + resumed.stderr
+    assert same(final_model(run_dir), final_model(ref_dir))
+    got, want = rows(run_dir), rows(ref_dir)
+    assert [r["round"] for r in got] == list(range(1, 15))
+    assert [{k: r.get(k) for k in SIMULATED} for r in got] == \
+        [{k: r.get(k) for k in SIMULATED} for r in want]
+    assert list((run_dir / "client-state").rglob("r*.npz")), "no client state files"
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the simulate script if it still runs: SIGINT first, so that it removes its staged
+    app directory (``flower_compat.app_source``), then SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def simulation_pids() -> list[int]:
+    """The ServerApp's process of a simulation is ``flwr-simulation`` (server and clients)."""
+    found = subprocess.run(["pgrep", "-f", f"flwr-simulation.*{SIM_HTTP_PORT}"],
+                           capture_output=True, text=True, check=False).stdout
+    return [int(p) for p in found.split()]

@@ -281,6 +281,7 @@ class AsyncLoop:
         redo, self.redo = self.redo, ()
         online = set(self.available())
         now = time.monotonic()
+        sent = []
         for t in redo:
             if t.pid not in online or t.pid not in self.node_of:
                 self.lose(Task(t.pid, -1, t.version, self.sent_versions[t.version], now,
@@ -296,8 +297,10 @@ class AsyncLoop:
             if msg_id:
                 self.tasks[msg_id] = Task(t.pid, self.node_of[t.pid], t.version, weights, now,
                                           t.finish, t.seq, t.round, t.base)
-        log(INFO, "version %d: re-sent the %d task(s) in flight at the checkpoint, from their "
-            "own versions: client(s) %s", self.buffer.version, len(redo), [t.pid for t in redo])
+                sent.append(f"{t.pid} (version {t.version})")
+        log(INFO, "version %d: re-sent %d of the %d task(s) in flight at the checkpoint, each "
+            "from its own version: client(s) %s", self.buffer.version, len(sent), len(redo),
+            ", ".join(sent))
         self.sent_versions = {}
 
     def state(self) -> LoopState:

@@ -422,3 +422,32 @@ def simulation_pids() -> list[int]:
     found = subprocess.run(["pgrep", "-f", f"flwr-simulation.*{SIM_HTTP_PORT}"],
                            capture_output=True, text=True, check=False).stdout
     return [int(p) for p in found.split()]
+
+
+class WithoutNode(InProcessGrid):
+    """A link on which client ``gone``'s node never connected."""
+
+    def __init__(self, cfg: RunConfig, gone: int) -> None:
+        super().__init__(cfg.num_clients, cfg.to_dict())
+        del self.contexts[1000 + gone]
+
+
+def test_a_client_gone_at_the_resume_loses_its_task_in_flight(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Client 2's task (sent version 0) was in flight at version 3; its node is not back for
+    the resumed run (min-clients=2): the task counts as lost in version 4's row, its slot
+    goes to a connected client, and the run makes all its versions."""
+    cfg = config(tmp_path)
+    run_dir = tmp_path / "crash-run"
+    with pytest.raises(KeyboardInterrupt):
+        run_async_experiment(KilledGrid(KILL_AT, cfg), cfg, run_dir)
+    resumed = config(tmp_path, **{"resume-dir": str(run_dir), "min-clients": 2})
+    caplog.set_level(logging.INFO)
+    run_async_experiment(WithoutNode(resumed, 2), resumed)
+    got = rows(run_dir)
+    assert [r["round"] for r in got] == [1, 2, 3, 4, 5, 6]
+    assert got[3]["num-missing"] == 1 and all(r["num-missing"] == 0 for r in got[4:])
+    assert all(2 not in r["clients-trained"] for r in got[3:])
+    text = caplog.text
+    assert "lost the task of client 2 (sent version 0): not connected" in text
+    assert "re-sent 1 of the 2 task(s) in flight" in text

@@ -228,6 +228,8 @@ class AsyncLoop:
         """After a resume: the checkpoint's tasks in flight, re-sent by the first ``fill``."""
         self.sent_versions: dict[int, Weights] = {}
         """After a resume: the model versions those tasks carry."""
+        self.run_dir = Path(cfg.output_dir)
+        """Where the checkpoint is (set by ``run_async_experiment``), named when it stops."""
 
     def busy(self) -> set[int]:
         return {t.pid for t in self.tasks.values()}
@@ -368,7 +370,9 @@ class AsyncLoop:
             raise TooFewReplies(
                 f"rounds=async: {failed} replies since version {self.buffer.version} were "
                 f"rejected or lost (max-failed-rounds={c.max_failed_rounds} x buffer-size="
-                f"{c.async_buffer_size}); stopped, see the rejected replies above")
+                f"{c.async_buffer_size}); stopped, see the rejected replies above"
+                + (f"; the last flush's checkpoint is there: resume with --run-config "
+                   f"\"resume-dir='{self.run_dir}'\"" if self.buffer.version else ""))
 
     def expire(self) -> None:
         """Give up on tasks older than ``round-timeout`` (checked on every pass, also while
@@ -518,6 +522,7 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
     strategy.bind_run_dir(out)
     loop = AsyncLoop(grid, cfg, strategy, fleet.available, node_of, ConfigRecord(
         {rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)}))
+    loop.run_dir = out
     if resume and loaded:
         weights = list(resume[1].weights)
         strategy.load_server_state(resume[1].strategy_state)

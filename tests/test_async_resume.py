@@ -35,13 +35,14 @@ from server_app import async_rounds
 from server_app.async_resume import loop_state_of
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import CheckpointError, load_checkpoint
-from server_app.experiment import resume_point, run_experiment
+from server_app.experiment import TooFewReplies, resume_point, run_experiment
 from store.client_store import W_PREV
 from store.files import read_record
 from store.state_dir import StateDir
 from task.config import RunConfig
 from tests.conftest import SIM_HTTP_PORT
 from tests.sim_engine import InProcessSimulation
+from tests.test_resume_and_faults import corrupt
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read, no real wait
 
@@ -451,3 +452,33 @@ def test_a_client_gone_at_the_resume_loses_its_task_in_flight(
     text = caplog.text
     assert "lost the task of client 2 (sent version 0): not connected" in text
     assert "re-sent 1 of the 2 task(s) in flight" in text
+
+
+def test_a_run_stopped_for_bad_replies_names_its_checkpoint_and_resumes(
+        tmp_path: Path) -> None:
+    """Every reply turns NaN once version 2 is made: the loop stops after
+    max-failed-rounds x buffer-size rejected replies with one line naming ``resume-dir``;
+    resumed with healthy clients from that line's directory, it makes the missing versions
+    and ends where an uninterrupted run ends."""
+    cfg = config(tmp_path, **{"max-failed-rounds": 1})
+    run_async_experiment(InProcessGrid(3, cfg.to_dict()), cfg, tmp_path / "ref-run")
+    run_dir = tmp_path / "bad-run"
+    grid = InProcessGrid(3, cfg.to_dict())
+    broken = [corrupt("nan", 1000 + pid) for pid in range(3)]
+
+    def after_version_2(reply: Message) -> Message | None:
+        if (run_dir / "rounds.jsonl").is_file() and len(rows(run_dir)) >= 2:
+            for change in broken:
+                reply = change(reply) or reply
+        return reply
+
+    grid.reply_filter = after_version_2
+    with pytest.raises(TooFewReplies) as err:
+        run_async_experiment(grid, cfg, run_dir)
+    text = str(err.value)
+    assert "\n" not in text and f"resume-dir='{run_dir}'" in text, text
+    assert [r["round"] for r in rows(run_dir)] == [1, 2]
+    resumed = config(tmp_path, **{"max-failed-rounds": 1, "resume-dir": str(run_dir)})
+    run_async_experiment(InProcessGrid(3, resumed.to_dict()), resumed)
+    assert [r["round"] for r in rows(run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert same(final_model(run_dir), final_model(tmp_path / "ref-run"))

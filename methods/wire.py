@@ -20,6 +20,9 @@ UPLOAD_DELTA = "upload-delta"  # bool: the model upload is Delta_i (``update``),
 EXPERIMENT = "experiment-id"  # the run directory's name: stable across a resume
 ACCOUNTED_ROUND = "accounted-round"  # int, per client: the round of its last reply the server
 # aggregated (0: none); the client starts its server-summed state from that version
+KEEP_ROUND = "keep-round"  # int, per client, rounds=async only: the round of the state its task
+# in flight at the server's last checkpoint started from; kept on disk (beside the newest two)
+# so that the task, redone after a resume, starts from it again (server_app/async_resume.py)
 CLIENT_ID = "client-id"  # int: the client the message is for (a node without a partition-id
 # trains as this client; one with a partition-id refuses a message naming another)
 

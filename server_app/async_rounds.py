@@ -17,8 +17,12 @@ again, unless no other idle client can take a free slot.
 
 The flush hands D to the method's own server rule: FedAvg's (FedAvg/FedInit, FedProx, FedSAM,
 Ditto) is w + eta_g D, FedAdam's its optimiser step. Not built yet (refused by the run
-config): checkpoint/resume, DP, robust rules, federated and personalized evaluation, and
-the methods with per-round server state (``task.choices.ASYNC_REFUSALS``).
+config): DP, robust rules, federated and personalized evaluation, and the methods with
+per-round server state (``task.choices.ASYNC_REFUSALS``).
+
+Every flush writes a checkpoint before anything of the new version is sent; ``resume-dir``
+continues from it, re-sending the tasks that were in flight as they were
+(``server_app/async_resume.py``).
 
 With ``device-speeds`` on, the loop runs on the virtual clock (``server_app/virtual_clock.py``):
 a task sent at simulated time t to client i finishes at t + d_i, and the loop waits for the
@@ -49,10 +53,19 @@ from methods.fedbuff import BufferedUpdate, FedBuff, Flush, delta_of, mean_max
 from methods.method import ClientUpdate, RoundInput
 from methods.packed_arrays import pack
 from methods.weights import Weights
+from server_app.async_resume import InFlight, LoopState, async_checkpoint, loop_state_of
 from server_app.central_eval import CentralEvaluator
+from server_app.checkpoint import save_checkpoint
 from server_app.clients import Fleet
 from server_app.engine_facts import client_state_entry
-from server_app.experiment import NothingTrained, TooFewReplies, run_name, state_fallbacks
+from server_app.experiment import (
+    NothingTrained,
+    TooFewReplies,
+    _check_finite,
+    resume_point,
+    run_name,
+    state_fallbacks,
+)
 from server_app.results import AGGREGATED, Recorder
 from server_app.round_stages.replies import RoundReplies
 from server_app.strategy import MethodStrategy
@@ -89,6 +102,10 @@ class Task:
     """Simulated finish time (``device-speeds`` on): send time + the client's duration."""
     seq: int = 0
     """Dispatch number: breaks ties of ``finish`` by send order."""
+    round: int = 0
+    """The ``rk.ROUND`` the client was sent."""
+    base: int = 0
+    """The client's round before this task (0: none): the state it starts from."""
 
 
 class BufferedStrategy(MethodStrategy):
@@ -168,6 +185,12 @@ def choose(idle: set[int], benched: set[int], free: int,
     return chosen
 
 
+def pins_of(last_round: Mapping[int, int], in_flight: Collection[InFlight]) -> dict[int, int]:
+    """The round each client's next task after a resume starts from: the state of the round
+    before its task in flight, or, idle, of its last round."""
+    return {**last_round, **{t.pid: t.base for t in in_flight}}
+
+
 class AsyncLoop:
     """The FedBuff server: ``run`` until ``num-server-rounds`` flushes, one row per flush."""
 
@@ -197,12 +220,24 @@ class AsyncLoop:
         """On the clock: the task whose reply the loop waits for, and since when (wall)."""
         self.early: dict[str, Message] = {}
         """On the clock: replies a grid handed back before their turn, kept for it."""
+        self.pins: dict[int, int] = {}
+        """Per client, the round of its state that a resume from the last checkpoint starts
+        it from (``pins_of``): named in its train messages (``rk.KEEP_ROUND``), so the
+        client keeps that version however often it trains before the next checkpoint."""
+        self.redo: tuple[InFlight, ...] = ()
+        """After a resume: the checkpoint's tasks in flight, re-sent by the first ``fill``."""
+        self.sent_versions: dict[int, Weights] = {}
+        """After a resume: the model versions those tasks carry."""
+        self.run_dir = Path(cfg.output_dir)
+        """Where the checkpoint is (set by ``run_async_experiment``), named when it stops."""
 
     def busy(self) -> set[int]:
         return {t.pid for t in self.tasks.values()}
 
     def fill(self, weights: Weights) -> None:
         """Send the newest model to seeded idle clients until ``concurrency`` are training."""
+        if self.redo:
+            self.resend()
         chosen = choose(set(self.available()) - self.busy(),
                         self.bench.benched(time.monotonic()),
                         self.cfg.async_concurrency - len(self.tasks), self.rng)
@@ -213,10 +248,12 @@ class AsyncLoop:
         arrays = pack(weights)
         messages = list(self.strategy.configure_train(version + 1, arrays, self.round_config,
                                                       self.grid))
+        rounds = {}
         for msg, pid in zip(messages, chosen, strict=True):
-            rnd = max(version + 1, self.last_round.get(pid, 0) + 1)
-            msg.content.config_records[rk.CONFIG][rk.ROUND] = rnd
-            self.last_round[pid] = rnd
+            base = self.last_round.get(pid, 0)
+            rounds[pid] = (max(version + 1, base + 1), base)
+            self.mark(msg, pid, rounds[pid][0])
+            self.last_round[pid] = rounds[pid][0]
         now = time.monotonic()
         ids = list(self.grid.push_messages(messages))
         sim = self.clock
@@ -225,17 +262,80 @@ class AsyncLoop:
             if msg_id:
                 finish = sim.now + sim.duration(pid) if sim is not None else 0.0
                 self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now,
-                                          finish, seq)
+                                          finish, seq, *rounds[pid])
         self.counts.dispatched += len(chosen)
         if self.counts.refill:
             log(INFO, "version %d: %d lost task(s) re-sent: client(s) %s now train", version,
                 self.counts.refill, chosen[:self.counts.refill])
             self.counts.refill = max(0, self.counts.refill - len(chosen))
 
+    def mark(self, msg: Message, pid: int, rnd: int) -> None:
+        """Set the client's round number and, if it has one, the round it must keep."""
+        config = msg.content.config_records[rk.CONFIG]
+        config[rk.ROUND] = rnd
+        if pid in self.pins:
+            config[rk.KEEP_ROUND] = self.pins[pid]
+
+    def resend(self) -> None:
+        """After a resume: send every task of the checkpoint that was in flight again, as it
+        went out (version, round, finish time, dispatch number); a client no longer
+        connected loses its task (its slot is refilled)."""
+        redo, self.redo = self.redo, ()
+        online = set(self.available())
+        now = time.monotonic()
+        sent = []
+        for t in redo:
+            if t.pid not in online or t.pid not in self.node_of:
+                self.lose(Task(t.pid, -1, t.version, self.sent_versions[t.version], now,
+                               t.finish, t.seq, t.round, t.base),
+                          "not connected when the resumed run re-sent its task")
+                continue
+            weights = self.sent_versions[t.version]
+            self.strategy.chosen = [t.pid]
+            (msg,) = self.strategy.configure_train(t.version + 1, pack(weights),
+                                                   self.round_config, self.grid)
+            self.mark(msg, t.pid, t.round)
+            (msg_id,) = self.grid.push_messages([msg])
+            if msg_id:
+                self.tasks[msg_id] = Task(t.pid, self.node_of[t.pid], t.version, weights, now,
+                                          t.finish, t.seq, t.round, t.base)
+                sent.append(f"{t.pid} (version {t.version})")
+        log(INFO, "version %d: re-sent %d of the %d task(s) in flight at the checkpoint, each "
+            "from its own version: client(s) %s", self.buffer.version, len(sent), len(redo),
+            ", ".join(sent))
+        self.sent_versions = {}
+
+    def state(self) -> LoopState:
+        """The loop's state for the checkpoint of the flush just made (buffer empty); from
+        now on each client with a task out keeps the state that task started from."""
+        in_flight = tuple(sorted((InFlight(t.pid, t.version, t.round, t.base, t.finish, t.seq)
+                                  for t in self.tasks.values()), key=lambda t: t.seq))
+        self.pins = pins_of(self.last_round, in_flight)
+        return LoopState(self.buffer.version, dict(self.rng.bit_generator.state),
+                         None if self.clock is None else self.clock.now,
+                         self.counts.dispatched, dict(self.last_round), in_flight)
+
+    def sent(self) -> dict[int, Weights]:
+        """The model version each task in flight carries, by version."""
+        return {t.version: t.weights for t in self.tasks.values()}
+
+    def load(self, state: LoopState, sent: dict[int, Weights]) -> None:
+        """Continue from a checkpoint's ``state``: its tasks in flight are re-sent by the
+        first ``fill``, from the versions in ``sent``."""
+        self.buffer.version = state.version
+        self.rng.bit_generator.state = state.rng
+        if self.clock is not None and state.clock_now is not None:
+            self.clock.now = state.clock_now
+        self.counts.dispatched = state.dispatched
+        self.last_round = dict(state.last_round)
+        self.redo, self.sent_versions = state.in_flight, sent
+        self.pins = pins_of(self.last_round, state.in_flight)
+
     def take(self, msg: Message) -> Task | None:
         """The task ``msg`` answers, checked and buffered (or counted as rejected/dropped)."""
         task = self.tasks.pop(msg.metadata.reply_to_message_id, None)
         if task is None:
+            self.dead(msg)
             return None
         version = self.buffer.version
         if msg.has_error() and msg.error.code in LINK_ERRORS:
@@ -270,7 +370,9 @@ class AsyncLoop:
             raise TooFewReplies(
                 f"rounds=async: {failed} replies since version {self.buffer.version} were "
                 f"rejected or lost (max-failed-rounds={c.max_failed_rounds} x buffer-size="
-                f"{c.async_buffer_size}); stopped, see the rejected replies above")
+                f"{c.async_buffer_size}); stopped, see the rejected replies above"
+                + (f"; the last flush's checkpoint is there: resume with --run-config "
+                   f"\"resume-dir='{self.run_dir}'\"" if self.buffer.version else ""))
 
     def expire(self) -> None:
         """Give up on tasks older than ``round-timeout`` (checked on every pass, also while
@@ -342,11 +444,21 @@ class AsyncLoop:
             for msg in self.grid.pull_messages([first]):
                 if msg.metadata.reply_to_message_id in self.tasks:
                     self.early.setdefault(msg.metadata.reply_to_message_id, msg)
+                else:
+                    self.dead(msg)
         got = self.early.pop(first, None)
         if got is None:
             return []
         self.clock.now = self.tasks[first].finish
         return [got]
+
+    def dead(self, msg: Message) -> None:
+        """Log a reply to no task of this loop (one sent before a resume, or by an earlier
+        ServerApp): dropped, never aggregated."""
+        log(WARNING, "version %d: dropped a reply from node %d to message %s: no task of this "
+            "run is waiting for it (sent before a resume, or by an earlier ServerApp); not "
+            "aggregated", self.buffer.version, msg.metadata.src_node_id,
+            msg.metadata.reply_to_message_id)
 
     def apply(self, w: Weights, step: Weights) -> Weights:
         """The method's server rule on the buffered update D = ``step`` (FedAvg's: w + eta_g
@@ -388,24 +500,37 @@ class AsyncLoop:
 def run_async_experiment(grid: Grid, cfg: RunConfig,
                          out_dir: Path | None = None) -> dict[str, Any]:
     """The ``rounds=async`` run of ``cfg`` on ``grid``: its results, as ``run_experiment``
-    writes them (rounds.jsonl, summary.json, final_model.npz, model.pt), no checkpoint."""
-    check_writable("output-dir", out_dir or Path(cfg.output_dir).resolve())
+    writes them (rounds.jsonl, summary.json, final_model.npz, model.pt, and checkpoint.npz
+    at every flush); with ``resume-dir``, continued from that run's checkpoint."""
+    resume = resume_point(cfg)
+    check_writable("resume-dir" if resume else "output-dir",
+                   resume[0] if resume else out_dir or Path(cfg.output_dir).resolve())
     check_present(cfg.dataset, Path(cfg.resolved_data_dir))
+    has_clock = VirtualClock.for_run(cfg) is not None
+    loaded = loop_state_of(resume[0], resume[1], has_clock) if resume else None
     fleet = Fleet(grid, cfg)
     node_of = fleet.discover()
     check_examples(cfg, len(dataset_of(cfg).train_y))
-    out = out_dir or Path(cfg.output_dir).resolve() / run_name(cfg)
+    out = resume[0] if resume else out_dir or Path(cfg.output_dir).resolve() / run_name(cfg)
     central = CentralEvaluator(cfg)
     model = initial_model(cfg)
     weights = get_weights(model)
-    log(INFO, "results: %s (rounds=async: concurrency %d, buffer-size %d, staleness %s)", out,
-        cfg.async_concurrency, cfg.async_buffer_size, cfg.staleness)
+    log(INFO, "results: %s (rounds=async: concurrency %d, buffer-size %d, staleness %s)%s",
+        out, cfg.async_concurrency, cfg.async_buffer_size, cfg.staleness,
+        f" (resuming after version {resume[1].server_round})" if resume else "")
     strategy = BufferedStrategy(cfg, node_of, weights, available=fleet.available,
                                 examples=partition_sizes(cfg))
     strategy.bind_run_dir(out)
     loop = AsyncLoop(grid, cfg, strategy, fleet.available, node_of, ConfigRecord(
         {rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)}))
+    loop.run_dir = out
+    if resume and loaded:
+        weights = list(resume[1].weights)
+        strategy.load_server_state(resume[1].strategy_state)
+        loop.load(*loaded)
     rec = Recorder(out, cfg.to_dict(), eval_source="central",
+                   keep_rounds=resume[1].server_round if resume else 0,
+                   rows=resume[1].rows if resume else None,
                    extra_fields=ASYNC_FIELDS + (CLOCK_FIELDS if loop.clock else ()),
                    tracking=cfg.tracking)
     n = cfg.num_server_rounds
@@ -413,6 +538,7 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
 
     def on_flush(flush: Flush, facts: dict[str, Any]) -> None:
         version = flush.version
+        _check_finite(version, flush.weights, strategy.server_state(), out)
         acc = loss = None
         if version % cfg.eval_every == 0 or version == n:
             loss, acc = central(flush.weights)
@@ -421,6 +547,9 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
                "elapsed-seconds": rec.elapsed()}
         last[0] = now
         rec.add_round(row)
+        save_checkpoint(out, async_checkpoint(loop.state(), flush.weights, loop.sent(),
+                                              strategy.server_state(), cfg.to_dict(),
+                                              rec.rows))
         log(INFO, "[version %d/%d] acc %s replies %d staleness mean %.2f max %d dropped %d "
             "| %.1fs", version, n, "-" if acc is None else f"{100 * acc:.2f}%",
             flush.replies, row["staleness-mean"], row["staleness-max"], flush.dropped,
@@ -437,4 +566,3 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
     log(INFO, "done: final acc %.2f%%, %.1f s; results in %s",
         100 * (summary["final-test-acc"] or math.nan), summary["wall-seconds"], out)
     return summary
-

@@ -5,6 +5,11 @@ the global model, the strategy's server state (SCAFFOLD c, FedDyn H, Adam moment
 momentum, ...), the round it ends, and the config it belongs to. Sampling and local shuffles
 are seeded by (seed, round[, client]), so no random-generator state needs saving: the
 resumed rounds draw exactly what the uninterrupted run would have drawn.
+
+A ``rounds=async`` run checkpoints at every flush (``server_app/async_resume.py``): there the
+round is the model version, ``async_state`` holds the loop's own state (its seeded choice's
+generator, the virtual clock, the tasks in flight) and ``extra`` the model versions those
+tasks were sent.
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ class Checkpoint:
     rows: list[dict[str, Any]] | None = field(default=None)
     """The result rows of rounds 1..server_round: rounds.jsonl/csv are rebuilt from these on
     resume, so a torn results file loses nothing (None in checkpoints older than this)."""
+    async_state: dict[str, Any] | None = field(default=None)
+    """``rounds=async`` only: the loop's state at the flush (``server_app/async_resume.py``);
+    None in a sync run's checkpoint."""
+    extra: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    """``rounds=async`` only: named arrays beside the model (the versions tasks in flight were
+    sent)."""
 
 
 def non_finite_part(weights: list[np.ndarray], state: dict[str, list[np.ndarray]]) -> str | None:
@@ -58,12 +69,16 @@ def save_checkpoint(run_dir: Path, ckpt: Checkpoint) -> None:
     """Write ``run_dir/checkpoint.npz`` atomically (old or new file, never a torn one).
 
     A record with groups ``w`` (the model) and ``s/<key>`` (each strategy state entry)."""
-    arrays = {"w": ckpt.weights, **{f"s/{k}": v for k, v in ckpt.strategy_state.items()}}
+    arrays = {"w": ckpt.weights, **{f"s/{k}": v for k, v in ckpt.strategy_state.items()},
+              **{f"x/{k}": v for k, v in ckpt.extra.items()}}
     meta: dict[str, Any] = {"format": FORMAT_VERSION, "round": ckpt.server_round,
                             "config": ckpt.config, "num-weights": len(ckpt.weights),
                             "state": {k: len(v) for k, v in ckpt.strategy_state.items()}}
     if ckpt.rows is not None:
         meta["rows"] = ckpt.rows
+    if ckpt.async_state is not None:
+        meta["async"] = ckpt.async_state
+        meta["extra"] = {k: len(v) for k, v in ckpt.extra.items()}
     write_record(run_dir / CHECKPOINT_FILE, arrays, meta)
 
 
@@ -77,9 +92,14 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         if meta.get("format") != FORMAT_VERSION:
             raise RecordError(path, f"has format {meta.get('format')}, "
                                     f"expected {FORMAT_VERSION}")
-        counts = {"w": meta["num-weights"], **{f"s/{k}": n for k, n in meta["state"].items()}}
+        extra_counts = dict(meta.get("extra", {}))
+        counts = {"w": meta["num-weights"], **{f"s/{k}": n for k, n in meta["state"].items()},
+                  **{f"x/{k}": n for k, n in extra_counts.items()}}
         expect_counts(path, groups, counts)
         config, server_round = dict(meta["config"]), int(meta["round"])
+        async_state = meta.get("async")
+        if async_state is not None and not isinstance(async_state, dict):
+            raise TypeError(f"'async' is a {type(async_state).__name__}, not an object")
     except RecordError as err:
         raise _unusable(path, err.problem) from None
     except KeyError as err:
@@ -88,8 +108,10 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         raise _unusable(path, f"has a malformed meta: {err}") from None
     weights = groups.get("w", [])
     state = {k: groups.get(f"s/{k}", []) for k in meta["state"]}
-    bad = non_finite_part(weights, state)
+    extra = {k: groups.get(f"x/{k}", []) for k in extra_counts}
+    bad = non_finite_part(weights, {**state, **extra})
     if bad is not None:
         raise _unusable(path, f"holds NaN or Inf in {bad} (a diverged model); "
                               "it cannot be resumed")
-    return Checkpoint(server_round, weights, state, config, meta.get("rows"))
+    return Checkpoint(server_round, weights, state, config, meta.get("rows"), async_state,
+                      extra)

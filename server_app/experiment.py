@@ -88,6 +88,14 @@ def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
         return None
     run_dir = Path(cfg.resume_dir).resolve()
     ckpt = load_checkpoint(run_dir)
+    made = "async" if ckpt.async_state is not None else "sync"
+    if ckpt.config.get("rounds", "sync") != made:
+        raise CheckpointError(f"resume-dir {run_dir}: the checkpoint says rounds="
+                              f"{ckpt.config.get('rounds', 'sync')!r} but holds a "
+                              f"rounds={made!r} run's state")
+    if made != cfg.rounds:
+        raise CheckpointError(f"resume-dir {run_dir}: the checkpoint is of a rounds={made!r} "
+                              f"run, this run has rounds={cfg.rounds!r}")
     now = cfg.to_dict()
     then = {**{k: config_keys.value_before(k, v, ckpt.config) for k, v in now.items()
                 if k in config_keys.BEFORE_KEY}, **ckpt.config}
@@ -96,7 +104,8 @@ def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
             raise CheckpointError(f"resume-dir {run_dir}: the checkpoint was made with "
                                   f"{key}={value!r}, this run has {key}={now.get(key)!r}")
     if ckpt.server_round >= cfg.num_server_rounds:
-        raise CheckpointError(f"resume-dir {run_dir}: the checkpoint is at round "
+        raise CheckpointError(f"resume-dir {run_dir}: the checkpoint is at "
+                              f"{'version' if made == 'async' else 'round'} "
                               f"{ckpt.server_round}, num-server-rounds={cfg.num_server_rounds}"
                               " leaves nothing to do")
     return run_dir, ckpt

@@ -227,8 +227,9 @@ class ClientStore:
             self.set_tag(experiment, saved[0])
         return bool(problems)
 
-    def save(self, experiment: str, server_round: int) -> None:
-        """Tag the state held as this round's and write it to disk, if there is one."""
+    def save(self, experiment: str, server_round: int, pin: int = 0) -> None:
+        """Tag the state held as this round's and write it to disk, if there is one, keeping
+        the version of round ``pin`` too (``rk.KEEP_ROUND``; 0: none)."""
         self.set_tag(experiment, server_round)
         if self.disk is not None:
-            self.disk.save(server_round, self.entries(), keep=self._keep)
+            self.disk.save(server_round, self.entries(), keep=self._keep, pin=pin)

@@ -2,7 +2,9 @@
 
 ``<root>/<experiment>/client-<pid>/r<round>.npz``, one record per participation, the newest
 ``KEEP_VERSIONS`` kept: a round that was in flight when the server died is redone from the
-version before it, exactly as the uninterrupted run did.
+version before it, exactly as the uninterrupted run did. Under ``rounds=async`` a client may
+train several times between two checkpoints, so the server also names the version a resume
+would start it from (``rk.KEEP_ROUND``), kept beside the newest two.
 
 One directory per client, so finding a client's versions lists only its own files: with every
 client's files in one directory (the layout before, ``<experiment>/client-<pid>-r<round>.npz``)
@@ -104,16 +106,17 @@ class StateDir:
             _no_flat_files.add(self.dir)
         self._moved_flat = True
 
-    def save(self, server_round: int, entries: Entries, keep: int = 0) -> None:
-        """Write this round's state atomically, then keep only the newest versions and the
-        version of round ``keep`` (the one the server accounted for; 0: none)."""
+    def save(self, server_round: int, entries: Entries, keep: int = 0, pin: int = 0) -> None:
+        """Write this round's state atomically, then keep only the newest versions, the
+        version of round ``keep`` (the one the server accounted for; 0: none) and that of
+        round ``pin`` (the one an asynchronous server may ask for again after a resume)."""
         self._move_flat_files()
         self.client_dir.mkdir(parents=True, exist_ok=True)
         meta = {"experiment": self.experiment, "partition-id": self.pid, "round": server_round,
                 "entries": {k: len(v) for k, v in entries.items()}}
         write_record(self.version_path(server_round), entries, meta, sync=self.sync)
         for saved_round, old in self._files()[:-KEEP_VERSIONS]:
-            if saved_round != keep:
+            if saved_round not in (keep, pin):
                 old.unlink(missing_ok=True)
 
     def load_version(self, server_round: int, model: Sequence[Shaped]) -> Entries:

@@ -450,8 +450,6 @@ def _check_async(c: RunConfig) -> None:
          "personalized evaluation is not run between flushes yet"),
         ("divergence-every", c.divergence_every, c.divergence_every == 0, "0",
          "the all-client divergence is not run between flushes yet"),
-        ("resume-dir", c.resume_dir, not c.resume_dir, "''",
-         "asynchronous runs write no checkpoint yet"),
     )
     for key, value, ok, allowed, why in refusals:
         if not ok:

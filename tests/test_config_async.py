@@ -56,9 +56,8 @@ def test_each_other_method_is_refused_with_its_reason(method: str) -> None:
     ({"evaluation": "federated"}, "evaluation='federated'"),
     ({"personal-eval-every": 20}, "personal-eval-every=20"),
     ({"divergence-every": 2}, "divergence-every=2"),
-    ({"resume-dir": "/tmp/x"}, "resume-dir='/tmp/x'"),
 ])
 def test_what_async_cannot_run_yet_is_refused(over: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError, match=f"{key} is not allowed; .* with rounds='async' \\("):
         RunConfig.parse({**ASYNC, **over})
-    RunConfig.parse({**over, "rounds": "sync"} if "resume-dir" not in over else {})
+    RunConfig.parse({**over, "rounds": "sync"})

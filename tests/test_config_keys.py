@@ -55,8 +55,9 @@ def test_a_resume_accepts_what_the_table_allows(monkeypatch: pytest.MonkeyPatch,
 
 
 class _Ckpt:
-    """The two fields of a checkpoint ``resume_point`` reads."""
+    """The fields of a sync run's checkpoint that ``resume_point`` reads."""
 
     def __init__(self, config: dict[str, object]) -> None:
         self.config = config
         self.server_round = 1
+        self.async_state = None

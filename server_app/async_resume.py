@@ -1,0 +1,140 @@
+"""Checkpoint and exact resume of ``rounds=async`` (FedBuff): what the loop saves at a flush.
+
+When. At every flush, after the new model version is applied and its row recorded, before
+any task of that version is sent. The buffer is empty then, so no buffered reply needs
+saving. The tasks still in flight are saved as tasks (client, version sent, the client's
+round number, simulated finish time, dispatch number), with each model version they were
+sent. A resumed run re-sends each of them exactly as it went out: the same version, round
+and, on the virtual clock (``device-speeds``), the same finish time and dispatch number. So
+the resumed run handles the same replies in the same simulated order as the uninterrupted
+one, and its final model is bit-identical to that run's. Re-sending them from the newest
+version instead would change their staleness and their finish times.
+
+What else. The seeded generator of the client choice (its bit generator's state), the
+clock's ``now``, the dispatch count, each client's last round number, the method's server
+state (FedAdam's moments, the norm history) and the rows of versions 1..k. Not saved: the
+bench of clients whose last task was lost (it is timed on the wall clock, so a resumed run
+starts with none benched).
+
+The clients' side. A task in flight at the checkpoint restores the client's state of the
+round before it (``store.client_store``: the newest version before the task's round). Until
+the next checkpoint, that client may train again and save newer versions; the state files
+keep only the newest two, which would delete the one the redo needs. So every train message
+names, in ``rk.KEEP_ROUND``, the round of that state (0: none), and the client keeps it.
+
+A reply to a task the resumed loop never sent (a task of the killed run, a reply of an
+earlier ServerApp's message) matches no task of the loop: it is logged and dropped, never
+aggregated (``server_app.async_rounds.AsyncLoop.take``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from methods.weights import Weights
+from server_app.checkpoint import Checkpoint, CheckpointError
+
+TASK_FIELDS = ("pid", "version", "round", "base", "finish", "seq")
+"""One task in flight, as saved: client, version sent, its round number, the round of the
+state it starts from, simulated finish time, dispatch number."""
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A task out at the checkpoint, to be re-sent as it was."""
+
+    pid: int
+    version: int
+    round: int
+    base: int
+    finish: float
+    seq: int
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """The loop's state at a flush, beside the model and the strategy's server state."""
+
+    version: int
+    rng: dict[str, Any]
+    clock_now: float | None
+    dispatched: int
+    last_round: dict[int, int]
+    in_flight: tuple[InFlight, ...]
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"version": self.version, "rng": self.rng, "clock-now": self.clock_now,
+                "dispatched": self.dispatched,
+                "last-round": {str(p): r for p, r in sorted(self.last_round.items())},
+                "in-flight": [[getattr(t, f) for f in TASK_FIELDS] for t in self.in_flight]}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> LoopState:
+        """The state ``to_meta`` wrote; KeyError/TypeError/ValueError when it is malformed."""
+        clock = meta["clock-now"]
+        tasks = []
+        for row in meta["in-flight"]:
+            if len(row) != len(TASK_FIELDS):
+                raise ValueError(f"an in-flight task {row!r} has {len(row)} fields, expected "
+                                 f"{len(TASK_FIELDS)}")
+            pid, version, rnd, base, finish, seq = row
+            tasks.append(InFlight(int(pid), int(version), int(rnd), int(base), float(finish),
+                                  int(seq)))
+        rng = meta["rng"]
+        if not isinstance(rng, dict):
+            raise TypeError(f"rng is a {type(rng).__name__}, not an object")
+        return cls(int(meta["version"]), rng, None if clock is None else float(clock),
+                   int(meta["dispatched"]),
+                   {int(p): int(r) for p, r in dict(meta["last-round"]).items()}, tuple(tasks))
+
+    def versions(self) -> list[int]:
+        """The versions the tasks in flight were sent, older than the checkpoint's model."""
+        return sorted({t.version for t in self.in_flight if t.version != self.version})
+
+
+def version_key(version: int) -> str:
+    return f"version-{version}"
+
+
+def async_checkpoint(state: LoopState, weights: Weights, sent: dict[int, Weights],
+                     strategy_state: dict[str, Weights], config: dict[str, Any],
+                     rows: list[dict[str, Any]]) -> Checkpoint:
+    """The checkpoint of a flush: ``weights`` is version ``state.version``; ``sent`` holds
+    each older version a task in flight carries."""
+    extra = {version_key(v): list(sent[v]) for v in state.versions()}
+    return Checkpoint(state.version, list(weights), strategy_state, config, rows,
+                      state.to_meta(), extra)
+
+
+def loop_state_of(run_dir: Path, ckpt: Checkpoint, has_clock: bool) -> tuple[
+        LoopState, dict[int, Weights]]:
+    """The loop state and the model versions of the tasks in flight, checked; one-line
+    CheckpointError when the checkpoint is a sync run's or malformed."""
+    where = f"resume-dir {run_dir}: the checkpoint"
+    if ckpt.async_state is None:
+        raise CheckpointError(f"{where} is of a rounds='sync' run (no asynchronous loop "
+                              "state); this run has rounds='async'")
+    try:
+        state = LoopState.from_meta(ckpt.async_state)
+    except KeyError as err:
+        raise CheckpointError(f"{where} has an incomplete asynchronous state: missing "
+                              f"{err}") from None
+    except (TypeError, ValueError, AttributeError) as err:
+        raise CheckpointError(f"{where} has a malformed asynchronous state: {err}") from None
+    if state.version != ckpt.server_round:
+        raise CheckpointError(f"{where} is at version {ckpt.server_round}, its asynchronous "
+                              f"state at version {state.version}")
+    if (state.clock_now is not None) != has_clock:
+        raise CheckpointError(f"{where} was made with the virtual clock "
+                              f"{'on' if state.clock_now is not None else 'off'}, this run has "
+                              f"it {'on' if has_clock else 'off'} (device-speeds)")
+    sent = {state.version: ckpt.weights}
+    for v in state.versions():
+        arrays = ckpt.extra.get(version_key(v))
+        if not arrays or len(arrays) != len(ckpt.weights):
+            raise CheckpointError(f"{where} lacks model version {v}, which a task in flight "
+                                  "was sent")
+        sent[v] = arrays
+    return state, sent

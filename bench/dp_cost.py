@@ -29,7 +29,7 @@ from scripts.simulate import parse_overrides
 from server_app import strategy as strategy_module
 from server_app.experiment import run_experiment
 from task.config import RunConfig
-from tests.lsq_problem import serialized_bytes
+from testbeds.lsq_problem import serialized_bytes
 
 BASE: dict[str, Any] = {"num-clients": 10, "fraction-train": 0.5, "train-limit": 5000,
                         "local-epochs": 1, "beta": 0.1, "weighting": "uniform",

@@ -34,7 +34,7 @@ from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import SERVER_MODELS, MethodStrategy
 from task.config import RunConfig
 from task.models import get_weights, initial_model
-from tests.lsq_problem import serialized_bytes
+from testbeds.lsq_problem import serialized_bytes
 
 METHODS = {"fedavg": {"beta": 0.0},
            "fedrelax": {"beta": 0.0, "graph": "knn", "graph-k": 3, "graph-refresh-every": 1},

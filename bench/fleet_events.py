@@ -6,7 +6,7 @@ device data trains beside the partitioned benchmark.
 
 Two TLS + node-auth process deployments on 127.0.0.1 (warm executors, 4 clients,
 fraction-train=1.0, min-clients=3, a copy of the app that can hang on order,
-tests/fault_app.py), the same run config in both:
+testbeds/fault_app.py), the same run config in both:
 
   events    nodes 0-2 start; after round 1 node 3 starts (a late joiner); one round after it
             trained, a registered node with a wrong identity (num-partitions=7) starts; one
@@ -49,7 +49,7 @@ import numpy as np
 
 from scripts.deploy_local import CONNECTION, Deployment, descendants, stop_pids
 from scripts.simulate import RUN_ID, run_status, toml_line
-from tests.fault_app import fault_app, hang_when_told
+from testbeds.fault_app import fault_app, hang_when_told
 
 CLIENTS = 4
 WRONG = 4
@@ -378,7 +378,7 @@ def print_costs(costs: list[dict[str, Any]]) -> None:
 
 
 def _pids_mentioning(text: str) -> list[int]:
-    from tests.deploy_helpers import pids_mentioning
+    from scripts.deploy_local import pids_mentioning
 
     return pids_mentioning(text)
 

@@ -5,7 +5,7 @@
 
 One warm-executor process deployment (3 SuperNodes, insecure, fraction-train=1.0,
 train-limit=1500) runs a copy of the app whose client 0 hangs forever in round
-``--hang-round`` (tests/fault_app.py). ``task-deadline`` is left at 0, so the task may run for
+``--hang-round`` (testbeds/fault_app.py). ``task-deadline`` is left at 0, so the task may run for
 ``round-timeout`` seconds: the round waits that long for it, then the node's executor kills
 the task's worker, answers with its error reply, and serves the next round with a fresh
 worker. Printed: each round's seconds (and of them the wait for replies, which
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from scripts.flower_env import REPO
-from tests.fault_app import fault_app, hang_at
+from testbeds.fault_app import fault_app, hang_at
 
 
 def main(argv: list[str] | None = None) -> int:

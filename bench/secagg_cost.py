@@ -29,7 +29,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from bench import secagg_deployed
 from secure_aggregation import SecAggClient, SecAggParams, SecAggServer
 from task.models import build_model, get_weights
-from tests.lsq_problem import serialized_bytes
+from testbeds.lsq_problem import serialized_bytes
 
 
 def graph_for(n: int) -> tuple[int, int]:

@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.deploy_local import Deployment
-from tests.deploy_helpers import deployed
-from tests.test_deploy_faults import FlwrRun
+from testbeds.deployment_runs import FlwrRun, deployed
 
 NODES = 4
 CFG: dict[str, Any] = {

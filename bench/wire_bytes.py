@@ -23,7 +23,7 @@ from server_app.strategy import MethodStrategy
 from task.config import RunConfig
 from task.federated_data import dataset_of
 from task.models import initial_weights
-from tests.lsq_problem import array_bytes, record_bytes, serialized_bytes
+from testbeds.lsq_problem import array_bytes, record_bytes, serialized_bytes
 
 MEASURES = (("arrays", array_bytes), ("records", record_bytes),
             ("serialized", serialized_bytes))

@@ -446,6 +446,22 @@ def alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+def pids_mentioning(text: str) -> list[int]:
+    """Processes whose command line contains ``text`` (a unique temp path), zombies excluded."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
 def stop_pids(pids: list[int], grace: float = 10.0) -> None:
     """Terminate ``pids`` and their descendants (found before signalling), then kill."""
     tree = descendants(pids)

@@ -10,11 +10,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from scripts.deploy_local import Deployment, stop_pids
+from scripts.deploy_local import pids_mentioning, stop_pids
 from scripts.flower_env import flower_env
 
 DEPLOY_LOCAL = [sys.executable, "-m", "scripts.deploy_local"]
@@ -62,35 +61,10 @@ def diffs(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-D = TypeVar("D", bound=Deployment)
 
 
-@contextmanager
-def deployed(dep: D, tmp_path: Path) -> Iterator[D]:
-    """``dep`` up for the test; afterwards stopped, with every process that still names
-    ``tmp_path`` (a ClientApp executor the SuperNode left behind)."""
-    try:
-        dep.up()
-        yield dep
-    finally:
-        dep.stop()
-        stop_pids(pids_mentioning(str(tmp_path)))
 
 
-def pids_mentioning(text: str) -> list[int]:
-    """Processes whose command line contains ``text`` (a unique temp path), zombies excluded."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text in cmd and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def sim_env(home: Path) -> dict[str, str]:

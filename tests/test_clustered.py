@@ -22,7 +22,7 @@ from methods.method import ClientRule
 from methods.packed_arrays import pack, unpack
 from store.client_store import ClientStore
 from task.config import ConfigError, RunConfig
-from tests.lsq_problem import NODE_BASE, Federation, Problem, VectorModel, lsq_optimum
+from testbeds.lsq_problem import NODE_BASE, Federation, Problem, VectorModel, lsq_optimum
 from tests.test_fedrelax import two_regimes
 
 
@@ -213,7 +213,7 @@ def test_cluster_assign_refuses_other_values() -> None:
 
 def test_train_losses_are_the_mean_loss_on_the_clients_data_in_fixed_batches() -> None:
     from client_app.trainer import train_losses
-    from tests.lsq_problem import half_mse
+    from testbeds.lsq_problem import half_mse
 
     p = two_regimes()
     model = VectorModel(p.w0, True)

@@ -22,9 +22,9 @@ from node.app_allowlist import fab_hash
 from node.approve_app import fab_of
 from scripts.deploy_local import Deployment
 from scripts.flower_env import REPO
-from tests.deploy_helpers import deployed, diffs, rounds, run_dir
-from tests.fault_app import fault_app
-from tests.test_deploy_faults import FlwrRun
+from testbeds.deployment_runs import FlwrRun, deployed
+from testbeds.fault_app import fault_app
+from tests.deploy_helpers import diffs, rounds, run_dir
 
 BASE_PORT = int(os.environ.get("FEDINIT_TEST_ALLOWLIST_BASE_PORT", "29870"))
 NODES = 2

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from scripts.deploy_local import Deployment, descendants, stop_pids
-from tests.deploy_helpers import deployed, rounds, run_dir
-from tests.test_deploy_faults import FlwrRun
+from testbeds.deployment_runs import FlwrRun, deployed
+from tests.deploy_helpers import rounds, run_dir
 
 BASE_PORT = 43000  # link 43000/43001, nodes 43010-43013
 NODES, SLOW, KILLED = 4, 1, 2

@@ -3,7 +3,7 @@
 scripts/deploy_local.py's SuperLink and SuperNodes (3 clients, ``min-clients=2``): client 2's
 node starts late, a fourth registered node that says another federation size
 (num-partitions=7) joins and is refused, and client 1's train task hangs in round 2 until its
-node kills it at the deadline (tests/fault_app.py). Once all of that is on the page, client
+node kills it at the deadline (testbeds/fault_app.py). Once all of that is on the page, client
 0's SuperNode is SIGKILLed (with its executor): its row turns not connected once the SuperLink
 misses its heartbeats (2 x 30 s in Flower 1.39) and its no-reply / rejected count grows,
 while the other nodes stay connected and the run goes on without it. The same mechanisms as
@@ -31,13 +31,12 @@ from typing import Any
 import pytest
 
 from scripts.dashboard import make_server
-from scripts.deploy_local import Deployment, stop_pids
+from scripts.deploy_local import Deployment, pids_mentioning, stop_pids
 from scripts.flower_env import REPO
 from server_app.status import STATUS_FILE
+from testbeds.deployment_runs import FlwrRun, kill_tree
+from testbeds.fault_app import fault_app, hang_at
 from tests.browser_page import FLEET_LOOK, browse, count
-from tests.deploy_helpers import pids_mentioning
-from tests.fault_app import fault_app, hang_at
-from tests.test_deploy_faults import FlwrRun, kill_tree
 
 BASE_PORT = int(os.environ.get("FEDINIT_TEST_DASHBOARD_PORT", "44000"))
 """SuperLink on BASE_PORT and +1, nodes on +10..+13, the page on +50."""

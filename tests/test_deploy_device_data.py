@@ -16,9 +16,9 @@ from scripts.deploy_local import Deployment
 from scripts.simulate import RUN_ID
 from task.data_paths import default_data_dir
 from task.datasets import load_dataset
-from tests.deploy_helpers import deployed, rounds
+from testbeds.deployment_runs import FlwrRun, deployed
+from tests.deploy_helpers import rounds
 from tests.device_data import FMNIST_CLASSES, skewed_fmnist_folders, write_image_folder
-from tests.test_deploy_faults import FlwrRun
 
 GOOD = 3
 BASE_PORT = int(os.environ.get("FEDINIT_TEST_DEVICE_BASE_PORT", "39620"))

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts.deploy_local import Deployment
+from scripts.deploy_local import Deployment, pids_mentioning
 from scripts.flower_env import REPO
 from tests.deploy_helpers import (
     DEPLOY_LOCAL,
     SIMULATE,
     diffs,
-    pids_mentioning,
     rounds,
     run_dir,
     sim_env,

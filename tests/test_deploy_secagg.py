@@ -22,8 +22,8 @@ import pytest
 
 from scripts.deploy_local import Deployment
 from task.config import RunConfig
-from tests.deploy_helpers import deployed, rounds
-from tests.test_deploy_faults import FlwrRun, completed_run, final_model
+from testbeds.deployment_runs import FlwrRun, completed_run, deployed, final_model
+from tests.deploy_helpers import rounds
 
 BASE_PORT = int(os.environ.get("FEDINIT_TEST_SECAGG_PORT", "42650"))
 NODES = 4

@@ -45,13 +45,14 @@ from methods import wire as rk
 from methods.dp import Mechanism, norm
 from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
+from scripts.deploy_local import pids_mentioning
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
 from store.privacy_ledger import LEDGER_NAME, PrivacyLedger
 from task.config import RunConfig
-from tests.deploy_helpers import pids_mentioning, rounds, run_dir
+from tests.deploy_helpers import rounds, run_dir
 
 NODE = 7
 RUN: dict[str, Any] = {"num-clients": 4, "train-limit": 400, "batch-size": 50,

@@ -15,7 +15,7 @@ import numpy as np
 from methods.ditto import PERSONAL
 from methods.packed_arrays import unpack
 from store.client_store import W_PREV
-from tests.lsq_problem import Federation, lsq_problem, quadratic_problem
+from testbeds.lsq_problem import Federation, lsq_problem, quadratic_problem
 
 A = [[2.0, 0.0], [0.0, 4.0], [-3.0, 1.0]]
 BASE = {"lr": 0.5, "local-epochs": 2, "batch-size": 1, "fraction-train": 0.67, "seed": 3,

@@ -1,7 +1,7 @@
 """Client-level differential privacy (``dp``): clipping, noise, refusals and the accountant.
 
 The clipping bound is checked on the real client path (``client_round`` through
-``tests.lsq_problem.Federation``) for every method DP runs with, RI on. The noise is checked
+``testbeds.lsq_problem.Federation``) for every method DP runs with, RI on. The noise is checked
 statistically on the server's aggregate against the noiseless one computed here with plain
 numpy: the tolerance (5%) fails a 20% error in the standard deviation. The accountant is
 checked against ``dp_accounting`` called directly with the event the docs state.
@@ -31,7 +31,7 @@ from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
 from task.config import ConfigError, RunConfig
-from tests.lsq_problem import Federation, lsq_problem
+from testbeds.lsq_problem import Federation, lsq_problem
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

@@ -5,7 +5,7 @@ federation size joins, and one device's train task hangs once. The run completes
 devices train, no round after the first waits past round-timeout, the curve is federated.
 
 It combines test_deploy_faults.py's changing federation, test_deploy_device_data.py's device
-folders and test_warm_executor.py's hung task (a copy of the app, tests/fault_app.py) in one
+folders and test_warm_executor.py's hung task (a copy of the app, testbeds/fault_app.py) in one
 deployment, so CI pays for one start-up.
 """
 
@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from scripts.deploy_local import stop_pids
+from scripts.deploy_local import pids_mentioning, stop_pids
 from task.data_paths import default_data_dir
 from task.datasets import load_dataset
-from tests.deploy_helpers import pids_mentioning
+from testbeds.deployment_runs import FlwrRun, kill_tree, wait_rounds
+from testbeds.fault_app import fault_app, hang_at
 from tests.device_data import FMNIST_CLASSES, skewed_fmnist_folders
-from tests.fault_app import fault_app, hang_at
 from tests.test_deploy_device_data import DeviceDeployment
-from tests.test_deploy_faults import FlwrRun, kill_tree, trained_rows, wait_rounds
+from tests.test_deploy_faults import trained_rows
 
 NODES = 5
 """Clients of the run; node NODES is a sixth registered key with the wrong identity."""

@@ -1,4 +1,4 @@
-"""FedRelax through the real server and client code (``tests.lsq_problem.Federation``): the
+"""FedRelax through the real server and client code (``testbeds.lsq_problem.Federation``): the
 GTVMin closed form of the book's eq. (58) for linear regression, a round by hand on a 3-client
 graph, what each message carries, and the learned graph on two regimes."""
 
@@ -15,7 +15,7 @@ from methods import wire as rk
 from methods.fedrelax import DEGREE, OWN
 from methods.packed_arrays import unpack
 from task.config import ConfigError, RunConfig
-from tests.lsq_problem import Federation, Problem, lsq_optimum, quadratic_problem
+from testbeds.lsq_problem import Federation, Problem, lsq_optimum, quadratic_problem
 
 Edges = list[tuple[int, int, float]]
 CHAIN: Edges = [(0, 1, 1.0), (1, 2, 1.0), (2, 3, 1.0)]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bench.fleet_events import Events, event_costs
-from tests.fault_app import hang_when_told
+from testbeds.fault_app import hang_when_told
 
 
 def rows(seconds: list[float]) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from methods import wire as rk
 from methods.fedrelax import DEGREE, FedRelaxState
 from methods.packed_arrays import unpack
 from task.config import ConfigError, RunConfig
-from tests.lsq_problem import NODE_BASE, Federation
+from testbeds.lsq_problem import NODE_BASE, Federation
 from tests.test_clustered import answer_with, message_for
 from tests.test_fedrelax import fedrelax, gtvmin_closed_form, own_models, rel_gap, two_regimes
 

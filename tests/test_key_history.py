@@ -33,7 +33,7 @@ def test_resuming_an_old_checkpoint_refuses_the_new_default(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     saved = {k: v for k, v in RunConfig.parse({"num-server-rounds": 2}).to_dict().items()
              if k not in BEFORE_KEY}
-    ckpt = type("Ckpt", (), {"config": saved, "server_round": 2})()
+    ckpt = type("Ckpt", (), {"config": saved, "server_round": 2, "async_state": None})()
     monkeypatch.setattr(experiment, "load_checkpoint", lambda _d: ckpt)
     cfg = RunConfig.parse({"num-server-rounds": 3, "resume-dir": str(tmp_path)})
     with pytest.raises(CheckpointError, match="local-test-fraction=0.0"):

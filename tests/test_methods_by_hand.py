@@ -23,7 +23,7 @@ from methods.packed_arrays import unpack
 from methods.sampling import sample_clients
 from methods.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
 from store.client_store import W_PREV
-from tests.lsq_problem import Federation, quadratic_problem
+from testbeds.lsq_problem import Federation, quadratic_problem
 
 A = [[2.0, 0.0], [0.0, 4.0], [-3.0, 1.0]]
 BASE = {"lr": 0.5, "local-epochs": 2, "batch-size": 1, "fraction-train": 0.67, "seed": 3}

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.lsq_problem import Federation, Problem, lsq_optimum, lsq_problem
+from testbeds.lsq_problem import Federation, Problem, lsq_optimum, lsq_problem
 
 LOCAL = {"lr": 0.1, "local-epochs": 10, "batch-size": 1000, "weighting": "uniform",
          "fraction-train": 1.0}

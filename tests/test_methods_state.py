@@ -23,7 +23,7 @@ from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
 from task.config import RunConfig
-from tests.lsq_problem import Federation, lsq_problem
+from testbeds.lsq_problem import Federation, lsq_problem
 
 N = 6
 RAW = {"fraction-train": 0.5, "batch-size": 5, "lr": 0.05, "beta": 0.1,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from flwr.app import RecordDict
 
-from tests.lsq_problem import (
+from testbeds.lsq_problem import (
     Federation,
     Problem,
     array_bytes,

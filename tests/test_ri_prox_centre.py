@@ -22,7 +22,7 @@ from methods.feddyn import H_LOCAL
 from methods.packed_arrays import unpack
 from store.client_store import W_PREV, ClientStore
 from task.config import RunConfig
-from tests.lsq_problem import Federation, VectorModel, half_mse, lsq_problem
+from testbeds.lsq_problem import Federation, VectorModel, half_mse, lsq_problem
 
 DIM, N, K, LR, BETA = 4, 6, 5, 0.1, 0.5
 RNG = np.random.default_rng(7)

@@ -20,15 +20,16 @@ import pytest
 
 from scripts.deploy_local import CONNECTION, Deployment
 from scripts.simulate import run_status
-from tests.deploy_helpers import deployed, rounds
-from tests.test_deploy_faults import (
-    BASE,
+from testbeds.deployment_runs import (
     FlwrRun,
     completed_run,
+    deployed,
     final_model,
     kill_tree,
     wait_rounds,
 )
+from tests.deploy_helpers import rounds
+from tests.test_deploy_faults import BASE
 
 BASE_PORT = int(os.environ.get("FEDINIT_TEST_CRASH_PORT", "39800"))
 ROUNDS = 3

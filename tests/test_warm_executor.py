@@ -23,8 +23,8 @@ from scripts.inprocess_grid import InProcessGrid
 from scripts.simulate import toml_line
 from server_app.experiment import run_experiment
 from task.config import RunConfig
+from testbeds.fault_app import fault_app, hang_at, raise_at, sigkill_at
 from tests.deploy_helpers import diffs, rounds, run_dir
-from tests.fault_app import fault_app, hang_at, raise_at, sigkill_at
 
 TOLERANCE = {"test-acc": 5e-4, "test-loss": 1e-5, "divergence": 1e-5, "train-loss": 1e-5}
 DEADLINE = 15.0

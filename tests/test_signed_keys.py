@@ -402,7 +402,7 @@ def test_a_peer_list_with_one_key_twice_is_refused(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ a whole run
 def test_a_signed_run_ends_within_the_quantisation_bound_of_the_plain_run(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """4 devices with their keys and the peer list in their node configs: every setup reply
     is signed, every share-keys message relays the signatures, no device leaves anyone out,
     and the model is the plain run's within one quantisation step."""
@@ -415,7 +415,10 @@ def test_a_signed_run_ends_within_the_quantisation_bound_of_the_plain_run(
     for i in range(4):
         grid.context_of(i).node_config.update({"secagg-signing-key": str(paths[i]),
                                                "secagg-peer-keys": str(peers)})
-    run_experiment(grid, RunConfig.parse(cfg), out_dir=tmp_path / "signed")
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        run_experiment(grid, RunConfig.parse(cfg), out_dir=tmp_path / "signed")
+    assert "round 1: secure aggregation: 4 of 4 clients signed their keys (relayed to their " \
+        "neighbours, who verify them)" in [r.getMessage() for r in caplog.records]
     protocol = [r.content.config_records[sw.RECORD] for r in grid.replies
                 if not r.has_error() and sw.RECORD in r.content.config_records]
     setups = [p for p in protocol if p[sw.STAGE] == Stage.SETUP]

@@ -435,3 +435,63 @@ def test_a_signed_run_ends_within_the_quantisation_bound_of_the_plain_run(
     gap = max(float(np.max(np.abs(a.astype(np.float64) - b)))
               for a, b in zip(signed.weights, base.weights, strict=True))
     assert 0.0 < gap <= step + 1e-6
+
+
+# ------------------------------------------------------------------ hostile or unsigned clients
+def test_an_unsigned_client_is_dropped_by_every_verifying_neighbour() -> None:
+    """Client 4 signs nothing (no device key): the others, each with the list, leave it out
+    and report it; the server drops it once and the other four sum exactly."""
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = list(range(5))
+    trust = trusts(device_keys(ids))
+    trust[4] = KeyTrust()
+    vectors = grid_vectors(ids, params, seed=11)
+    rnd = Driver(params, ids, vectors, trust)
+    setup, share_msgs, shared = rnd.keys()
+    assert sw.SIG not in setup[4] and all(m[sw.SIGS][4] == b"" for m in share_msgs.values())
+    assert all(shared[i][sw.UNVERIFIED] == [4] for i in range(4))
+    assert sw.UNVERIFIED not in shared[4]  # it verifies nothing, so it reports nobody
+    total = rnd.finish(shared)
+    for g, p in zip(total, plain_sum(vectors, [0, 1, 2, 3], 1.0), strict=True):
+        np.testing.assert_array_equal(g, p)
+    assert [(pid, why) for pid, _, why in rnd.server.rejected] == [
+        (4, "secagg: the signed public keys of client 4 do not verify at [0, 1, 2, 3] "
+            "(reported by them in the share-keys stage)")]
+
+
+def _long_sig(setup: Msgs, shared: Msgs) -> None:
+    setup[3][sw.SIG] = bytes(161)
+
+
+def _report_stranger(setup: Msgs, shared: Msgs) -> None:
+    shared[3][sw.UNVERIFIED] = [77]
+
+
+def _report_but_send(setup: Msgs, shared: Msgs) -> None:
+    shared[3][sw.UNVERIFIED] = [0]  # yet it still sent client 0 a ciphertext
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    (_long_sig, "secagg reply from 3: 'sig' has 161 bytes, at most 160 allowed"),
+    (_report_stranger, r"secagg reply from 3: 'unverified' \[77\] are not distinct neighbours"),
+    (_report_but_send, r"secagg reply from 3: destinations \[0, 1, 2, 4\], its neighbours are "
+                       r"\[1, 2, 4\]"),
+])
+def test_a_malformed_signature_or_report_drops_only_its_sender(
+        change: Callable[[Msgs, Msgs], None], why: str) -> None:
+    params = SecAggParams(threshold=3, num_shares=5, clip=1.0)
+    ids = list(range(5))
+    vectors = grid_vectors(ids, params, seed=12)
+    rnd = Driver(params, ids, vectors, trusts(device_keys(ids)))
+    setup = rnd.ask(rnd.server.setup_messages())
+    shared: Msgs = {}
+    if change is _long_sig:
+        change(setup, shared)
+    shared = rnd.ask(rnd.server.share_keys_messages(setup))
+    if change is not _long_sig:
+        change(setup, shared)
+    total = rnd.finish(shared)
+    for g, p in zip(total, plain_sum(vectors, [0, 1, 2, 4], 1.0), strict=True):
+        np.testing.assert_array_equal(g, p)
+    assert [pid for pid, _, _ in rnd.server.rejected] == [3]
+    assert re.search(why, rnd.server.rejected[0][2]), rnd.server.rejected

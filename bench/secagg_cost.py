@@ -13,7 +13,9 @@ Each size runs once with no dropout and once with the most clients dropped after
     PYTHONPATH=$PWD .venv/bin/python -m bench.secagg_cost [--sizes 3,10,50] [--bits 16]
 
 With ``--deployed``: 4 SuperNodes over TLS instead, plain and secagg+ rounds side by side
-(``bench.secagg_deployed``).
+(``bench.secagg_deployed``). With ``--signed``: each size with unsigned and with signed keys
+(every client signs with its device key and verifies its neighbours', ``signing``), side by
+side, and the ratios (bytes up and down, client and server seconds).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ArrayRecord, ConfigRecord
 
 from bench import secagg_deployed
 from secure_aggregation import SecAggClient, SecAggParams, SecAggServer
+from secure_aggregation.signing import KeyTrust
 from task.models import build_model, get_weights
 from testbeds.lsq_problem import serialized_bytes
 
@@ -42,7 +46,8 @@ def wire_bytes(msg: Mapping[str, Any]) -> int:
     return len(ConfigRecord(dict(msg)).deflate())
 
 
-def one_round(n: int, weights: list[np.ndarray], bits: int, dropped: int) -> dict[str, float]:
+def one_round(n: int, weights: list[np.ndarray], bits: int, dropped: int,
+              signed: bool = False) -> dict[str, float]:
     k, t = graph_for(n)
     params = SecAggParams(threshold=t, num_shares=k, clip=1.0, bits=bits)
     ids = list(range(1, n + 1))
@@ -50,7 +55,12 @@ def one_round(n: int, weights: list[np.ndarray], bits: int, dropped: int) -> dic
     vectors = {i: [rng.uniform(-0.1, 0.1, w.shape) for w in weights] for i in ids}
     gone = set(ids[n // 2: n // 2 + dropped])
     server = SecAggServer(params, ids, [w.shape for w in weights])
-    clients = {i: SecAggClient(i) for i in ids}
+    trust: dict[int, KeyTrust] = {}
+    if signed:  # each device's key, and every device holding everyone's public key
+        keys = {i: ec.generate_private_key(ec.SECP384R1()) for i in ids}
+        peers = {i: k.public_key() for i, k in keys.items()}
+        trust = {i: KeyTrust(keys[i], peers) for i in ids}
+    clients = {i: SecAggClient(i, trust.get(i), 1, 1) for i in ids}
     down = up = 0
     client_s = server_s = 0.0
 
@@ -95,6 +105,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="3,10,50")
     parser.add_argument("--bits", type=int, default=16)
+    parser.add_argument("--signed", action="store_true",
+                        help="unsigned and signed keys side by side, with their ratios")
     parser.add_argument("--deployed", action="store_true",
                         help="4 TLS SuperNodes, plain vs secagg+: bench.secagg_deployed's "
                         "options (--rounds, --train-limit, --pairs, --base-port) apply")
@@ -105,6 +117,9 @@ def main() -> None:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     weights = get_weights(build_model("cnn", 10, 1, seed=0))
+    if args.signed:
+        signed_side_by_side(weights, [int(s) for s in args.sizes.split(",")], args.bits)
+        return
     count = sum(w.size for w in weights)
     plain_up = serialized_bytes(ArrayRecord(weights))
     print(f"default CNN: {count} parameters; plain upload {plain_up} B per client "
@@ -119,6 +134,28 @@ def main() -> None:
             print(f"{n:>3} {k:>3} {t:>3} {dropped:>4} {r['up']:>12.0f} "
                   f"{r['up'] / plain_up:>7.3f} {r['down']:>13.0f} {r['client_s']:>8.3f} "
                   f"{r['server_s']:>8.3f} {r['plain_s']:>8.4f} {r['err']:>9.2e} {r['bound']:>9.2e}")
+
+
+def signed_side_by_side(weights: list[np.ndarray], sizes: list[int], bits: int) -> None:
+    """Each size's round (no dropout) unsigned and signed, alternating, 3 times each after a
+    warm-up round: bytes and the median seconds, and the ratios signed / unsigned."""
+    print(f"{'n':>3} {'keys':>8} {'up B/client':>12} {'down B/client':>13} {'client s':>8} "
+          f"{'server s':>8}   (median of 3)")
+    one_round(3, weights, bits, 0, True)  # warm-up: imports, cached token length
+    for n in sizes:
+        runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+        for _ in range(3):
+            for signed in (False, True):
+                runs[signed].append(one_round(n, weights, bits, 0, signed))
+        rows = {signed: {**rs[0], **{key: float(np.median([r[key] for r in rs]))
+                                     for key in ("client_s", "server_s")}}
+                for signed, rs in runs.items()}
+        for signed, r in rows.items():
+            print(f"{n:>3} {'signed' if signed else 'unsigned':>8} {r['up']:>12.0f} "
+                  f"{r['down']:>13.0f} {r['client_s']:>8.3f} {r['server_s']:>8.3f}")
+        a, b = rows[False], rows[True]
+        print(f"{n:>3} {'ratio':>8} {b['up'] / a['up']:>12.4f} {b['down'] / a['down']:>13.4f} "
+              f"{b['client_s'] / a['client_s']:>8.3f} {b['server_s'] / a['server_s']:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -42,11 +42,14 @@ from client_app.model_cache import (
 )
 from client_app.personal_accuracy import personal_evaluation
 from client_app.round import client_round
+from client_app.secagg_trust import TrustError, fresh_round, trust_of
 from client_app.secure_upload import SECAGG, mask_upload, secagg_step
 from flower_compat import install
 from methods import wire as rk
 from methods.packed_arrays import shapes, unpack
 from node import slowdown
+from secure_aggregation import SecAggInputError, Stage
+from secure_aggregation import wire as sw
 from store.client_store import ClientStore
 from store.simulated_state import STATE_ROOT
 from store.state_dir import StateDir
@@ -203,13 +206,35 @@ def query_fn(msg: Message, context: Context) -> Message:
         _, refused = device_floor(context, cfg, msg, "secure-aggregation query")
         if refused is not None:  # below the device's floor: it does not even join the round
             return refused
-        reply = secagg_step(msg.content.config_records[SECAGG], context.state,
-                            partition_of(context, cfg, msg))
-        return Message(content=RecordDict({SECAGG: reply}), reply_to=msg)
+        return secagg_reply(msg, context, partition_of(context, cfg, msg))
     nc = context.node_config
     info = {rk.PARTITION_ID: int(nc.get("partition-id", -1)),
             rk.NUM_PARTITIONS: int(nc.get("num-partitions", -1))}
     return Message(content=RecordDict({rk.CONFIG: ConfigRecord(info)}), reply_to=msg)
+
+
+def secagg_reply(msg: Message, context: Context, pid: int) -> Message:
+    """The protocol client's answer, under the device's own key settings (node config, not
+    the run's: ``secagg_trust``); a protocol step the device refuses (unusable settings,
+    keys without the signatures it requires, a second signature for one round, a malformed
+    message) is one log line and that line as the error reply."""
+    task = "secure-aggregation query"
+    body = msg.content.config_records[SECAGG]
+    conf = msg.content.config_records.get(rk.CONFIG)
+    server_round = int(conf.get(rk.ROUND, 0)) if conf is not None else 0  # type: ignore[arg-type]
+    try:
+        trust = trust_of(context.node_config)
+    except TrustError as err:
+        return refusal(msg, task, str(err))
+    if trust.signing_key is not None and body.get(sw.STAGE) == Stage.SETUP:
+        stale = fresh_round(context.state, context.run_id, server_round)
+        if stale is not None:
+            return refusal(msg, task, stale)
+    try:
+        reply = secagg_step(body, context.state, pid, trust, context.run_id, server_round)
+    except SecAggInputError as err:
+        return refusal(msg, task, str(err))
+    return Message(content=RecordDict({SECAGG: reply}), reply_to=msg)
 
 
 def evaluate_fn(msg: Message, context: Context) -> Message:

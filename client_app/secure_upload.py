@@ -21,6 +21,7 @@ from methods import wire as rk
 from methods.packed_arrays import unpack
 from secure_aggregation import SecAggClient, Stage
 from secure_aggregation import wire as sw
+from secure_aggregation.signing import KeyTrust
 
 SECAGG = sw.RECORD
 """The ConfigRecord of every SecAgg+ message and masked reply (``round_stages.secure_sum``)."""
@@ -28,27 +29,33 @@ STATE = "secagg-client"
 """The ConfigRecord of ``context.state`` that holds the protocol client between messages."""
 
 
-def _restore(state: RecordDict, client_id: int, stage: object) -> SecAggClient:
-    """A fresh client for the setup stage (a new round); otherwise the stored one, which must
-    be this client's."""
+def _restore(state: RecordDict, client_id: int, stage: object, trust: KeyTrust | None = None,
+             run_id: int = 0, server_round: int = 0) -> SecAggClient:
+    """A fresh client for the setup stage (a new round, keys signed for ``run_id`` and
+    ``server_round`` when the device signs); otherwise the stored one, which must be this
+    client's."""
     if stage == Stage.SETUP:
-        return SecAggClient(client_id)
+        return SecAggClient(client_id, trust, run_id, server_round)
     if STATE not in state.config_records:
         raise ValueError(f"secure aggregation: stage {stage!r} without a setup on this node")
-    client = SecAggClient.from_record(state.config_records[STATE])
+    client = SecAggClient.from_record(state.config_records[STATE], trust)
     if client.node_id != client_id:
         raise ValueError(f"secure aggregation: the stored protocol state is client "
                          f"{client.node_id}'s, the message is for client {client_id}")
     return client
 
 
-def secagg_step(msg: ConfigRecord, state: RecordDict, client_id: int) -> ConfigRecord:
-    """Answer one setup / share-keys / unmask query; the state is saved before the reply."""
+def secagg_step(msg: ConfigRecord, state: RecordDict, client_id: int,
+                trust: KeyTrust | None = None, run_id: int = 0,
+                server_round: int = 0) -> ConfigRecord:
+    """Answer one setup / share-keys / unmask query; the state is saved before the reply.
+    ``trust`` is the device's own (``secagg_trust``), ``run_id`` its run and ``server_round``
+    the message's: what its keys are signed for and its neighbours' verified against."""
     stage = msg.get(sw.STAGE)
     if stage == Stage.COLLECT:
         raise ValueError("secure aggregation: the masked-input stage comes with a train "
                          "message, not a query")
-    client = _restore(state, client_id, stage)
+    client = _restore(state, client_id, stage, trust, run_id, server_round)
     reply = client.handle(dict(msg))
     state.config_records[STATE] = ConfigRecord(client.to_record())
     return ConfigRecord(reply)

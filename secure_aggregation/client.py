@@ -2,7 +2,9 @@
 
 Each step takes the server's dict and returns the reply dict; the private keys, the self-mask
 seed and the unmasked vector never leave this object. A step out of order, or a second unmask
-request (a server fishing for the other kind of share), is refused.
+request (a server fishing for the other kind of share), is refused. With a ``KeyTrust`` the
+client signs its keys for (run, round) and uses only neighbours whose signed keys verify
+(``signing``): one that does not is left out as if it had dropped, and reported.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from secure_aggregation.envelope import open_shares
 from secure_aggregation.masks import add_mask, expand, pairwise_key
 from secure_aggregation.params import MODULUS, SecAggParams
 from secure_aggregation.quant import check_vector, quantise
+from secure_aggregation.signing import KeyTrust
 from secure_aggregation.wire import SecAggInputError, Stage
 
 _ORDER = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK)
@@ -44,8 +47,12 @@ DONE = "done"
 class SecAggClient:
     """One client's side of one round."""
 
-    def __init__(self, node_id: int) -> None:
+    def __init__(self, node_id: int, trust: KeyTrust | None = None, run_id: int = 0,
+                 server_round: int = 0) -> None:
         self.node_id = node_id
+        self.trust = trust or KeyTrust()
+        self.run_id, self.server_round = run_id, server_round
+        """What the keys are signed for (and neighbours' verified against): set at setup."""
         self._bad: list[int] = []
         self._next = Stage.SETUP
         self._who = f"secagg client {node_id}"
@@ -76,11 +83,37 @@ class SecAggClient:
         self._enter(msg, Stage.SETUP)
         self.params = SecAggParams.from_config(msg)
         self.sizes = wire.get_int_list(msg, wire.SIZES, self._who)
+        own = self.trust.own_key_problem(self.node_id)
+        if own is not None:
+            raise SecAggInputError(f"{self._who}: {own}: it does not sign keys as that client")
         self._sk1, pk1 = generate_key_pairs()  # pairwise masks
         self._sk2, pk2 = generate_key_pairs()  # encrypting shares for neighbours
         self._pk1, self._pk2 = public_key_to_bytes(pk1), public_key_to_bytes(pk2)
         self._next = Stage.SHARE_KEYS
-        return {wire.STAGE: Stage.SETUP, wire.PK1: self._pk1, wire.PK2: self._pk2}
+        out: dict[str, Any] = {wire.STAGE: Stage.SETUP, wire.PK1: self._pk1, wire.PK2: self._pk2}
+        sig = self.trust.sign(self.run_id, self.server_round, self.node_id, self._pk1, self._pk2)
+        if sig is not None:
+            out[wire.SIG] = sig
+        return out
+
+    def _untrusted(self, msg: Mapping[str, Any], ids: list[int], pk1s: list[bytes],
+                   pk2s: list[bytes]) -> dict[int, str]:
+        """The neighbours whose keys this client must not use, and why: none unless it
+        verifies; then each whose signature over (run, round, id, pk1, pk2) fails."""
+        if not self.trust.verifies:
+            return {}
+        if wire.SIGS not in msg:
+            raise SecAggInputError(f"{self._who}: the server sent its neighbours' keys without "
+                                   "signatures; this device requires them (secagg-peer-keys)")
+        sigs = wire.get_bytes_list(msg, wire.SIGS, self._who, len(ids))
+        out = {}
+        for nid, pk1, pk2, sig in zip(ids, pk1s, pk2s, sigs, strict=True):
+            if nid == self.node_id:
+                continue
+            why = self.trust.problem(self.run_id, self.server_round, nid, pk1, pk2, sig)
+            if why is not None:
+                out[nid] = why
+        return out
 
     def share_keys(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         """Shamir-share the self-mask seed and the mask key sk1; encrypt each pair of shares."""
@@ -99,7 +132,16 @@ class SecAggClient:
         me = ids.index(self.node_id)
         if (pk1s[me], pk2s[me]) != (self._pk1, self._pk2):
             raise SecAggInputError(f"{self._who}: its own public keys were replaced")
-        self._pk1s = dict(zip(ids, pk1s, strict=True))
+        untrusted = self._untrusted(msg, ids, pk1s, pk2s)
+        for nid, why in untrusted.items():  # never a share or a mask under a key it cannot trust
+            log(WARNING, "%s: left out client %d, whose keys it cannot verify (%s); reported "
+                "to the server", self._who, nid, why)
+        if len(ids) - len(untrusted) < t:
+            raise SecAggInputError(f"{self._who}: {len(ids) - len(untrusted)} clients of its "
+                                   f"neighbourhood have keys it can verify, fewer than the "
+                                   f"threshold {t}")
+        self._pk1s = {nid: pk for nid, pk in zip(ids, pk1s, strict=True)
+                      if nid not in untrusted}
         self._seed = os.urandom(32)
         seed_shares = create_shares(self._seed, t, len(ids))
         sk1_shares = create_shares(private_key_to_bytes(self._sk1), t, len(ids))
@@ -108,7 +150,7 @@ class SecAggClient:
                                                                       sk1_shares[me])}
         dsts, ctxts = [], []
         for pos, nid in enumerate(ids):
-            if nid == self.node_id:
+            if nid == self.node_id or nid in untrusted:
                 continue
             try:
                 key = generate_shared_key(self._sk2, bytes_to_public_key(pk2s[pos]))
@@ -120,8 +162,11 @@ class SecAggClient:
             dsts.append(nid)
             ctxts.append(encrypt(key, plain))
         self._next = Stage.COLLECT
-        return {wire.STAGE: Stage.SHARE_KEYS, wire.DSTS: dsts, wire.CTXTS: ctxts,
-                wire.SEED_HASH: hashlib.sha256(self._seed).digest()}
+        out = {wire.STAGE: Stage.SHARE_KEYS, wire.DSTS: dsts, wire.CTXTS: ctxts,
+               wire.SEED_HASH: hashlib.sha256(self._seed).digest()}
+        if untrusted:
+            out[wire.UNVERIFIED] = sorted(untrusted)
+        return out
 
     def masked_input(self, msg: Mapping[str, Any], vector: list[np.ndarray]) -> dict[str, Any]:
         """Keep the neighbours' shares; upload q(x) + PRG(seed) +- pairwise masks mod 2^32.
@@ -202,6 +247,7 @@ class SecAggClient:
         out: dict[str, Any] = {"node-id": self.node_id, "next": self._next}
         if self._next in (Stage.SETUP, DONE):
             return out
+        out.update({"run-id": self.run_id, "round": self.server_round})
         out.update(self.params.to_config())
         out.update({"sizes": list(self.sizes), "sk1": private_key_to_bytes(self._sk1),
                     "sk2": private_key_to_bytes(self._sk2), "pk1": self._pk1,
@@ -218,11 +264,14 @@ class SecAggClient:
         return out
 
     @classmethod
-    def from_record(cls, rec: Mapping[str, Any]) -> SecAggClient:
-        """The client ``to_record`` saved (a stored state that does not parse is refused)."""
+    def from_record(cls, rec: Mapping[str, Any], trust: KeyTrust | None = None
+                    ) -> SecAggClient:
+        """The client ``to_record`` saved (a stored state that does not parse is refused),
+        with the device's ``trust`` (never stored: it is the device's, read each time)."""
         who = "secagg client state"
         try:
-            client = cls(int(rec["node-id"]))
+            client = cls(int(rec["node-id"]), trust, int(rec.get("run-id", 0)),
+                         int(rec.get("round", 0)))
             client._next = str(rec["next"])
             if client._next not in (*_ORDER, DONE):
                 raise SecAggInputError(f"{who}: stage {client._next!r} is not a stage")

@@ -11,8 +11,11 @@ clients that are not its neighbours or ciphertexts of the wrong length, a public
 client also sent or one off Flower's curve, a masked vector of the wrong size) drops THAT
 client from the protocol, as if it had not answered; so does a ciphertext that a recipient
 reports it cannot open (the recipient leaves the sender out and says so in its masked-input
-reply). Its reason is kept in ``rejected`` for the caller to log, and the round goes on
-while enough clients remain above the threshold (else ``RoundFailedError``, one line).
+reply), and so does a client whose signed keys a neighbour could not verify (that neighbour
+names it in its share-keys reply: it is dropped before any mask is added with it). Signatures
+are passed through untouched: the server cannot make one. Its reason is kept in
+``rejected`` for the caller to log, and the round goes on while enough clients remain above
+the threshold (else ``RoundFailedError``, one line).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from secure_aggregation.graph import ring_neighbours
 from secure_aggregation.masks import add_mask, pairwise_key
 from secure_aggregation.params import MODULUS, SecAggParams
 from secure_aggregation.quant import dequantise_sum
+from secure_aggregation.signing import MAX_SIG_BYTES
 from secure_aggregation.wire import SecAggInputError, Stage
 
 Replies = Mapping[int, Mapping[str, Any]]
@@ -103,23 +107,35 @@ class SecAggServer:
     def share_keys_messages(self, replies: Replies) -> dict[int, dict[str, Any]]:
         """Build the SecAgg+ ring over the clients that sent keys; send each its neighbours'."""
         self.pk1, self.pk2 = {}, {}
+        self.sig: dict[int, bytes] = {}
 
         def keys(nid: int, reply: Mapping[str, Any]) -> None:
             for key in (wire.PK1, wire.PK2):
                 why = key_problem(wire.get_bytes(reply, key, f"secagg reply from {nid}"))
                 if why is not None:
                     raise SecAggInputError(f"secagg reply from {nid}: {key!r} {why}")
+            if wire.SIG in reply:
+                sig = wire.get_bytes(reply, wire.SIG, f"secagg reply from {nid}")
+                if len(sig) > MAX_SIG_BYTES:
+                    raise SecAggInputError(f"secagg reply from {nid}: {wire.SIG!r} has "
+                                           f"{len(sig)} bytes, at most {MAX_SIG_BYTES} allowed")
 
         u1 = self._distinct_keys(replies, self._arrived(replies, Stage.SETUP, self.sampled,
                                                         keys))
         self._enough(u1, Stage.SETUP)
         for nid in u1:
             self.pk1[nid], self.pk2[nid] = replies[nid][wire.PK1], replies[nid][wire.PK2]
+            if wire.SIG in replies[nid]:
+                self.sig[nid] = replies[nid][wire.SIG]
         self.neighbours = ring_neighbours(u1, self.params.num_shares)
-        return {nid: {wire.STAGE: Stage.SHARE_KEYS, wire.NIDS: list(nbrs),
-                      wire.PK1S: [self.pk1[j] for j in nbrs],
-                      wire.PK2S: [self.pk2[j] for j in nbrs]}
-                for nid, nbrs in self.neighbours.items()}
+        out: dict[int, dict[str, Any]] = {
+            nid: {wire.STAGE: Stage.SHARE_KEYS, wire.NIDS: list(nbrs),
+                  wire.PK1S: [self.pk1[j] for j in nbrs], wire.PK2S: [self.pk2[j] for j in nbrs]}
+            for nid, nbrs in self.neighbours.items()}
+        if self.sig:  # relayed as sent (b"": that client did not sign)
+            for nid, nbrs in self.neighbours.items():
+                out[nid][wire.SIGS] = [self.sig.get(j, b"") for j in nbrs]
+        return out
 
     def _distinct_keys(self, replies: Replies, arrived: list[int]) -> list[int]:
         """Drop every client whose public key another key slot also holds (its own other key
@@ -152,7 +168,13 @@ class SecAggServer:
             who = f"secagg reply from {src}"
             dsts = wire.get_int_list(reply, wire.DSTS, who)
             ctxts = wire.get_bytes_list(reply, wire.CTXTS, who, len(dsts))
-            expected = [j for j in self.neighbours[src] if j != src]
+            others = [j for j in self.neighbours[src] if j != src]
+            unverified = (wire.get_int_list(reply, wire.UNVERIFIED, who)
+                          if wire.UNVERIFIED in reply else [])
+            if len(set(unverified)) != len(unverified) or not set(unverified) <= set(others):
+                raise SecAggInputError(f"{who}: {wire.UNVERIFIED!r} {unverified} are not "
+                                       f"distinct neighbours ({others})")
+            expected = [j for j in others if j not in set(unverified)]
             if sorted(dsts) != expected or len(set(dsts)) != len(dsts):
                 raise SecAggInputError(f"{who}: destinations {sorted(dsts)}, its neighbours "
                                        f"are {expected}")
@@ -164,7 +186,8 @@ class SecAggServer:
             if len(digest) != hashlib.sha256().digest_size:
                 raise SecAggInputError(f"{who}: seed hash of {len(digest)} bytes, expected 32")
 
-        u2 = self._arrived(replies, Stage.SHARE_KEYS, self.stage_clients[Stage.SETUP], shares)
+        u2 = self._drop_unverified(replies, self._arrived(
+            replies, Stage.SHARE_KEYS, self.stage_clients[Stage.SETUP], shares))
         self._enough(u2, Stage.SHARE_KEYS)
         inbox: dict[int, tuple[list[int], list[bytes]]] = {nid: ([], []) for nid in u2}
         for src in u2:
@@ -181,6 +204,23 @@ class SecAggServer:
                                        f"{self.params.threshold}; no sum")
         return {dst: {wire.STAGE: Stage.COLLECT, wire.SRCS: srcs, wire.CTXTS: ctxts}
                 for dst, (srcs, ctxts) in inbox.items()}
+
+    def _drop_unverified(self, replies: Replies, arrived: list[int]) -> list[int]:
+        """``arrived`` without each client a neighbour could not verify (each rejected once,
+        naming who): dropped before the masked input, no neighbour masks with it, so its
+        masks need no cancelling; those neighbours sent it no share."""
+        reporters: dict[int, list[int]] = {}
+        for nid in arrived:
+            for peer in replies[nid].get(wire.UNVERIFIED) or []:
+                if peer in arrived:  # one not arrived is dropped (and logged) already
+                    reporters.setdefault(peer, []).append(nid)
+        for peer in sorted(reporters):
+            self._reject(peer, Stage.SHARE_KEYS, f"secagg: the signed public keys of client "
+                         f"{peer} do not verify at {sorted(reporters[peer])} (reported by them "
+                         f"in the share-keys stage)")
+        kept = [nid for nid in arrived if nid not in reporters]
+        self.stage_clients[Stage.SHARE_KEYS] = kept
+        return kept
 
     def unmask_messages(self, replies: Replies) -> dict[int, dict[str, Any]]:
         """Keep the masked vectors; ask each survivor for its neighbours' shares."""

@@ -22,7 +22,10 @@ class Stage:
 RECORD = "secagg"  # the Message's ConfigRecord that carries a stage's dict (a run's wiring)
 STAGE = "stage"
 PK1, PK2 = "pk1", "pk2"  # mask-agreement and share-encryption public keys (PEM)
+SIG = "sig"  # in setup: the device's signature over (run, round, client id, pk1, pk2)
 NIDS, PK1S, PK2S = "nids", "pk1s", "pk2s"
+SIGS = "sigs"  # in share keys: each neighbour's SIG as it sent it (b"": unsigned)
+UNVERIFIED = "unverified"  # the share-keys reply: neighbours whose signed keys did not verify
 DSTS, CTXTS, SRCS = "dsts", "ctxts", "srcs"
 SEED_HASH = "seed-hash"  # SHA-256 of the self-mask seed: lets the server detect a bad share
 MASKED = "masked"  # one little-endian uint32 byte string per array

@@ -6,7 +6,10 @@ The same FedInit config runs twice, with ``secure-aggregation`` off and ``secagg
 complete with every client in every round, the secure run's nodes answered the key-exchange
 and unmask queries, and its final model is the plain run's within the quantisation allowance
 (each round's mean is off by less than one step 2c/2^bits per coordinate; 10 steps for two
-rounds, as tests/test_secagg_run.py allows in process).
+rounds, as tests/test_secagg_run.py allows in process). Every node signs its SecAgg+ keys with
+its node key and verifies its neighbours' against the peer list deploy_local hands it
+(``secagg-signing-key``, ``secagg-peer-keys``): the server logs 4 of 4 signed each round, and
+no node leaves a neighbour out.
 Ports: FEDINIT_TEST_SECAGG_PORT (default 42650): +0, +1, +10..+13.
 """
 
@@ -74,6 +77,14 @@ def test_secure_aggregation_over_tls_with_four_nodes_matches_the_plain_run(
     finally:
         run.stop()
     assert status == "finished:completed", run.text()[-3000:]
+    signed = "secure aggregation: 4 of 4 clients signed their keys"
+    assert [f"round {r}: {signed}" in run.text() for r in (1, 2)] == [True, True], \
+        run.text()[-3000:]
+    assert dep.peer_keys.read_text().count("ecdsa-sha2-nistp384") == NODES
+    node_logs = [(dep.logs / f"supernode-{i}.log").read_text(errors="replace")
+                 for i in range(NODES)]
+    assert not [t for t in node_logs if "whose keys it cannot verify" in t
+                or "refused the secure-aggregation query" in t]
     (secure,) = [d for d in (tmp_path / "sec").iterdir() if d.is_dir()]
     every = list(range(NODES))
     assert [r["clients-trained"] for r in rounds(secure)] == [every, every]

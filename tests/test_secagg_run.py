@@ -139,8 +139,9 @@ def test_the_server_never_holds_a_plain_upload_nor_the_clients_secrets(tmp_path:
 
 VISIBLE: dict[str, set[tuple[str, str]]] = {
     "identity": {("config", "partition-id"), ("config", "num-partitions")},
-    "secagg-setup": {("secagg", k) for k in ("stage", "pk1", "pk2")},
-    "secagg-share-keys": {("secagg", k) for k in ("stage", "dsts", "ctxts", "seed-hash")},
+    "secagg-setup": {("secagg", k) for k in ("stage", "pk1", "pk2", "sig")},
+    "secagg-share-keys": {("secagg", k) for k in ("stage", "dsts", "ctxts", "seed-hash",
+                                                   "unverified")},
     "secagg-collect-masked": {("secagg", k) for k in ("stage", "masked", "bad-srcs")}
     | {("config", "upload-delta")},
     "secagg-unmask": {("secagg", k) for k in ("stage", "nids", "shares", "reveal",

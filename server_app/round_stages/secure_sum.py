@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -123,7 +123,12 @@ class SecAggRound:
                                   [tuple(a.shape) for a in w_t] * (1 + len(self.extra_keys)))
             keys = self.exchange(server.setup_messages())
             try:
-                shared = self.exchange(server.share_keys_messages(keys))
+                outgoing = server.share_keys_messages(keys)
+                if server.sig:  # the devices' own setting: the server can only relay them
+                    log(INFO, "round %d: secure aggregation: %d of %d clients signed their "
+                        "keys (relayed to their neighbours, who verify them)", server_round,
+                        len(server.sig), len(server.stage_clients[SecAggStage.SETUP]))
+                shared = self.exchange(outgoing)
             finally:
                 self.log_rejected(server)
             collect = server.collect_messages(shared)

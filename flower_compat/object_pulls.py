@@ -10,16 +10,29 @@ two calling modules (the SuperNode loop, the deployment grid) a ``pull_objects``
 retry comes after ``INITIAL_BACKOFF``; the backoff still doubles up to Flower's cap, so the
 number of tries and the total time before giving up stay about Flower's.
 
+A pull also gives up when the caller's deadline passes (``pulls_until``), not after Flower's
+two hours (``PULL_MAX_TIME`` 7200 s, 500 tries): a node killed while it pushed its reply
+leaves the reply registered with some of its arrays missing for good, and the ServerApp's
+pull of that reply held the round (and the run) for as long. ``FastPollGrid`` pulls a
+round's replies until the round's timeout, and the asynchronous loop each pull until its
+round-timeout: a reply whose arrays do not all arrive by then is Flower's own error reply
+for a missing object (the round counts it, as any failed reply). Without a deadline (the
+SuperNode's pulls, a caller that sets none) Flower's limits stay.
+
 Guard (table entry ``object-pulls``): ``pull_objects`` and both callers' functions as
 checked; besides, each module must still hold Flower's ``pull_objects`` as a global (what is
-replaced). Declined: Flower's own pulls.
+replaced). Declined: Flower's own pulls, with Flower's limits.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from logging import INFO, WARNING
+from typing import Any
 
 from flower_compat.guard import allowed
 
@@ -28,6 +41,33 @@ INITIAL_BACKOFF = 0.05
 """Seconds before the first retry of an object that is not on the SuperLink yet."""
 SUPERNODE = "flwr.supernode.start_client_internal"
 SERVERAPP = "flwr.superlink.grid.http_grid"
+_DEADLINE: ContextVar[float | None] = ContextVar("object_pull_deadline", default=None)
+"""time.monotonic() by which the current caller's pulls give up (None: Flower's limits)."""
+
+
+@contextmanager
+def pulls_until(deadline: float | None) -> Iterator[None]:
+    """Object pulls made inside give up once ``time.monotonic()`` passes ``deadline`` (an
+    object already there is still fetched); None leaves Flower's limits."""
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def pull_objects(object_ids: list[str], pull_object_fn: Callable[[str], bytes],
+                 **kwargs: Any) -> dict[str, bytes]:
+    """Flower's ``pull_objects`` with a first retry after ``INITIAL_BACKOFF`` and, inside
+    ``pulls_until``, at most the time left to the caller's deadline."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    kwargs.setdefault("initial_backoff", INITIAL_BACKOFF)
+    deadline = _DEADLINE.get()
+    if deadline is not None:
+        left = max(0.0, deadline - time.monotonic())
+        kwargs["max_time"] = min(left, kwargs.get("max_time") or left)
+    return inflatable_utils.pull_objects(object_ids, pull_object_fn, **kwargs)
 
 
 def apply(module_name: str) -> bool:
@@ -36,7 +76,7 @@ def apply(module_name: str) -> bool:
     from flwr.supercore.inflatable import inflatable_utils
 
     current = getattr(importlib.import_module(module_name), "pull_objects", None)
-    if isinstance(current, functools.partial) and current.func is inflatable_utils.pull_objects:
+    if current is pull_objects:
         return True  # installed already (a second run in the same process)
     if not allowed(NAME):
         return False
@@ -45,8 +85,7 @@ def apply(module_name: str) -> bool:
             NAME, module_name)
         return False
     module = importlib.import_module(module_name)
-    module.pull_objects = functools.partial(  # type: ignore[attr-defined]
-        inflatable_utils.pull_objects, initial_backoff=INITIAL_BACKOFF)
-    log(INFO, "object pulls in %s retry after %g s", module_name.rsplit(".", 1)[-1],
-        INITIAL_BACKOFF)
+    module.pull_objects = pull_objects  # type: ignore[attr-defined]
+    log(INFO, "object pulls in %s retry after %g s (and stop at the caller's deadline)",
+        module_name.rsplit(".", 1)[-1], INITIAL_BACKOFF)
     return True

@@ -88,9 +88,11 @@ PATCHES: tuple[Patch, ...] = (
         module="object_pulls",
         replaces="`pull_objects` as called by `start_client_internal._pull_and_store_message`"
                  " (SuperNode) and `HttpGrid.pull_messages` (ServerApp): first retry "
-                 "after 0.05 s, not 1 s",
+                 "after 0.05 s, not 1 s; inside `pulls_until` (a round's replies) it gives up "
+                 "at the caller's deadline, not after Flower's 2 hours",
         why="a receiver asks for a message's arrays before they are all on the SuperLink and "
-            "Flower retries after 1 s",
+            "Flower retries after 1 s; a node killed mid-upload left its reply's arrays "
+            "missing for good and the run stood still",
         measured="a node's Receiving -> Received successfully: 1.13-1.37 s in every round "
                  "before, 0.63-1.2 s after at load 10",
         checked=(

@@ -22,6 +22,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from flower_compat.guard import allowed
+from flower_compat.object_pulls import pulls_until
 
 NAME = "reply-poll"
 POLL_SECONDS = 0.1
@@ -60,7 +61,8 @@ class FastPollGrid(Grid):
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
         while waiting:
-            got = list(self.inner.pull_messages(waiting))
+            with pulls_until(deadline):  # a reply whose arrays never come: not for 2 hours
+                got = list(self.inner.pull_messages(waiting))
             replies.extend(got)
             waiting.difference_update(m.metadata.reply_to_message_id for m in got)
             if not waiting or (deadline is not None and time.monotonic() >= deadline):

@@ -48,6 +48,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from flower_compat.object_pulls import pulls_until
 from methods import wire as rk
 from methods.fedbuff import BufferedUpdate, FedBuff, Flush, delta_of, mean_max
 from methods.method import ClientUpdate, RoundInput
@@ -435,13 +436,19 @@ class AsyncLoop:
         to its finish); other replies wait on the SuperLink for their turn."""
         if not self.tasks:
             return []
+        # a reply whose arrays never all arrive (its node died mid-upload) fails after
+        # round-timeout, as a lost task does, instead of holding the loop for Flower's 2 hours
+        until = time.monotonic() + self.cfg.round_timeout
         if self.clock is None:
-            return list(self.grid.pull_messages(list(self.tasks)))
+            with pulls_until(until):
+                return list(self.grid.pull_messages(list(self.tasks)))
         first = min(self.tasks, key=lambda i: (self.tasks[i].finish, self.tasks[i].seq))
         if self.waiting[0] != first:
             self.waiting = (first, time.monotonic())
         if first not in self.early:
-            for msg in self.grid.pull_messages([first]):
+            with pulls_until(until):
+                pulled = list(self.grid.pull_messages([first]))
+            for msg in pulled:
                 if msg.metadata.reply_to_message_id in self.tasks:
                     self.early.setdefault(msg.metadata.reply_to_message_id, msg)
                 else:

@@ -322,7 +322,7 @@ def test_object_pull_retry_patch_applies_to_the_checked_flower_only(
     assert time.monotonic() - t0 < 0.5  # Flower's first retry comes after 0.8-1.2 s
     assert len(calls) == 2
     assert object_pulls.apply(object_pulls.SERVERAPP)  # a second install changes nothing
-    assert http_grid.pull_objects.func is inflatable_utils.pull_objects  # type: ignore[attr-defined]
+    assert http_grid.pull_objects is object_pulls.pull_objects
 
     monkeypatch.setattr(http_grid, "pull_objects", inflatable_utils.pull_objects)
     import flwr
@@ -330,6 +330,56 @@ def test_object_pull_retry_patch_applies_to_the_checked_flower_only(
     guard.forget()
     assert not object_pulls.apply(object_pulls.SERVERAPP)
     assert http_grid.pull_objects is inflatable_utils.pull_objects
+
+
+def test_a_reply_whose_arrays_never_come_fails_at_the_callers_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node killed mid-upload leaves its reply with arrays missing for good: inside
+    ``pulls_until`` the pull gives up at the deadline (Flower: after 500 tries, ~1.5 h);
+    outside it Flower's limits stay."""
+    from flwr.supercore.inflatable import inflatable_utils
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, ObjectUnavailableError
+
+    from flower_compat import object_pulls
+
+    def never(object_id: str) -> bytes:
+        raise ObjectUnavailableError(object_id)
+
+    t0 = time.monotonic()
+    with object_pulls.pulls_until(t0 + 0.4), pytest.raises(ObjectPullError):
+        object_pulls.pull_objects(["a"], never)
+    assert 0.3 < time.monotonic() - t0 < 2.0
+    # an object already there is fetched even once the deadline has passed
+    with object_pulls.pulls_until(time.monotonic() - 1.0):
+        assert object_pulls.pull_objects(["b"], lambda _i: b"x") == {"b": b"x"}
+    seen: list[dict[str, object]] = []
+    monkeypatch.setattr(inflatable_utils, "pull_objects",
+                        lambda ids, fn, **kw: seen.append(kw) or {})
+    object_pulls.pull_objects(["c"], never)
+    assert seen[-1] == {"initial_backoff": object_pulls.INITIAL_BACKOFF}  # Flower's limits
+
+
+def test_the_round_pulls_its_replies_with_the_rounds_deadline() -> None:
+    """FastPollGrid sets the deadline its ``timeout`` gives around every pull of replies."""
+    from flower_compat import object_pulls
+    from flower_compat.reply_poll import FastPollGrid
+
+    class Inner:
+        deadlines: list[float | None] = []
+
+        def push_messages(self, messages: object) -> list[str]:
+            return ["m1"]
+
+        def pull_messages(self, ids: object) -> list[object]:
+            self.deadlines.append(object_pulls._DEADLINE.get())
+            return []
+
+    inner = Inner()
+    t0 = time.monotonic()
+    assert list(FastPollGrid(inner, poll=0.05).send_and_receive([], timeout=0.3)) == []  # type: ignore[arg-type]
+    assert len(inner.deadlines) >= 2
+    assert all(d is not None and abs(d - (t0 + 0.3)) < 0.1 for d in inner.deadlines)
+    assert object_pulls._DEADLINE.get() is None  # reset after the round
 
 
 def test_a_worker_whose_message_never_came_is_killed_when_the_node_moves_on(

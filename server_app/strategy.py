@@ -84,6 +84,7 @@ class MethodStrategy(Strategy):
         """{node id: reason} of the last train round's rejected replies (the fleet page)."""
         self._w_t: Weights = []
         self._sent_to: dict[int, int] = {}
+        self._sent_messages: list[Message] = []
         self._sampled = 0
         """Clients sampled this round, messaged or not (under DP absent ones are not)."""
         self.personal_eval = PersonalEvaluation(cfg, node_of_partition, self.available,
@@ -184,7 +185,8 @@ class MethodStrategy(Strategy):
                                            self._sent_to)
             sent = {m.metadata.dst_node_id for m in messages}
             self._sent_to = {n: p for n, p in self._sent_to.items() if n in sent}
-        return messages
+        self._sent_messages = list(messages)  # their ids are set when the grid pushes them
+        return self._sent_messages
 
     def sample(self, server_round: int) -> list[int]:
         """The clients messaged in ``server_round`` (the pipeline's sampler: under DP m of
@@ -213,8 +215,10 @@ class MethodStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The replies through the pipeline's stages; the next model, or None when a stage
         held the round back (too few replies), and the round's counts and metrics."""
+        sent_ids = {m.metadata.message_id: m.metadata.dst_node_id
+                    for m in self._sent_messages if m.metadata.message_id}
         done = self.pipeline(RoundReplies(server_round, self._w_t, dict(self._sent_to),
-                                          self._sampled, tuple(replies)))
+                                          self._sampled, tuple(replies), sent_ids=sent_ids))
         self.last_rejections = dict(done.rejections)
         counts = done.counts()
         if done.w_next is None:

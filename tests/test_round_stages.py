@@ -339,3 +339,25 @@ def test_a_subclass_override_of_the_client_config_reaches_the_messages() -> None
         msgs = s.configure_train(1, ArrayRecord(W_T), ConfigRecord(), cast(Grid, None))
         assert all((rk.ACCOUNTED_ROUND in m.content.config_records[rk.CONFIG]) is has
                    for m in msgs)
+
+
+def test_an_error_the_superlink_wrote_for_a_dead_node_names_that_node_and_client(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The SuperLink answers a dead node's task itself (``Node Unavailable``, its own source
+    id): the rejection is the node the task went to, and the log names its client."""
+    cfg = config()
+    stage = DecodeReplies(cfg, cfg.spec.server(cfg.params), SIZES)
+    sent = request(2)
+    sent.metadata.__dict__["_message_id"] = "train-to-1002"
+    err = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Node Unavailable"),
+                  reply_to=sent)
+    err.metadata.__dict__["_src_node_id"] = 1  # the SuperLink's, as on the wire
+    assert err.metadata.src_node_id == 1
+    with caplog.at_level("WARNING"):
+        done = stage(RoundReplies(1, W_T, SENT_TO, 4, (reply(0), err),
+                                  sent_ids={"train-to-1002": 1002}))
+    assert done.rejections == ((1002, "client error: Node Unavailable"),)
+    assert "rejected reply of node 1002 (partition 2)" in caplog.text
+    # without the ids (an older caller) the source id is all there is, as before
+    done = stage(RoundReplies(1, W_T, SENT_TO, 4, (reply(0), err)))
+    assert done.rejections == ((1, "client error: Node Unavailable"),)

@@ -54,7 +54,7 @@ class DecodeReplies:
         reasons: list[tuple[int, str]] = []
         arrived: set[int] = set()
         for msg in replies.messages:
-            node = msg.metadata.src_node_id
+            node = replies.node_of(msg)
             if node in replies.sent_to and not (msg.has_error()
                                                 and msg.error.code in NOT_ARRIVED):
                 arrived.add(node)

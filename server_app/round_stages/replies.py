@@ -40,6 +40,9 @@ class RoundReplies:
     """The replies as they came back."""
     accepted: tuple[Accepted, ...] = ()
     """Replies that passed the checks, in client order."""
+    sent_ids: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """{message id: node id} of this round's train messages: the node an error reply that
+    the SuperLink wrote for a dead node answers for (its source id is the SuperLink's)."""
     rejected: int = 0
     rejections: tuple[tuple[int, str], ...] = ()
     """(node id, reason) of each rejected reply, in the order they were rejected."""
@@ -72,6 +75,10 @@ class RoundReplies:
         if self.selected is not None:
             return list(self.selected)
         return [u for _, u in self.accepted]
+
+    def node_of(self, msg: Message) -> int:
+        """The node ``msg`` answers for: the one its train message went to, else its source."""
+        return self.sent_ids.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
 
     def counts(self) -> dict[str, int | float]:
         """The round's reply counts, a metric row whether or not it was aggregated."""

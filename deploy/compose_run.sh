@@ -258,6 +258,7 @@ PARTITION_ID=$edge
 NUM_PARTITIONS=$nodes
 KEY=$work/certs/node_key_$edge
 CA=$work/certs/ca.crt
+PEER_KEYS=$work/certs/secagg-peer-keys.txt
 DATA_DIR=$FEDINIT_DATA
 STATE_DIR=$work/edge-$edge-state
 IMAGE=${edge_image:-$FEDINIT_IMAGE_PREFIX-client-cpu:$FEDINIT_IMAGE_TAG}

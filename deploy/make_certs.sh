@@ -6,6 +6,9 @@
 #       OUT_DIR/server.key server.pem  the SuperLink's certificate, SAN localhost, 127.0.0.1,
 #                                     ::1, superlink (the compose service name) + each --san
 #       OUT_DIR/node_key_I{,.pub}     SuperNode auth keys (ECDSA P-384, OpenSSH format), I < NODES
+#       OUT_DIR/secagg-peer-keys.txt  the operator's peer list for signed SecAgg+ keys: client I
+#                                     (= partition I) and node_key_I.pub, one a line (node
+#                                     config secagg-peer-keys; deploy/edge/README.md)
 #   deploy/make_certs.sh --node-key NAME OUT_DIR
 #       only OUT_DIR/NAME{,.pub}: what an edge device makes for itself (no CA needed)
 #
@@ -14,7 +17,7 @@
 # re-issued (same CA) only when the requested SAN list changes.
 set -euo pipefail
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 nodes=0
 days=365
@@ -97,3 +100,17 @@ while [ "$i" -lt "$nodes" ]; do
   make_node_key "node_key_$i"
   i=$((i + 1))
 done
+
+# The peer list is public and derived from the .pub files: rewritten on every run, so it
+# always lists exactly node_key_0..NODES-1.
+if [ "$nodes" -gt 0 ]; then
+  peers="$out/secagg-peer-keys.txt"
+  { echo "# client id, then its node key's .pub line (deploy/make_certs.sh)"
+    i=0
+    while [ "$i" -lt "$nodes" ]; do
+      echo "$i $(cat "$out/node_key_$i.pub")"
+      i=$((i + 1))
+    done; } > "$peers.tmp"
+  chmod 644 "$peers.tmp"
+  mv "$peers.tmp" "$peers"
+fi

@@ -152,22 +152,15 @@ class Deployment:
         if not self.insecure:
             subprocess.run(["bash", str(MAKE_CERTS), "--nodes", str(self.num_nodes),
                             str(self.certs)], check=True, stdout=subprocess.DEVNULL)
-            self.write_peer_keys()
         self.write_connection()
 
     @property
     def peer_keys(self) -> Path:
         """The operator's list of client ids and node public keys every node is handed (node
         config ``secagg-peer-keys``): under secure aggregation each node signs its keys with
-        its node key and verifies its neighbours' (client_app/secagg_trust.py)."""
+        its node key and verifies its neighbours' (client_app/secagg_trust.py). Written by
+        deploy/make_certs.sh: client i = partition i = ``node_key_i.pub``."""
         return self.certs / "secagg-peer-keys.txt"
-
-    def write_peer_keys(self) -> None:
-        """Client i = partition i = ``node_key_i.pub``, one ``<i> <public key line>`` a line."""
-        lines = ["# client id, then its node key's .pub line (scripts/deploy_local.py)"]
-        lines += [f"{i} {self.node_key(i).with_suffix('.pub').read_text().strip()}"
-                  for i in range(self.num_nodes)]
-        self.peer_keys.write_text("\n".join(lines) + "\n")
 
     def write_connection(self) -> None:
         """The CLI's config.toml: one connection to this SuperLink, made the default."""

@@ -26,6 +26,15 @@ if [ "$(id -u)" = 0 ]; then
 else
   user="$(id -u):$(id -g)"
 fi
+# PEER_KEYS (optional): the operator's peer list; with it the node signs its secure-aggregation
+# keys with its node key and verifies its neighbours' (deploy/edge/README.md, "Signed keys").
+signed=()
+node_config="partition-id=$PARTITION_ID num-partitions=$NUM_PARTITIONS state-dir=\"/flwr/client-state\""
+if [ -n "${PEER_KEYS:-}" ]; then
+  [ -r "$PEER_KEYS" ] || { echo "run-docker: cannot read PEER_KEYS $PEER_KEYS" >&2; exit 2; }
+  signed=(-v "$(realpath "$PEER_KEYS")":/keys/secagg-peer-keys.txt:ro)
+  node_config+=" secagg-signing-key=\"/keys/node_key\" secagg-peer-keys=\"/keys/secagg-peer-keys.txt\""
+fi
 read -r -a opts <<< "${DOCKER_RUN_OPTS:---restart unless-stopped}"
 # PLATFORM (optional): the image's platform when it is not the host's, e.g. linux/arm64 run
 # under qemu emulation on an x86 host; empty on a device running its own architecture.
@@ -35,10 +44,10 @@ platform=()
 docker run -d --name "$NAME" --user "$user" "${platform[@]}" "${opts[@]}" \
   --cpus "$CPUS" --memory "$MEMORY" --memory-swap "$MEMORY" --network "$NETWORK" \
   -e OMP_NUM_THREADS="${THREADS:-1}" -e MKL_NUM_THREADS="${THREADS:-1}" \
-  -v "$(realpath "$KEY")":/keys/node_key:ro -v "$(realpath "$CA")":/keys/ca.crt:ro \
+  -v "$(realpath "$KEY")":/keys/node_key:ro -v "$(realpath "$CA")":/keys/ca.crt:ro "${signed[@]}" \
   -v "$(realpath "$DATA_DIR")":/usr/share/datasets/fashion-mnist:ro \
   -v "$(realpath "$STATE_DIR")":/flwr \
   "$IMAGE" \
   python -m node.launch -- --superlink "$SUPERLINK" --root-certificates /keys/ca.crt \
     --auth-supernode-private-key /keys/node_key \
-    --node-config "partition-id=$PARTITION_ID num-partitions=$NUM_PARTITIONS state-dir=\"/flwr/client-state\""
+    --node-config "$node_config"

@@ -60,13 +60,15 @@ def test_a_browser_sees_the_fleet_and_the_curve_grow_while_the_run_goes(
     port = server.server_address[1]
     worker = threading.Thread(target=experiment, daemon=True)
     t0 = time.monotonic()
-    worker.start()
     urls: list[str] = []
     away: list[str] = []
     seen: list[tuple[int, int]] = []  # (points on the page, rows on disk just after)
     states: dict[str, str] = {}
     try:
+        # The browser first: on a fresh machine browse() installs chromium (minutes), and a
+        # run started before it would be over before the page is first read.
         with browse() as tab:
+            worker.start()
             while not (run / "status.json").exists() and worker.is_alive():
                 time.sleep(0.1)
             tab.page.goto(f"http://127.0.0.1:{port}/")
@@ -78,7 +80,8 @@ def test_a_browser_sees_the_fleet_and_the_curve_grow_while_the_run_goes(
                     break
             urls, away = list(tab.requests), tab.off_host()
     finally:
-        worker.join(timeout=120)
+        if worker.is_alive():
+            worker.join(timeout=120)
         server.shutdown()
         server.server_close()
     assert not failure, failure

@@ -94,8 +94,12 @@ class Driver:
         return setup, share_msgs, self.ask(share_msgs)
 
     def finish(self, shared: Msgs) -> list[np.ndarray]:
+        """The rest of the round: masked input, the consistency check (signed keys), unmask."""
         masked = self.ask(self.server.collect_messages(shared))
-        return self.server.aggregate(self.ask(self.server.unmask_messages(masked)))
+        if not self.server.checks:
+            return self.server.aggregate(self.ask(self.server.unmask_messages(masked)))
+        signed = self.ask(self.server.check_messages(masked))
+        return self.server.aggregate(self.ask(self.server.unmask_after_check(signed)))
 
 
 def test_a_signed_round_gives_the_exact_sum_and_relays_every_signature() -> None:

@@ -250,7 +250,7 @@ class SecAggClient:
         signers = wire.get_int_list(msg, wire.SIGNERS, self._who)
         sigs = wire.get_bytes_list(msg, wire.SIGS, self._who, len(signers))
         valid = self.trust.survivor_signers(self.run_id, self.server_round, self._u3,
-                                            signers, sigs)
+                                            signers, sigs, need=self.params.threshold)
         if len(valid) < self.params.threshold:
             raise SecAggInputError(
                 f"{self._who}: refused to release its shares: {len(valid)} valid signatures "

@@ -121,18 +121,22 @@ class KeyTrust:
                             survivors_statement(run_id, server_round, survivors))
 
     def survivor_signers(self, run_id: int, server_round: int, survivors: Sequence[int],
-                         signers: Sequence[int], sigs: Sequence[bytes]) -> list[int]:
+                         signers: Sequence[int], sigs: Sequence[bytes],
+                         need: int | None = None) -> list[int]:
         """The distinct clients of ``survivors`` listed in this device's peer keys whose
         signature over exactly this (run, round, survivor set) verifies; every other entry
         (unlisted, not a survivor, unsigned, forged, over another set, round or run) counts
-        for nothing. Empty when this device verifies nothing."""
+        for nothing. Verifying stops once ``need`` are found (a device needs t, not all n).
+        Empty when this device verifies nothing."""
         if self.peers is None:
             return []
         text = survivors_statement(run_id, server_round, survivors)
         members, valid = set(survivors), set()
         for signer, sig in zip(signers, sigs, strict=True):
+            if need is not None and len(valid) >= need:
+                break
             key = self.peers.get(signer)
-            if (signer in members and key is not None and sig
+            if (signer in members and signer not in valid and key is not None and sig
                     and verify_signature(key, text, sig)):
                 valid.add(signer)
         return sorted(valid)

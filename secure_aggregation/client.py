@@ -361,7 +361,8 @@ class SecAggClient:
                 wire.get_bytes_list(rec, "held-seeds", who, len(ids)),
                 wire.get_bytes_list(rec, "held-sk1s", who, len(ids)), strict=True),
                 strict=True))
-            client._bad = wire.get_int_list(rec, "bad-ids", who)
+            client._bad = (wire.get_int_list(rec, "bad-ids", who) if "bad-ids" in rec
+                           else [])  # a state stored before the masked input has none
             if "survivors" in rec:
                 client._u3 = wire.get_int_list(rec, "survivors", who)
         except (KeyError, TypeError, ValueError) as err:

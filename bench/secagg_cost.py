@@ -15,7 +15,9 @@ Each size runs once with no dropout and once with the most clients dropped after
 With ``--deployed``: 4 SuperNodes over TLS instead, plain and secagg+ rounds side by side
 (``bench.secagg_deployed``). With ``--signed``: each size with unsigned and with signed keys
 (every client signs with its device key and verifies its neighbours', ``signing``), side by
-side, and the ratios (bytes up and down, client and server seconds).
+side, and the ratios (bytes up and down, client and server seconds); signed rounds run the
+consistency check (one more exchange: U3 down, a signature up, and the unmask requests
+carry the survivors' signatures), whose own share is printed beside them.
 """
 
 from __future__ import annotations
@@ -63,18 +65,24 @@ def one_round(n: int, weights: list[np.ndarray], bits: int, dropped: int,
     clients = {i: SecAggClient(i, trust.get(i), 1, 1) for i in ids}
     down = up = 0
     client_s = server_s = 0.0
+    stage: dict[str, float] = {}  # per stage: bytes down, up and client seconds
 
-    def ask(msgs: Mapping[int, Mapping[str, Any]], absent: set[int]) -> dict[int, Any]:
+    def ask(msgs: Mapping[int, Mapping[str, Any]], absent: set[int],
+            name: str = "") -> dict[int, Any]:
         nonlocal down, up, client_s
         replies = {}
         for i, m in msgs.items():
             down += wire_bytes(m)
+            stage[f"{name}_down"] = stage.get(f"{name}_down", 0) + wire_bytes(m)
             if i in absent:
                 continue
             start = time.perf_counter()
             replies[i] = clients[i].handle(m, vectors[i])
-            client_s += time.perf_counter() - start
+            took = time.perf_counter() - start
+            client_s += took
+            stage[f"{name}_client_s"] = stage.get(f"{name}_client_s", 0.0) + took
             up += wire_bytes(replies[i])
+            stage[f"{name}_up"] = stage.get(f"{name}_up", 0) + wire_bytes(replies[i])
         return replies
 
     def drive(step: Any, *args: Any) -> Any:
@@ -87,7 +95,11 @@ def one_round(n: int, weights: list[np.ndarray], bits: int, dropped: int,
     replies = ask(drive(server.setup_messages), set())
     replies = ask(drive(server.share_keys_messages, replies), set())
     replies = ask(drive(server.collect_messages, replies), gone)
-    replies = ask(drive(server.unmask_messages, replies), set())
+    if server.checks:  # signed keys: the consistency check before unmask
+        replies = ask(drive(server.check_messages, replies), set(), "check")
+        replies = ask(drive(server.unmask_after_check, replies), set(), "unmask")
+    else:
+        replies = ask(drive(server.unmask_messages, replies), set(), "unmask")
     total = drive(server.aggregate, replies)
     survivors = [i for i in ids if i not in gone]
     start = time.perf_counter()
@@ -98,7 +110,9 @@ def one_round(n: int, weights: list[np.ndarray], bits: int, dropped: int,
     return {"k": k, "t": t, "dropped": dropped, "up": up / len(survivors), "down": down / n,
             "plain_s": plain_s,
             "client_s": client_s / n, "server_s": server_s, "err": err,
-            "bound": params.sum_error_bound(len(survivors))}
+            "bound": params.sum_error_bound(len(survivors)),
+            **{key: value / n for key, value in stage.items() if key.startswith(("check",
+                                                                                "unmask"))}}
 
 
 def main() -> None:
@@ -148,7 +162,9 @@ def signed_side_by_side(weights: list[np.ndarray], sizes: list[int], bits: int) 
             for signed in (False, True):
                 runs[signed].append(one_round(n, weights, bits, 0, signed))
         rows = {signed: {**rs[0], **{key: float(np.median([r[key] for r in rs]))
-                                     for key in ("client_s", "server_s")}}
+                                     for key in ("client_s", "server_s", "check_client_s",
+                                                 "unmask_client_s")
+                                     if key in rs[0]}}
                 for signed, rs in runs.items()}
         for signed, r in rows.items():
             print(f"{n:>3} {'signed' if signed else 'unsigned':>8} {r['up']:>12.0f} "
@@ -156,6 +172,10 @@ def signed_side_by_side(weights: list[np.ndarray], sizes: list[int], bits: int) 
         a, b = rows[False], rows[True]
         print(f"{n:>3} {'ratio':>8} {b['up'] / a['up']:>12.4f} {b['down'] / a['down']:>13.4f} "
               f"{b['client_s'] / a['client_s']:>8.3f} {b['server_s'] / a['server_s']:>8.3f}")
+        print(f"{n:>3} {'check':>8} {b['check_up']:>12.0f} {b['check_down']:>13.0f} "
+              f"{b['check_client_s']:>8.4f}   (the check stage alone; its signatures make "
+              f"unmask's down {b['unmask_down'] - a['unmask_down']:+.0f} B/client and its "
+              f"client s {b['unmask_client_s'] - a['unmask_client_s']:+.4f})")
 
 
 if __name__ == "__main__":

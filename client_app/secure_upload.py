@@ -48,9 +48,10 @@ def _restore(state: RecordDict, client_id: int, stage: object, trust: KeyTrust |
 def secagg_step(msg: ConfigRecord, state: RecordDict, client_id: int,
                 trust: KeyTrust | None = None, run_id: int = 0,
                 server_round: int = 0) -> ConfigRecord:
-    """Answer one setup / share-keys / unmask query; the state is saved before the reply.
-    ``trust`` is the device's own (``secagg_trust``), ``run_id`` its run and ``server_round``
-    the message's: what its keys are signed for and its neighbours' verified against."""
+    """Answer one setup / share-keys / consistency-check / unmask query; the state is saved
+    before the reply. ``trust`` is the device's own (``secagg_trust``), ``run_id`` its run
+    and ``server_round`` the message's: what its keys (and its survivor set) are signed for
+    and its neighbours' verified against."""
     stage = msg.get(sw.STAGE)
     if stage == Stage.COLLECT:
         raise ValueError("secure aggregation: the masked-input stage comes with a train "

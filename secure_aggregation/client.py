@@ -1,10 +1,14 @@
-"""The client half: one state machine per round, setup -> share keys -> masked input -> unmask.
+"""The client half: one state machine per round, setup -> share keys -> masked input ->
+(consistency check) -> unmask.
 
 Each step takes the server's dict and returns the reply dict; the private keys, the self-mask
 seed and the unmasked vector never leave this object. A step out of order, or a second unmask
 request (a server fishing for the other kind of share), is refused. With a ``KeyTrust`` the
 client signs its keys for (run, round) and uses only neighbours whose signed keys verify
-(``signing``): one that does not is left out as if it had dropped, and reported.
+(``signing``): one that does not is left out as if it had dropped, and reported. A client
+that verifies (a peer list) also requires the consistency check: it signs the survivor set
+U3 it is told, once, and releases its unmask shares only for exactly that U3 and only with t
+valid signatures of listed survivors over it.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from secure_aggregation.quant import check_vector, quantise
 from secure_aggregation.signing import KeyTrust
 from secure_aggregation.wire import SecAggInputError, Stage
 
-_ORDER = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK)
+_ORDER = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT, Stage.CHECK, Stage.UNMASK)
 DONE = "done"
 
 
@@ -54,6 +58,8 @@ class SecAggClient:
         self.run_id, self.server_round = run_id, server_round
         """What the keys are signed for (and neighbours' verified against): set at setup."""
         self._bad: list[int] = []
+        self._u3: list[int] | None = None
+        """The survivor set this client signed in the consistency check (None: no check)."""
         self._next = Stage.SETUP
         self._who = f"secagg client {node_id}"
 
@@ -66,7 +72,7 @@ class SecAggClient:
                 raise SecAggInputError(f"{self._who}: the masked-input stage needs a vector")
             return self.masked_input(msg, vector)
         steps = {Stage.SETUP: self.setup, Stage.SHARE_KEYS: self.share_keys,
-                 Stage.UNMASK: self.unmask}
+                 Stage.CHECK: self.check, Stage.UNMASK: self.unmask}
         if stage not in steps:
             raise SecAggInputError(f"{self._who}: unknown stage {stage!r}; allowed: "
                                    f"{', '.join(_ORDER)}")
@@ -202,14 +208,69 @@ class SecAggClient:
             add_mask(total, pairwise_key(self._sk1, self._pk1s[src]),
                            1 if self.node_id > src else -1)
         masked = parameters_mod(total, MODULUS)
-        self._next = Stage.UNMASK
+        self._next = Stage.CHECK  # optional unless this client verifies (``unmask``)
         return {wire.STAGE: Stage.COLLECT,
                 wire.MASKED: [a.astype("<u4").tobytes() for a in masked], wire.BAD_SRCS: bad}
+
+    def check(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """The consistency check: sign the survivor set U3 the server says it will sum, once
+        per round; refused unless U3 holds this client and at least t clients."""
+        self._enter(msg, Stage.CHECK)
+        u3 = wire.get_int_list(msg, wire.SURVIVORS, self._who)
+        if u3 != sorted(set(u3)):
+            raise SecAggInputError(f"{self._who}: the survivor set {u3} is not sorted and "
+                                   "distinct")
+        if self.node_id not in u3:
+            raise SecAggInputError(f"{self._who}: not in the survivor set {u3} it is asked "
+                                   "to sign")
+        if len(u3) < self.params.threshold:
+            raise SecAggInputError(f"{self._who}: a survivor set of {len(u3)} clients, fewer "
+                                   f"than the threshold {self.params.threshold}")
+        self._u3 = u3
+        self._next = Stage.UNMASK
+        out: dict[str, Any] = {wire.STAGE: Stage.CHECK}
+        sig = self.trust.sign_survivors(self.run_id, self.server_round, u3)
+        if sig is not None:
+            out[wire.SIG] = sig
+        return out
+
+    def _checked(self, active: list[int], dead: list[int], msg: Mapping[str, Any]) -> None:
+        """After the check: the unmask request must follow the signed U3 (its active
+        neighbours are those it holds shares of in U3, its dead ones the rest), and a
+        verifying client must see t valid signatures of listed survivors over that U3."""
+        assert self._u3 is not None
+        u3, held = set(self._u3), set(self._held)
+        if set(active) != held & u3 or set(dead) != held - u3:
+            raise SecAggInputError(
+                f"{self._who}: refused to release its shares: asked for seed shares of "
+                f"{sorted(active)} and mask-key shares of {sorted(dead)}, but the survivor set "
+                f"it signed makes them {sorted(held & u3)} and {sorted(held - u3)}")
+        if not self.trust.verifies:
+            return
+        signers = wire.get_int_list(msg, wire.SIGNERS, self._who)
+        sigs = wire.get_bytes_list(msg, wire.SIGS, self._who, len(signers))
+        valid = self.trust.survivor_signers(self.run_id, self.server_round, self._u3,
+                                            signers, sigs, need=self.params.threshold)
+        if len(valid) < self.params.threshold:
+            raise SecAggInputError(
+                f"{self._who}: refused to release its shares: {len(valid)} valid signatures "
+                f"of listed survivors over the survivor set it was told ({len(self._u3)} "
+                f"clients, run {self.run_id}, round {self.server_round}), fewer than the "
+                f"threshold {self.params.threshold} ({len(signers)} sent; the server may be "
+                "telling clients different survivor sets)")
 
     def unmask(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         """Release seed shares of survivors and sk1 shares of the dropped, never both, once;
         for dropped neighbours it could not take shares from (reported), the pairwise mask
-        key it shares with each, which is what their sk1 would reveal of it."""
+        key it shares with each, which is what their sk1 would reveal of it. A verifying
+        client first requires the consistency check and its signatures (``_checked``)."""
+        wire.stage_of(msg, Stage.UNMASK, self._who)
+        if self._next == Stage.CHECK and self.trust.verifies:
+            raise SecAggInputError(f"{self._who}: refused to release its shares: the server "
+                                   "asked for them without the consistency check; this device "
+                                   "requires it (secagg-peer-keys)")
+        if self._next == Stage.CHECK:  # the check is skipped without signed keys
+            self._next = Stage.UNMASK
         self._enter(msg, Stage.UNMASK)
         active = wire.get_int_list(msg, wire.ACTIVE, self._who)
         dead = wire.get_int_list(msg, wire.DEAD, self._who)
@@ -225,6 +286,8 @@ class SecAggClient:
             raise SecAggInputError(f"{self._who}: only {len(active)} survivors in its "
                                    f"neighbourhood, fewer than the threshold "
                                    f"{self.params.threshold}")
+        if self._u3 is not None:
+            self._checked(active, dead, msg)
         reveal = wire.get_int_list(msg, wire.REVEAL, self._who) if wire.REVEAL in msg else []
         masked_with = set(self._held) | set(self._bad)
         if (len(set(reveal)) != len(reveal) or set(reveal) & set(active)
@@ -259,8 +322,9 @@ class SecAggClient:
                     "enc-keys": list(self._enc_keys.values()), "held-ids": list(self._held),
                     "held-seeds": [v[0] for v in self._held.values()],
                     "held-sk1s": [v[1] for v in self._held.values()]})
-        if self._next == Stage.UNMASK:
-            out["bad-ids"] = list(self._bad)
+        out["bad-ids"] = list(self._bad)  # the next stage is the check or unmask
+        if self._u3 is not None:
+            out["survivors"] = list(self._u3)
         return out
 
     @classmethod
@@ -297,8 +361,10 @@ class SecAggClient:
                 wire.get_bytes_list(rec, "held-seeds", who, len(ids)),
                 wire.get_bytes_list(rec, "held-sk1s", who, len(ids)), strict=True),
                 strict=True))
-            client._bad = (wire.get_int_list(rec, "bad-ids", who)
-                           if client._next == Stage.UNMASK else [])
+            client._bad = (wire.get_int_list(rec, "bad-ids", who) if "bad-ids" in rec
+                           else [])  # a state stored before the masked input has none
+            if "survivors" in rec:
+                client._u3 = wire.get_int_list(rec, "survivors", who)
         except (KeyError, TypeError, ValueError) as err:
             if isinstance(err, SecAggInputError):
                 raise

@@ -13,9 +13,12 @@ client from the protocol, as if it had not answered; so does a ciphertext that a
 reports it cannot open (the recipient leaves the sender out and says so in its masked-input
 reply), and so does a client whose signed keys a neighbour could not verify (that neighbour
 names it in its share-keys reply: it is dropped before any mask is added with it). Signatures
-are passed through untouched: the server cannot make one. Its reason is kept in
-``rejected`` for the caller to log, and the round goes on while enough clients remain above
-the threshold (else ``RoundFailedError``, one line).
+are passed through untouched: the server cannot make one. With signed keys (``checks``) the
+unmask stage is preceded by the consistency check: every survivor is told the survivor set
+U3 and signs it (``check_messages``), and the unmask request carries the signatures collected
+(``unmask_after_check``); a verifying client releases nothing without t of them over its U3.
+A dropped client's reason is kept in ``rejected`` for the caller to log, and the round goes
+on while enough clients remain above the threshold (else ``RoundFailedError``, one line).
 """
 
 from __future__ import annotations
@@ -222,8 +225,44 @@ class SecAggServer:
         self.stage_clients[Stage.SHARE_KEYS] = kept
         return kept
 
+    @property
+    def checks(self) -> bool:
+        """Whether the round runs the consistency check: when any client signed its keys
+        (a device that verifies requires it; without signatures it could prove nothing)."""
+        return bool(getattr(self, "sig", None))
+
     def unmask_messages(self, replies: Replies) -> dict[int, dict[str, Any]]:
-        """Keep the masked vectors; ask each survivor for its neighbours' shares."""
+        """Keep the masked vectors; ask each survivor for its neighbours' shares (no check)."""
+        return self._unmask_for(self._survivors(replies))
+
+    def check_messages(self, replies: Replies) -> dict[int, dict[str, Any]]:
+        """Keep the masked vectors; tell every survivor the survivor set U3 to sign."""
+        u3 = self._survivors(replies)
+        return {nid: {wire.STAGE: Stage.CHECK, wire.SURVIVORS: list(u3)} for nid in u3}
+
+    def unmask_after_check(self, replies: Replies) -> dict[int, dict[str, Any]]:
+        """Ask each survivor that answered the check for its shares, relaying every
+        signature over U3 collected (as sent: the server cannot check or make one). One
+        that did not answer stays in the sum (its masked input is in) but is asked nothing."""
+        def signature(nid: int, reply: Mapping[str, Any]) -> None:
+            if wire.SIG in reply:
+                sig = wire.get_bytes(reply, wire.SIG, f"secagg reply from {nid}")
+                if len(sig) > MAX_SIG_BYTES:
+                    raise SecAggInputError(f"secagg reply from {nid}: {wire.SIG!r} has "
+                                           f"{len(sig)} bytes, at most {MAX_SIG_BYTES} allowed")
+
+        signed = self._arrived(replies, Stage.CHECK, self.stage_clients[Stage.COLLECT],
+                               signature)
+        self._enough(signed, Stage.CHECK)
+        signers = [nid for nid in signed if wire.SIG in replies[nid]]
+        msgs = self._unmask_for(signed)
+        for msg in msgs.values():
+            msg[wire.SIGNERS] = list(signers)
+            msg[wire.SIGS] = [replies[nid][wire.SIG] for nid in signers]
+        return msgs
+
+    def _survivors(self, replies: Replies) -> list[int]:
+        """U3: the clients whose well-formed masked input is kept (their vectors stored)."""
         u2 = self.stage_clients[Stage.SHARE_KEYS]
         self.masked: dict[int, list[np.ndarray]] = {}
 
@@ -250,10 +289,17 @@ class SecAggServer:
             self.masked[nid] = [np.frombuffer(blob, dtype="<u4").astype(np.int64)
                                 for blob in replies[nid][wire.MASKED]]
         self.dropped = [n for n in u2 if n not in set(u3)]
+        self._lacks = {nid: set(replies[nid].get(wire.BAD_SRCS) or []) for nid in u3}
+        return u3
+
+    def _unmask_for(self, asked: list[int]) -> dict[int, dict[str, Any]]:
+        """The unmask request of each client of ``asked`` (survivors): its neighbours in U3
+        (seed shares) and its dropped ones (mask-key shares), never one it holds no share of."""
+        u2, u3 = self.stage_clients[Stage.SHARE_KEYS], self.stage_clients[Stage.COLLECT]
         msgs = {}
-        for nid in u3:
+        for nid in asked:
             nbrs = [j for j in self.neighbours[nid] if j in set(u2)]
-            lacks = set(replies[nid].get(wire.BAD_SRCS) or [])  # it holds no share of those
+            lacks = self._lacks[nid]  # it holds no share of those
             msgs[nid] = {wire.STAGE: Stage.UNMASK,
                          wire.ACTIVE: [j for j in nbrs if j in set(u3)],
                          wire.DEAD: [j for j in nbrs if j in set(self.dropped) - lacks]}
@@ -303,7 +349,7 @@ class SecAggServer:
                     raise SecAggInputError(f"{who}: a pairwise mask key is not "
                                            f"{PAIR_KEY_BYTES} bytes")
 
-        u4 = self._arrived(replies, Stage.UNMASK, u3, shares)
+        u4 = self._arrived(replies, Stage.UNMASK, list(self._asked), shares)
         self._enough(u4, Stage.UNMASK)
         seed_shares: dict[int, list[bytes]] = {n: [] for n in u3}
         sk1_shares: dict[int, list[bytes]] = {n: [] for n in self.dropped}

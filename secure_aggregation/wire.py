@@ -11,20 +11,26 @@ class SecAggInputError(ValueError):
 
 
 class Stage:
-    """The four stages, in order; each message carries its stage under ``STAGE``."""
+    """The stages, in order; each message carries its stage under ``STAGE``. ``CHECK`` (the
+    consistency check) runs only with signed keys (``signing``)."""
 
     SETUP = "secagg-setup"
     SHARE_KEYS = "secagg-share-keys"
     COLLECT = "secagg-collect-masked"
+    CHECK = "secagg-consistency-check"
     UNMASK = "secagg-unmask"
 
 
 RECORD = "secagg"  # the Message's ConfigRecord that carries a stage's dict (a run's wiring)
 STAGE = "stage"
 PK1, PK2 = "pk1", "pk2"  # mask-agreement and share-encryption public keys (PEM)
-SIG = "sig"  # in setup: the device's signature over (run, round, client id, pk1, pk2)
+SIG = "sig"  # in setup: the device's signature over (run, round, client id, pk1, pk2); in the
+# consistency check: its signature over (run, round, SURVIVORS)
 NIDS, PK1S, PK2S = "nids", "pk1s", "pk2s"
-SIGS = "sigs"  # in share keys: each neighbour's SIG as it sent it (b"": unsigned)
+SIGS = "sigs"  # in share keys: each neighbour's SIG as it sent it (b"": unsigned); in unmask:
+# the SIGNERS' signatures over the survivor set, as they sent them in the consistency check
+SURVIVORS = "survivors"  # in the consistency check: U3, the sorted ids the server will sum
+SIGNERS = "signers"  # in unmask after the check: who returned a signature over SURVIVORS
 UNVERIFIED = "unverified"  # the share-keys reply: neighbours whose signed keys did not verify
 DSTS, CTXTS, SRCS = "dsts", "ctxts", "srcs"
 SEED_HASH = "seed-hash"  # SHA-256 of the self-mask seed: lets the server detect a bad share

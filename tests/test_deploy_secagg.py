@@ -1,6 +1,6 @@
 """Secure aggregation in a real deployment (slow): TLS + SuperNode authentication, 4 SuperNodes,
 one of them on Flower's own executor (a new ClientApp process per message, so the protocol
-client's secrets must travel in ``context.state`` between its four messages of a round).
+client's secrets must travel in ``context.state`` between its five messages of a round).
 
 The same FedInit config runs twice, with ``secure-aggregation`` off and ``secagg+``: both
 complete with every client in every round, the secure run's nodes answered the key-exchange
@@ -9,7 +9,8 @@ and unmask queries, and its final model is the plain run's within the quantisati
 rounds, as tests/test_secagg_run.py allows in process). Every node signs its SecAgg+ keys with
 its node key and verifies its neighbours' against the peer list deploy_local hands it
 (``secagg-signing-key``, ``secagg-peer-keys``): the server logs 4 of 4 signed each round, and
-no node leaves a neighbour out.
+no node leaves a neighbour out; so every round runs the consistency check (4 of 4 survivors
+sign the survivor set) and every node then releases its shares.
 Ports: FEDINIT_TEST_SECAGG_PORT (default 42650): +0, +1, +10..+13.
 """
 
@@ -80,6 +81,9 @@ def test_secure_aggregation_over_tls_with_four_nodes_matches_the_plain_run(
     signed = "secure aggregation: 4 of 4 clients signed their keys"
     assert [f"round {r}: {signed}" in run.text() for r in (1, 2)] == [True, True], \
         run.text()[-3000:]
+    checked = "secure aggregation: consistency check: 4 of 4 survivors signed the survivor set"
+    assert [f"round {r}: {checked}" in run.text() for r in (1, 2)] == [True, True], \
+        run.text()[-3000:]
     assert dep.peer_keys.read_text().count("ecdsa-sha2-nistp384") == NODES
     node_logs = [(dep.logs / f"supernode-{i}.log").read_text(errors="replace")
                  for i in range(NODES)]
@@ -89,8 +93,8 @@ def test_secure_aggregation_over_tls_with_four_nodes_matches_the_plain_run(
     every = list(range(NODES))
     assert [r["clients-trained"] for r in rounds(secure)] == [every, every]
     assert [r["clients-trained"] for r in rounds(plain)] == [every, every]
-    # identity (once) + setup, share keys and unmask (3 a round, 2 rounds) on every node
-    assert queries_answered(dep, run_id) == [7] * NODES, queries_answered(dep, run_id)
+    # identity (once) + setup, share keys, check and unmask (4 a round, 2 rounds) on each node
+    assert queries_answered(dep, run_id) == [9] * NODES, queries_answered(dep, run_id)
     parsed = RunConfig.parse({**CFG, "secure-aggregation": "secagg+"})
     step = 2 * parsed.secagg_clip / 2**parsed.secagg_bits
     gap = max(float(np.max(np.abs(a.astype(np.float64) - b)))

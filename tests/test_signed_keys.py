@@ -94,8 +94,12 @@ class Driver:
         return setup, share_msgs, self.ask(share_msgs)
 
     def finish(self, shared: Msgs) -> list[np.ndarray]:
+        """The rest of the round: masked input, the consistency check (signed keys), unmask."""
         masked = self.ask(self.server.collect_messages(shared))
-        return self.server.aggregate(self.ask(self.server.unmask_messages(masked)))
+        if not self.server.checks:
+            return self.server.aggregate(self.ask(self.server.unmask_messages(masked)))
+        signed = self.ask(self.server.check_messages(masked))
+        return self.server.aggregate(self.ask(self.server.unmask_after_check(signed)))
 
 
 def test_a_signed_round_gives_the_exact_sum_and_relays_every_signature() -> None:
@@ -405,7 +409,8 @@ def test_a_signed_run_ends_within_the_quantisation_bound_of_the_plain_run(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """4 devices with their keys and the peer list in their node configs: every setup reply
     is signed, every share-keys message relays the signatures, no device leaves anyone out,
-    and the model is the plain run's within one quantisation step."""
+    every device signs the survivor set in the consistency check and then unmasks, and the
+    model is the plain run's within one quantisation step."""
     paths, peers = write_keys(tmp_path, [0, 1, 2, 3])
     plain_cfg = {**RUN_CFG, "secure-aggregation": "off", "output-dir": str(tmp_path)}
     plain = InProcessGrid(4, plain_cfg)
@@ -417,8 +422,11 @@ def test_a_signed_run_ends_within_the_quantisation_bound_of_the_plain_run(
                                                "secagg-peer-keys": str(peers)})
     with caplog.at_level(logging.INFO, logger="flwr"):
         run_experiment(grid, RunConfig.parse(cfg), out_dir=tmp_path / "signed")
+    lines = [r.getMessage() for r in caplog.records]
     assert "round 1: secure aggregation: 4 of 4 clients signed their keys (relayed to their " \
-        "neighbours, who verify them)" in [r.getMessage() for r in caplog.records]
+        "neighbours, who verify them)" in lines
+    assert "round 1: secure aggregation: consistency check: 4 of 4 survivors signed the " \
+        "survivor set" in lines  # and every device released its shares after it
     protocol = [r.content.config_records[sw.RECORD] for r in grid.replies
                 if not r.has_error() and sw.RECORD in r.content.config_records]
     setups = [p for p in protocol if p[sw.STAGE] == Stage.SETUP]
@@ -428,6 +436,8 @@ def test_a_signed_run_ends_within_the_quantisation_bound_of_the_plain_run(
              and m.content.config_records[sw.RECORD].get(sw.STAGE) == Stage.SHARE_KEYS]
     assert len(share) == 4 and all(len(m[sw.SIGS]) == 4 and all(m[sw.SIGS]) for m in share)
     assert not any(sw.UNVERIFIED in p for p in protocol)
+    checks = [p for p in protocol if p[sw.STAGE] == Stage.CHECK]  # through the node's state
+    assert len(checks) == 4 and all(set(p) == {sw.STAGE, sw.SIG} for p in checks)
     assert not [r for r in grid.replies if r.has_error()]
     step = 2 * RunConfig.parse(cfg).secagg_clip / 2**RunConfig.parse(cfg).secagg_bits
     signed, base = load_checkpoint(tmp_path / "signed"), load_checkpoint(tmp_path / "plain")

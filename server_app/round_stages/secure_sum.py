@@ -1,6 +1,6 @@
-"""Secure aggregation (``secure-aggregation=secagg+``): SecAgg+'s four stages around a train
-round, so the server only ever holds the SUM of the round's uploads (``secure_aggregation/``,
-docs/algorithms.md, "Secure aggregation").
+"""Secure aggregation (``secure-aggregation=secagg+``): SecAgg+'s stages around a train round
+(five with signed keys), so the server only ever holds the SUM of the round's uploads
+(``secure_aggregation/``, docs/algorithms.md, "Secure aggregation").
 
 ``SecAggRound.key_exchange`` runs in ``configure_train`` (Flower 1.39 hands it the grid): the
 setup and share-keys stages as two QUERY exchanges with the sampled clients, then each train
@@ -8,12 +8,13 @@ message carries the ciphertexts addressed to its client. Each train reply carrie
 masked upload (its model delta, w_iK - w_t or Delta_i, then each extra upload of the method
 in ``upload_keys`` order, e.g. SCAFFOLD's Delta_c_i: one vector of arrays, clipped, quantised
 and masked) in place of plain arrays. ``SecureSum``, a pipeline stage after decoding and the
-quorum, runs the unmask exchange with the survivors, splits the dequantised sum into the
-model's and each extra's, and sets the round's aggregate D to the model sum divided by their
-number (uniform weighting) and ``sums`` to the sums themselves, which the method's server rule
-then uses as it would the plain mean and the plain sums (``RoundInput.upload_sum``,
-``RoundInput.extra_sum``). Protocol ids are the client ids (small ints the client knows), not
-Flower's node ids.
+quorum, runs the unmask exchange with the survivors (with signed keys preceded by the
+consistency check, one more QUERY exchange: ``SecAggRound.checked``), splits the
+dequantised sum into the model's and each extra's, and sets the round's aggregate D to the
+model sum divided by their number (uniform weighting) and ``sums`` to the sums themselves,
+which the method's server rule then uses as it would the plain mean and the plain sums
+(``RoundInput.upload_sum``, ``RoundInput.extra_sum``). Protocol ids are the client ids
+(small ints the client knows), not Flower's node ids.
 
 A client that drops in any stage is left out, and so is one whose protocol reply is malformed
 or hostile (missing or wrong-typed keys, a public key another client also sent, shares for
@@ -148,6 +149,19 @@ class SecAggRound:
                 out.append(msg)
         return out
 
+    def checked(self, server: SecAggServer, masked: Mapping[int, Mapping[str, Any]]
+                ) -> dict[int, dict[str, Any]]:
+        """With signed keys, the consistency check before unmask: one more QUERY exchange
+        telling each survivor U3 and collecting its signature over it; the unmask requests
+        then relay every signature (a verifying device releases nothing without t)."""
+        signed = self.exchange(server.check_messages(masked))
+        asked = server.unmask_after_check(signed)
+        log(INFO, "round %d: secure aggregation: consistency check: %d of %d survivors signed "
+            "the survivor set", self.server_round,
+            len(next(iter(asked.values()), {}).get(sw.SIGNERS, [])),
+            len(server.stage_clients[SecAggStage.COLLECT]))
+        return asked
+
     def exchange(self, outgoing: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
         """One protocol stage: a QUERY per client, the replies' dicts by client id. A client
         whose reply is an error, or lacks the protocol record, has dropped (logged)."""
@@ -211,7 +225,8 @@ class SecureSum:
             return dataclasses.replace(replies, halted=True)
         try:
             try:
-                asked = server.unmask_messages(masked)
+                asked = (self.session.checked(server, masked) if server.checks
+                         else server.unmask_messages(masked))
             finally:
                 self.session.log_rejected(server)
             uploaded = server.stage_clients[SecAggStage.COLLECT]  # a malformed upload: dropped

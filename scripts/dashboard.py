@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from scripts.run_files import read_json
 from server_app.status import STATUS_FILE
 
 if TYPE_CHECKING:
@@ -66,14 +67,6 @@ def find_runs(root: Path) -> dict[str, Path]:
                     nxt.append(p)
         level = nxt
     return runs
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

@@ -13,19 +13,15 @@ Flower serializes them, final accuracy and epsilon.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from bench.cost_runs import Timed, cost_args
 from methods import dp_budget
 from scripts.inprocess_grid import InProcessGrid
-from scripts.simulate import parse_overrides
 from server_app import strategy as strategy_module
 from server_app.experiment import run_experiment
 from task.config import RunConfig
@@ -35,30 +31,6 @@ BASE: dict[str, Any] = {"num-clients": 10, "fraction-train": 0.5, "train-limit":
                         "local-epochs": 1, "beta": 0.1, "weighting": "uniform",
                         "ri-aggregation": "update", "dp-clip": 1.0,
                         "dp-noise-multiplier": 0.5, "eval-every": 1000}
-
-
-class Timed:
-    """Adds up the wall time of one function while the run uses it (patched in place)."""
-
-    def __init__(self, owner: Any, name: str) -> None:
-        self.owner, self.name, self.seconds = owner, name, 0.0
-        self.inner = getattr(owner, name)
-
-    def __enter__(self) -> Timed:
-        inner = self.inner
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t0
-
-        setattr(self.owner, self.name, timed)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        setattr(self.owner, self.name, self.inner)
 
 
 def one_run(raw: dict[str, Any]) -> dict[str, Any]:
@@ -80,17 +52,12 @@ def one_run(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", metavar="key=value")
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    raw = {**BASE, "num-server-rounds": args.rounds, **parse_overrides(args.overrides)}
+    rounds, overrides = cost_args(__doc__, 5, argv)
+    raw = {**BASE, "num-server-rounds": rounds, **overrides}
     results = [one_run({**raw, "dp": mode}) for mode in ("off", "central", "local")]
     cfg = RunConfig.parse({**raw, "output-dir": "/tmp/unused"})
     print(f"\n{cfg.method} beta={cfg.beta}, {cfg.num_clients} clients, {cfg.clients_per_round}"
-          f" per round, {args.rounds} rounds, train-limit={cfg.train_limit}, dp-clip="
+          f" per round, {rounds} rounds, train-limit={cfg.train_limit}, dp-clip="
           f"{cfg.dp_clip}, dp-noise-multiplier={cfg.dp_noise_multiplier}, dp-delta="
           f"{cfg.dp_delta:g}")
     print(f"{'dp':<8} {'round s':>8} {'aggregate s':>11} {'accountant s':>12} "

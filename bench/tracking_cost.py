@@ -13,18 +13,14 @@ their event files), then the difference as a share of the round. The tracker's o
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from bench.dp_cost import Timed
+from bench.cost_runs import Timed, cost_args
 from scripts.inprocess_grid import InProcessGrid
-from scripts.simulate import parse_overrides
 from server_app import tracking
 from server_app.experiment import run_experiment
 from server_app.results import Recorder
@@ -52,15 +48,10 @@ def one_run(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", metavar="key=value")
-    ap.add_argument("--rounds", type=int, default=4)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    raw = {**BASE, "num-server-rounds": args.rounds, **parse_overrides(args.overrides)}
+    rounds, overrides = cost_args(__doc__, 4, argv)
+    raw = {**BASE, "num-server-rounds": rounds, **overrides}
     off, on = (one_run({**raw, "tracking": mode}) for mode in ("off", "tensorboard"))
-    print(f"\n{on['per-round']} clients a round, {args.rounds} rounds (round 1 left out of the "
+    print(f"\n{on['per-round']} clients a round, {rounds} rounds (round 1 left out of the "
           "round time)")
     print(f"{'tracking':<12} {'round s':>8} {'recorder s/round':>17} {'start s':>8}")
     for r in (off, on):

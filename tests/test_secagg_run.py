@@ -204,26 +204,36 @@ def test_a_device_in_a_secure_run_answers_no_evaluate_message(
     assert [r.getMessage() for r in caplog.records] == [want]
 
 
+def _drop_train_reply_of(node: int) -> Callable[[Message], Message | None]:
+    """A reply filter: ``node``'s train reply is lost (its protocol replies still arrive)."""
+    def drop(reply: Message) -> Message | None:
+        train = reply.metadata.message_type == MessageType.TRAIN
+        return None if train and reply.metadata.src_node_id == node else reply
+    return drop
+
+
+def _run_four(tmp_path: Path, name: str, raw: dict[str, Any],
+              reply_filter: Callable[[Message], Message | None]) -> Path:
+    """``raw`` run on four in-process clients, each reply passed through ``reply_filter``;
+    its run directory, ``tmp_path/name``."""
+    raw = {**raw, "output-dir": str(tmp_path)}
+    grid = InProcessGrid(4, raw)
+    grid.reply_filter = reply_filter
+    run_experiment(grid, RunConfig.parse(raw), out_dir=tmp_path / name)
+    return tmp_path / name
+
+
 def test_a_client_dropping_after_key_sharing_leaves_the_survivors_mean(tmp_path: Path) -> None:
     """Node 1003's train reply is lost (after it shared keys): the secure round's model is the
     plain round's over the other three, within one quantisation step."""
-    lost = 1003
-
-    def drop(reply: Message) -> Message | None:
-        train = reply.metadata.message_type == MessageType.TRAIN
-        return None if train and reply.metadata.src_node_id == lost else reply
-
-    over = {"num-server-rounds": 1, "eval-every": 1, "beta": 0.1}
-    grids = {}
-    for name, extra in (("plain", {}), ("secure", {"secure-aggregation": "secagg+"})):
-        cfg_raw = {**BASE, **over, **extra, "output-dir": str(tmp_path)}
-        grid = InProcessGrid(4, cfg_raw)
-        grid.reply_filter = drop
-        run_experiment(grid, RunConfig.parse(cfg_raw), out_dir=tmp_path / name)
-        grids[name] = load_checkpoint(tmp_path / name)
+    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "beta": 0.1}
+    drop = _drop_train_reply_of(1003)
+    plain = load_checkpoint(_run_four(tmp_path, "plain", over, drop))
+    secure = load_checkpoint(_run_four(tmp_path, "secure",
+                                       {**over, "secure-aggregation": "secagg+"}, drop))
     cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
-    assert grids["secure"].rows[-1]["num-replies"] == 3
-    gap = max_gap(grids["secure"].weights, grids["plain"].weights)
+    assert secure.rows[-1]["num-replies"] == 3
+    gap = max_gap(secure.weights, plain.weights)
     assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
 
 
@@ -267,16 +277,10 @@ def _run_without_3_and_with_3_hostile(tmp_path: Path, caplog: pytest.LogCaptureF
     """Two one-round runs of four clients: plain without client 3's train reply (under
     ``tmp_path/plain``), and secure with its ``stage`` reply altered by ``change`` (under
     ``tmp_path/secure``, its warnings in ``caplog``)."""
-    over = {**ONE_ROUND, "output-dir": str(tmp_path)}
-    plain = InProcessGrid(4, over)
-    plain.reply_filter = lambda r: None if (r.metadata.src_node_id == 1003 and
-                                            r.metadata.message_type == MessageType.TRAIN) else r
-    run_experiment(plain, RunConfig.parse(over), out_dir=tmp_path / "plain")
-    secure_over = {**over, "secure-aggregation": "secagg+"}
-    grid = InProcessGrid(4, secure_over)
-    grid.reply_filter = _tamper(stage, {1003}, change)
+    _run_four(tmp_path, "plain", ONE_ROUND, _drop_train_reply_of(1003))
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        run_experiment(grid, RunConfig.parse(secure_over), out_dir=tmp_path / "secure")
+        _run_four(tmp_path, "secure", {**ONE_ROUND, "secure-aggregation": "secagg+"},
+                  _tamper(stage, {1003}, change))
 
 
 def _assert_the_plain_round_of_the_other_three(tmp_path: Path) -> None:
@@ -600,20 +604,11 @@ def test_a_scaffold_client_dropping_after_key_sharing_leaves_the_survivors_means
         tmp_path: Path) -> None:
     """Node 1003's train reply is lost after key sharing: the secure round's model and c are
     the plain round's over the other three (within a step), and client 3 is not accounted."""
-    lost = 1003
-
-    def drop(reply: Message) -> Message | None:
-        train = reply.metadata.message_type == MessageType.TRAIN
-        return None if train and reply.metadata.src_node_id == lost else reply
-
-    over = {"method": "scaffold", "num-server-rounds": 1, "eval-every": 1}
-    dirs = {}
-    for name, extra in (("plain", {}), ("secure", {"secure-aggregation": "secagg+"})):
-        cfg_raw = {**BASE, **over, **extra, "output-dir": str(tmp_path)}
-        grid = InProcessGrid(4, cfg_raw)
-        grid.reply_filter = drop
-        run_experiment(grid, RunConfig.parse(cfg_raw), out_dir=tmp_path / name)
-        dirs[name] = tmp_path / name
+    over = {**BASE, "method": "scaffold", "num-server-rounds": 1, "eval-every": 1}
+    drop = _drop_train_reply_of(1003)
+    dirs = {"plain": _run_four(tmp_path, "plain", over, drop),
+            "secure": _run_four(tmp_path, "secure", {**over, "secure-aggregation": "secagg+"},
+                                drop)}
     cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
     step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits
     plain, secure = load_checkpoint(dirs["plain"]), load_checkpoint(dirs["secure"])

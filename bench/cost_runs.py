@@ -1,5 +1,6 @@
 """What the in-process cost benches share (``dp_cost``, ``tracking_cost``,
-``personal_eval_cost``): their command line and the patch that times one function.
+``personal_eval_cost``): their command line, one run with some functions timed, and the
+patch that times one function.
 
 Each runs the real round loop and ClientApp handlers in this process
 (``scripts/inprocess_grid.py``) on one torch thread, so its seconds compare across runs.
@@ -8,13 +9,21 @@ Each runs the real round loop and ClientApp handlers in this process
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from scripts.inprocess_grid import InProcessGrid
 from scripts.simulate import parse_overrides
+from server_app.experiment import run_experiment
+from task.config import RunConfig
 
 
 def cost_args(doc: str, rounds: int,
@@ -52,3 +61,30 @@ class Timed:
 
     def __exit__(self, *exc: object) -> None:
         setattr(self.owner, self.name, self.inner)
+
+
+@dataclass(frozen=True)
+class CostRun:
+    """One finished in-process run: its config, grid (the messages sent and replied),
+    summary, rows, and the seconds spent in each timed function."""
+
+    cfg: RunConfig
+    grid: InProcessGrid
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+    seconds: dict[str, float]
+
+
+def cost_run(raw: dict[str, Any], timed: Mapping[str, tuple[Any, str]] | None = None) -> CostRun:
+    """Run ``raw`` in-process in a temporary output directory, each ``timed`` function
+    (label -> (owner, attribute name)) patched by ``Timed`` for the run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = {**raw, "output-dir": tmp}
+        cfg = RunConfig.parse(raw)
+        grid = InProcessGrid(cfg.num_clients, raw)
+        with contextlib.ExitStack() as patches:
+            clocks = {label: patches.enter_context(Timed(owner, name))
+                      for label, (owner, name) in (timed or {}).items()}
+            summary = run_experiment(grid, cfg, Path(tmp) / "run")
+        rows = [json.loads(line) for line in (Path(tmp) / "run" / "rounds.jsonl").open()]
+    return CostRun(cfg, grid, summary, rows, {k: c.seconds for k, c in clocks.items()})

@@ -13,17 +13,12 @@ Flower serializes them, final accuracy and epsilon.
 
 from __future__ import annotations
 
-import json
 import statistics
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from bench.cost_runs import Timed, cost_args
+from bench.cost_runs import cost_args, cost_run
 from methods import dp_budget
-from scripts.inprocess_grid import InProcessGrid
 from server_app import strategy as strategy_module
-from server_app.experiment import run_experiment
 from task.config import RunConfig
 from testbeds.lsq_problem import serialized_bytes
 
@@ -34,21 +29,17 @@ BASE: dict[str, Any] = {"num-clients": 10, "fraction-train": 0.5, "train-limit":
 
 
 def one_run(raw: dict[str, Any]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = {**raw, "output-dir": tmp}
-        cfg = RunConfig.parse(raw)
-        grid = InProcessGrid(cfg.num_clients, raw)
-        with (Timed(strategy_module.MethodStrategy, "aggregate_train") as agg,
-              Timed(dp_budget.Budget, "epsilon") as acct):
-            summary = run_experiment(grid, cfg, Path(tmp) / "run")
-        rows = [json.loads(line) for line in (Path(tmp) / "run" / "rounds.jsonl").open()]
-    trains = [m for m in grid.sent if m.metadata.message_type == "train"]
-    replies = [r for r in grid.replies if r.metadata.message_type == "train"]
+    run = cost_run(raw, {"agg": (strategy_module.MethodStrategy, "aggregate_train"),
+                         "acct": (dp_budget.Budget, "epsilon")})
+    rows = run.rows
+    trains = [m for m in run.grid.sent if m.metadata.message_type == "train"]
+    replies = [r for r in run.grid.replies if r.metadata.message_type == "train"]
     later = [r["round-seconds"] for r in rows[1:]] or [rows[0]["round-seconds"]]
-    return {"dp": cfg.dp, "round-s": statistics.mean(later), "agg-s": agg.seconds / len(rows),
-            "acct-s": acct.seconds / len(rows), "up": serialized_bytes(replies[-1].content),
-            "down": serialized_bytes(trains[-1].content), "acc": summary["final-test-acc"],
-            "eps": summary.get("dp-epsilon")}
+    return {"dp": run.cfg.dp, "round-s": statistics.mean(later),
+            "agg-s": run.seconds["agg"] / len(rows), "acct-s": run.seconds["acct"] / len(rows),
+            "up": serialized_bytes(replies[-1].content),
+            "down": serialized_bytes(trains[-1].content), "acc": run.summary["final-test-acc"],
+            "eps": run.summary.get("dp-epsilon")}
 
 
 def main(argv: list[str] | None = None) -> int:

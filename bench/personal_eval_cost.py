@@ -13,26 +13,16 @@ of round. Round 1 (data loading) is left out of the means.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
-from bench.cost_runs import cost_args
-from scripts.inprocess_grid import InProcessGrid
-from server_app.experiment import run_experiment
-from task.config import RunConfig
+from bench.cost_runs import cost_args, cost_run
 
 
 def main(argv: list[str] | None = None) -> int:
     rounds, overrides = cost_args(__doc__, 7, argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = {"num-server-rounds": rounds, "personal-eval-every": 2, "output-dir": tmp,
-               **overrides}
-        cfg = RunConfig.parse(raw)
-        run_experiment(InProcessGrid(cfg.num_clients, raw), cfg, Path(tmp) / "run")
-        rows = [json.loads(line) for line in (Path(tmp) / "run" / "rounds.jsonl").open()]
+    run = cost_run({"num-server-rounds": rounds, "personal-eval-every": 2, **overrides})
+    cfg, rows = run.cfg, run.rows
     print(f"\n{cfg.num_clients} clients, {cfg.clients_per_round} trained per round, "
           f"personalized evaluation of {cfg.personal_eval_clients or cfg.num_clients} "
           f"clients ({cfg.finetune_epochs} fine-tuning epoch) every 2nd round, "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
 import math
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from scripts.run_files import read_json
+from scripts.run_files import json_objects, read_json
 from server_app.status import STATUS_FILE
 
 if TYPE_CHECKING:
@@ -75,15 +74,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         text = path.read_text()
     except OSError:
         return []
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return json_objects(text.splitlines())
 
 
 def run_facts(run: Path) -> dict[str, Any]:

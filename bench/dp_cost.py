@@ -13,21 +13,12 @@ Flower serializes them, final accuracy and epsilon.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-import torch
-
+from bench.cost_runs import cost_args, cost_run
 from methods import dp_budget
-from scripts.inprocess_grid import InProcessGrid
-from scripts.simulate import parse_overrides
 from server_app import strategy as strategy_module
-from server_app.experiment import run_experiment
 from task.config import RunConfig
 from testbeds.lsq_problem import serialized_bytes
 
@@ -37,60 +28,27 @@ BASE: dict[str, Any] = {"num-clients": 10, "fraction-train": 0.5, "train-limit":
                         "dp-noise-multiplier": 0.5, "eval-every": 1000}
 
 
-class Timed:
-    """Adds up the wall time of one function while the run uses it (patched in place)."""
-
-    def __init__(self, owner: Any, name: str) -> None:
-        self.owner, self.name, self.seconds = owner, name, 0.0
-        self.inner = getattr(owner, name)
-
-    def __enter__(self) -> Timed:
-        inner = self.inner
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t0
-
-        setattr(self.owner, self.name, timed)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        setattr(self.owner, self.name, self.inner)
-
-
 def one_run(raw: dict[str, Any]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = {**raw, "output-dir": tmp}
-        cfg = RunConfig.parse(raw)
-        grid = InProcessGrid(cfg.num_clients, raw)
-        with (Timed(strategy_module.MethodStrategy, "aggregate_train") as agg,
-              Timed(dp_budget.Budget, "epsilon") as acct):
-            summary = run_experiment(grid, cfg, Path(tmp) / "run")
-        rows = [json.loads(line) for line in (Path(tmp) / "run" / "rounds.jsonl").open()]
-    trains = [m for m in grid.sent if m.metadata.message_type == "train"]
-    replies = [r for r in grid.replies if r.metadata.message_type == "train"]
+    run = cost_run(raw, {"agg": (strategy_module.MethodStrategy, "aggregate_train"),
+                         "acct": (dp_budget.Budget, "epsilon")})
+    rows = run.rows
+    trains = [m for m in run.grid.sent if m.metadata.message_type == "train"]
+    replies = [r for r in run.grid.replies if r.metadata.message_type == "train"]
     later = [r["round-seconds"] for r in rows[1:]] or [rows[0]["round-seconds"]]
-    return {"dp": cfg.dp, "round-s": statistics.mean(later), "agg-s": agg.seconds / len(rows),
-            "acct-s": acct.seconds / len(rows), "up": serialized_bytes(replies[-1].content),
-            "down": serialized_bytes(trains[-1].content), "acc": summary["final-test-acc"],
-            "eps": summary.get("dp-epsilon")}
+    return {"dp": run.cfg.dp, "round-s": statistics.mean(later),
+            "agg-s": run.seconds["agg"] / len(rows), "acct-s": run.seconds["acct"] / len(rows),
+            "up": serialized_bytes(replies[-1].content),
+            "down": serialized_bytes(trains[-1].content), "acc": run.summary["final-test-acc"],
+            "eps": run.summary.get("dp-epsilon")}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", metavar="key=value")
-    ap.add_argument("--rounds", type=int, default=5)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    raw = {**BASE, "num-server-rounds": args.rounds, **parse_overrides(args.overrides)}
+    rounds, overrides = cost_args(__doc__, 5, argv)
+    raw = {**BASE, "num-server-rounds": rounds, **overrides}
     results = [one_run({**raw, "dp": mode}) for mode in ("off", "central", "local")]
     cfg = RunConfig.parse({**raw, "output-dir": "/tmp/unused"})
     print(f"\n{cfg.method} beta={cfg.beta}, {cfg.num_clients} clients, {cfg.clients_per_round}"
-          f" per round, {args.rounds} rounds, train-limit={cfg.train_limit}, dp-clip="
+          f" per round, {rounds} rounds, train-limit={cfg.train_limit}, dp-clip="
           f"{cfg.dp_clip}, dp-noise-multiplier={cfg.dp_noise_multiplier}, dp-delta="
           f"{cfg.dp_delta:g}")
     print(f"{'dp':<8} {'round s':>8} {'aggregate s':>11} {'accountant s':>12} "

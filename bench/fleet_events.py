@@ -47,8 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from scripts.deploy_local import CONNECTION, Deployment, descendants, stop_pids
-from scripts.simulate import RUN_ID, run_status, toml_line
+from scripts.deploy_local import CONNECTION, Deployment, stop_pids
+from scripts.simulate import RUN_ID, run_status
+from testbeds.deployment_runs import kill_tree, start_flwr_run
 from testbeds.fault_app import fault_app, hang_when_told
 
 CLIENTS = 4
@@ -84,14 +85,8 @@ class Run:
 
     def __init__(self, dep: Deployment, app: Path, name: str, cfg: dict[str, Any]) -> None:
         self.dep, self.out = dep, Path(cfg["output-dir"])
-        cfg_file = dep.work_dir / f"{name}.toml"
-        cfg_file.write_text("\n".join(toml_line(k, v) for k, v in cfg.items()) + "\n")
         self.log = dep.logs / f"run-{name}.log"
-        with self.log.open("wb") as out:
-            self.popen = subprocess.Popen(
-                ["flwr", "run", str(app), CONNECTION, "--run-config", str(cfg_file),
-                 "--stream"], env=dep.cli_env(), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.popen = start_flwr_run(dep, app, name, cfg, self.log)
         self.run_id = ""
 
     def text(self) -> str:
@@ -141,13 +136,6 @@ class Run:
 
     def close(self) -> None:
         stop_pids([self.popen.pid], grace=5.0)
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and its descendants (the node's executor and worker included)."""
-    for p in descendants([pid]):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p, signal.SIGKILL)
 
 
 def run_config(args: argparse.Namespace, out: Path, registry: Path) -> dict[str, Any]:

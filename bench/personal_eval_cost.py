@@ -13,34 +13,16 @@ of round. Round 1 (data loading) is left out of the means.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
-import torch
-
-from scripts.inprocess_grid import InProcessGrid
-from scripts.simulate import parse_overrides
-from server_app.experiment import run_experiment
-from task.config import RunConfig
+from bench.cost_runs import cost_args, cost_run
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", metavar="key=value")
-    ap.add_argument("--rounds", type=int, default=7)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = {"num-server-rounds": args.rounds, "personal-eval-every": 2,
-               "output-dir": tmp, **parse_overrides(args.overrides)}
-        cfg = RunConfig.parse(raw)
-        run_experiment(InProcessGrid(cfg.num_clients, raw), cfg, Path(tmp) / "run")
-        rows = [json.loads(line) for line in (Path(tmp) / "run" / "rounds.jsonl").open()]
+    rounds, overrides = cost_args(__doc__, 7, argv)
+    run = cost_run({"num-server-rounds": rounds, "personal-eval-every": 2, **overrides})
+    cfg, rows = run.cfg, run.rows
     print(f"\n{cfg.num_clients} clients, {cfg.clients_per_round} trained per round, "
           f"personalized evaluation of {cfg.personal_eval_clients or cfg.num_clients} "
           f"clients ({cfg.finetune_epochs} fine-tuning epoch) every 2nd round, "

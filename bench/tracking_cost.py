@@ -13,22 +13,12 @@ their event files), then the difference as a share of the round. The tracker's o
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import tempfile
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from bench.dp_cost import Timed
-from scripts.inprocess_grid import InProcessGrid
-from scripts.simulate import parse_overrides
+from bench.cost_runs import cost_args, cost_run
 from server_app import tracking
-from server_app.experiment import run_experiment
 from server_app.results import Recorder
-from task.config import RunConfig
 
 BASE: dict[str, Any] = {"num-clients": 20, "fraction-train": 0.5, "train-limit": 4000,
                         "local-epochs": 1, "beta": 0.1, "eval-every": 1,
@@ -36,31 +26,22 @@ BASE: dict[str, Any] = {"num-clients": 20, "fraction-train": 0.5, "train-limit":
 
 
 def one_run(raw: dict[str, Any]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = {**raw, "output-dir": tmp}
-        cfg = RunConfig.parse(raw)
-        grid = InProcessGrid(cfg.num_clients, raw)
-        with (Timed(Recorder, "add_round") as rows, Timed(Recorder, "write_personal_clients")
-              as clients, Timed(tracking.TensorBoardTracker, "__init__") as start):
-            run_experiment(grid, cfg, Path(tmp) / "run")
-        lines = (Path(tmp) / "run" / "rounds.jsonl").read_text().splitlines()
-    n = len(lines)
-    later = [json.loads(line)["round-seconds"] for line in lines[1:]] or [0.0]
-    return {"tracking": cfg.tracking, "per-round": cfg.clients_per_round,
-            "round-s": statistics.mean(later), "record-s": (rows.seconds + clients.seconds) / n,
-            "start-s": start.seconds}
+    run = cost_run(raw, {"rows": (Recorder, "add_round"),
+                         "clients": (Recorder, "write_personal_clients"),
+                         "start": (tracking.TensorBoardTracker, "__init__")})
+    n = len(run.rows)
+    later = [r["round-seconds"] for r in run.rows[1:]] or [0.0]
+    return {"tracking": run.cfg.tracking, "per-round": run.cfg.clients_per_round,
+            "round-s": statistics.mean(later),
+            "record-s": (run.seconds["rows"] + run.seconds["clients"]) / n,
+            "start-s": run.seconds["start"]}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("overrides", nargs="*", metavar="key=value")
-    ap.add_argument("--rounds", type=int, default=4)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    raw = {**BASE, "num-server-rounds": args.rounds, **parse_overrides(args.overrides)}
+    rounds, overrides = cost_args(__doc__, 4, argv)
+    raw = {**BASE, "num-server-rounds": rounds, **overrides}
     off, on = (one_run({**raw, "tracking": mode}) for mode in ("off", "tensorboard"))
-    print(f"\n{on['per-round']} clients a round, {args.rounds} rounds (round 1 left out of the "
+    print(f"\n{on['per-round']} clients a round, {rounds} rounds (round 1 left out of the "
           "round time)")
     print(f"{'tracking':<12} {'round s':>8} {'recorder s/round':>17} {'start s':>8}")
     for r in (off, on):

@@ -1,8 +1,9 @@
 """Local training: mini-batch SGD with weight decay, a method's gradient hook, and clipping.
 
-Step order (docs/algorithms.md, Rules): the batch gradient (backward of the loss, or the
-method's own ``GradientFn``: FedSAM's gradient at the perturbed point) -> the method's
-correction hook (SCAFFOLD, FedDyn, ...) -> clip the gradient norm -> SGD step (weight decay).
+Step order (docs/algorithms.md, Rules; one step is ``task/sgd_step.py``): the batch gradient
+(backward of the loss, or the method's own ``GradientFn``: FedSAM's gradient at the perturbed
+point) -> the method's correction hook (SCAFFOLD, FedDyn, ...) -> clip the gradient norm -> SGD
+step (weight decay).
 Nothing here knows a method: a method's ``ClientRule.train`` picks the hook, the gradient and
 the passes (``methods/method.py``).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +21,7 @@ from torch import nn
 
 from methods.method import TrainedPass
 from task.models import get_weights, set_weights
+from task.sgd_step import sgd_step
 
 if TYPE_CHECKING:
     from methods.method import GradientFn, GradientHook, LossesFn, SgdPass
@@ -75,14 +78,8 @@ def local_sgd(
         order = torch.randperm(n, generator=generator).to(x.device)
         for i in range(0, n, batch_size):
             idx = order[i : i + batch_size]
-            opt.zero_grad(set_to_none=False)
-            loss = grad_fn(model, params, x[idx], y[idx], loss_fn)
-            if hook is not None:
-                hook(params)
-            if clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, clip_norm)
-            opt.step()
-            loss_sum += float(loss.detach())
+            loss_sum += sgd_step(opt, params, partial(grad_fn, model, params, x[idx], y[idx],
+                                                      loss_fn), hook, clip_norm)
             steps += 1
     return LocalResult(mean_loss=loss_sum / max(steps, 1), num_steps=steps, num_examples=n)
 

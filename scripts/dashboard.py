@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
 import math
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from scripts.run_files import json_objects, read_json
 from server_app.status import STATUS_FILE
 
 if TYPE_CHECKING:
@@ -68,29 +68,13 @@ def find_runs(root: Path) -> dict[str, Path]:
     return runs
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows written so far; a line being written (no newline yet) is skipped."""
     try:
         text = path.read_text()
     except OSError:
         return []
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return json_objects(text.splitlines())
 
 
 def run_facts(run: Path) -> dict[str, Any]:

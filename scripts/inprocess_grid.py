@@ -32,7 +32,22 @@ def set_task_identity() -> None:
     TaskIdentity.task_id = 0
 
 
-class InProcessGrid(Grid):
+class LocalGrid(Grid):
+    """A ``Grid`` whose nodes answer in this process: Flower's run-bound calls (the run, a
+    message the grid makes) are never used here, so they raise."""
+
+    def set_run(self, run: Any) -> None:  # pragma: no cover - not used
+        raise NotImplementedError
+
+    @property
+    def run(self) -> Any:  # pragma: no cover - not used
+        raise NotImplementedError
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # pragma: no cover
+        raise NotImplementedError
+
+
+class InProcessGrid(LocalGrid):
     """``num_nodes`` simulated SuperNodes holding partitions 0..num_nodes-1."""
 
     def __init__(self, num_nodes: int, run_config: dict[str, Any],
@@ -56,16 +71,6 @@ class InProcessGrid(Grid):
         return self.contexts[1000 + partition_id]
 
     # Grid API --------------------------------------------------------------
-    def set_run(self, run: Any) -> None:  # pragma: no cover - not used
-        raise NotImplementedError
-
-    @property
-    def run(self) -> Any:  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # pragma: no cover
-        raise NotImplementedError
-
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
 

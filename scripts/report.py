@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from methods.registry import METHODS
+from scripts.refusals import refuses, refusing
 from scripts.run_files import read_json
 from scripts.sweep_plan import Cell, PlanError, SweepPlan, load_plan, matches
 from scripts.time_to_target import NOT_REACHED, TargetHit, first_reaching, summarize
@@ -400,6 +401,7 @@ def write_report(plan: SweepPlan, results: Sequence[CellResult], out: Path, comm
         plot_curves(plan, results, out / "plots")
 
 
+@refuses("report")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -407,11 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="the sweep directory (default outputs/sweeps/NAME)")
     ap.add_argument("--cells", type=Path, help="where the cells live (default OUT/cells)")
     args = ap.parse_args(argv)
-    try:
+    with refusing(PlanError):
         plan = load_plan(args.grid)
-    except PlanError as err:
-        print(f"report: {err}", file=sys.stderr)
-        return 2
     out = args.out or Path("outputs/sweeps") / plan.name
     results = collect(plan, args.cells or out / "cells")
     cells = f" --cells {args.cells}" if args.cells else ""

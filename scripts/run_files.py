@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,20 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def json_objects(lines: Iterable[str | bytes]) -> list[dict[str, Any]]:
+    """The JSON objects among ``lines`` (a rows file's); a line that is not one (torn by a
+    writer, or not an object) is skipped."""
+    found = []
+    for line in lines:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+    return found
 
 
 def run_of(config: Mapping[str, Any], since: float) -> tuple[Path | None, list[Path]]:
@@ -91,13 +105,8 @@ class RoundsTail:
         complete = data[:data.rfind(b"\n") + 1]
         self._offset += len(complete)
         rows = []
-        for line in complete.splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("round"), int) \
-                    and row["round"] > self._last_round:
+        for row in json_objects(complete.splitlines()):
+            if isinstance(row.get("round"), int) and row["round"] > self._last_round:
                 self._last_round = row["round"]
                 rows.append(row)
         return rows

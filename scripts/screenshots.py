@@ -49,6 +49,9 @@ SMALL = {
     "seed": 0,
 }
 """A run of about 15 s on a loaded 2-core machine: a curve of 8 points."""
+SIZES = (("--rounds", "num-server-rounds", "rounds"), ("--clients", "num-clients", "clients"),
+         ("--train-limit", "train-limit", "training examples"))
+"""The options that size the runs made: (flag, run-config key in SMALL, what it counts)."""
 READY = """() => document.readyState === 'complete' && !!document.querySelector('svg.curve')"""
 TB_URL = re.compile(r"TensorBoard \S+ at (http://127\.0\.0\.1:\d+/)")
 TB_CARD = "eval/test-acc"
@@ -215,31 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="an output directory of finished runs (default: make two small runs)",
     )
-    p.add_argument(
-        "--rounds",
-        type=int,
-        default=SMALL["num-server-rounds"],
-        help="rounds of each run made (default 8)",
-    )
-    p.add_argument(
-        "--clients",
-        type=int,
-        default=SMALL["num-clients"],
-        help="clients of each run made (default 20)",
-    )
-    p.add_argument(
-        "--train-limit",
-        type=int,
-        default=SMALL["train-limit"],
-        help="training examples of each run made (default 4000)",
-    )
+    for flag, key, what in SIZES:
+        p.add_argument(flag, type=int, default=SMALL[key],
+                       help=f"{what} of each run made (default {SMALL[key]})")
     p.add_argument("--dashboard-port", type=int, default=0, help="default 0: any free")
     p.add_argument("--tensorboard-port", type=int, default=0, help="default 0: any free")
     p.add_argument("--no-tensorboard", action="store_true", help="only the page's pictures")
     a = p.parse_args(argv)
-    for name in ("rounds", "clients", "train_limit"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')}={getattr(a, name)} is not allowed: 1 or more")
+    for flag, _, _ in SIZES:
+        if (value := getattr(a, flag[2:].replace("-", "_"))) < 1:
+            p.error(f"{flag}={value} is not allowed: 1 or more")
     for name in ("dashboard_port", "tensorboard_port"):
         if not 0 <= getattr(a, name) <= 65535:
             p.error(f"--{name.replace('_', '-')}={getattr(a, name)} is not allowed: 0..65535")

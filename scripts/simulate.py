@@ -25,6 +25,7 @@ from typing import Any
 from flower_compat.app_source import staged_app
 from scripts.flower_env import OFFLINE_ENV, REPO, flower_env
 from scripts.flower_output import clean_line
+from scripts.refusals import Refused, refuses, refusing
 from scripts.superlink_port import foreign_superlink
 from task.config import ConfigError, RunConfig, check_writable
 from task.data_paths import DataNotFoundError, check_present
@@ -60,6 +61,7 @@ def toml_line(key: str, value: Any) -> str:
     return f"{key} = {value!r}"
 
 
+@refuses("simulate")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("overrides", nargs="*", metavar="key=value")
@@ -69,12 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="Ray GPUs per simulated client (e.g. 0.25 on a GPU host)")
     args = ap.parse_args(argv)
 
-    try:
+    with refusing(ValueError, prefix="argument "):
         overrides = parse_overrides(args.overrides)
-    except ValueError as err:
-        print(f"simulate: argument {err}", file=sys.stderr)
-        return 2
-    try:
+    with refusing(ConfigError, DataNotFoundError):
         cfg = RunConfig.parse(overrides)
         if not cfg.resume_dir:
             check_writable("output-dir", Path(cfg.output_dir).resolve())
@@ -84,9 +83,6 @@ def main(argv: list[str] | None = None) -> int:
                               "nodes have none (deploy/edge/README.md, 'Bring your own data')")
         data_dir = Path(cfg.resolved_data_dir).resolve()
         check_present(cfg.dataset, data_dir)
-    except (ConfigError, DataNotFoundError) as err:
-        print(f"simulate: {err}", file=sys.stderr)
-        return 2
     # Absolute paths: the apps run from Flower's install of the FAB, not from this checkout,
     # so a default found next to the checkout is passed too (a system default is left "", as
     # a checkpoint made without it must still match on resume).
@@ -97,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     env = flower_env()
     problem = foreign_superlink(env, OFFLINE_ENV)
     if problem:
-        print(f"simulate: {problem}", file=sys.stderr)
-        return 2
+        raise Refused(problem)
     home = Path(env["FLWR_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     run_cfg_file = home / "last-run-config.toml"

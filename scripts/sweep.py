@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from flower_compat.app_source import staged_app
 from scripts.flower_env import REPO, flower_env
+from scripts.refusals import Refused, refuses, refusing
 from scripts.report import collect, finished_run, run_dirs, write_report
 from scripts.run_files import RoundsFollower, RoundsTail
 from scripts.simulate import (
@@ -268,6 +269,7 @@ def dry_run(cells: Sequence[Cell], cells_dir: Path) -> None:
     print(f"{len(cells)} cells, {rounds} rounds in all")
 
 
+@refuses("sweep")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -290,22 +292,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="Ray GPUs per simulated client (default: the yaml's resources, or 0)")
     args = ap.parse_args(argv)
 
-    try:
+    with refusing(ValueError, prefix="--set "):
         extra = parse_overrides(args.set)
-    except ValueError as err:
-        print(f"sweep: --set {err}", file=sys.stderr)
-        return 2
-    try:
+    with refusing(PlanError):
         plan = load_plan(args.grid, extra)
-    except PlanError as err:
-        print(f"sweep: {err}", file=sys.stderr)
-        return 2
     out = (args.out or REPO / "outputs" / "sweeps" / plan.name).resolve()
     cells_dir = (args.cells or out / "cells").resolve()
     cells = select(plan.cells, args.only)
     if not cells:
-        print(f"sweep: no cell id matches {args.only!r}", file=sys.stderr)
-        return 2
+        raise Refused(f"no cell id matches {args.only!r}")
     command = " ".join(["fedinit-sweep", str(args.grid),
                         *(f"--{k} {v}" for k, v in (("out", args.out), ("cells", args.cells))
                           if v is not None),
@@ -328,8 +323,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{env['FLWR_HOME']}/config.toml", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill PID` stops the cell's run too
     if args.in_process and connection is not None:
-        print("sweep: --in-process runs locally; it cannot take a connection", file=sys.stderr)
-        return 2
+        raise Refused("--in-process runs locally; it cannot take a connection")
     return run_sweep(plan, cells, out, cells_dir, connection, command, env, args.in_process)
 
 

@@ -23,7 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
 from methods import wire as rk
-from server_app.federated_eval import evaluate_messages, usable_replies
+from server_app.federated_eval import ClientQuery, usable_replies
 from server_app.personal_summary import sample_clients
 from task.config import RunConfig
 
@@ -55,15 +55,14 @@ def decode(metrics: Mapping[str, object]) -> tuple[float, bool] | str:
     return sq, bool(trained)
 
 
-class ClientDivergence:
+class ClientDivergence(ClientQuery):
     """Asks the clients for ||w_prev_i - w^t||^2 and averages the answers."""
+
+    flag = rk.DIVERGENCE_EVAL
 
     def __init__(self, cfg: RunConfig, node_of_client: Mapping[int, int],
                  available: Callable[[], Sequence[int]] | None = None) -> None:
-        self.cfg = cfg
-        self.node_of_client = node_of_client
-        self.available = available
-        self.clients = divergence_clients(cfg)
+        super().__init__(cfg, node_of_client, available, divergence_clients(cfg))
         self.every_client = len(self.clients) == cfg.num_clients
         self.last: dict[int, float] = {}
         """Client id -> its squared distance, from the last measurement."""
@@ -74,10 +73,7 @@ class ClientDivergence:
         if not due(self.cfg, server_round):
             return {}
         t0 = time.monotonic()
-        conf = ConfigRecord({**dict(config), rk.ROUND: server_round,
-                             rk.LR: self.cfg.lr_at(server_round), rk.DIVERGENCE_EVAL: True})
-        messages, sent_to = evaluate_messages(self.clients, self.node_of_client,
-                                              self.available, arrays, conf)
+        messages, sent_to = self.messages(server_round, arrays, config)
         replies = list(grid.send_and_receive(messages, timeout=self.cfg.round_timeout))
         usable = usable_replies(server_round, replies, sent_to,
                                 lambda _client, metrics: decode(metrics), "divergence")

@@ -121,25 +121,39 @@ def usable_replies(server_round: int, replies: Sequence[Message], sent_to: Mappi
     return out
 
 
-class FederatedEvaluator:
-    """Sends the global model to the evaluated clients and averages their scores."""
+class ClientQuery:
+    """Evaluate messages flagged ``flag`` to a fixed set of clients (those whose node is known
+    and connected): what federated evaluation and the all-client divergence both send."""
+
+    flag: str
+    """The evaluate message's flag (``methods/wire.py``) that tells the client what to answer."""
 
     def __init__(self, cfg: RunConfig, node_of_client: Mapping[int, int],
-                 available: Callable[[], Sequence[int]] | None = None) -> None:
+                 available: Callable[[], Sequence[int]] | None, clients: Sequence[int]) -> None:
         self.cfg = cfg
         self.node_of_client = node_of_client
         """Client id -> node id, the map the strategy samples from (kept current)."""
         self.available = available
         """The clients whose node is connected now (``Fleet.available``); None: all known."""
-        self.clients = eval_clients(cfg)
-        self.last_scores: list[LocalScore] = []
+        self.clients = clients
 
     def messages(self, server_round: int, arrays: ArrayRecord,
                  config: ConfigRecord) -> tuple[list[Message], dict[int, int]]:
         """The evaluate messages and {node id: client id} they went to."""
         conf = ConfigRecord({**dict(config), rk.ROUND: server_round,
-                             rk.LR: self.cfg.lr_at(server_round), rk.FEDERATED_EVAL: True})
+                             rk.LR: self.cfg.lr_at(server_round), self.flag: True})
         return evaluate_messages(self.clients, self.node_of_client, self.available, arrays, conf)
+
+
+class FederatedEvaluator(ClientQuery):
+    """Sends the global model to the evaluated clients and averages their scores."""
+
+    flag = rk.FEDERATED_EVAL
+
+    def __init__(self, cfg: RunConfig, node_of_client: Mapping[int, int],
+                 available: Callable[[], Sequence[int]] | None = None) -> None:
+        super().__init__(cfg, node_of_client, available, eval_clients(cfg))
+        self.last_scores: list[LocalScore] = []
 
     def scores(self, server_round: int, replies: Sequence[Message],
                sent_to: Mapping[int, int]) -> list[LocalScore]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from store.client_store import W_PREV, ClientStore
 from store.state_dir import StateDir
 from strategies.wire import client_rule
 from task.models import get_weights, set_weights
+from task.sgd_step import sgd_step
 
 SECAGG = "secagg"
 """The ConfigRecord of a train message under SecAgg+ (``secure_aggregation.wire.RECORD``)."""
@@ -110,6 +112,13 @@ def _the_loss(output: torch.Tensor, _: Any) -> torch.Tensor:
     return output
 
 
+def _backward(step: Step, model: nn.Module, batch: Any) -> torch.Tensor:
+    """The plain batch gradient of the user's step: backward of its loss."""
+    loss = step(model, batch)
+    loss.backward()
+    return loss
+
+
 def user_pass(model: nn.Module, trainloader: Iterable[Any], *, epochs: int, lr: float,
               step: Step = cross_entropy_step, optimizer: Optimizer = sgd,
               clip_norm: float = 0.0, num_examples: int) -> SgdPass:
@@ -127,18 +136,9 @@ def user_pass(model: nn.Module, trainloader: Iterable[Any], *, epochs: int, lr: 
         loss_sum, steps = 0.0, 0
         for _ in range(epochs):
             for batch in trainloader:
-                opt.zero_grad(set_to_none=False)
-                if gradient is None:
-                    loss = step(model, batch)
-                    loss.backward()
-                else:
-                    loss = gradient(wrapped, params, batch, None, _the_loss)  # type: ignore[arg-type]
-                if hook is not None:
-                    hook(params)
-                if clip_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(params, clip_norm)
-                opt.step()
-                loss_sum += float(loss.detach())
+                batch_gradient = (partial(_backward, step, model, batch) if gradient is None
+                                  else partial(gradient, wrapped, params, batch, None, _the_loss))
+                loss_sum += sgd_step(opt, params, batch_gradient, hook, clip_norm)
                 steps += 1
         if steps == 0:
             raise ValueError("the train loader gave no batch: a participation needs at least "

@@ -13,7 +13,7 @@ import functools
 import math
 import tempfile
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,6 +260,14 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
 
 _bad = bad_value
 EVALUATIONS: tuple[str, ...] = ("auto", "central", "federated")
+
+
+def _refuse_any(values: Mapping[str, float], bad: Callable[[float], bool], allowed: str) -> None:
+    """The first of ``values`` (key -> value) that is ``bad``, refused as ``allowed`` says:
+    one bound shared by a group of keys, checked in their order."""
+    for key, value in values.items():
+        if bad(value):
+            raise _bad(key, value, allowed)
 
 
 def _check_finite(c: RunConfig) -> None:
@@ -610,18 +618,14 @@ def _check_ranges(c: RunConfig) -> None:
         "min-replies": c.min_replies,
         "max-failed-rounds": c.max_failed_rounds,
     }
-    for key, value in positive_ints.items():
-        if value < 1:
-            raise _bad(key, value, "an integer >= 1")
+    _refuse_any(positive_ints, lambda v: v < 1, "an integer >= 1")
     positive = {
         "lr": c.lr,
         "dirichlet-alpha": c.dirichlet_alpha,
         "round-timeout": c.round_timeout,
         "node-wait-timeout": c.node_wait_timeout,
     }
-    for key, value in positive.items():
-        if not value > 0.0:
-            raise _bad(key, value, "a number > 0")
+    _refuse_any(positive, lambda v: not v > 0.0, "a number > 0")
     if c.server_lr < 0.0:
         raise _bad("server-lr", c.server_lr, "a number > 0, or 0 for the method's default "
                    f"({server_lr_defaults()})")
@@ -645,9 +649,7 @@ def _check_ranges(c: RunConfig) -> None:
         "brightness-noise": c.brightness_noise,
         "train-limit": c.train_limit,
     }
-    for key, value in non_negative.items():
-        if value < 0:
-            raise _bad(key, value, "a number >= 0 (0 disables it)")
+    _refuse_any(non_negative, lambda v: v < 0, "a number >= 0 (0 disables it)")
     if c.task_deadline < 0:
         raise _bad("task-deadline", c.task_deadline,
                    "a number of seconds > 0, or 0 for round-timeout")

@@ -41,6 +41,20 @@ def final_model(run: Path) -> list[np.ndarray]:
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
+def start_flwr_run(dep: Deployment, app: Path, name: str, cfg: dict[str, Any],
+                   log: Path) -> subprocess.Popen[bytes]:
+    """`flwr run --stream` of ``app`` against ``dep`` with ``cfg`` (written to the deployment's
+    work dir as ``<name>.toml``), its output to ``log``, in a session of its own (so a stop
+    reaches its whole tree)."""
+    cfg_file = dep.work_dir / f"{name}.toml"
+    cfg_file.write_text("\n".join(toml_line(k, v) for k, v in cfg.items()) + "\n")
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            ["flwr", "run", str(app), CONNECTION, "--run-config", str(cfg_file), "--stream"],
+            env=dep.cli_env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+
+
 class FlwrRun:
     """`flwr run --stream` of ``app`` (this checkout's, or a copy such as ``fault_app``'s)
     against ``dep``, output to a log file; not watched."""
@@ -48,14 +62,8 @@ class FlwrRun:
     def __init__(self, dep: Deployment, name: str, cfg: dict[str, Any],
                  app: Path = REPO) -> None:
         self.dep = dep
-        cfg_file = dep.work_dir / f"{name}.toml"
-        cfg_file.write_text("\n".join(toml_line(k, v) for k, v in cfg.items()) + "\n")
         self.log = dep.logs / f"{name}.log"
-        with self.log.open("wb") as out:
-            self.popen = subprocess.Popen(
-                ["flwr", "run", str(app), CONNECTION, "--run-config", str(cfg_file),
-                 "--stream"], env=dep.cli_env(), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.popen = start_flwr_run(dep, app, name, cfg, self.log)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

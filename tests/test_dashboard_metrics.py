@@ -100,25 +100,26 @@ def expected(run: str, path: Path) -> Series:
 
     put("fedinit_run_info", 1, state=info["state"], method=info["method"], dp=info["dp"],
         eval_source=info["eval-source"], rounds_mode="sync")
+    def put_all(source: dict[str, Any], names: dict[str, str], **labels: Any) -> None:
+        for name, key in names.items():
+            put(name, source[key], **labels)
+
     put("fedinit_status_written_timestamp_seconds", status["written"])
-    put("fedinit_round", info["round"])
-    put("fedinit_rounds_planned", info["rounds"])
-    put("fedinit_run_elapsed_seconds", info["elapsed-seconds"])
-    put("fedinit_round_seconds", info["round-seconds"])
-    put("fedinit_round_collect_seconds", info["collect-seconds"])
+    put_all(info, {"fedinit_round": "round", "fedinit_rounds_planned": "rounds",
+                   "fedinit_run_elapsed_seconds": "elapsed-seconds",
+                   "fedinit_round_seconds": "round-seconds",
+                   "fedinit_round_collect_seconds": "collect-seconds"})
     tested = [r for r in rows if r.get("test-acc") is not None][-1]
-    put("fedinit_test_accuracy_ratio", tested["test-acc"])
-    put("fedinit_test_loss", tested["test-loss"])
-    put("fedinit_test_round", tested["round"])
+    put_all(tested, {"fedinit_test_accuracy_ratio": "test-acc", "fedinit_test_loss": "test-loss",
+                     "fedinit_test_round": "round"})
     if private:
-        put("fedinit_dp_epsilon", info["dp-epsilon"])
-        put("fedinit_dp_target_epsilon", info["dp-target-epsilon"])
-        put("fedinit_dp_delta", info["dp-delta"])
-    put("fedinit_round_replies", last["num-replies"])
-    put("fedinit_round_rejected", last["num-rejected"])
-    put("fedinit_round_missing", last["num-missing"])
-    put("fedinit_fleet_clients", fleet["num-clients"])
-    put("fedinit_fleet_identified", fleet["identified"])
+        put_all(info, {"fedinit_dp_epsilon": "dp-epsilon",
+                       "fedinit_dp_target_epsilon": "dp-target-epsilon",
+                       "fedinit_dp_delta": "dp-delta"})
+    put_all(last, {"fedinit_round_replies": "num-replies", "fedinit_round_rejected": "num-rejected",
+                   "fedinit_round_missing": "num-missing"})
+    put_all(fleet, {"fedinit_fleet_clients": "num-clients",
+                    "fedinit_fleet_identified": "identified"})
     for outcome, count in fleet["totals"].items():
         put("fedinit_tasks_total", count, outcome=outcome)
     for reason, count in fleet["rejected-by-reason"].items():
@@ -128,9 +129,9 @@ def expected(run: str, path: Path) -> Series:
         for state in NODE_STATES:
             put("fedinit_node_state", int(n["state"] == state), **node, state=state)
         put("fedinit_node_connected", int(n["connected"]), **node)
-        put("fedinit_node_last_connected_timestamp_seconds", n["last-connected"], **node)
-        put("fedinit_node_identity_seen_timestamp_seconds", n["identity-seen"], **node)
-        put("fedinit_node_waiting_seconds", n["waiting-seconds"], **node)
+        put_all(n, {"fedinit_node_last_connected_timestamp_seconds": "last-connected",
+                    "fedinit_node_identity_seen_timestamp_seconds": "identity-seen",
+                    "fedinit_node_waiting_seconds": "waiting-seconds"}, **node)
         if private:
             continue
         put("fedinit_node_last_seen_timestamp_seconds", n["last-seen"], **node)

@@ -86,6 +86,12 @@ def train_message(cfg: RunConfig, server_round: int = 1, pid: int = 1) -> Messag
     return msg
 
 
+EVALUATE_QUERIES: list[tuple[str | None, str]] = [
+    (rk.DIVERGENCE_EVAL, "divergence"), (rk.PERSONAL_EVAL, "personalized evaluation"),
+    (rk.FEDERATED_EVAL, "federated evaluation"), (None, "evaluation")]
+"""Every kind of evaluate message (its flag; None: the plain one) and how the device names it."""
+
+
 def evaluate_message(weights: list[np.ndarray], flag: str | None, server_round: int = 1,
                      pid: int = 1) -> Message:
     set_task_identity()
@@ -259,9 +265,7 @@ def _saved_w_prev(state_dir: Path) -> np.ndarray:
     return saved["w_prev"][0].ravel().astype(np.float64)
 
 
-@pytest.mark.parametrize(("flag", "kind"), [
-    (rk.DIVERGENCE_EVAL, "divergence"), (rk.PERSONAL_EVAL, "personalized evaluation"),
-    (rk.FEDERATED_EVAL, "federated evaluation"), (None, "evaluation")])
+@pytest.mark.parametrize(("flag", "kind"), EVALUATE_QUERIES)
 def test_every_evaluate_query_is_refused_under_local_dp(
         flag: str | None, kind: str, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:

@@ -23,7 +23,6 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from client_app.app import evaluate_fn
 from client_app.model_cache import initial_weights
 from client_app.secure_upload import STATE, mask_upload
-from methods import wire as rk
 from methods.method import ClientUpdate
 from methods.packed_arrays import pack, unpack
 from scripts.inprocess_grid import InProcessGrid, set_task_identity
@@ -38,7 +37,7 @@ from server_app.round_stages.method_update import AccountRound
 from server_app.round_stages.replies import RoundReplies, run_stages
 from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, masked_problem
 from task.config import RunConfig
-from tests.test_device_privacy import context, evaluate_message
+from tests.test_device_privacy import EVALUATE_QUERIES, context, evaluate_message
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot
 
@@ -185,9 +184,7 @@ def test_every_reply_under_secagg_carries_only_the_fields_the_docs_list(tmp_path
             ("metrics", "num-examples")} <= leaks, leaks
 
 
-@pytest.mark.parametrize(("flag", "kind"), [
-    (rk.DIVERGENCE_EVAL, "divergence"), (rk.PERSONAL_EVAL, "personalized evaluation"),
-    (rk.FEDERATED_EVAL, "federated evaluation"), (None, "evaluation")])
+@pytest.mark.parametrize(("flag", "kind"), EVALUATE_QUERIES)
 def test_a_device_in_a_secure_run_answers_no_evaluate_message(
         flag: str | None, kind: str, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -207,26 +204,36 @@ def test_a_device_in_a_secure_run_answers_no_evaluate_message(
     assert [r.getMessage() for r in caplog.records] == [want]
 
 
+def _drop_train_reply_of(node: int) -> Callable[[Message], Message | None]:
+    """A reply filter: ``node``'s train reply is lost (its protocol replies still arrive)."""
+    def drop(reply: Message) -> Message | None:
+        train = reply.metadata.message_type == MessageType.TRAIN
+        return None if train and reply.metadata.src_node_id == node else reply
+    return drop
+
+
+def _run_four(tmp_path: Path, name: str, raw: dict[str, Any],
+              reply_filter: Callable[[Message], Message | None]) -> Path:
+    """``raw`` run on four in-process clients, each reply passed through ``reply_filter``;
+    its run directory, ``tmp_path/name``."""
+    raw = {**raw, "output-dir": str(tmp_path)}
+    grid = InProcessGrid(4, raw)
+    grid.reply_filter = reply_filter
+    run_experiment(grid, RunConfig.parse(raw), out_dir=tmp_path / name)
+    return tmp_path / name
+
+
 def test_a_client_dropping_after_key_sharing_leaves_the_survivors_mean(tmp_path: Path) -> None:
     """Node 1003's train reply is lost (after it shared keys): the secure round's model is the
     plain round's over the other three, within one quantisation step."""
-    lost = 1003
-
-    def drop(reply: Message) -> Message | None:
-        train = reply.metadata.message_type == MessageType.TRAIN
-        return None if train and reply.metadata.src_node_id == lost else reply
-
-    over = {"num-server-rounds": 1, "eval-every": 1, "beta": 0.1}
-    grids = {}
-    for name, extra in (("plain", {}), ("secure", {"secure-aggregation": "secagg+"})):
-        cfg_raw = {**BASE, **over, **extra, "output-dir": str(tmp_path)}
-        grid = InProcessGrid(4, cfg_raw)
-        grid.reply_filter = drop
-        run_experiment(grid, RunConfig.parse(cfg_raw), out_dir=tmp_path / name)
-        grids[name] = load_checkpoint(tmp_path / name)
+    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "beta": 0.1}
+    drop = _drop_train_reply_of(1003)
+    plain = load_checkpoint(_run_four(tmp_path, "plain", over, drop))
+    secure = load_checkpoint(_run_four(tmp_path, "secure",
+                                       {**over, "secure-aggregation": "secagg+"}, drop))
     cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
-    assert grids["secure"].rows[-1]["num-replies"] == 3
-    gap = max_gap(grids["secure"].weights, grids["plain"].weights)
+    assert secure.rows[-1]["num-replies"] == 3
+    gap = max_gap(secure.weights, plain.weights)
     assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
 
 
@@ -261,33 +268,45 @@ HOSTILE_RUN = {"setup: no pk1": ("secagg-setup", _drop_pk1, "'pk1' must be non-e
                    "secagg-collect-masked", _short_masked, "masked array 0 has")}
 
 
+ONE_ROUND: dict[str, Any] = {**BASE, "num-server-rounds": 1, "eval-every": 1}
+"""The hostile-client runs: one round of four clients, evaluated."""
+
+
+def _run_without_3_and_with_3_hostile(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                      stage: str, change: Callable[[ConfigRecord], None]) -> None:
+    """Two one-round runs of four clients: plain without client 3's train reply (under
+    ``tmp_path/plain``), and secure with its ``stage`` reply altered by ``change`` (under
+    ``tmp_path/secure``, its warnings in ``caplog``)."""
+    _run_four(tmp_path, "plain", ONE_ROUND, _drop_train_reply_of(1003))
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _run_four(tmp_path, "secure", {**ONE_ROUND, "secure-aggregation": "secagg+"},
+                  _tamper(stage, {1003}, change))
+
+
+def _assert_the_plain_round_of_the_other_three(tmp_path: Path) -> None:
+    """The secure run aggregated three replies, and its model is the plain run's within one
+    quantisation step (not equal: the sum is quantised)."""
+    secure, plain = load_checkpoint(tmp_path / "secure"), load_checkpoint(tmp_path / "plain")
+    assert secure.rows[-1]["num-replies"] == 3
+    cfg = RunConfig.parse({**ONE_ROUND, "secure-aggregation": "secagg+"})
+    gap = max_gap(secure.weights, plain.weights)
+    assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+
+
 @pytest.mark.parametrize("name", sorted(HOSTILE_RUN))
 def test_a_hostile_protocol_reply_drops_its_client_and_the_round_goes_on(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str) -> None:
     """Node 1003's reply to one stage is malformed: it is rejected in one line naming client
     3 and node 1003, and the round is the plain round of the other three within one step."""
     stage, change, why = HOSTILE_RUN[name]
-    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "output-dir": str(tmp_path)}
-    plain = InProcessGrid(4, over)
-    plain.reply_filter = lambda r: None if (r.metadata.src_node_id == 1003 and
-                                            r.metadata.message_type == MessageType.TRAIN) else r
-    run_experiment(plain, RunConfig.parse(over), out_dir=tmp_path / "plain")
-    secure_over = {**over, "secure-aggregation": "secagg+"}
-    grid = InProcessGrid(4, secure_over)
-    grid.reply_filter = _tamper(stage, {1003}, change)
-    with caplog.at_level(logging.WARNING, logger="flwr"):
-        run_experiment(grid, RunConfig.parse(secure_over), out_dir=tmp_path / "secure")
+    _run_without_3_and_with_3_hostile(tmp_path, caplog, stage, change)
     lines = [r.getMessage() for r in caplog.records if "client 3" in r.getMessage()
              or "node 1003" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert "node 1003" in lines[0] and re.search(why, lines[0]), lines[0]
     if stage != "secagg-collect-masked":  # the decoder's line names the node; this one both
         assert f"client 3 (node 1003) dropped at {stage}, its reply is rejected" in lines[0]
-    secure, plain_ckpt = load_checkpoint(tmp_path / "secure"), load_checkpoint(tmp_path / "plain")
-    assert secure.rows[-1]["num-replies"] == 3
-    cfg = RunConfig.parse(secure_over)
-    gap = max_gap(secure.weights, plain_ckpt.weights)
-    assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+    _assert_the_plain_round_of_the_other_three(tmp_path)
 
 
 def _garbage_ctxts(rec: ConfigRecord) -> None:
@@ -311,16 +330,7 @@ def test_a_hostile_ciphertext_drops_its_sender_and_the_round_sums_the_rest(
     out (one line on its side) and reports in its masked upload. Either way the server drops
     client 3 in one line naming it and its node, no honest client drops, and the round's
     model is the plain round of the other three within one quantisation step."""
-    over = {**BASE, "num-server-rounds": 1, "eval-every": 1, "output-dir": str(tmp_path)}
-    plain = InProcessGrid(4, over)
-    plain.reply_filter = lambda r: None if (r.metadata.src_node_id == 1003 and
-                                            r.metadata.message_type == MessageType.TRAIN) else r
-    run_experiment(plain, RunConfig.parse(over), out_dir=tmp_path / "plain")
-    secure_over = {**over, "secure-aggregation": "secagg+"}
-    grid = InProcessGrid(4, secure_over)
-    grid.reply_filter = _tamper("secagg-share-keys", {1003}, change)
-    with caplog.at_level(logging.WARNING, logger="flwr"):
-        run_experiment(grid, RunConfig.parse(secure_over), out_dir=tmp_path / "secure")
+    _run_without_3_and_with_3_hostile(tmp_path, caplog, "secagg-share-keys", change)
     lines = [r.getMessage() for r in caplog.records]
     server = [x for x in lines if x.startswith("round 1: secure aggregation:")]
     assert len(server) == 1, server
@@ -330,11 +340,7 @@ def test_a_hostile_ciphertext_drops_its_sender_and_the_round_sums_the_rest(
     left_out = [x for x in lines if "left out client 3" in x]
     assert sorted(x.split(":")[0] for x in left_out) == [
         f"secagg client {i}" for i in (0, 1, 2)][:recipients]
-    secure, plain_ckpt = load_checkpoint(tmp_path / "secure"), load_checkpoint(tmp_path / "plain")
-    assert secure.rows[-1]["num-replies"] == 3
-    cfg = RunConfig.parse(secure_over)
-    gap = max_gap(secure.weights, plain_ckpt.weights)
-    assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+    _assert_the_plain_round_of_the_other_three(tmp_path)
 
 
 def test_hostile_replies_below_the_threshold_fail_the_round_in_one_line(
@@ -598,20 +604,11 @@ def test_a_scaffold_client_dropping_after_key_sharing_leaves_the_survivors_means
         tmp_path: Path) -> None:
     """Node 1003's train reply is lost after key sharing: the secure round's model and c are
     the plain round's over the other three (within a step), and client 3 is not accounted."""
-    lost = 1003
-
-    def drop(reply: Message) -> Message | None:
-        train = reply.metadata.message_type == MessageType.TRAIN
-        return None if train and reply.metadata.src_node_id == lost else reply
-
-    over = {"method": "scaffold", "num-server-rounds": 1, "eval-every": 1}
-    dirs = {}
-    for name, extra in (("plain", {}), ("secure", {"secure-aggregation": "secagg+"})):
-        cfg_raw = {**BASE, **over, **extra, "output-dir": str(tmp_path)}
-        grid = InProcessGrid(4, cfg_raw)
-        grid.reply_filter = drop
-        run_experiment(grid, RunConfig.parse(cfg_raw), out_dir=tmp_path / name)
-        dirs[name] = tmp_path / name
+    over = {**BASE, "method": "scaffold", "num-server-rounds": 1, "eval-every": 1}
+    drop = _drop_train_reply_of(1003)
+    dirs = {"plain": _run_four(tmp_path, "plain", over, drop),
+            "secure": _run_four(tmp_path, "secure", {**over, "secure-aggregation": "secagg+"},
+                                drop)}
     cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
     step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits
     plain, secure = load_checkpoint(dirs["plain"]), load_checkpoint(dirs["secure"])

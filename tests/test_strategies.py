@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
@@ -35,7 +34,7 @@ from methods.feddyn import H_LOCAL
 from methods.packed_arrays import pack, unpack
 from methods.registry import METHOD_NAMES, METHODS
 from methods.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
-from scripts.inprocess_grid import InProcessGrid, set_task_identity
+from scripts.inprocess_grid import InProcessGrid, LocalGrid, set_task_identity
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
 from strategies import FedDyn, FedInit, Scaffold
@@ -307,7 +306,7 @@ def test_a_message_from_another_server_is_refused_in_one_line() -> None:
 
 
 # ------------------------------------------------------------------ a user's app, in process
-class UserGrid(Grid):
+class UserGrid(LocalGrid):
     """Nodes with unordered ids and no partition ids, each running ``user_train``."""
 
     def __init__(self, node_ids: Iterable[int]) -> None:
@@ -332,16 +331,6 @@ class UserGrid(Grid):
             else:
                 out.append(Message(RecordDict(), reply_to=msg))
         return out
-
-    def set_run(self, run: Any) -> None:  # pragma: no cover - not used
-        raise NotImplementedError
-
-    @property
-    def run(self) -> Any:  # pragma: no cover - not used
-        raise NotImplementedError
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # pragma: no cover
-        raise NotImplementedError
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # pragma: no cover
         raise NotImplementedError

@@ -133,7 +133,11 @@ def _dotted(path: Path_) -> str:
 
 
 def _read_yaml(path: Path) -> tuple[Any, _Located]:
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise PlanError(f"{path}: cannot read the grid file ({err.strerror}); allowed: an "
+                        "experiments/*.yaml file") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)

@@ -311,3 +311,16 @@ def test_two_cell_sweep_end_to_end_and_resume(tmp_path: Path) -> None:
     md = (tmp_path / "out" / "results.md").read_text()
     assert "Cells finished: 2 / 2" in md and "| FedInit |" in md
     assert len(list((tmp_path / "out" / "plots").glob("*.png"))) == 1
+
+
+@pytest.mark.parametrize("script", ["sweep", "report"])
+def test_a_grid_file_that_is_not_there_is_one_line_and_exit_2(
+        tmp_path: Path, script: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from scripts import report, sweep
+
+    missing = tmp_path / "nope.yaml"
+    main = {"sweep": sweep.main, "report": report.main}[script]
+    assert main([str(missing), "--out", str(tmp_path / "out")]) == 2
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and line.startswith(f"{script}: {missing}: cannot read")
+    assert not (tmp_path / "out").exists()

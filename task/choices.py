@@ -17,14 +17,12 @@ ROUNDS: tuple[str, ...] = ("sync", "async")
 at once, every buffer-size replies are aggregated; server_app/async_rounds.py)."""
 STALENESS_KINDS: tuple[str, ...] = ("constant", "poly", "hinge")
 """``staleness`` under ``rounds=async`` (methods/fedbuff.py: s(tau))."""
-ASYNC_METHODS: tuple[str, ...] = ("fedavg", "fedprox", "fedsam", "ditto", "fedadam")
+ASYNC_METHODS: tuple[str, ...] = ("fedavg", "fedprox", "fedsam", "ditto", "fedadam",
+                                  "scaffold", "feddyn")
 """Methods ``rounds=async`` runs (fedavg with beta != 0 is FedInit): FedAvg's server rule on
-the buffered update, or FedAdam's optimiser on it."""
+the buffered update, FedAdam's optimiser on it, or SCAFFOLD's and FedDyn's rules with each
+buffered reply's c_i / h_i change added once, unweighted (docs/algorithms.md, FedBuff)."""
 ASYNC_REFUSALS: dict[str, str] = {
-    "scaffold": "its server control variate c is a sum over replies of one round; a "
-                "staleness-aware rule for c is not built yet",
-    "feddyn": "its server state h sums every round's update over all N clients; a "
-              "staleness-aware rule for h is not built yet",
     "fedrelax": "each client trains from its neighbours' models, the asynchronous form "
                 "(book eq. 128) is not built yet",
     "clustered": "it re-clusters the replies of one round; a buffer's replies started from "

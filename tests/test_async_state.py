@@ -1,0 +1,268 @@
+"""SCAFFOLD and FedDyn under ``rounds=async``: the real FedBuff loop (``AsyncLoop``), strategy
+and client code on the least-squares problem, with a hand-written completion order.
+
+Every client is always training (concurrency = N), so the order of replies alone fixes the
+run: a client's reply is handed back when the script names it, and its next task goes out
+at once, carrying the version current after that reply (and after the flush it completed).
+A scripted reply may be lost (the SuperLink's ``Node Unavailable``: the client trained and
+saved its state, the server never saw it) or rejected (its arrays NaN). The oracle below
+replays the script with numpy: full-batch local gradient steps, each client's accounted
+c_i / h_i, the buffer, s(tau) and the flushes, none of it read from the code under test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+
+from client_app.round import client_round
+from methods import wire as rk
+from methods.feddyn import H_LOCAL
+from methods.packed_arrays import pack, shapes
+from methods.scaffold import C_LOCAL
+from scripts.inprocess_grid import set_task_identity
+from server_app.async_rounds import AsyncLoop, BufferedStrategy
+from store.client_store import ClientStore
+from store.state_dir import StateDir
+from task.config import RunConfig
+from testbeds.lsq_problem import Federation, Problem, VectorModel, lsq_problem
+
+N, DIM, K_STEPS, LR = 4, 5, 5, 0.05
+EXPERIMENT = "lsq-async"
+LOCAL = {"num-clients": N, "lr": LR, "local-epochs": K_STEPS, "batch-size": 1000,
+         "weighting": "uniform", "weight-decay": 0.0, "clip-norm": 0.0, "lr-decay": 1.0,
+         "beta": 0.0, "max-update-norm-ratio": 0.0, "personal-eval-every": 0,
+         "output-dir": "/tmp/unused", "feddyn-alpha": 0.5}
+"""Full-batch steps (batch-size > n), no RI, decay, clipping or norm filter: the oracle stays
+short (as ``testbeds.lsq_problem.Federation``)."""
+Script = list[tuple[int, str]]
+"""(client, fate): ``ok``, ``lost`` or ``nan``, in the order the replies come back."""
+
+
+def problem() -> Problem:
+    return lsq_problem(num_clients=N, dim=DIM, n=20, seed=3)
+
+
+class ScriptedGrid(Grid):
+    """Each train message answered at push (the client trains and saves its state then, as
+    a node does before it replies) by the real client path with a disk state dir; one reply
+    handed back per pull, the next one the script names."""
+
+    def __init__(self, p: Problem, cfg: RunConfig, script: Script, root: Path) -> None:
+        set_task_identity()
+        self.p, self.cfg, self.root = p, cfg, root
+        self.script = list(script)
+        self.memory = {pid: RecordDict() for pid in range(N)}
+        self.pending: dict[int, tuple[Message, Message]] = {}
+        self.pushed = 0
+
+    def store(self, pid: int) -> ClientStore:
+        return ClientStore(self.memory[pid], StateDir(self.root, EXPERIMENT, pid))
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            self.pushed += 1
+            msg.metadata.__dict__["_message_id"] = f"task-{self.pushed}"
+            ids.append(msg.metadata.message_id)
+            pid = msg.metadata.dst_node_id - 1000
+            assert pid not in self.pending, "a client was sent two tasks at once"
+            self.pending[pid] = (msg, self.answer(pid, msg))
+        return ids
+
+    def answer(self, pid: int, msg: Message) -> Message:
+        """What ``client_app.app.train_content`` does, on the problem's data and model."""
+        conf = msg.content.config_records[rk.CONFIG]
+        rnd, accounted = int(conf[rk.ROUND]), int(conf[rk.ACCOUNTED_ROUND])
+        store = self.store(pid)
+        store.restore(EXPERIMENT, rnd, shapes(msg.content.array_records[rk.ARRAYS]), accounted,
+                      self.cfg.spec.client.accounted_keys)
+        p = self.p
+        content = client_round(self.cfg, self.cfg.spec.client(self.cfg.params), msg.content,
+                               store, VectorModel(p.w0, p.linear), p.xs[pid], p.ys[pid],
+                               initial=lambda: [p.w0], partition_id=pid, loss_fn=p.loss_fn)
+        store.save(EXPERIMENT, rnd, pin=int(conf.get(rk.KEEP_ROUND, 0)))
+        return Message(content=content, reply_to=msg)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        assert self.script, "the loop wants more replies than the script holds"
+        pid, fate = self.script.pop(0)
+        task, reply = self.pending.pop(pid)
+        assert task.metadata.message_id in set(message_ids)
+        if fate == "lost":
+            return [Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node gone"),
+                            reply_to=task)]
+        if fate == "nan":
+            arrays = reply.content.array_records[rk.ARRAYS]
+            reply.content.array_records[rk.ARRAYS] = pack(
+                [np.full(a.shape, np.nan, np.float32) for a in arrays.to_numpy_ndarrays()])
+        return [reply]
+
+    # the rest of Grid's API is not used by the loop
+    def set_run(self, run: Any) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    @property
+    def run(self) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # pragma: no cover
+        raise NotImplementedError
+
+    def get_node_ids(self) -> Iterable[int]:  # pragma: no cover
+        return [1000 + i for i in range(N)]
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:  # pragma: no cover
+        raise NotImplementedError
+
+
+def run_async(raw: dict[str, Any], script: Script, root: Path) -> tuple[
+        np.ndarray, BufferedStrategy, ScriptedGrid, AsyncLoop]:
+    """The real loop over ``script``; its final model, strategy, grid and loop."""
+    p = problem()
+    cfg = RunConfig.parse({**LOCAL, "rounds": "async", "concurrency": N, **raw})
+    node_of = {pid: 1000 + pid for pid in range(N)}
+    strategy = BufferedStrategy(cfg, node_of, [p.w0.copy()], available=lambda: list(range(N)),
+                                examples=[len(y) for y in p.ys])
+    grid = ScriptedGrid(p, cfg, script, root)
+    loop = AsyncLoop(grid, cfg, strategy, lambda: list(range(N)), node_of,
+                     ConfigRecord({rk.EXPERIMENT: EXPERIMENT}))
+    final = loop.run([p.w0.copy()], lambda flush, facts: None)
+    return final[0], strategy, grid, loop
+
+
+# ---------------------------------------------------------------------------- the oracle
+def gradient(p: Problem, pid: int, w: np.ndarray) -> np.ndarray:
+    x, y = p.xs[pid].double().numpy(), p.ys[pid].double().numpy()
+    return x.T @ (x @ w - y) / len(y)
+
+
+def oracle(method: str, script: Script, buffer_size: int, flushes: int,
+           s: dict[int, float], max_staleness: int = 0, alpha: float = 0.5,
+           server_lr: float = 1.0) -> dict[str, Any]:
+    """FedBuff with SCAFFOLD's or FedDyn's state over ``script``, in float64."""
+    p = problem()
+    w = p.w0.astype(np.float64)
+    state = np.zeros(DIM)  # SCAFFOLD's c, FedDyn's H (the sum of all h_j)
+    acc = {pid: np.zeros(DIM) for pid in range(N)}  # each client's accounted c_i / h_i
+    version, buffer = 0, []
+    task = {pid: (0, w.copy(), state.copy()) for pid in range(N)}
+    taus = []
+    for pid, fate in script:
+        if version == flushes:
+            break
+        v_sent, w_sent, c_sent = task[pid]
+        y = w_sent.copy()
+        for _ in range(K_STEPS):
+            if method == "scaffold":
+                y -= LR * (gradient(p, pid, y) + c_sent - acc[pid])
+            else:
+                y -= LR * (gradient(p, pid, y) + alpha * (y - w_sent) + alpha * acc[pid])
+        if method == "scaffold":
+            new = acc[pid] - c_sent + (w_sent - y) / (K_STEPS * LR)
+        else:
+            new = acc[pid] + (y - w_sent)
+        tau = version - v_sent
+        if fate == "ok" and not (max_staleness and tau > max_staleness):
+            buffer.append((y - w_sent, tau, new - acc[pid]))
+            acc[pid] = new
+        if len(buffer) == buffer_size:
+            step = sum(s[t] * d for d, t, _ in buffer) / buffer_size
+            if method == "scaffold":
+                w = w + server_lr * step
+                state = state + sum(dc for _, _, dc in buffer) / N
+            else:
+                state = state + sum(d for d, _, _ in buffer)
+                w = w + step + state / N
+            w = w.astype(np.float32).astype(np.float64)  # the model is float32 between flushes
+            taus.append(sorted(t for _, t, _ in buffer))
+            version, buffer = version + 1, []
+        task[pid] = (version, w.copy(), state.copy())
+    assert version == flushes, "the script ends before the last flush"
+    return {"w": w, "state": state, "acc": acc, "taus": taus}
+
+
+SCRIPT: Script = [(0, "ok"), (1, "ok"), (0, "ok"), (2, "ok"), (0, "lost"), (1, "ok"),
+                  (3, "ok"), (0, "ok"), (2, "nan"), (1, "ok"), (3, "ok"), (0, "ok"),
+                  (2, "ok"), (1, "ok")]
+"""Client 3 first answers after two flushes (tau 2), client 2 after one; client 0 loses a
+reply and client 2 sends a rejected one; replies of one flush started from up to three
+versions."""
+POLY = {t: (1.0 + t) ** -0.5 for t in range(10)}
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
+def test_stale_lost_and_rejected_replies_match_the_oracle(tmp_path: Path, method: str) -> None:
+    raw = {"method": method, "buffer-size": 2, "num-server-rounds": 5, "staleness": "poly",
+           "staleness-a": 0.5, "server-lr": 1.0}
+    w, strategy, grid, loop = run_async(raw, SCRIPT, tmp_path)
+    want = oracle(method, SCRIPT, 2, 5, POLY)
+    assert max(want["taus"][i][-1] for i in range(5)) == 2  # stale replies are in the buffers
+    np.testing.assert_allclose(w, want["w"], rtol=1e-5, atol=1e-6)
+    got = strategy.state.c[0] if method == "scaffold" else strategy.state.h_sum[0]
+    np.testing.assert_allclose(got, want["state"], rtol=1e-5, atol=1e-6)
+    assert np.linalg.norm(want["state"]) > 1e-2  # the state moved
+    flat = oracle(method, SCRIPT, 2, 5, dict.fromkeys(range(10), 1.0))
+    assert np.abs(flat["w"] - want["w"]).max() > 1e-4  # s(tau) really changes the model
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
+def test_server_state_is_the_mean_of_the_clients_accounted_state(
+        tmp_path: Path, method: str) -> None:
+    """After lost, rejected and stale-dropped replies (max-staleness=1 drops client 3's
+    first reply), SCAFFOLD's c is (1/N) sum_i c_i and FedDyn's H is sum_i h_i, over each
+    client's state file of the round the server last accounted for it (read from disk);
+    the newest files differ (a lost reply's change is there, not counted)."""
+    raw = {"method": method, "buffer-size": 2, "num-server-rounds": 5, "staleness": "poly",
+           "staleness-a": 0.5, "max-staleness": 1}
+    _, strategy, grid, _ = run_async(raw, SCRIPT, tmp_path)
+    key = C_LOCAL if method == "scaffold" else H_LOCAL
+    rounds = strategy.accounted or {}
+    accounted, newest = [], []
+    for pid in range(N):
+        disk = StateDir(tmp_path, EXPERIMENT, pid)
+        a = rounds.get(pid, 0)
+        accounted.append(disk.load_version(a, [np.zeros(DIM)])[key][0].astype(np.float64)
+                         if a else np.zeros(DIM))
+        newest.append(grid.store(pid).get(key)[0].astype(np.float64))  # type: ignore[index]
+    total = np.sum(accounted, axis=0)
+    got = strategy.state.c[0] if method == "scaffold" else strategy.state.h_sum[0]
+    want = total / N if method == "scaffold" else total
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    wrong = np.sum(newest, axis=0) / (N if method == "scaffold" else 1)
+    assert np.abs(wrong - got).max() > 1e-3  # the newest state is not what was counted
+    w_oracle = oracle(method, SCRIPT, 2, 5, POLY, max_staleness=1)
+    np.testing.assert_allclose(got, w_oracle["state"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
+def test_one_buffer_of_all_clients_is_the_sync_round(tmp_path: Path, method: str) -> None:
+    """concurrency = buffer-size = N, no delays, constant staleness: flush 1 is sync round 1
+    of ``Federation`` (the sync strategy on the same problem), model, server state and every
+    client's c_i / h_i."""
+    raw = {"method": method, "buffer-size": N, "num-server-rounds": 1,
+           "staleness": "constant", "server-lr": 1.0}
+    script: Script = [(pid, "ok") for pid in range(N)]
+    w, strategy, grid, _ = run_async(raw, script, tmp_path)
+    fed = Federation(problem(), {k: v for k, v in {**LOCAL, **raw}.items()
+                                 if k not in ("buffer-size", "staleness")}
+                     | {"fraction-train": 1.0})
+    sync = fed.run(1)
+    np.testing.assert_allclose(w, sync, rtol=1e-6, atol=1e-7)
+    assert np.abs(w - problem().w0).max() > 1e-2
+    key = C_LOCAL if method == "scaffold" else H_LOCAL
+    for a, b in zip(strategy.state.arrays().values(), fed.strategy.state.arrays().values(),
+                    strict=True):
+        np.testing.assert_allclose(a[0], b[0], rtol=1e-6, atol=1e-7)
+    for pid in range(N):
+        mine = StateDir(tmp_path, EXPERIMENT, pid).load_version(1, [np.zeros(DIM)])[key][0]
+        np.testing.assert_allclose(mine, fed.state_of(pid, key)[0],  # type: ignore[index]
+                                   rtol=1e-6, atol=1e-7)

@@ -67,7 +67,7 @@ from server_app.async_resume import (
     sent_downs_of,
 )
 from server_app.central_eval import CentralEvaluator
-from server_app.checkpoint import save_checkpoint
+from server_app.checkpoint import Checkpoint, save_checkpoint
 from server_app.clients import Fleet
 from server_app.engine_facts import client_state_entry
 from server_app.experiment import (
@@ -239,6 +239,10 @@ class AsyncLoop:
         """Per client, the round of its state that a resume from the last checkpoint starts
         it from (``pins_of``): named in its train messages (``rk.KEEP_ROUND``), so the
         client keeps that version however often it trains before the next checkpoint."""
+        self.accounted_pins: dict[int, int] = {}
+        """Per client, its accounted round at the last checkpoint, which a resume names again
+        (methods with server-summed state only; ``rk.KEEP_ACCOUNTED``): the client keeps that
+        version too, though its accounted round may move on before the next checkpoint."""
         self.redo: tuple[InFlight, ...] = ()
         """After a resume: the checkpoint's tasks in flight, re-sent by the first ``fill``."""
         self.sent_versions: dict[int, Weights] = {}
@@ -293,6 +297,8 @@ class AsyncLoop:
         config[rk.ROUND] = rnd
         if pid in self.pins:
             config[rk.KEEP_ROUND] = self.pins[pid]
+        if self.accounted_pins.get(pid, 0):
+            config[rk.KEEP_ACCOUNTED] = self.accounted_pins[pid]
 
     def resend(self) -> None:
         """After a resume: send every task of the checkpoint that was in flight again, as it
@@ -332,6 +338,7 @@ class AsyncLoop:
         in_flight = tuple(sorted((InFlight(t.pid, t.version, t.round, t.base, t.finish, t.seq)
                                   for t in self.tasks.values()), key=lambda t: t.seq))
         self.pins = pins_of(self.last_round, in_flight)
+        self.accounted_pins = self.accounted_at_checkpoint()
         return LoopState(self.buffer.version, dict(self.rng.bit_generator.state),
                          None if self.clock is None else self.clock.now,
                          self.counts.dispatched, dict(self.last_round), in_flight)
@@ -357,6 +364,26 @@ class AsyncLoop:
         self.redo, self.sent_versions = state.in_flight, sent
         self.sent_downs = dict(downs or {})
         self.pins = pins_of(self.last_round, state.in_flight)
+        self.accounted_pins = self.accounted_at_checkpoint()
+
+    def accounted_at_checkpoint(self) -> dict[int, int]:
+        """The accounted rounds a resume from the checkpoint being written (or read) names,
+        for a method whose clients rebase server-summed state on them (else none)."""
+        if not self.cfg.spec.client.accounted_keys:
+            return {}
+        return dict(self.strategy.accounted or {})
+
+    def resume_from(self, run_dir: Path, ckpt: Checkpoint,
+                    loaded: tuple[LoopState, dict[int, Weights]]) -> Weights:
+        """Continue from ``ckpt`` (its loop state ``loaded``): the method's server state,
+        then the loop's, each task in flight to be re-sent with its version's model and
+        down arrays; returns the checkpoint's model."""
+        self.strategy.load_server_state(ckpt.strategy_state)
+        down = self.strategy.rule.down(self.strategy.state)  # the checkpoint's version's
+        state, sent = loaded
+        self.load(state, sent, {**sent_downs_of(run_dir, ckpt, state, tuple(down)),
+                                state.version: down})
+        return list(ckpt.weights)
 
     def take(self, msg: Message) -> Task | None:
         """The task ``msg`` answers, checked and buffered (or counted as rejected/dropped)."""
@@ -563,11 +590,7 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
         {rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)}))
     loop.run_dir = out
     if resume and loaded:
-        weights = list(resume[1].weights)
-        strategy.load_server_state(resume[1].strategy_state)
-        down = strategy.rule.down(strategy.state)  # the checkpoint's version's (c_k)
-        loop.load(*loaded, {**sent_downs_of(resume[0], resume[1], loaded[0], tuple(down)),
-                            loaded[0].version: down})
+        weights = loop.resume_from(resume[0], resume[1], loaded)
     rec = Recorder(out, cfg.to_dict(), eval_source="central",
                    keep_rounds=resume[1].server_round if resume else 0,
                    rows=resume[1].rows if resume else None,

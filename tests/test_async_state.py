@@ -12,6 +12,7 @@ c_i / h_i, the buffer, s(tau) and the flushes, none of it read from the code und
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,14 @@ from flwr.serverapp import Grid
 
 from client_app.round import client_round
 from methods import wire as rk
+from methods.fedbuff import Flush
 from methods.feddyn import H_LOCAL
 from methods.packed_arrays import pack, shapes
 from methods.scaffold import C_LOCAL
 from scripts.inprocess_grid import set_task_identity
+from server_app.async_resume import async_checkpoint, loop_state_of
 from server_app.async_rounds import AsyncLoop, BufferedStrategy
+from server_app.checkpoint import load_checkpoint, save_checkpoint
 from store.client_store import ClientStore
 from store.state_dir import StateDir
 from task.config import RunConfig
@@ -88,7 +92,7 @@ class ScriptedGrid(Grid):
         content = client_round(self.cfg, self.cfg.spec.client(self.cfg.params), msg.content,
                                store, VectorModel(p.w0, p.linear), p.xs[pid], p.ys[pid],
                                initial=lambda: [p.w0], partition_id=pid, loss_fn=p.loss_fn)
-        store.save(EXPERIMENT, rnd, pin=int(conf.get(rk.KEEP_ROUND, 0)))
+        store.save(EXPERIMENT, rnd, pin=rk.kept_rounds(conf))
         return Message(content=content, reply_to=msg)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -124,17 +128,28 @@ class ScriptedGrid(Grid):
         raise NotImplementedError
 
 
+def make_loop(grid: ScriptedGrid) -> tuple[AsyncLoop, BufferedStrategy]:
+    """The real loop and strategy of ``grid``'s run config, as ``run_async_experiment``
+    builds them."""
+    p, cfg = grid.p, grid.cfg
+    node_of = {pid: 1000 + pid for pid in range(N)}
+    strategy = BufferedStrategy(cfg, node_of, [p.w0.copy()], available=lambda: list(range(N)),
+                                examples=[len(y) for y in p.ys])
+    loop = AsyncLoop(grid, cfg, strategy, lambda: list(range(N)), node_of,
+                     ConfigRecord({rk.EXPERIMENT: EXPERIMENT}))
+    return loop, strategy
+
+
+def async_cfg(raw: dict[str, Any]) -> RunConfig:
+    return RunConfig.parse({**LOCAL, "rounds": "async", "concurrency": N, **raw})
+
+
 def run_async(raw: dict[str, Any], script: Script, root: Path) -> tuple[
         np.ndarray, BufferedStrategy, ScriptedGrid, AsyncLoop]:
     """The real loop over ``script``; its final model, strategy, grid and loop."""
     p = problem()
-    cfg = RunConfig.parse({**LOCAL, "rounds": "async", "concurrency": N, **raw})
-    node_of = {pid: 1000 + pid for pid in range(N)}
-    strategy = BufferedStrategy(cfg, node_of, [p.w0.copy()], available=lambda: list(range(N)),
-                                examples=[len(y) for y in p.ys])
-    grid = ScriptedGrid(p, cfg, script, root)
-    loop = AsyncLoop(grid, cfg, strategy, lambda: list(range(N)), node_of,
-                     ConfigRecord({rk.EXPERIMENT: EXPERIMENT}))
+    grid = ScriptedGrid(p, async_cfg(raw), script, root)
+    loop, strategy = make_loop(grid)
     final = loop.run([p.w0.copy()], lambda flush, facts: None)
     return final[0], strategy, grid, loop
 
@@ -266,3 +281,100 @@ def test_one_buffer_of_all_clients_is_the_sync_round(tmp_path: Path, method: str
         mine = StateDir(tmp_path, EXPERIMENT, pid).load_version(1, [np.zeros(DIM)])[key][0]
         np.testing.assert_allclose(mine, fed.state_of(pid, key)[0],  # type: ignore[index]
                                    rtol=1e-6, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------- kill and resume
+KILLED: Script = [(1, "ok"), (0, "ok"), (1, "nan"), (2, "ok"), (3, "ok"), (1, "ok")]
+"""Version 2's checkpoint (after the 5th reply) has client 1 accounted at its round 1 (its
+round-2 reply was rejected) with its round-3 task, sent version 1, in flight. Its round-3
+reply is then buffered (accounted: round 3) and its round-4 task sent before the kill, so
+it has saved rounds 1 to 4 and names round 3 as accounted: round 1, which the resumed run
+names again, is kept only because the server asks for it (``keep-accounted``)."""
+AFTER: Script = [(1, "ok"), (0, "ok"), (2, "ok"), (3, "ok"), (1, "ok"), (0, "ok"),
+                 (2, "ok"), (3, "ok")]
+"""What follows the checkpoint in the uninterrupted run (the resumed one redoes the first)."""
+
+
+class DyingGrid(ScriptedGrid):
+    """Killed (``KeyboardInterrupt``) when the loop pulls past the end of its script."""
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        if not self.script:
+            raise KeyboardInterrupt("server killed")
+        return super().pull_messages(message_ids)
+
+
+def resumable_run(grid: ScriptedGrid, run_dir: Path, ckpt_at: int,
+                  resume: bool = False) -> tuple[np.ndarray, BufferedStrategy]:
+    """``run_async`` writing the checkpoint of version ``ckpt_at`` to ``run_dir`` (as
+    ``run_async_experiment`` writes each), or resumed from the one there."""
+    loop, strategy = make_loop(grid)
+    run_dir.mkdir(exist_ok=True)
+    w = [grid.p.w0.copy()]
+    if resume:
+        ckpt = load_checkpoint(run_dir)
+        w = loop.resume_from(run_dir, ckpt, loop_state_of(run_dir, ckpt, has_clock=False))
+
+    def on_flush(flush: Flush, facts: dict[str, Any]) -> None:
+        state = loop.state()  # every flush, as the real loop's (it sets the pins)
+        if flush.version == ckpt_at:
+            save_checkpoint(run_dir, async_checkpoint(
+                state, flush.weights, loop.sent(), strategy.server_state(),
+                grid.cfg.to_dict(), [], loop.sent_down()))
+
+    return loop.run(w, on_flush)[0], strategy
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
+def test_killed_after_the_accounted_round_moved_and_resumed_ends_bit_identical(
+        tmp_path: Path, method: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Fresh nodes (no memory) over the same state directories: the resumed run redoes the
+    tasks in flight at version 2 (client 1's from version 1, with c of version 1) and ends
+    with the uninterrupted run's model and state, bit for bit, with no state fallback."""
+    raw = {"method": method, "buffer-size": 2, "num-server-rounds": 5, "staleness": "poly",
+           "staleness-a": 0.5}
+    cfg = async_cfg(raw)
+    ref_w, ref = resumable_run(ScriptedGrid(problem(), cfg, KILLED[:5] + AFTER,
+                                                 tmp_path / "ref-state"),
+                               tmp_path / "ref-run", ckpt_at=2)
+    run_dir, states = tmp_path / "run", tmp_path / "state"
+    with pytest.raises(KeyboardInterrupt):
+        resumable_run(DyingGrid(problem(), cfg, KILLED, states), run_dir, ckpt_at=2)
+    assert sorted(int(f.stem[1:]) for f in (states / EXPERIMENT / "client-1").glob("r*")) \
+        == [1, 2, 3, 4]
+    ckpt = load_checkpoint(run_dir)
+    if method == "scaffold":  # client 1's task in flight carries version 1's c
+        assert "version-1/scaffold-c" in ckpt.extra
+    caplog.set_level(logging.WARNING)
+    w, got = resumable_run(ScriptedGrid(problem(), cfg, AFTER, states), run_dir,
+                           ckpt_at=0, resume=True)
+    assert "accounted for is lost" not in caplog.text
+    assert w.tobytes() == ref_w.tobytes()
+    mine, want = got.server_state(), ref.server_state()
+    assert set(mine) == set(want)
+    assert all(a.tobytes() == b.tobytes() for k in want
+               for a, b in zip(mine[k], want[k], strict=True))
+
+
+def test_without_keep_accounted_the_resumed_client_loses_its_accounted_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The same kill with the pin left out: client 1's round 1 is gone when its redone task
+    rebases c_i on it (a state fallback), and the run ends elsewhere."""
+    monkeypatch.setattr(AsyncLoop, "accounted_at_checkpoint", lambda self: {})
+    raw = {"method": "scaffold", "buffer-size": 2, "num-server-rounds": 5,
+           "staleness": "poly", "staleness-a": 0.5}
+    cfg = async_cfg(raw)
+    ref_w, _ = resumable_run(ScriptedGrid(problem(), cfg, KILLED[:5] + AFTER,
+                                               tmp_path / "ref-state"),
+                             tmp_path / "ref-run", ckpt_at=2)
+    run_dir, states = tmp_path / "run", tmp_path / "state"
+    with pytest.raises(KeyboardInterrupt):
+        resumable_run(DyingGrid(problem(), cfg, KILLED, states), run_dir, ckpt_at=2)
+    assert sorted(int(f.stem[1:]) for f in (states / EXPERIMENT / "client-1").glob("r*")) \
+        == [2, 3, 4]
+    caplog.set_level(logging.WARNING)
+    w, _ = resumable_run(ScriptedGrid(problem(), cfg, AFTER, states), run_dir,
+                         ckpt_at=0, resume=True)
+    assert "accounted for is lost" in caplog.text
+    assert np.abs(w - ref_w).max() > 1e-6

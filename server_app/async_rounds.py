@@ -17,13 +17,13 @@ again, unless no other idle client can take a free slot.
 
 The flush hands D to the method's own server rule: FedAvg's (FedAvg/FedInit, FedProx, FedSAM,
 Ditto) is w + eta_g D, FedAdam's its optimiser step, SCAFFOLD's w + eta_g D with
-c += (1/N) sum Delta_c_i over the buffer, FedDyn's H += sum Delta_i then w + D + H / N (each
-reply's state change added once, unweighted by staleness; docs/algorithms.md). A reply counts
-as accounted for its client (``AccountedRounds``) when it is buffered: it will be in the next
-flush, so the client's next task starts its c_i / h_i from it; a rejected, lost or
-stale-dropped reply never is. Not built yet (refused by the run config): DP, robust rules,
-federated and personalized evaluation, and the methods listed in
-``task.choices.ASYNC_REFUSALS``.
+c += (1/N) sum Delta_c_i over the buffer (each reply's Delta_c_i added once, unweighted by
+staleness; docs/algorithms.md). A reply counts as accounted for its client
+(``AccountedRounds``) when it is buffered: it will be in the next flush, so the client's next
+task starts its c_i from it; a rejected, lost or stale-dropped reply never is. Not built yet
+(refused by the run config): DP, robust rules, federated and personalized evaluation, and the
+methods listed in ``task.choices.ASYNC_REFUSALS`` (FedDyn among them: its rule diverges with
+stale replies).
 
 Every flush writes a checkpoint before anything of the new version is sent; ``resume-dir``
 continues from it, re-sending the tasks that were in flight as they were
@@ -525,7 +525,7 @@ class AsyncLoop:
     def apply(self, w: Weights, step: Weights) -> Weights:
         """The method's server rule on the buffered update D = ``step`` (FedAvg's: w + eta_g
         D; FedAdam's: its Adam step, its moments kept on the strategy as in a sync round;
-        SCAFFOLD's and FedDyn's: their state from every buffered reply once, unweighted).
+        SCAFFOLD's: c from every buffered reply's Delta_c_i once, unweighted).
         Each reply reaches the rule as its Delta_i against the version its task carried
         (``variant`` ``update``), so a stale reply's move is not measured from the newest w."""
         c = self.cfg

@@ -1,14 +1,11 @@
-"""SCAFFOLD under ``rounds=async``: the real FedBuff loop (``AsyncLoop``), strategy and client
-code on the least-squares problem, with a hand-written completion order; and why FedDyn is
-refused (its rule, built the same way, diverges where its sync round converges).
+"""SCAFFOLD under ``rounds=async``: the real FedBuff loop, strategy and client code on the
+least-squares problem with a hand-written completion order (``testbeds/lsq_async.py``: who
+answers next, and whether that reply is lost or rejected); and why FedDyn is refused (its
+rule, built the same way, diverges where its sync round converges).
 
-Every client is always training (concurrency = N), so the order of replies alone fixes the
-run: a client's reply is handed back when the script names it, and its next task goes out
-at once, carrying the version current after that reply (and after the flush it completed).
-A scripted reply may be lost (the SuperLink's ``Node Unavailable``: the client trained and
-saved its state, the server never saw it) or rejected (its arrays NaN). The oracle below
-replays the script with numpy: full-batch local gradient steps, each client's accounted
-c_i, the buffer, s(tau) and the flushes, none of it read from the code under test.
+The oracle below replays the script with numpy: full-batch local gradient steps, each
+client's accounted c_i, the buffer, s(tau) and the flushes, none of it read from the code
+under test.
 """
 
 from __future__ import annotations
@@ -20,127 +17,39 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Error, Message, RecordDict
-from flwr.common.constant import ErrorCode
-from flwr.serverapp import Grid
+from flwr.app import Message
 
-from client_app.round import client_round
-from methods import wire as rk
 from methods.fedbuff import Flush
-from methods.packed_arrays import pack, shapes
 from methods.scaffold import C_LOCAL
-from scripts.inprocess_grid import set_task_identity
 from server_app.async_resume import async_checkpoint, loop_state_of
 from server_app.async_rounds import AsyncLoop, BufferedStrategy
 from server_app.checkpoint import load_checkpoint, save_checkpoint
-from store.client_store import ClientStore
 from store.state_dir import StateDir
 from task import config as task_config
 from task.config import RunConfig
-from testbeds.lsq_problem import Federation, Problem, VectorModel, lsq_optimum, lsq_problem
+from testbeds.lsq_async import (
+    EXPERIMENT,
+    Script,
+    ScriptedGrid,
+    make_loop,
+    run_lsq_async,
+    speed_order,
+)
+from testbeds.lsq_problem import Federation, Problem, lsq_optimum, lsq_problem
 
 N, DIM, K_STEPS, LR = 4, 5, 5, 0.05
 FLUSHES = 40
 """FedDyn's divergence test: flushes (and sync rounds)."""
-EXPERIMENT = "lsq-async"
 LOCAL = {"num-clients": N, "lr": LR, "local-epochs": K_STEPS, "batch-size": 1000,
          "weighting": "uniform", "weight-decay": 0.0, "clip-norm": 0.0, "lr-decay": 1.0,
          "beta": 0.0, "max-update-norm-ratio": 0.0, "personal-eval-every": 0,
          "output-dir": "/tmp/unused"}
 """Full-batch steps (batch-size > n), no RI, decay, clipping or norm filter: the oracle stays
 short (as ``testbeds.lsq_problem.Federation``)."""
-Script = list[tuple[int, str]]
-"""(client, fate): ``ok``, ``lost`` or ``nan``, in the order the replies come back."""
 
 
 def problem() -> Problem:
     return lsq_problem(num_clients=N, dim=DIM, n=20, seed=3)
-
-
-class ScriptedGrid(Grid):
-    """Each train message answered at push (the client trains and saves its state then, as
-    a node does before it replies) by the real client path with a disk state dir; one reply
-    handed back per pull, the next one the script names."""
-
-    def __init__(self, p: Problem, cfg: RunConfig, script: Script, root: Path) -> None:
-        set_task_identity()
-        self.p, self.cfg, self.root = p, cfg, root
-        self.script = list(script)
-        self.memory = {pid: RecordDict() for pid in range(p.num_clients)}
-        self.pending: dict[int, tuple[Message, Message]] = {}
-        self.pushed = 0
-
-    def store(self, pid: int) -> ClientStore:
-        return ClientStore(self.memory[pid], StateDir(self.root, EXPERIMENT, pid))
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids = []
-        for msg in messages:
-            self.pushed += 1
-            msg.metadata.__dict__["_message_id"] = f"task-{self.pushed}"
-            ids.append(msg.metadata.message_id)
-            pid = msg.metadata.dst_node_id - 1000
-            assert pid not in self.pending, "a client was sent two tasks at once"
-            self.pending[pid] = (msg, self.answer(pid, msg))
-        return ids
-
-    def answer(self, pid: int, msg: Message) -> Message:
-        """What ``client_app.app.train_content`` does, on the problem's data and model."""
-        conf = msg.content.config_records[rk.CONFIG]
-        rnd, accounted = int(conf[rk.ROUND]), int(conf[rk.ACCOUNTED_ROUND])
-        store = self.store(pid)
-        store.restore(EXPERIMENT, rnd, shapes(msg.content.array_records[rk.ARRAYS]), accounted,
-                      self.cfg.spec.client.accounted_keys)
-        p = self.p
-        content = client_round(self.cfg, self.cfg.spec.client(self.cfg.params), msg.content,
-                               store, VectorModel(p.w0, p.linear), p.xs[pid], p.ys[pid],
-                               initial=lambda: [p.w0], partition_id=pid, loss_fn=p.loss_fn)
-        store.save(EXPERIMENT, rnd, pin=rk.kept_rounds(conf))
-        return Message(content=content, reply_to=msg)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        assert self.script, "the loop wants more replies than the script holds"
-        pid, fate = self.script.pop(0)
-        task, reply = self.pending.pop(pid)
-        assert task.metadata.message_id in set(message_ids)
-        if fate == "lost":
-            return [Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node gone"),
-                            reply_to=task)]
-        if fate == "nan":
-            arrays = reply.content.array_records[rk.ARRAYS]
-            reply.content.array_records[rk.ARRAYS] = pack(
-                [np.full(a.shape, np.nan, np.float32) for a in arrays.to_numpy_ndarrays()])
-        return [reply]
-
-    # the rest of Grid's API is not used by the loop
-    def set_run(self, run: Any) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    @property
-    def run(self) -> Any:  # pragma: no cover
-        raise NotImplementedError
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # pragma: no cover
-        raise NotImplementedError
-
-    def get_node_ids(self) -> Iterable[int]:  # pragma: no cover
-        return [1000 + i for i in range(self.p.num_clients)]
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:  # pragma: no cover
-        raise NotImplementedError
-
-
-def make_loop(grid: ScriptedGrid) -> tuple[AsyncLoop, BufferedStrategy]:
-    """The real loop and strategy of ``grid``'s run config, as ``run_async_experiment``
-    builds them."""
-    p, cfg = grid.p, grid.cfg
-    node_of = {pid: 1000 + pid for pid in range(p.num_clients)}
-    strategy = BufferedStrategy(cfg, node_of, [p.w0.copy()], available=lambda: list(node_of),
-                                examples=[len(y) for y in p.ys])
-    loop = AsyncLoop(grid, cfg, strategy, lambda: list(node_of), node_of,
-                     ConfigRecord({rk.EXPERIMENT: EXPERIMENT}))
-    return loop, strategy
 
 
 def async_cfg(raw: dict[str, Any]) -> RunConfig:
@@ -150,11 +59,7 @@ def async_cfg(raw: dict[str, Any]) -> RunConfig:
 def run_async(raw: dict[str, Any], script: Script, root: Path, p: Problem | None = None,
               ) -> tuple[np.ndarray, BufferedStrategy, ScriptedGrid, AsyncLoop]:
     """The real loop over ``script``; its final model, strategy, grid and loop."""
-    p = p or problem()
-    grid = ScriptedGrid(p, async_cfg(raw), script, root)
-    loop, strategy = make_loop(grid)
-    final = loop.run([p.w0.copy()], lambda flush, facts: None)
-    return final[0], strategy, grid, loop
+    return run_lsq_async(p or problem(), async_cfg(raw), script, root)
 
 
 # ---------------------------------------------------------------------------- the oracle
@@ -379,7 +284,7 @@ def test_feddyn_under_fedbuff_diverges_where_its_sync_round_converges(
     eight = {"num-clients": 8, "concurrency": 8, "lr": 0.1, "local-epochs": 10,
              "feddyn-alpha": 1.0, "buffer-size": 4, "staleness": "constant",
              "num-server-rounds": FLUSHES}
-    script: Script = [(i % 8, "ok") for i in range(4 * FLUSHES + 8)]
+    script = speed_order([1.0] * 8, 4 * FLUSHES + 8)  # round robin
     got = {m: error(run_async({**eight, "method": m}, script, tmp_path / m, p)[0])
            for m in ("feddyn", "scaffold")}
     sync = Federation(p, {**LOCAL, **eight, "method": "feddyn", "fraction-train": 0.5})

@@ -409,7 +409,7 @@ class AsyncLoop:
         if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.pid)):
             self.losses.append((weight, decoded.train_loss))
             self.accepted.append((replace(decoded, upload=delta), weight))
-            # in the next flush: the client's next task starts its c_i / h_i from this one
+            # in the next flush: the client's next task starts its c_i from this one
             self.strategy.accounted_rounds.count([task.pid], task.round)
         else:
             log(INFO, "version %d: dropped the reply of client %d: staleness %d > "

@@ -220,9 +220,8 @@ def test_killed_after_the_accounted_round_moved_and_resumed_ends_bit_identical(
     raw = {"method": "scaffold", "buffer-size": 2, "num-server-rounds": 5,
            "staleness": "poly", "staleness-a": 0.5}
     cfg = async_cfg(raw)
-    ref_w, ref = resumable_run(ScriptedGrid(problem(), cfg, KILLED[:5] + AFTER,
-                                                 tmp_path / "ref-state"),
-                               tmp_path / "ref-run", ckpt_at=2)
+    ref_grid = ScriptedGrid(problem(), cfg, KILLED[:5] + AFTER, tmp_path / "ref-state")
+    ref_w, ref = resumable_run(ref_grid, tmp_path / "ref-run", ckpt_at=2)
     run_dir, states = tmp_path / "run", tmp_path / "state"
     with pytest.raises(KeyboardInterrupt):
         resumable_run(DyingGrid(problem(), cfg, KILLED, states), run_dir, ckpt_at=2)
@@ -250,9 +249,8 @@ def test_without_keep_accounted_the_resumed_client_loses_its_accounted_state(
     raw = {"method": "scaffold", "buffer-size": 2, "num-server-rounds": 5,
            "staleness": "poly", "staleness-a": 0.5}
     cfg = async_cfg(raw)
-    ref_w, _ = resumable_run(ScriptedGrid(problem(), cfg, KILLED[:5] + AFTER,
-                                               tmp_path / "ref-state"),
-                             tmp_path / "ref-run", ckpt_at=2)
+    ref_grid = ScriptedGrid(problem(), cfg, KILLED[:5] + AFTER, tmp_path / "ref-state")
+    ref_w, _ = resumable_run(ref_grid, tmp_path / "ref-run", ckpt_at=2)
     run_dir, states = tmp_path / "run", tmp_path / "state"
     with pytest.raises(KeyboardInterrupt):
         resumable_run(DyingGrid(problem(), cfg, KILLED, states), run_dir, ckpt_at=2)

@@ -188,7 +188,7 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
     if ledger is not None:  # one noised channel per upload (masked ones too), at the device's
         account_release(ledger, msg, device_multiplier(cfg),  # own multiplier
                         1 + len(cfg.spec.server.up_keys))
-    state.save(experiment, server_round, pin=int(conf.get(rk.KEEP_ROUND, 0)))  # type: ignore[arg-type]
+    state.save(experiment, server_round, pin=rk.kept_rounds(conf))
     return content
 
 

@@ -7,6 +7,8 @@ run (local epochs, batch size, the method's parameters) both apps read from the 
 config, which Flower hands to each of them.
 """
 
+from collections.abc import Mapping
+
 ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
@@ -23,6 +25,9 @@ ACCOUNTED_ROUND = "accounted-round"  # int, per client: the round of its last re
 KEEP_ROUND = "keep-round"  # int, per client, rounds=async only: the round of the state its task
 # in flight at the server's last checkpoint started from; kept on disk (beside the newest two)
 # so that the task, redone after a resume, starts from it again (server_app/async_resume.py)
+KEEP_ACCOUNTED = "keep-accounted"  # int, per client, rounds=async only, methods with server-summed
+# state: the client's accounted round at the server's last checkpoint; kept on disk too, since
+# its accounted round may move on before the next checkpoint and a resume names this one again
 CLIENT_ID = "client-id"  # int: the client the message is for (a node without a partition-id
 # trains as this client; one with a partition-id refuses a message naming another)
 
@@ -63,3 +68,10 @@ EVAL_ACC = "eval-acc"  # an evaluate reply: accuracy of the received model
 # Query reply (client identity).
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
+
+
+def kept_rounds(config: Mapping[str, object]) -> tuple[int, ...]:
+    """The rounds a train message asks the client to keep on disk beside its newest two
+    (``KEEP_ROUND``, ``KEEP_ACCOUNTED``; absent: none)."""
+    return tuple(int(config[k]) for k in (KEEP_ROUND, KEEP_ACCOUNTED)  # type: ignore[call-overload]
+                 if k in config)

@@ -10,6 +10,10 @@ the resumed run handles the same replies in the same simulated order as the unin
 one, and its final model is bit-identical to that run's. Re-sending them from the newest
 version instead would change their staleness and their finish times.
 
+A method that sends arrays beside the model (SCAFFOLD's c) has them saved for each of those
+older versions too (``version-<v>/<name>``): a re-sent task carries c of the version it was
+sent, not the newest; the checkpoint's own version's are the server state's.
+
 What else. The seeded generator of the client choice (its bit generator's state), the
 clock's ``now``, the dispatch count, each client's last round number, the method's server
 state (FedAdam's moments, the norm history) and the rows of versions 1..k. Not saved: the
@@ -98,12 +102,22 @@ def version_key(version: int) -> str:
     return f"version-{version}"
 
 
+def down_key(version: int, name: str) -> str:
+    """The checkpoint entry of down array ``name`` (e.g. ``scaffold-c``) of ``version``."""
+    return f"{version_key(version)}/{name}"
+
+
 def async_checkpoint(state: LoopState, weights: Weights, sent: dict[int, Weights],
                      strategy_state: dict[str, Weights], config: dict[str, Any],
-                     rows: list[dict[str, Any]]) -> Checkpoint:
+                     rows: list[dict[str, Any]],
+                     sent_down: dict[int, dict[str, Weights]] | None = None) -> Checkpoint:
     """The checkpoint of a flush: ``weights`` is version ``state.version``; ``sent`` holds
-    each older version a task in flight carries."""
+    each older version a task in flight carries, ``sent_down`` the method's down arrays of
+    each (its own version's follow from ``strategy_state``)."""
     extra = {version_key(v): list(sent[v]) for v in state.versions()}
+    downs = sent_down or {}
+    extra.update({down_key(v, k): list(a) for v in state.versions()
+                  for k, a in downs.get(v, {}).items()})
     return Checkpoint(state.version, list(weights), strategy_state, config, rows,
                       state.to_meta(), extra)
 
@@ -138,3 +152,19 @@ def loop_state_of(run_dir: Path, ckpt: Checkpoint, has_clock: bool) -> tuple[
                                   "was sent")
         sent[v] = arrays
     return state, sent
+
+
+def sent_downs_of(run_dir: Path, ckpt: Checkpoint, state: LoopState,
+                  names: tuple[str, ...]) -> dict[int, dict[str, Weights]]:
+    """The method's down arrays ``names`` of each older version a task in flight was sent;
+    one-line CheckpointError when one is missing (a checkpoint made before they were kept
+    cannot redo such a task exactly)."""
+    out: dict[int, dict[str, Weights]] = {}
+    for v in state.versions():
+        for name in names:
+            arrays = ckpt.extra.get(down_key(v, name))
+            if not arrays:
+                raise CheckpointError(f"resume-dir {run_dir}: the checkpoint lacks {name} of "
+                                      f"version {v}, which a task in flight was sent")
+            out.setdefault(v, {})[name] = arrays
+    return out

@@ -16,9 +16,14 @@ for ``round-timeout`` seconds, doubled with each further loss in a row, until it
 again, unless no other idle client can take a free slot.
 
 The flush hands D to the method's own server rule: FedAvg's (FedAvg/FedInit, FedProx, FedSAM,
-Ditto) is w + eta_g D, FedAdam's its optimiser step. Not built yet (refused by the run
-config): DP, robust rules, federated and personalized evaluation, and the methods with
-per-round server state (``task.choices.ASYNC_REFUSALS``).
+Ditto) is w + eta_g D, FedAdam's its optimiser step, SCAFFOLD's w + eta_g D with
+c += (1/N) sum Delta_c_i over the buffer (each reply's Delta_c_i added once, unweighted by
+staleness; docs/algorithms.md). A reply counts as accounted for its client
+(``AccountedRounds``) when it is buffered: it will be in the next flush, so the client's next
+task starts its c_i from it; a rejected, lost or stale-dropped reply never is. Not built yet
+(refused by the run config): DP, robust rules, federated and personalized evaluation, and the
+methods listed in ``task.choices.ASYNC_REFUSALS`` (FedDyn among them: its rule diverges with
+stale replies).
 
 Every flush writes a checkpoint before anything of the new version is sent; ``resume-dir``
 continues from it, re-sending the tasks that were in flight as they were
@@ -36,7 +41,7 @@ import io
 import math
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -54,9 +59,15 @@ from methods.fedbuff import BufferedUpdate, FedBuff, Flush, delta_of, mean_max
 from methods.method import ClientUpdate, RoundInput
 from methods.packed_arrays import pack
 from methods.weights import Weights
-from server_app.async_resume import InFlight, LoopState, async_checkpoint, loop_state_of
+from server_app.async_resume import (
+    InFlight,
+    LoopState,
+    async_checkpoint,
+    loop_state_of,
+    sent_downs_of,
+)
 from server_app.central_eval import CentralEvaluator
-from server_app.checkpoint import save_checkpoint
+from server_app.checkpoint import Checkpoint, save_checkpoint
 from server_app.clients import Fleet
 from server_app.engine_facts import client_state_entry
 from server_app.experiment import (
@@ -107,6 +118,8 @@ class Task:
     """The ``rk.ROUND`` the client was sent."""
     base: int = 0
     """The client's round before this task (0: none): the state it starts from."""
+    down: Mapping[str, Weights] = field(default_factory=dict)
+    """The method's down arrays it carried (SCAFFOLD's c of ``version``)."""
 
 
 class BufferedStrategy(MethodStrategy):
@@ -211,7 +224,8 @@ class AsyncLoop:
         store (versions by round) sees each participation after the one before."""
         self.losses: list[tuple[float, float]] = []
         self.accepted: list[tuple[ClientUpdate, float]] = []
-        """The buffer's decoded replies and weights (the method's rule sees them at a flush)."""
+        """The buffer's decoded replies, each with its upload replaced by Delta_i against the
+        version its task carried, and weights (the method's rule sees them at a flush)."""
         self.counts = Counters()
         self.bench = Bench(cfg.round_timeout)
         self.clock = VirtualClock.for_run(cfg)
@@ -225,10 +239,16 @@ class AsyncLoop:
         """Per client, the round of its state that a resume from the last checkpoint starts
         it from (``pins_of``): named in its train messages (``rk.KEEP_ROUND``), so the
         client keeps that version however often it trains before the next checkpoint."""
+        self.accounted_pins: dict[int, int] = {}
+        """Per client, its accounted round at the last checkpoint, which a resume names again
+        (methods with server-summed state only; ``rk.KEEP_ACCOUNTED``): the client keeps that
+        version too, though its accounted round may move on before the next checkpoint."""
         self.redo: tuple[InFlight, ...] = ()
         """After a resume: the checkpoint's tasks in flight, re-sent by the first ``fill``."""
         self.sent_versions: dict[int, Weights] = {}
         """After a resume: the model versions those tasks carry."""
+        self.sent_downs: dict[int, dict[str, Weights]] = {}
+        """After a resume: the method's down arrays of those versions (SCAFFOLD's c)."""
         self.run_dir = Path(cfg.output_dir)
         """Where the checkpoint is (set by ``run_async_experiment``), named when it stops."""
 
@@ -247,6 +267,7 @@ class AsyncLoop:
         version = self.buffer.version
         self.strategy.chosen = chosen
         arrays = pack(weights)
+        down = self.strategy.rule.down(self.strategy.state)
         messages = list(self.strategy.configure_train(version + 1, arrays, self.round_config,
                                                       self.grid))
         rounds = {}
@@ -263,7 +284,7 @@ class AsyncLoop:
             if msg_id:
                 finish = sim.now + sim.duration(pid) if sim is not None else 0.0
                 self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now,
-                                          finish, seq, *rounds[pid])
+                                          finish, seq, *rounds[pid], down=down)
         self.counts.dispatched += len(chosen)
         if self.counts.refill:
             log(INFO, "version %d: %d lost task(s) re-sent: client(s) %s now train", version,
@@ -276,6 +297,8 @@ class AsyncLoop:
         config[rk.ROUND] = rnd
         if pid in self.pins:
             config[rk.KEEP_ROUND] = self.pins[pid]
+        if self.accounted_pins.get(pid, 0):
+            config[rk.KEEP_ACCOUNTED] = self.accounted_pins[pid]
 
     def resend(self) -> None:
         """After a resume: send every task of the checkpoint that was in flight again, as it
@@ -286,25 +309,28 @@ class AsyncLoop:
         now = time.monotonic()
         sent = []
         for t in redo:
+            down = self.sent_downs.get(t.version, {})
             if t.pid not in online or t.pid not in self.node_of:
                 self.lose(Task(t.pid, -1, t.version, self.sent_versions[t.version], now,
-                               t.finish, t.seq, t.round, t.base),
+                               t.finish, t.seq, t.round, t.base, down),
                           "not connected when the resumed run re-sent its task")
                 continue
             weights = self.sent_versions[t.version]
             self.strategy.chosen = [t.pid]
             (msg,) = self.strategy.configure_train(t.version + 1, pack(weights),
                                                    self.round_config, self.grid)
+            for key, arrays in down.items():  # the version's own (c_v), not the newest
+                msg.content.array_records[key] = pack(arrays)
             self.mark(msg, t.pid, t.round)
             (msg_id,) = self.grid.push_messages([msg])
             if msg_id:
                 self.tasks[msg_id] = Task(t.pid, self.node_of[t.pid], t.version, weights, now,
-                                          t.finish, t.seq, t.round, t.base)
+                                          t.finish, t.seq, t.round, t.base, down)
                 sent.append(f"{t.pid} (version {t.version})")
         log(INFO, "version %d: re-sent %d of the %d task(s) in flight at the checkpoint, each "
             "from its own version: client(s) %s", self.buffer.version, len(sent), len(redo),
             ", ".join(sent))
-        self.sent_versions = {}
+        self.sent_versions, self.sent_downs = {}, {}
 
     def state(self) -> LoopState:
         """The loop's state for the checkpoint of the flush just made (buffer empty); from
@@ -312,6 +338,7 @@ class AsyncLoop:
         in_flight = tuple(sorted((InFlight(t.pid, t.version, t.round, t.base, t.finish, t.seq)
                                   for t in self.tasks.values()), key=lambda t: t.seq))
         self.pins = pins_of(self.last_round, in_flight)
+        self.accounted_pins = self.accounted_at_checkpoint()
         return LoopState(self.buffer.version, dict(self.rng.bit_generator.state),
                          None if self.clock is None else self.clock.now,
                          self.counts.dispatched, dict(self.last_round), in_flight)
@@ -320,9 +347,14 @@ class AsyncLoop:
         """The model version each task in flight carries, by version."""
         return {t.version: t.weights for t in self.tasks.values()}
 
-    def load(self, state: LoopState, sent: dict[int, Weights]) -> None:
+    def sent_down(self) -> dict[int, dict[str, Weights]]:
+        """The method's down arrays each task in flight carries, by version (none: empty)."""
+        return {t.version: dict(t.down) for t in self.tasks.values() if t.down}
+
+    def load(self, state: LoopState, sent: dict[int, Weights],
+             downs: dict[int, dict[str, Weights]] | None = None) -> None:
         """Continue from a checkpoint's ``state``: its tasks in flight are re-sent by the
-        first ``fill``, from the versions in ``sent``."""
+        first ``fill``, from the versions in ``sent`` with their down arrays ``downs``."""
         self.buffer.version = state.version
         self.rng.bit_generator.state = state.rng
         if self.clock is not None and state.clock_now is not None:
@@ -330,7 +362,28 @@ class AsyncLoop:
         self.counts.dispatched = state.dispatched
         self.last_round = dict(state.last_round)
         self.redo, self.sent_versions = state.in_flight, sent
+        self.sent_downs = dict(downs or {})
         self.pins = pins_of(self.last_round, state.in_flight)
+        self.accounted_pins = self.accounted_at_checkpoint()
+
+    def accounted_at_checkpoint(self) -> dict[int, int]:
+        """The accounted rounds a resume from the checkpoint being written (or read) names,
+        for a method whose clients rebase server-summed state on them (else none)."""
+        if not self.cfg.spec.client.accounted_keys:
+            return {}
+        return dict(self.strategy.accounted or {})
+
+    def resume_from(self, run_dir: Path, ckpt: Checkpoint,
+                    loaded: tuple[LoopState, dict[int, Weights]]) -> Weights:
+        """Continue from ``ckpt`` (its loop state ``loaded``): the method's server state,
+        then the loop's, each task in flight to be re-sent with its version's model and
+        down arrays; returns the checkpoint's model."""
+        self.strategy.load_server_state(ckpt.strategy_state)
+        down = self.strategy.rule.down(self.strategy.state)  # the checkpoint's version's
+        state, sent = loaded
+        self.load(state, sent, {**sent_downs_of(run_dir, ckpt, state, tuple(down)),
+                                state.version: down})
+        return list(ckpt.weights)
 
     def take(self, msg: Message) -> Task | None:
         """The task ``msg`` answers, checked and buffered (or counted as rejected/dropped)."""
@@ -355,7 +408,9 @@ class AsyncLoop:
         delta = delta_of(decoded.upload, task.weights, self.cfg.ri_aggregation)
         if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.pid)):
             self.losses.append((weight, decoded.train_loss))
-            self.accepted.append((decoded, weight))
+            self.accepted.append((replace(decoded, upload=delta), weight))
+            # in the next flush: the client's next task starts its c_i from this one
+            self.strategy.accounted_rounds.count([task.pid], task.round)
         else:
             log(INFO, "version %d: dropped the reply of client %d: staleness %d > "
                 "max-staleness=%d", version, task.pid, version - task.version,
@@ -469,12 +524,15 @@ class AsyncLoop:
 
     def apply(self, w: Weights, step: Weights) -> Weights:
         """The method's server rule on the buffered update D = ``step`` (FedAvg's: w + eta_g
-        D; FedAdam's: its Adam step, its moments kept on the strategy as in a sync round)."""
+        D; FedAdam's: its Adam step, its moments kept on the strategy as in a sync round;
+        SCAFFOLD's: c from every buffered reply's Delta_c_i once, unweighted).
+        Each reply reaches the rule as its Delta_i against the version its task carried
+        (``variant`` ``update``), so a stale reply's move is not measured from the newest w."""
         c = self.cfg
         rnd = RoundInput(server_round=self.buffer.version + 1,
                          aggregate=[d.astype(np.float32) for d in step],
                          updates=[u for u, _ in self.accepted],
-                         weights=[p for _, p in self.accepted], variant=c.ri_aggregation,
+                         weights=[p for _, p in self.accepted], variant="update",
                          num_clients=c.num_clients, lr=c.lr_at(self.buffer.version + 1),
                          server_lr=c.server_lr)
         self.accepted = []
@@ -532,9 +590,7 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
         {rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)}))
     loop.run_dir = out
     if resume and loaded:
-        weights = list(resume[1].weights)
-        strategy.load_server_state(resume[1].strategy_state)
-        loop.load(*loaded)
+        weights = loop.resume_from(resume[0], resume[1], loaded)
     rec = Recorder(out, cfg.to_dict(), eval_source="central",
                    keep_rounds=resume[1].server_round if resume else 0,
                    rows=resume[1].rows if resume else None,
@@ -556,7 +612,7 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
         rec.add_round(row)
         save_checkpoint(out, async_checkpoint(loop.state(), flush.weights, loop.sent(),
                                               strategy.server_state(), cfg.to_dict(),
-                                              rec.rows))
+                                              rec.rows, loop.sent_down()))
         log(INFO, "[version %d/%d] acc %s replies %d staleness mean %.2f max %d dropped %d "
             "| %.1fs", version, n, "-" if acc is None else f"{100 * acc:.2f}%",
             flush.replies, row["staleness-mean"], row["staleness-max"], flush.dropped,

@@ -23,7 +23,7 @@ arrays); disk keeps its file (``StateDir.save(keep=...)``). The other keys stay 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from logging import WARNING
 from typing import Any
 
@@ -227,9 +227,11 @@ class ClientStore:
             self.set_tag(experiment, saved[0])
         return bool(problems)
 
-    def save(self, experiment: str, server_round: int, pin: int = 0) -> None:
+    def save(self, experiment: str, server_round: int,
+             pin: int | Collection[int] = 0) -> None:
         """Tag the state held as this round's and write it to disk, if there is one, keeping
-        the version of round ``pin`` too (``rk.KEEP_ROUND``; 0: none)."""
+        the versions of the rounds ``pin`` too (``rk.KEEP_ROUND``, ``rk.KEEP_ACCOUNTED``; 0:
+        none)."""
         self.set_tag(experiment, server_round)
         if self.disk is not None:
             self.disk.save(server_round, self.entries(), keep=self._keep, pin=pin)

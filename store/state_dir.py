@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -106,17 +106,20 @@ class StateDir:
             _no_flat_files.add(self.dir)
         self._moved_flat = True
 
-    def save(self, server_round: int, entries: Entries, keep: int = 0, pin: int = 0) -> None:
+    def save(self, server_round: int, entries: Entries, keep: int = 0,
+             pin: int | Collection[int] = 0) -> None:
         """Write this round's state atomically, then keep only the newest versions, the
-        version of round ``keep`` (the one the server accounted for; 0: none) and that of
-        round ``pin`` (the one an asynchronous server may ask for again after a resume)."""
+        version of round ``keep`` (the one the server accounted for; 0: none) and those of
+        the rounds ``pin`` (the ones an asynchronous server may ask for again after a resume:
+        the state its task in flight started from, the state it last accounted)."""
+        pins = {pin} if isinstance(pin, int) else set(pin)
         self._move_flat_files()
         self.client_dir.mkdir(parents=True, exist_ok=True)
         meta = {"experiment": self.experiment, "partition-id": self.pid, "round": server_round,
                 "entries": {k: len(v) for k, v in entries.items()}}
         write_record(self.version_path(server_round), entries, meta, sync=self.sync)
         for saved_round, old in self._files()[:-KEEP_VERSIONS]:
-            if saved_round not in (keep, pin):
+            if saved_round != keep and saved_round not in pins:
                 old.unlink(missing_ok=True)
 
     def load_version(self, server_round: int, model: Sequence[Shaped]) -> Entries:

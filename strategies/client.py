@@ -277,7 +277,7 @@ def method_train(msg: Message, context: Context, model: nn.Module,
                           next(model.parameters()).device, initial=initial,
                           losses=user_losses(model, trainloader, step))
     content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
-    store.save(experiment, server_round, pin=int(conf.get(rk.KEEP_ROUND, 0)))  # type: ignore[arg-type]
+    store.save(experiment, server_round, pin=rk.kept_rounds(conf))
     return Message(content=content, reply_to=msg)
 
 

@@ -30,6 +30,7 @@ import pytest
 from flwr.app import Message
 
 from methods import wire as rk
+from methods.scaffold import C_LOCAL
 from scripts.inprocess_grid import InProcessGrid
 from server_app import async_rounds
 from server_app.async_resume import loop_state_of
@@ -127,21 +128,23 @@ def saved_rounds(state_root: Path, experiment: str, pid: int) -> list[int]:
 
 
 def newest_states(state_root: Path, experiment: str) -> dict[int, tuple[int, list[np.ndarray]]]:
-    """Each client's newest saved round and its w_prev."""
+    """Each client's newest saved round and its state (w_prev, and c_i under SCAFFOLD), in
+    one list."""
     out = {}
     for pid in range(3):
         files = sorted((state_root / experiment / f"client-{pid}").glob("r*.npz"))
         groups, meta = read_record(files[-1])
-        out[pid] = (int(meta["round"]), groups[W_PREV])
+        out[pid] = (int(meta["round"]), [*groups[W_PREV], *groups.get(C_LOCAL, [])])
     return out
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedadam"])
+@pytest.mark.parametrize("method", ["fedavg", "fedadam", "scaffold"])
 def test_killed_mid_buffer_and_resumed_ends_bit_identical(
         tmp_path: Path, method: str, caplog: pytest.LogCaptureFixture) -> None:
-    """FedInit (fedavg, beta 0.1: each client's w_prev) and FedAdam (its moments on the
-    server): the resumed run re-sends the two tasks in flight at version 3 from the versions
-    they were sent, and ends where the uninterrupted run ends."""
+    """FedInit (fedavg, beta 0.1: each client's w_prev), FedAdam (its moments on the
+    server) and SCAFFOLD (c, each client's c_i, and the c of version 0 and 2 that the tasks
+    in flight carry): the resumed run re-sends the two tasks in flight at version 3 from the
+    versions they were sent, and ends where the uninterrupted run ends."""
     over = {"method": method, **({"server-lr": 0.1} if method == "fedadam" else {})}
     ref_cfg = config(tmp_path, **over)
     run_async_experiment(InProcessGrid(3, ref_cfg.to_dict()), ref_cfg, tmp_path / "ref-run")
@@ -155,7 +158,8 @@ def test_killed_mid_buffer_and_resumed_ends_bit_identical(
     assert ckpt.server_round == 3 and ckpt.async_state is not None
     in_flight = ckpt.async_state["in-flight"]
     assert [(t[0], t[1]) for t in in_flight] == [(2, 0), (0, 2)]  # (client, version sent)
-    assert set(ckpt.extra) == {"version-0", "version-2"}
+    sent_c = {"version-0/scaffold-c", "version-2/scaffold-c"} if method == "scaffold" else set()
+    assert set(ckpt.extra) == {"version-0", "version-2", *sent_c}
     assert saved_rounds(tmp_path / "state", run_dir.name, 0) == [4, 5, 6]  # 4: pinned
     late = list(killed._pending)
     assert late, "the killed run left no reply on the link"
@@ -176,8 +180,8 @@ def test_killed_mid_buffer_and_resumed_ends_bit_identical(
     want_state = load_checkpoint(tmp_path / "ref-run").strategy_state
     assert set(got_state) == set(want_state)
     assert all(same(got_state[k], want_state[k]) for k in want_state)
-    if method == "fedadam":  # the moments are there and moved
-        assert any(np.any(a != 0) for k in want_state if not k.startswith("norms:")
+    if method in ("fedadam", "scaffold"):  # the moments, c, are there and moved
+        assert any(np.any(a != 0) for k in want_state if not k.startswith(("norms:", "acc"))
                    for a in want_state[k])
     mine = newest_states(tmp_path / "state", run_dir.name)
     ref = newest_states(tmp_path / "state", "ref-run")

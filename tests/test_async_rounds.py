@@ -91,11 +91,12 @@ def test_all_clients_one_buffer_constant_staleness_is_a_sync_fedavg_round(
     assert max_diff(got, first_model(grid)) > 1e-3  # the round really moved the model
 
 
-@pytest.mark.parametrize("method", ["fedprox", "ditto", "fedadam"])
+@pytest.mark.parametrize("method", ["fedprox", "ditto", "fedadam", "scaffold"])
 def test_methods_on_fedavgs_or_fedadams_server_rule_match_their_sync_round(
         tmp_path: Path, method: str) -> None:
     """One buffer of all clients at constant staleness is the method's sync round 1 (FedProx
-    and Ditto: FedAvg's server rule and their own clients; FedAdam: its optimiser on D)."""
+    and Ditto: FedAvg's server rule and their own clients; FedAdam: its optimiser on D;
+    SCAFFOLD: its c rule, tests/test_async_state.py)."""
     over = {"num-server-rounds": 1, "staleness": "constant", "concurrency": 3,
             "buffer-size": 3, "method": method}
     got, rows = run(tmp_path / "async", **over)

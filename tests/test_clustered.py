@@ -38,6 +38,9 @@ def clustered(p: Problem, **raw: object) -> Federation:
     return Federation(p, {"method": "clustered", "beta": 0.0, "num-clusters": 2,
                           "cluster-every": 100, "lr": 0.05, "local-epochs": 10,
                           "batch-size": 1000, "fraction-train": 1.0, "weighting": "uniform",
+                          # the loss rule as first built (round 1 clustered, lowest loss);
+                          # NEW_RULE below sets the warm-up, margin and probe
+                          "cluster-warmup": 1, "cluster-margin": 0.0, "cluster-newcomer": "loss",
                           **raw})
 
 

@@ -5,29 +5,44 @@ k-means of the clients' updates.
 Server: ``num-clusters`` models (all w_0 at the start) and each client's cluster (all in
 cluster 0 until the first clustering). A sampled client receives its cluster's model in place
 of the global model (and in personalized evaluation). Under ``cluster-assign=loss`` it also
-receives, from round 2 on, the other K - 1 cluster models and its cluster's index (K models
-down in all instead of one); it computes the mean loss of each of the K models on its own
-training data (no gradient, the same batches for each), picks the lowest (ties: the lowest
-index), trains that model with the run's local SGD (FedAvg's client) and uploads its final
-model with its choice (``cluster-choice``, an int in the reply's metrics; nothing else about
-the K losses leaves the device). The server rejects a reply whose choice is missing, not an
-int, or out of range (logged, never aggregated), puts the client in the cluster it chose and
-moves each cluster's model by the weighted mean of the moves of the replies that chose it
-(times ``server-lr``). Labels are stable: a cluster keeps its index. A client not sampled
-keeps its last cluster.
+receives, once the warm-up below has clustered, the other K - 1 cluster models and its
+cluster's index (K models down in all instead of one); it computes the mean loss of each of the
+K models on its own training data (no gradient, the same batches for each), picks the lowest
+(ties: the lowest index), trains that model with the run's local SGD (FedAvg's client) and
+uploads its final model with its choice (``cluster-choice``, an int in the reply's metrics;
+nothing else about the K losses leaves the device). The server rejects a reply whose choice is
+missing, not an int, or out of range (logged, never aggregated), puts the client in the cluster
+it chose and moves each cluster's model by the weighted mean of the moves of the replies that
+chose it (times ``server-lr``). Labels are stable: a cluster keeps its index. A client not
+sampled keeps its last cluster.
 
-Round 1 has nothing to choose between (every cluster model is w_0: every loss ties), so under
-both rules the clients trained in round 1 are clustered by k-means (scipy's ``kmeans2``,
-k-means++ start, seeded by the round) on their round-1 updates (upload minus the model they
-received, count-sketched and scaled to norm 1: cosine geometry), which gives K different
-models built from the clients' own data; under ``loss`` the clients choose from round 2 on.
-Seeded perturbations of w_0 would be the other start: for a CNN they differ too little for
-the losses to separate anything, and the cluster that happens to fit everyone best takes every
-client. Under ``cluster-assign=kmeans`` the clients are re-clustered by k-means after round 1
+Under ``loss`` the first clustering waits for ``cluster-warmup`` rounds (default 3): every
+model is still w_0 (every loss would tie), so the sampled clients train w_0, the server keeps
+each one's move from w_0 (its latest; the models do not move), and after the warm-up's last
+round (and once at least K clients have trained) clusters every client trained so far by
+k-means (scipy's ``kmeans2``, k-means++ start, the best of ``KMEANS_RESTARTS`` seeded starts)
+of those moves (count-sketched and scaled to norm 1: cosine geometry); each cluster's model is
+then w_0 plus its members' weighted mean move. One round's 6 clients for 4 clusters gave each
+model one or two clients' move to start from, and the cluster trained by most clients then
+took the others' (docs/reproduction.md 6b); the warm-up's 14-16 clients give each cluster a
+regime. After it, a member (a client clustered or trained since) leaves its cluster only for
+a model whose loss is below (1 - ``cluster-margin``) x its own cluster model's; a newcomer
+under ``cluster-newcomer=probe`` is sent w_0 and the warm-up's unit centroids as well, trains
+w_0 once (the warm-up's pass), and takes the cluster whose centroid its own sketched move is
+nearest to by cosine, then trains that cluster's model (one extra local pass, once per
+client). Rotated regimes that look alike (0 and 180 degrees) made the lowest loss pick the
+better-trained model of the wrong regime; the probe asks the question the warm-up's k-means
+answered. ``cluster-split`` > -1 adds CFL's split (Sattler et al.): a cluster with two or more
+replies in a round, while some cluster holds no trained client, bipartitions its replies'
+moves (complete linkage on cosine distance) and, where every cross cosine is below the
+threshold, the group without the round's lowest client id moves to the lowest empty cluster,
+which starts from the split cluster's model (each split is logged in ``clusters.jsonl``).
+Under ``cluster-assign=kmeans`` the clients are re-clustered by k-means after round 1
 and every ``cluster-every`` rounds; new clusters take the labels of the old clusters they
 overlap most (an assignment problem), and a cluster that inherits none of its members takes
 the model most of them come from. A client that has never trained stays in cluster 0 (under
-``loss``: until it chooses). The assignment is written to the run directory
+``loss``: until it chooses). Warm-up, margin, probe and split are ``loss``'s only. The
+assignment is written to the run directory
 (``clusters.jsonl``, one line per change). The global model returned each round is the
 member-weighted mean of the cluster models (the central accuracy curve).
 
@@ -70,7 +85,7 @@ ASSIGN_RULES = ("loss", "kmeans")
 NEWCOMER_RULES = ("loss", "probe")
 OTHERS = "cluster-others"
 """Down arrays: the other cluster models, each parameter stacked, shape (M, *shape) with M =
-K - 1 under ``loss`` from round 2 on and M = 0 otherwise (nothing to choose between)."""
+K - 1 under ``loss`` after the warm-up and M = 0 otherwise (nothing to choose between)."""
 CURRENT = "cluster-current"
 """Down array: [int64 (1,)], the index of the cluster whose model is the message's model."""
 MEMBER = "cluster-member"

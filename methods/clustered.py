@@ -5,29 +5,44 @@ k-means of the clients' updates.
 Server: ``num-clusters`` models (all w_0 at the start) and each client's cluster (all in
 cluster 0 until the first clustering). A sampled client receives its cluster's model in place
 of the global model (and in personalized evaluation). Under ``cluster-assign=loss`` it also
-receives, from round 2 on, the other K - 1 cluster models and its cluster's index (K models
-down in all instead of one); it computes the mean loss of each of the K models on its own
-training data (no gradient, the same batches for each), picks the lowest (ties: the lowest
-index), trains that model with the run's local SGD (FedAvg's client) and uploads its final
-model with its choice (``cluster-choice``, an int in the reply's metrics; nothing else about
-the K losses leaves the device). The server rejects a reply whose choice is missing, not an
-int, or out of range (logged, never aggregated), puts the client in the cluster it chose and
-moves each cluster's model by the weighted mean of the moves of the replies that chose it
-(times ``server-lr``). Labels are stable: a cluster keeps its index. A client not sampled
-keeps its last cluster.
+receives, once the warm-up below has clustered, the other K - 1 cluster models and its
+cluster's index (K models down in all instead of one); it computes the mean loss of each of the
+K models on its own training data (no gradient, the same batches for each), picks the lowest
+(ties: the lowest index), trains that model with the run's local SGD (FedAvg's client) and
+uploads its final model with its choice (``cluster-choice``, an int in the reply's metrics;
+nothing else about the K losses leaves the device). The server rejects a reply whose choice is
+missing, not an int, or out of range (logged, never aggregated), puts the client in the cluster
+it chose and moves each cluster's model by the weighted mean of the moves of the replies that
+chose it (times ``server-lr``). Labels are stable: a cluster keeps its index. A client not
+sampled keeps its last cluster.
 
-Round 1 has nothing to choose between (every cluster model is w_0: every loss ties), so under
-both rules the clients trained in round 1 are clustered by k-means (scipy's ``kmeans2``,
-k-means++ start, seeded by the round) on their round-1 updates (upload minus the model they
-received, count-sketched and scaled to norm 1: cosine geometry), which gives K different
-models built from the clients' own data; under ``loss`` the clients choose from round 2 on.
-Seeded perturbations of w_0 would be the other start: for a CNN they differ too little for
-the losses to separate anything, and the cluster that happens to fit everyone best takes every
-client. Under ``cluster-assign=kmeans`` the clients are re-clustered by k-means after round 1
+Under ``loss`` the first clustering waits for ``cluster-warmup`` rounds (default 3): every
+model is still w_0 (every loss would tie), so the sampled clients train w_0, the server keeps
+each one's move from w_0 (its latest; the models do not move), and after the warm-up's last
+round (and once at least K clients have trained) clusters every client trained so far by
+k-means (scipy's ``kmeans2``, k-means++ start, the best of ``KMEANS_RESTARTS`` seeded starts)
+of those moves (count-sketched and scaled to norm 1: cosine geometry); each cluster's model is
+then w_0 plus its members' weighted mean move. One round's 6 clients for 4 clusters gave each
+model one or two clients' move to start from, and the cluster trained by most clients then
+took the others' (docs/reproduction.md 6b); the warm-up's 14-16 clients give each cluster a
+regime. After it, a member (a client clustered or trained since) leaves its cluster only for
+a model whose loss is below (1 - ``cluster-margin``) x its own cluster model's; a newcomer
+under ``cluster-newcomer=probe`` is sent w_0 and the warm-up's unit centroids as well, trains
+w_0 once (the warm-up's pass), and takes the cluster whose centroid its own sketched move is
+nearest to by cosine, then trains that cluster's model (one extra local pass, once per
+client). Rotated regimes that look alike (0 and 180 degrees) made the lowest loss pick the
+better-trained model of the wrong regime; the probe asks the question the warm-up's k-means
+answered. ``cluster-split`` > -1 adds CFL's split (Sattler et al.): a cluster with two or more
+replies in a round, while some cluster holds no trained client, bipartitions its replies'
+moves (complete linkage on cosine distance) and, where every cross cosine is below the
+threshold, the group without the round's lowest client id moves to the lowest empty cluster,
+which starts from the split cluster's model (each split is logged in ``clusters.jsonl``).
+Under ``cluster-assign=kmeans`` the clients are re-clustered by k-means after round 1
 and every ``cluster-every`` rounds; new clusters take the labels of the old clusters they
 overlap most (an assignment problem), and a cluster that inherits none of its members takes
 the model most of them come from. A client that has never trained stays in cluster 0 (under
-``loss``: until it chooses). The assignment is written to the run directory
+``loss``: until it chooses). Warm-up, margin, probe and split are ``loss``'s only. The
+assignment is written to the run directory
 (``clusters.jsonl``, one line per change). The global model returned each round is the
 member-weighted mean of the cluster models (the central accuracy curve).
 
@@ -63,12 +78,25 @@ from methods.weights import Weights
 
 CLUSTERS_FILE = "clusters.jsonl"
 KMEANS_ITER = 20
+KMEANS_RESTARTS = 10
+"""k-means runs (seeds) per clustering; the one with the least within-cluster sum of squares
+and no empty cluster wins (one k-means++ start merges two regimes now and then)."""
 ASSIGN_RULES = ("loss", "kmeans")
+NEWCOMER_RULES = ("loss", "probe")
 OTHERS = "cluster-others"
 """Down arrays: the other cluster models, each parameter stacked, shape (M, *shape) with M =
-K - 1 under ``loss`` from round 2 on and M = 0 otherwise (nothing to choose between)."""
+K - 1 under ``loss`` after the warm-up and M = 0 otherwise (nothing to choose between)."""
 CURRENT = "cluster-current"
 """Down array: [int64 (1,)], the index of the cluster whose model is the message's model."""
+MEMBER = "cluster-member"
+"""Down array: [int64 (1,)], 1 when the client is a member of that cluster (it has trained
+since the first clustering or was clustered by it), 0 for a newcomer (no margin to keep)."""
+ORIGIN = "cluster-origin"
+"""Down arrays: w_0, each parameter stacked (M, *shape): M = 1 for a newcomer under
+``cluster-newcomer=probe`` after the warm-up, 0 otherwise."""
+CENTROIDS = "cluster-centroids"
+"""Down array: [float32 (M, SKETCH_DIM)], the warm-up clusters' unit mean sketched moves from
+w_0 (M = K with ``ORIGIN``'s w_0, 0 otherwise)."""
 CHOICE = "cluster-choice"
 """Reply metric: the cluster the client chose and trained (an int in 0..K-1)."""
 
@@ -82,6 +110,18 @@ class ClusteredParams(Params):
     cluster_assign: str
     """``loss``: each client picks the cluster model with the lowest loss on its own data
     (IFCA); ``kmeans``: k-means of the clients' updates."""
+    cluster_warmup: int
+    """``loss``: the rounds before the first clustering, which clusters every client trained
+    in them by k-means of its update from w_0 (1: round 1's clients alone)."""
+    cluster_margin: float
+    """``loss``: a member leaves its cluster only for a model whose loss is below (1 - this)
+    x its own cluster model's loss (0: the lowest loss wins)."""
+    cluster_newcomer: str
+    """``loss``: a newcomer picks the lowest loss; ``probe``: it trains w_0 once and picks
+    the warm-up cluster whose mean move its own move is closest to (cosine)."""
+    cluster_split: float
+    """``loss``: a cluster whose round replies bipartition with every cross-pair cosine below
+    this splits into an empty cluster (CFL); -1: never."""
 
     def check(self) -> None:
         check_range("num-clusters", self.num_clusters, self.num_clusters >= 1,
@@ -90,6 +130,14 @@ class ClusteredParams(Params):
                     "an integer >= 1")
         check_range("cluster-assign", self.cluster_assign,
                     self.cluster_assign in ASSIGN_RULES, " | ".join(ASSIGN_RULES))
+        check_range("cluster-warmup", self.cluster_warmup, self.cluster_warmup >= 1,
+                    "an integer >= 1")
+        check_range("cluster-margin", self.cluster_margin, 0.0 <= self.cluster_margin < 1.0,
+                    "a fraction in [0, 1)")
+        check_range("cluster-newcomer", self.cluster_newcomer,
+                    self.cluster_newcomer in NEWCOMER_RULES, " | ".join(NEWCOMER_RULES))
+        check_range("cluster-split", self.cluster_split, -1.0 <= self.cluster_split <= 1.0,
+                    "a cosine in [-1, 1] (-1: never split)")
 
 
 @dataclass(frozen=True)
@@ -100,15 +148,61 @@ class ClusteredState(ServerState):
     """[int64 (N,)]: each client's cluster."""
     sketch: Weights
     """[float32 (N, SKETCH_DIM)]: each client's latest update, sketched (zero: none yet)."""
+    clustered: Weights
+    """[int64 (1,)]: the round of the first clustering (0: not yet; ``loss`` warms up)."""
+    pending: Weights
+    """The warm-up's moves from w_0, each parameter stacked (N, *shape): a client's latest
+    (rows of clients not trained yet are zero); no rows once clustered."""
+    pending_weight: Weights
+    """[float64 (N,)]: each pending move's weight (0: none)."""
+    origin: Weights
+    """w_0 (newcomers' probes start from it)."""
+    centroids: Weights
+    """[float32 (K, SKETCH_DIM)]: each warm-up cluster's unit mean unit sketch (zero rows
+    until the warm-up clusters)."""
 
 
-def kmeans(points: np.ndarray, k: int, seed: int) -> np.ndarray:
-    """Cluster labels of ``points`` by scipy's k-means (k-means++ start, seeded)."""
+def kmeans(points: np.ndarray, k: int, seed: int, restarts: int = 1) -> np.ndarray:
+    """Cluster labels of ``points`` by scipy's k-means (k-means++ start, seeded); with
+    ``restarts`` > 1 the best of that many starts: no empty cluster first, then the least
+    within-cluster sum of squares (ties: the first start)."""
+    import warnings
+
     from scipy.cluster.vq import kmeans2
 
-    _, labels = kmeans2(points.astype(np.float64), k, iter=KMEANS_ITER, minit="++",
-                        seed=np.random.default_rng(seed), missing="warn")
-    return np.asarray(labels, dtype=np.int64)
+    x = points.astype(np.float64)
+    best: tuple[int, float] | None = None
+    chosen = np.zeros(len(x), dtype=np.int64)
+    for start in range(restarts):
+        rng = np.random.default_rng(seed if restarts == 1 else [seed, start])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an empty cluster: counted below
+            centroids, labels = kmeans2(x, k, iter=KMEANS_ITER, minit="++", seed=rng,
+                                        missing="warn")
+        labels = np.asarray(labels, dtype=np.int64)
+        score = (k - len(np.unique(labels)), float(((x - centroids[labels]) ** 2).sum()))
+        if best is None or score < best:
+            best, chosen = score, labels
+    return chosen
+
+
+def bipartition(moves: np.ndarray) -> tuple[np.ndarray, float]:
+    """CFL's split of a cluster's round replies (rows: flattened moves from the same model):
+    two groups by complete linkage on cosine distance, and the largest cosine between the
+    groups (low: the two groups' updates point apart). Returns (group of each row, 0 or 1;
+    that cosine)."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
+    unit = gr.unit_rows(moves)
+    cos = np.clip(unit @ unit.T, -1.0, 1.0)
+    dist = squareform(1.0 - cos, checks=False)
+    groups = fcluster(linkage(dist, method="complete"), 2, criterion="maxclust") - 1
+    groups = np.asarray(groups, dtype=np.int64)
+    if groups[0] == 1:
+        groups = 1 - groups  # row 0's group is group 0
+    cross = cos[np.ix_(groups == 0, groups == 1)]
+    return groups, float(cross.max()) if cross.size else 1.0
 
 
 def relabel(old: np.ndarray, new: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -150,7 +244,12 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         return ClusteredState(
             models=[np.repeat(a[None], k, axis=0) for a in w0],
             assignment=[np.zeros(0, dtype=np.int64)],
-            sketch=[np.zeros((0, gr.SKETCH_DIM), dtype=np.float32)])
+            sketch=[np.zeros((0, gr.SKETCH_DIM), dtype=np.float32)],
+            clustered=[np.zeros(1, dtype=np.int64)],
+            pending=[np.zeros((0, *a.shape), dtype=np.float32) for a in w0],
+            pending_weight=[np.zeros(0, dtype=np.float64)],
+            origin=[a.copy() for a in w0],
+            centroids=[np.zeros((k, gr.SKETCH_DIM), dtype=np.float32)])
 
     @staticmethod
     def cluster_of(state: ClusteredState, pid: int) -> int:
@@ -167,12 +266,18 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
 
     def down_to(self, state: ClusteredState, partition_id: int, w_t: Weights) -> ClientDown:
         """The client's cluster model, its index and the other cluster models to choose
-        from (under ``loss`` once round 1 has clustered; none otherwise)."""
+        from (under ``loss`` once the warm-up has clustered; none otherwise)."""
         c = self.cluster_of(state, partition_id)
-        choose = self.by_loss and len(state.assignment[0]) > 0  # after round 1
+        choose = self.by_loss and int(state.clustered[0][0]) > 0
         others = [np.delete(m, c, axis=0) if choose else m[:0] for m in state.models]
-        return ClientDown(self.model(state, c),
-                          {OTHERS: others, CURRENT: [np.asarray([c], dtype=np.int64)]})
+        sketch = state.sketch[0]
+        member = choose and partition_id < len(sketch) and bool(sketch[partition_id].any())
+        probe = choose and not member and self.params.cluster_newcomer == "probe"
+        return ClientDown(self.model(state, c), {
+            OTHERS: others, CURRENT: [np.asarray([c], dtype=np.int64)],
+            MEMBER: [np.asarray([int(member)], dtype=np.int64)],
+            ORIGIN: [a[None] if probe else a[None][:0] for a in state.origin],
+            CENTROIDS: [state.centroids[0] if probe else state.centroids[0][:0]]})
 
     def reply_problem(self, update: ClientUpdate, expected_steps: int | None) -> str | None:
         """The cluster choice must be an int naming a cluster (it picks the model the
@@ -189,9 +294,10 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
     def update(self, state: ClusteredState, w_t: Weights,
                rnd: RoundInput) -> tuple[Weights, ClusteredState]:
         """Each reply's move from the model it trained (its cluster's, or under ``loss`` the
-        one it chose) is added to its cluster's model; k-means when due: under ``kmeans``
-        after the moves (a new cluster takes an old one's model), under ``loss`` in round 1
-        before them, so each cluster's model starts from its own members' moves."""
+        one it chose) is added to its cluster's model. Under ``loss`` the warm-up's moves
+        wait (the models stay w_0) until its last round clusters them; after it, a cluster
+        whose replies point apart splits into an empty one. Under ``kmeans`` k-means when due,
+        after the moves (a new cluster takes an old one's model)."""
         assert rnd.variant == "model"
         n, k = rnd.num_clients, self.params.num_clusters
         before = gr.grown_rows(state.assignment[0], n)
@@ -207,8 +313,35 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
                     for a, m in zip(u.upload, state.models, strict=True)]
             sketch[u.partition_id] = gr.sketch(move)
             moves.append((u.partition_id, move, weight))
-        if k > 1 and self.by_loss and rnd.server_round == 1:  # every model is still w_0
-            assignment, models = self.recluster(assignment, sketch, models, rnd.server_round)
+        clustered, centroids = state.clustered, state.centroids
+        pending, pending_weight = state.pending, state.pending_weight
+        splits: list[dict[str, float]] = []
+        if k > 1 and self.by_loss and int(state.clustered[0][0]) == 0:  # warming up
+            pending = [gr.grown_rows(m, n) for m in state.pending]
+            weights = gr.grown_rows(state.pending_weight[0], n)
+            for pid, move, weight in moves:
+                for m, mv in zip(pending, move, strict=True):
+                    m[pid] = mv
+                weights[pid] = weight
+            pending_weight = [weights]
+            known = np.flatnonzero(weights > 0)
+            if rnd.server_round < self.params.cluster_warmup or len(known) < k:
+                return self.global_of(assignment, models), dataclasses.replace(
+                    state, assignment=[assignment], sketch=[sketch], pending=pending,
+                    pending_weight=pending_weight)
+            labels = kmeans(gr.unit_rows(sketch[known]), k, seed=rnd.server_round,
+                            restarts=KMEANS_RESTARTS)
+            assignment[known] = labels
+            unit = gr.unit_rows(sketch[known])
+            centroids = [gr.unit_rows(np.stack([
+                unit[labels == c].sum(axis=0) for c in range(k)])).astype(np.float32)]
+            moves = [(int(pid), [m[pid] for m in pending], float(weights[pid]))
+                     for pid in known]
+            clustered = [np.asarray([rnd.server_round], dtype=np.int64)]
+            pending = [m[:0] for m in pending]
+            pending_weight = [weights[:0]]
+        elif k > 1 and self.by_loss and self.params.cluster_split > -1.0:
+            assignment, models, splits = self.split(assignment, sketch, models, moves)
         by_cluster: dict[int, list[tuple[Weights, float]]] = {}
         for pid, move, weight in moves:
             by_cluster.setdefault(int(assignment[pid]), []).append((move, weight))
@@ -220,13 +353,53 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         if k > 1 and not self.by_loss and (
                 rnd.server_round == 1 or rnd.server_round % self.params.cluster_every == 0):
             assignment, models = self.recluster(assignment, sketch, models, rnd.server_round)
-        if not np.array_equal(assignment, before):
-            self.report(assignment, rnd.server_round)
-        counts = np.bincount(assignment, minlength=k).astype(np.float64)
-        w_next = [np.tensordot(counts / counts.sum(), m.astype(np.float64), axes=1).astype(
-            m.dtype) for m in models]
-        return w_next, dataclasses.replace(state, models=models, assignment=[assignment],
-                                           sketch=[sketch])
+        if not np.array_equal(assignment, before) or splits:
+            self.report(assignment, rnd.server_round, splits)
+        return self.global_of(assignment, models), dataclasses.replace(
+            state, models=models, assignment=[assignment], sketch=[sketch],
+            clustered=clustered, pending=pending, pending_weight=pending_weight,
+            centroids=centroids)
+
+    def global_of(self, assignment: np.ndarray, models: Weights) -> Weights:
+        """The member-weighted mean of the cluster models (the central accuracy curve)."""
+        counts = np.bincount(assignment, minlength=self.params.num_clusters).astype(
+            np.float64)
+        share = counts / counts.sum() if counts.sum() > 0 else np.eye(len(counts))[0]
+        return [np.tensordot(share, m.astype(np.float64), axes=1).astype(m.dtype)
+                for m in models]
+
+    def split(self, assignment: np.ndarray, sketch: np.ndarray, models: Weights,
+              moves: list[tuple[int, Weights, float]]
+              ) -> tuple[np.ndarray, Weights, list[dict[str, float]]]:
+        """CFL's split (Sattler et al.): for each cluster (by index) with two or more
+        replies this round, while a cluster holds no trained client, bipartition the replies'
+        moves (all from that cluster's model) and, where every cosine across the two groups
+        is below ``cluster-split``, move the group without the round's lowest client id to
+        the lowest empty cluster, which starts from the split cluster's model."""
+        assignment = assignment.copy()
+        models = [m.copy() for m in models]
+        trained = np.linalg.norm(sketch, axis=1) > 0
+        empty = sorted(set(range(self.params.num_clusters))
+                       - set(assignment[trained].tolist()))
+        splits: list[dict[str, float]] = []
+        by_cluster: dict[int, list[tuple[int, Weights]]] = {}
+        for pid, move, _ in sorted(moves, key=lambda t: t[0]):
+            by_cluster.setdefault(int(assignment[pid]), []).append((pid, move))
+        for c, mine in sorted(by_cluster.items()):
+            if len(mine) < 2 or not empty:
+                continue
+            flat = np.stack([np.concatenate([a.ravel() for a in mv]) for _, mv in mine])
+            groups, cross = bipartition(flat)
+            if cross >= self.params.cluster_split:
+                continue
+            target = empty.pop(0)
+            for (pid, _), g in zip(mine, groups, strict=True):
+                if g == 1:
+                    assignment[pid] = target
+            for m in models:
+                m[target] = m[c]
+            splits.append({"from": c, "to": target, "cross-cosine": round(cross, 4)})
+        return assignment, models, splits
 
     def recluster(self, assignment: np.ndarray, sketch: np.ndarray, models: Weights,
                   server_round: int) -> tuple[np.ndarray, Weights]:
@@ -241,12 +414,17 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         new[known] = renamed
         return new, [m[source].copy() for m in models]
 
-    def report(self, assignment: np.ndarray, server_round: int) -> None:
-        """One line of ``clusters.jsonl``: the round and every client's cluster."""
+    def report(self, assignment: np.ndarray, server_round: int,
+               splits: list[dict[str, float]] | None = None) -> None:
+        """One line of ``clusters.jsonl``: the round, every client's cluster and the round's
+        splits (``{"from", "to", "cross-cosine"}``; the key only when there were some)."""
         if self.results is None:
             return
-        self.results.append_line(CLUSTERS_FILE, json.dumps(
-            {"round": server_round, "assignment": [int(a) for a in assignment]}))
+        line: dict[str, object] = {"round": server_round,
+                                   "assignment": [int(a) for a in assignment]}
+        if splits:
+            line["splits"] = splits
+        self.results.append_line(CLUSTERS_FILE, json.dumps(line))
 
 
 def candidates(job: LocalJob) -> list[Weights]:
@@ -260,17 +438,27 @@ def candidates(job: LocalJob) -> list[Weights]:
     return models
 
 
-def choose(losses: list[float]) -> int:
-    """The lowest loss (NaN counts as +inf); ties: the lowest index."""
+def choose(losses: list[float], current: int | None = None, margin: float = 0.0) -> int:
+    """The lowest loss (NaN counts as +inf; ties: the lowest index); a member (``current``,
+    its cluster) stays unless that loss is below (1 - ``margin``) x its cluster's."""
     values = np.asarray(losses, dtype=np.float64)
-    return int(np.argmin(np.where(np.isnan(values), np.inf, values)))
+    values = np.where(np.isnan(values), np.inf, values)
+    best = int(np.argmin(values))
+    if current is None or best == current or not np.isfinite(values[current]):
+        return best
+    return best if values[best] < (1.0 - margin) * values[current] else current
+
+
+def nearest(sketch: np.ndarray, centroids: np.ndarray) -> int:
+    """The centroid with the largest cosine to ``sketch`` (ties: the lowest index)."""
+    return int(np.argmax(centroids.astype(np.float64) @ gr.unit_rows(sketch[None])[0]))
 
 
 class ClusteredClient(ClientRule[ClusteredParams]):
     """Picks the cluster model with the lowest mean loss on its own training data (when sent
     more than one), trains it with FedAvg's local SGD, reports the choice."""
 
-    down_keys = (OTHERS, CURRENT)
+    down_keys = (OTHERS, CURRENT, MEMBER, ORIGIN, CENTROIDS)
 
     def train(self, job: LocalJob) -> LocalOutcome:
         models = candidates(job)
@@ -281,7 +469,17 @@ class ClusteredClient(ClientRule[ClusteredParams]):
         if job.losses is None:
             raise ValueError("clustered FL with cluster-assign=loss needs the client's "
                              "training losses (LocalJob.losses); this client shell gives none")
-        choice = choose(job.losses(models))
+        current = int(np.asarray(job.down[CURRENT][0]).reshape(-1)[0])
+        member = bool(np.asarray(job.down[MEMBER][0]).reshape(-1)[0])
+        if job.down[ORIGIN][0].shape[0] == 1:  # a newcomer's probe from w_0
+            probe = job.sgd([o[0] for o in job.down[ORIGIN]])
+            move = [np.asarray(a, dtype=np.float64) - o[0].astype(np.float64)
+                    for a, o in zip(probe.final, job.down[ORIGIN], strict=True)]
+            choice = nearest(gr.sketch(move), job.down[CENTROIDS][0])
+            return LocalOutcome(job.sgd(models[choice]), dict(job.state), {},
+                                {CHOICE: choice})
+        choice = choose(job.losses(models), current if member else None,
+                        self.params.cluster_margin)
         return LocalOutcome(job.sgd(models[choice]), dict(job.state), {}, {CHOICE: choice})
 
 

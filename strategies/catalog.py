@@ -138,10 +138,16 @@ class ClusteredFL(MethodAdapter):
     method = "clustered"
 
     def __init__(self, *, num_clusters: int = 2, cluster_every: int = 5,
-                 cluster_assign: str = "loss", **settings: Any) -> None:
+                 cluster_assign: str = "loss", cluster_warmup: int = 3,
+                 cluster_margin: float = 0.1, cluster_newcomer: str = "probe",
+                 cluster_split: float = -1.0, **settings: Any) -> None:
         super().__init__({"num_clusters": ("num-clusters", num_clusters),
                           "cluster_every": ("cluster-every", cluster_every),
                           "cluster_assign": ("cluster-assign", cluster_assign),
+                          "cluster_warmup": ("cluster-warmup", cluster_warmup),
+                          "cluster_margin": ("cluster-margin", cluster_margin),
+                          "cluster_newcomer": ("cluster-newcomer", cluster_newcomer),
+                          "cluster_split": ("cluster-split", cluster_split),
                           "beta": ("beta", 0.0)}, **settings)
 
 

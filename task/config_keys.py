@@ -109,16 +109,24 @@ BEFORE_KEY: dict[str, object] = {
     "local-test-fraction": 0.0,
     "personal-eval-every": 0,
     "cluster-assign": "kmeans",
+    "cluster-warmup": 1,
+    "cluster-margin": 0.0,
+    "cluster-newcomer": "loss",
 }
 """Keys added after runs were made whose default differs from what those runs did: the value a
 run config without the key means (before ``local-test-fraction`` clients trained on their whole
 partition, and nothing evaluated them; before ``cluster-assign`` clustered FL assigned by
-k-means). The sweep's cell matching and the resume check read a
+k-means; before ``cluster-warmup``, ``cluster-margin`` and ``cluster-newcomer`` its
+``loss`` rule clustered round 1's clients alone, and every client took the lowest loss). The
+sweep's cell matching and the resume check read a
 missing key as this, not as today's default."""
 
 
 BEFORE_KEY_ONLY_FOR: dict[str, tuple[str, object]] = {
     "cluster-assign": ("method", "clustered"),
+    "cluster-warmup": ("method", "clustered"),
+    "cluster-margin": ("method", "clustered"),
+    "cluster-newcomer": ("method", "clustered"),
 }
 """BEFORE_KEY entries that hold only for runs of one setting (a key of one method): any other
 run never read the key, so it ran with whatever today's default is."""

@@ -12,12 +12,20 @@ from typing import cast
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from client_app.round import client_round
 from methods import wire as rk
-from methods.clustered import CHOICE, CURRENT, OTHERS, ClusteredState, relabel
+from methods.clustered import (
+    CHOICE,
+    CURRENT,
+    ORIGIN,
+    OTHERS,
+    ClusteredState,
+    relabel,
+)
 from methods.method import ClientRule
 from methods.packed_arrays import pack, unpack
 from store.client_store import ClientStore
@@ -30,6 +38,9 @@ def clustered(p: Problem, **raw: object) -> Federation:
     return Federation(p, {"method": "clustered", "beta": 0.0, "num-clusters": 2,
                           "cluster-every": 100, "lr": 0.05, "local-epochs": 10,
                           "batch-size": 1000, "fraction-train": 1.0, "weighting": "uniform",
+                          # the loss rule as first built (round 1 clustered, lowest loss);
+                          # NEW_RULE below sets the warm-up, margin and probe
+                          "cluster-warmup": 1, "cluster-margin": 0.0, "cluster-newcomer": "loss",
                           **raw})
 
 
@@ -234,3 +245,149 @@ def test_cluster_purity_is_the_share_with_their_clusters_majority_regime() -> No
     assert purity([0, 0, 1, 1, 1], regimes, set(range(5))) == 1.0
     assert purity([0, 0, 0, 1, 1], regimes, set(range(5))) == 0.8  # client 2 is the odd one
     assert purity([0, 0, 0, 0, 0], regimes, {0, 1}) == 1.0  # only the trained ones count
+
+
+# ------------------------------------------------ warm-up, newcomers' probe, margin, split
+V = np.asarray([1.0, 2.0, -0.5, 1.5])
+"""A third regime's w*, orthogonal to U (so the loss alone never confuses it with +-U)."""
+
+
+def three_regimes(per: int = 4, seed: int = 5) -> tuple[Problem, list[int]]:
+    """Clients 0..per-1 regress on +U, then -U, then V (noise 0.1); and each one's regime."""
+    rng = np.random.default_rng(seed)
+    xs, ys, regime = [], [], []
+    for r, w in enumerate((U, -U, V)):
+        for _ in range(per):
+            x = rng.standard_normal((20, 4))
+            y = x @ w + 0.1 * rng.standard_normal(20)
+            xs.append(torch.from_numpy(x.astype(np.float32)))
+            ys.append(torch.from_numpy(y.astype(np.float32)))
+            regime.append(r)
+    p = two_regimes()
+    return Problem(xs, ys, p.w0, True, p.loss_fn), regime
+
+
+NEW_RULE = {"cluster-assign": "loss", "num-clusters": 3, "local-epochs": 1, "lr": 0.5,
+            "cluster-warmup": 2, "cluster-margin": 0.1, "cluster-newcomer": "probe"}
+
+
+def continued(f: Federation, **raw: object) -> Federation:
+    """A federation over the same clients that carries on from ``f``'s server state, with
+    ``raw`` changed (every client each round: the rounds that reach the closed form)."""
+    g = clustered(f.problem, **{**f.raw, **raw})
+    g.strategy.state, g.arrays, g.round = f.strategy.state, f.arrays, f.round
+    g.states = f.states
+    return g
+
+
+def check_regimes_reached(f: Federation, p: Problem, regime: list[int]) -> None:
+    """Every client sits with its regime alone, and each regime's cluster model is its
+    pooled least squares (numpy's lstsq of its clients' stacked examples)."""
+    state = cast(ClusteredState, f.strategy.state)
+    a = state.assignment[0]
+    clusters = {r: {int(a[i]) for i, g in enumerate(regime) if g == r} for r in set(regime)}
+    assert all(len(c) == 1 for c in clusters.values()), clusters
+    assert len({next(iter(c)) for c in clusters.values()}) == len(clusters), clusters
+    for r, (c,) in clusters.items():
+        exact = pooled_lstsq(p, range(regime.index(r), regime.index(r) + regime.count(r)))
+        np.testing.assert_allclose(state.models[0][c], exact,
+                                   atol=1e-4 * np.abs(exact).max())
+
+
+def test_warmup_clusters_its_clients_and_newcomers_probe_their_way_to_their_regime(
+        tmp_path: Path) -> None:
+    """Half the clients a round: the warm-up's k-means sees some, the rest arrive later and
+    choose by their probe; everyone ends with its regime, each model its pooled lstsq."""
+    p, regime = three_regimes()
+    f = clustered(p, **NEW_RULE, **{"fraction-train": 0.5})
+    f.strategy.bind_run_dir(tmp_path)
+    seen = set(f.step())
+    state = cast(ClusteredState, f.strategy.state)
+    assert int(state.clustered[0][0]) == 0  # round 1 of 2: the moves wait, models stay w_0
+    np.testing.assert_array_equal(state.models[0], np.zeros((3, 4)))
+    seen |= set(f.step())
+    state = cast(ClusteredState, f.strategy.state)
+    assert int(state.clustered[0][0]) == 2 and state.pending[0].shape == (0, 4)
+    a = state.assignment[0]
+    for r in range(3):  # the warm-up's clients: one cluster per regime
+        assert len({int(a[i]) for i in seen if regime[i] == r}) == 1
+    assert len({int(a[i]) for i in seen}) == 3
+    newcomers = set(range(12)) - seen
+    assert newcomers  # the case under test: clients the k-means never saw
+    for _ in range(10):
+        trained = f.step()
+        for msg in f.sent:  # w_0 down to a newcomer only, for its probe
+            pid = msg.metadata.dst_node_id - NODE_BASE
+            origin = unpack(msg.content.array_records[ORIGIN])[0]
+            assert origin.shape == ((1, 4) if pid in newcomers else (0, 4))
+        newcomers -= set(trained)
+    assert not newcomers
+    g = continued(f, **{"fraction-train": 1.0})
+    g.run(60)
+    check_regimes_reached(g, p, regime)
+
+
+def test_a_merged_cluster_splits_into_the_empty_one_and_both_regimes_reach_their_lstsq(
+        ) -> None:
+    """As if round 1's k-means had merged +U and -U in cluster 0 (V in cluster 1, cluster 2
+    empty, its stale model far from every regime): under the split rule their opposite moves
+    split cluster 0 into cluster 2 and each regime reaches its pooled least squares; without
+    it the merge stays."""
+    p, regime = three_regimes()
+    outcome = {}
+    for split in (-1.0, 0.0):
+        f = clustered(p, **{**NEW_RULE, "cluster-warmup": 1, "cluster-split": split})
+        f.run(1)
+        st = cast(ClusteredState, f.strategy.state)
+        merged = np.asarray([0 if r < 2 else 1 for r in regime], dtype=np.int64)
+        v_model = st.models[0][int(st.assignment[0][8])]  # V's cluster after round 1
+        stale = np.full(4, 10.0)  # an emptied cluster's old model: it fits nobody
+        models = [np.stack([np.zeros(4), v_model, stale]).astype(np.float32)]
+        f.strategy.state = dataclasses.replace(st, models=models, assignment=[merged])
+        f.run(60)
+        outcome[split] = f
+    a = cast(ClusteredState, outcome[-1.0].strategy.state).assignment[0]
+    assert len({int(a[i]) for i in range(8)}) == 1  # no split: +U and -U stay merged
+    check_regimes_reached(outcome[0.0], p, regime)
+
+
+def test_a_newcomers_probe_choice_is_made_on_its_own_data_and_leaves_as_one_int() -> None:
+    p, regime = three_regimes()
+    f = clustered(p, **NEW_RULE, **{"fraction-train": 0.5})
+    seen = set(f.step()) | set(f.step())
+    f.sent = list(f.strategy.configure_train(3, f.arrays, ConfigRecord(), cast(Grid, None)))
+    sampled = {m.metadata.dst_node_id - NODE_BASE: m for m in f.sent}
+    newcomer = min(set(sampled) - seen)  # this seed samples client 11, new, in round 3
+    msg = sampled[newcomer]
+    other = next(i for i in range(12) if regime[i] != regime[newcomer])
+    own = answer_with(f, msg, data_of=newcomer)
+    theirs = answer_with(f, msg, data_of=other)
+    state = cast(ClusteredState, f.strategy.state)
+    a = state.assignment[0]
+    mine = own.metric_records[rk.METRICS][CHOICE]
+    assert mine == int(a[next(i for i in seen if regime[i] == regime[newcomer])])
+    assert theirs.metric_records[rk.METRICS][CHOICE] != mine
+    assert set(own.array_records) == {rk.ARRAYS}
+    assert set(own.metric_records[rk.METRICS]) == {rk.NUM_EXAMPLES, rk.TRAIN_LOSS,
+                                                   rk.NUM_STEPS, rk.COMPUTE_SECONDS, CHOICE}
+
+
+def test_margin_keeps_a_member_unless_another_model_is_clearly_better() -> None:
+    from methods.clustered import choose
+
+    losses = [1.0, 0.95, 2.0]
+    assert choose(losses) == 1  # no cluster of its own: the lowest
+    assert choose(losses, current=0, margin=0.1) == 0  # 0.95 is not below 0.9
+    assert choose(losses, current=0, margin=0.04) == 1  # 0.95 is below 0.96
+    assert choose([float("nan"), 0.5], current=0, margin=0.5) == 1  # a NaN own loss: leave
+
+
+def test_bipartition_separates_opposite_moves_and_reports_their_largest_cross_cosine(
+        ) -> None:
+    from methods.clustered import bipartition
+
+    moves = np.asarray([[1.0, 0.1, 0], [1.0, -0.1, 0], [-1.0, 0, 0.2], [-1.0, 0, -0.2]])
+    groups, cross = bipartition(moves)
+    assert groups.tolist() == [0, 0, 1, 1]
+    unit = moves / np.linalg.norm(moves, axis=1, keepdims=True)
+    assert cross == pytest.approx(max(unit[i] @ unit[j] for i in (0, 1) for j in (2, 3)))

@@ -51,3 +51,9 @@ def test_an_old_default_of_one_methods_key_binds_only_that_methods_runs() -> Non
     assert value_before("cluster-assign", "loss", {"method": "fedavg"}) == "loss"
     assert value_before("cluster-assign", "loss") == "loss"
     assert value_before("local-test-fraction", 0.2, {"method": "fedavg"}) == 0.0
+    # the warm-up, margin and probe came later still: an old clustered run had none of them
+    old_run = {"method": "clustered", "cluster-assign": "loss"}
+    assert [value_before(k, d, old_run) for k, d in (
+        ("cluster-warmup", 3), ("cluster-margin", 0.1), ("cluster-newcomer", "probe"))] == [
+        1, 0.0, "loss"]
+    assert value_before("cluster-warmup", 3, {"method": "fedrelax"}) == 3

@@ -448,8 +448,15 @@ def _check_async(c: RunConfig) -> None:
         raise _bad("method", c.method, f"{' | '.join(ASYNC_METHODS)} with rounds='async' "
                    f"({c.method}: {why})")
     refusals = (
-        ("dp", c.dp, c.dp == "off", "off",
-         "each flush would be one release; its accounting is not built yet"),
+        ("dp", c.dp, c.dp != "local", "off | central",
+         "each upload is a release when the device sends it, also one dropped as stale or "
+         "never flushed, and a client may upload more than once between flushes: the "
+         "server's per-flush count would understate it"),
+        ("dp", c.dp, c.dp != "distributed", "off | central",
+         "distributed DP needs secure aggregation, which is sync only"),
+        ("buffer-size", c.buffer_size, c.dp == "off" or c.async_buffer_size <= c.num_clients,
+         f"at most num-clients={c.num_clients} with dp={c.dp!r}",
+         "a client contributes at most once per flush"),
         ("aggregation", c.aggregation, c.aggregation == "mean", "mean",
          "robust rules over the buffer are not built yet"),
         ("evaluation", c.evaluation, c.eval_source == "central", "auto or central",

@@ -246,3 +246,66 @@ def test_the_run_files_hide_who_was_in_a_flush_and_label_epsilon(tmp_path: Path)
     assert "q = 1" in summary["dp-epsilon-conventions"]["dp-epsilon"]
     assert json.loads((tmp_path / LEDGER_FILE).read_text())["rounds-counted"] == 2
 
+
+
+CLIP_C = 1.5
+"""``dp-clip-extra``: SCAFFOLD's Delta_c_i bound."""
+
+
+def scaffold_oracle(script: Script, flushes: int, k: int = 2) -> dict[str, Any]:
+    """SCAFFOLD's async rule under central DP in float64: each client's accounted c_i moves
+    by its unclipped Delta_c_i when its reply is buffered; the server's w by the clipped,
+    weighted sum plus noise over K, its c by (sum of clipped Delta_c_i + noise of std
+    z C_c) / N, the two draws in that order from ``default_rng(SEED)``."""
+    p, rng = problem(), np.random.default_rng(SEED)
+    w, c = p.w0.astype(np.float64), np.zeros(DIM)
+    acc = {pid: np.zeros(DIM) for pid in range(N)}
+    version, buffer = 0, []
+    task = {pid: (0, w.copy(), c.copy()) for pid in range(N)}
+    for pid, fate in script:
+        if version == flushes:
+            break
+        v_sent, w_sent, c_sent = task.pop(pid)
+        y = w_sent.copy()
+        for _ in range(K_STEPS):
+            y -= LR * (gradient(p, pid, y) + c_sent - acc[pid])
+        new = acc[pid] - c_sent + (w_sent - y) / (K_STEPS * LR)
+        tau = version - v_sent
+        if fate == "ok":
+            buffer.append(((1.0 + tau) ** -0.5, clipped(y - w_sent, CLIP),
+                           clipped(new - acc[pid], CLIP_C)))
+            acc[pid] = new
+        elif fate == "nan":
+            buffer.append((1.0, np.zeros(DIM), np.zeros(DIM)))
+        else:
+            task[pid] = (version, w.copy(), c.copy())
+        if len(buffer) == k:
+            total = sum(s * d for s, d, _ in buffer) + rng.normal(0.0, Z * CLIP, size=DIM)
+            total_c = sum(dc for _, _, dc in buffer) + rng.normal(0.0, Z * CLIP_C, size=DIM)
+            w = (w + (total / k).astype(np.float32)).astype(np.float32).astype(np.float64)
+            c = (c + total_c / N).astype(np.float32).astype(np.float64)
+            version, buffer = version + 1, []
+            for idle in set(range(N)) - set(task):
+                task[idle] = (version, w.copy(), c.copy())
+    assert version == flushes
+    return {"w": w, "c": c}
+
+
+def test_scaffold_c_takes_the_noised_sum_of_clipped_delta_c(tmp_path: Path) -> None:
+    got, loop, _, _ = run(tmp_path, SCRIPT, FLUSHES, method="scaffold",
+                          **{"dp-clip-extra": CLIP_C})
+    want = scaffold_oracle(SCRIPT, FLUSHES)
+    np.testing.assert_allclose(got, want["w"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(loop.strategy.state.c[0], want["c"], rtol=1e-5, atol=1e-5)
+    assert np.abs(want["c"]).max() > 0.1  # c moved
+
+
+def test_a_resume_counts_the_flushes_the_ledger_holds(tmp_path: Path) -> None:
+    """A flush counted but never checkpointed (the server died after the ledger counted
+    it) stays counted: the resume's next flush is the ledger's count + 1."""
+    cfg = RunConfig.parse({**BASE, "num-server-rounds": FLUSHES})
+    run(tmp_path, SCRIPT, FLUSHES)
+    resumed = FlushPrivacy.for_run(cfg, (), tmp_path, 2, [{"round": 1, "dp-rounds-counted": 1},
+                                                          {"round": 2, "dp-rounds-counted": 2}])
+    assert resumed is not None and resumed.ledger.counted == FLUSHES
+    assert FlushPrivacy.for_run(cfg, (), tmp_path / "new", 0, None).ledger.counted == 0

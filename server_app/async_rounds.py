@@ -23,8 +23,9 @@ staleness; docs/algorithms.md). A reply counts as accounted for its client
 task starts its c_i from it; a rejected, lost or stale-dropped reply never is. ``dp=central``:
 each flush is one release (``server_app/async_privacy.py``: clipped at buffering, noised at
 the flush, a rejected reply a zero contribution, one reply per client per flush, counted
-before the flush is computed). Not built yet (refused by the run config): local and
-distributed DP, robust rules, federated and personalized evaluation, and the methods listed
+before the flush is computed). A robust ``aggregation`` runs over the buffer
+(``server_app/async_robust.py``). Not built yet (refused by the run config): local and
+distributed DP, federated and personalized evaluation, and the methods listed
 in ``task.choices.ASYNC_REFUSALS`` (FedDyn among them: its rule diverges with stale replies).
 
 Every flush writes a checkpoint before anything of the new version is sent; ``resume-dir``
@@ -57,7 +58,14 @@ from flwr.serverapp import Grid
 
 from flower_compat.object_pulls import pulls_until
 from methods import wire as rk
-from methods.fedbuff import BufferedUpdate, FedBuff, Flush, delta_of, mean_max
+from methods.fedbuff import (
+    BufferedUpdate,
+    FedBuff,
+    Flush,
+    delta_of,
+    mean_max,
+    staleness_weight,
+)
 from methods.method import ClientUpdate, RoundInput
 from methods.packed_arrays import pack
 from methods.weights import Weights
@@ -73,6 +81,7 @@ from server_app.async_resume import (
     loop_state_of,
     sent_downs_of,
 )
+from server_app.async_robust import robust_flush
 from server_app.central_eval import CentralEvaluator
 from server_app.checkpoint import Checkpoint, save_checkpoint
 from server_app.clients import Fleet
@@ -86,6 +95,7 @@ from server_app.experiment import (
     state_fallbacks,
 )
 from server_app.results import AGGREGATED, DP_FIELDS, DP_LEFT_OUT, Recorder
+from server_app.round_stages.combine import RobustMean
 from server_app.round_stages.replies import RoundReplies
 from server_app.strategy import MethodStrategy
 from server_app.virtual_clock import CLOCK_FIELDS, VirtualClock
@@ -562,15 +572,23 @@ class AsyncLoop:
         Under DP: D and each extra upload's sum carry the flush's noise (``FlushPrivacy``)."""
         c = self.cfg
         updates = [u for u, _ in self.accepted]
+        weights = [p for _, p in self.accepted]
         sums = None
         if self.privacy is not None:
             step, sums = self.privacy.noised(step, updates)
+        if c.aggregation != "mean":  # the rule over the raw deltas, x mean s(tau) of the kept
+            factors = [staleness_weight(c.staleness, self.buffer.tau(b.version), c.staleness_a,
+                                        c.staleness_b) for b in self.buffer.buffer]
+            step, kept = robust_flush(updates, factors, c.aggregation, c.trim_fraction,
+                                      c.byzantine_f, self.strategy.rule.up_keys,
+                                      self.buffer.version)
+            updates, weights = [updates[i] for i in kept], [1.0] * len(kept)
         rnd = RoundInput(server_round=self.buffer.version + 1,
                          aggregate=[d.astype(np.float32) for d in step],
-                         updates=updates,
-                         weights=[p for _, p in self.accepted], variant="update",
+                         updates=updates, weights=weights, variant="update",
                          num_clients=c.num_clients, lr=c.lr_at(self.buffer.version + 1),
-                         server_lr=c.server_lr, upload_sums=sums)
+                         server_lr=c.server_lr, upload_sums=sums, combine=RobustMean(c),
+                         aggregation=c.aggregation)
         self.accepted = []
         w_next, self.strategy.state = self.strategy.rule.update(self.strategy.state, w, rnd)
         return w_next

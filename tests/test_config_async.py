@@ -52,7 +52,6 @@ def test_each_other_method_is_refused_with_its_reason(method: str) -> None:
 
 @pytest.mark.parametrize(("over", "key"), [
     ({"dp": "local", "weighting": "uniform"}, "dp='local'"),
-    ({"aggregation": "median"}, "aggregation='median'"),
     ({"evaluation": "federated"}, "evaluation='federated'"),
     ({"personal-eval-every": 20}, "personal-eval-every=20"),
     ({"divergence-every": 2}, "divergence-every=2"),

@@ -143,6 +143,13 @@ class Budget:
         return cls(cfg.dp, cfg.dp_noise_multiplier, channels, cfg.num_clients,
                    cfg.clients_per_round, cfg.dp_delta)
 
+    @classmethod
+    def for_flushes(cls, cfg: DpSettings, channels: int) -> Budget:
+        """The budget of ``rounds=async``: every flush a Gaussian release per channel, no
+        sampling (q = 1: the sample of N out of N), whichever clients were in it."""
+        return cls(cfg.dp, cfg.dp_noise_multiplier, channels, cfg.num_clients,
+                   cfg.num_clients, cfg.dp_delta)
+
     def epsilon(self, rounds: int) -> float:
         """Replace-one epsilon at ``delta`` after ``rounds`` rounds of fixed-size sampling
         (what the server does; inf when there is no noise)."""

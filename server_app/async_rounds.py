@@ -20,10 +20,13 @@ Ditto) is w + eta_g D, FedAdam's its optimiser step, SCAFFOLD's w + eta_g D with
 c += (1/N) sum Delta_c_i over the buffer (each reply's Delta_c_i added once, unweighted by
 staleness; docs/algorithms.md). A reply counts as accounted for its client
 (``AccountedRounds``) when it is buffered: it will be in the next flush, so the client's next
-task starts its c_i from it; a rejected, lost or stale-dropped reply never is. Not built yet
-(refused by the run config): DP, robust rules, federated and personalized evaluation, and the
-methods listed in ``task.choices.ASYNC_REFUSALS`` (FedDyn among them: its rule diverges with
-stale replies).
+task starts its c_i from it; a rejected, lost or stale-dropped reply never is. ``dp=central``:
+each flush is one release (``server_app/async_privacy.py``: clipped at buffering, noised at
+the flush, a rejected reply a zero contribution, one reply per client per flush, counted
+before the flush is computed). A robust ``aggregation`` runs over the buffer
+(``server_app/async_robust.py``). Not built yet (refused by the run config): local and
+distributed DP, federated and personalized evaluation, and the methods listed
+in ``task.choices.ASYNC_REFUSALS`` (FedDyn among them: its rule diverges with stale replies).
 
 Every flush writes a checkpoint before anything of the new version is sent; ``resume-dir``
 continues from it, re-sending the tasks that were in flight as they were
@@ -55,10 +58,22 @@ from flwr.serverapp import Grid
 
 from flower_compat.object_pulls import pulls_until
 from methods import wire as rk
-from methods.fedbuff import BufferedUpdate, FedBuff, Flush, delta_of, mean_max
+from methods.fedbuff import (
+    BufferedUpdate,
+    FedBuff,
+    Flush,
+    delta_of,
+    mean_max,
+    staleness_weight,
+)
 from methods.method import ClientUpdate, RoundInput
 from methods.packed_arrays import pack
 from methods.weights import Weights
+from server_app.async_privacy import (
+    ASYNC_DP_CONVENTIONS,
+    DP_ASYNC_LEFT_OUT,
+    FlushPrivacy,
+)
 from server_app.async_resume import (
     InFlight,
     LoopState,
@@ -66,6 +81,7 @@ from server_app.async_resume import (
     loop_state_of,
     sent_downs_of,
 )
+from server_app.async_robust import robust_flush
 from server_app.central_eval import CentralEvaluator
 from server_app.checkpoint import Checkpoint, save_checkpoint
 from server_app.clients import Fleet
@@ -78,7 +94,8 @@ from server_app.experiment import (
     run_name,
     state_fallbacks,
 )
-from server_app.results import AGGREGATED, Recorder
+from server_app.results import AGGREGATED, DP_FIELDS, DP_LEFT_OUT, Recorder
+from server_app.round_stages.combine import RobustMean
 from server_app.round_stages.replies import RoundReplies
 from server_app.strategy import MethodStrategy
 from server_app.virtual_clock import CLOCK_FIELDS, VirtualClock
@@ -251,6 +268,10 @@ class AsyncLoop:
         """After a resume: the method's down arrays of those versions (SCAFFOLD's c)."""
         self.run_dir = Path(cfg.output_dir)
         """Where the checkpoint is (set by ``run_async_experiment``), named when it stops."""
+        self.privacy: FlushPrivacy | None = None
+        """``dp=central`` (set by ``run_async_experiment``): each flush one counted release."""
+        self.stopped = False
+        """Set when ``dp-target-epsilon`` allows no further flush: the loop ends."""
 
     def busy(self) -> set[int]:
         return {t.pid for t in self.tasks.values()}
@@ -259,7 +280,8 @@ class AsyncLoop:
         """Send the newest model to seeded idle clients until ``concurrency`` are training."""
         if self.redo:
             self.resend()
-        chosen = choose(set(self.available()) - self.busy(),
+        held = self.privacy.members if self.privacy is not None else set()
+        chosen = choose(set(self.available()) - self.busy() - held,
                         self.bench.benched(time.monotonic()),
                         self.cfg.async_concurrency - len(self.tasks), self.rng)
         if not chosen:
@@ -398,12 +420,21 @@ class AsyncLoop:
         self.bench.answered(task.pid)
         self.counts.fallbacks += state_fallbacks([msg])
         decoded = self.strategy.check(version, msg, task)
+        privacy = self.privacy
         if isinstance(decoded, str):
             self.counts.rejected += 1
-            log(WARNING, "version %d: rejected reply of client %d (sent version %d): %s",
-                version, task.pid, task.version, decoded)
+            log(WARNING, "version %d: rejected reply of client %d (sent version %d): %s%s",
+                version, task.pid, task.version, decoded,
+                "; under dp it is a zero contribution" if privacy is not None else "")
+            if privacy is not None:  # no data-dependent skip: the slot is filled with zeros
+                zero = privacy.zero(task.weights)
+                if self.buffer.offer(BufferedUpdate(zero.upload, task.version, 1.0, task.pid)):
+                    self.accepted.append((zero, 1.0))
+                    privacy.members.add(task.pid)
             self.give_up_check()
             return task
+        if privacy is not None:
+            decoded = privacy.clipped(decoded)
         weight = self.strategy.reply_weights([decoded])[0]
         delta = delta_of(decoded.upload, task.weights, self.cfg.ri_aggregation)
         if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.pid)):
@@ -411,6 +442,8 @@ class AsyncLoop:
             self.accepted.append((replace(decoded, upload=delta), weight))
             # in the next flush: the client's next task starts its c_i from this one
             self.strategy.accounted_rounds.count([task.pid], task.round)
+            if privacy is not None:
+                privacy.members.add(task.pid)
         else:
             log(INFO, "version %d: dropped the reply of client %d: staleness %d > "
                 "max-staleness=%d", version, task.pid, version - task.version,
@@ -420,8 +453,10 @@ class AsyncLoop:
     def give_up_check(self) -> None:
         """Stop, as ``max-failed-rounds`` failed sync rounds do, once that many buffers' worth
         of replies since the last flush were rejected or lost (else the loop would dispatch
-        forever to clients whose every reply fails)."""
-        c, failed = self.cfg, self.counts.rejected + self.counts.lost
+        forever to clients whose every reply fails). Under DP only lost tasks count: a
+        rejected reply is a zero contribution, and stopping on it would depend on data."""
+        c = self.cfg
+        failed = self.counts.lost + (self.counts.rejected if self.privacy is None else 0)
         if failed >= c.max_failed_rounds * c.async_buffer_size:
             raise TooFewReplies(
                 f"rounds=async: {failed} replies since version {self.buffer.version} were "
@@ -461,7 +496,8 @@ class AsyncLoop:
         """Keep ``concurrency`` clients busy and flush every K accepted replies."""
         n = self.cfg.num_server_rounds
         idle_since = time.monotonic()
-        while self.buffer.version < n:
+        self.stopped = self.privacy is not None and self.privacy.spent(self.buffer.version)
+        while self.buffer.version < n and not self.stopped:
             self.fill(weights)
             if not self.tasks and time.monotonic() - idle_since > self.cfg.node_wait_timeout:
                 raise TooFewReplies(f"rounds=async: no client to train for "
@@ -477,10 +513,15 @@ class AsyncLoop:
                 if self.take(msg) is None:
                     continue
                 if self.buffer.full:
+                    if self.privacy is not None:  # counted before the flush exists
+                        self.privacy.count(self.buffer.version + 1)
                     flush = self.buffer.flush(weights, self.apply)
                     weights = flush.weights
                     on_flush(flush, self.row_facts(flush))
                     if self.buffer.version >= n:
+                        break
+                    if self.privacy is not None and self.privacy.spent(self.buffer.version):
+                        self.stopped = True
                         break
                 self.fill(weights)
         return weights
@@ -527,14 +568,27 @@ class AsyncLoop:
         D; FedAdam's: its Adam step, its moments kept on the strategy as in a sync round;
         SCAFFOLD's: c from every buffered reply's Delta_c_i once, unweighted).
         Each reply reaches the rule as its Delta_i against the version its task carried
-        (``variant`` ``update``), so a stale reply's move is not measured from the newest w."""
+        (``variant`` ``update``), so a stale reply's move is not measured from the newest w.
+        Under DP: D and each extra upload's sum carry the flush's noise (``FlushPrivacy``)."""
         c = self.cfg
+        updates = [u for u, _ in self.accepted]
+        weights = [p for _, p in self.accepted]
+        sums = None
+        if self.privacy is not None:
+            step, sums = self.privacy.noised(step, updates)
+        if c.aggregation != "mean":  # the rule over the raw deltas, x mean s(tau) of the kept
+            factors = [staleness_weight(c.staleness, self.buffer.tau(b.version), c.staleness_a,
+                                        c.staleness_b) for b in self.buffer.buffer]
+            step, kept = robust_flush(updates, factors, c.aggregation, c.trim_fraction,
+                                      c.byzantine_f, self.strategy.rule.up_keys,
+                                      self.buffer.version)
+            updates, weights = [updates[i] for i in kept], [1.0] * len(kept)
         rnd = RoundInput(server_round=self.buffer.version + 1,
                          aggregate=[d.astype(np.float32) for d in step],
-                         updates=[u for u, _ in self.accepted],
-                         weights=[p for _, p in self.accepted], variant="update",
+                         updates=updates, weights=weights, variant="update",
                          num_clients=c.num_clients, lr=c.lr_at(self.buffer.version + 1),
-                         server_lr=c.server_lr)
+                         server_lr=c.server_lr, upload_sums=sums, combine=RobustMean(c),
+                         aggregation=c.aggregation)
         self.accepted = []
         w_next, self.strategy.state = self.strategy.rule.update(self.strategy.state, w, rnd)
         return w_next
@@ -557,7 +611,8 @@ class AsyncLoop:
                  "state-fallbacks": self.counts.fallbacks,
                  "clients-trained": sorted(flush.clients),
                  AGGREGATED: True,  # a flush always applies its (non-empty) buffer
-                 **({"sim-time": self.clock.now} if self.clock is not None else {})}
+                 **({"sim-time": self.clock.now} if self.clock is not None else {}),
+                 **(self.privacy.fields() if self.privacy is not None else {})}
         self.counts.rejected = self.counts.lost = self.counts.fallbacks = 0
         return facts
 
@@ -591,11 +646,16 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
     loop.run_dir = out
     if resume and loaded:
         weights = loop.resume_from(resume[0], resume[1], loaded)
+    loop.privacy = privacy = FlushPrivacy.for_run(
+        cfg, tuple(strategy.rule.up_keys), out, resume[1].server_round if resume else 0,
+        resume[1].rows if resume else None)
+    fields = tuple(f for f in ASYNC_FIELDS if privacy is None or f not in DP_ASYNC_LEFT_OUT)
     rec = Recorder(out, cfg.to_dict(), eval_source="central",
                    keep_rounds=resume[1].server_round if resume else 0,
                    rows=resume[1].rows if resume else None,
-                   extra_fields=ASYNC_FIELDS + (CLOCK_FIELDS if loop.clock else ()),
-                   tracking=cfg.tracking)
+                   extra_fields=(fields + (CLOCK_FIELDS if loop.clock else ())
+                                 + (DP_FIELDS if privacy else ())),
+                   left_out=DP_LEFT_OUT if privacy else (), tracking=cfg.tracking)
     n = cfg.num_server_rounds
     last = [time.monotonic()]
 
@@ -625,7 +685,10 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
     atomic_write_bytes(out / "model.pt", buf.getvalue())
-    summary = rec.finish(final, {"results-dir": str(out), "eval-source": "central"})
+    summary = rec.finish(final, {"results-dir": str(out), "eval-source": "central",
+                                 **({**{k: rec.rows[-1].get(k) for k in DP_FIELDS},
+                                     "dp-epsilon-conventions": ASYNC_DP_CONVENTIONS,
+                                     "dp-delta": cfg.dp_delta} if privacy else {})})
     log(INFO, "done: final acc %.2f%%, %.1f s; results in %s",
         100 * (summary["final-test-acc"] or math.nan), summary["wall-seconds"], out)
     return summary

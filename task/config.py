@@ -303,11 +303,12 @@ def check_writable(key: str, path: Path) -> None:
 
 
 def _check_robust(c: RunConfig) -> None:
-    """``byzantine-f`` against the round size, and methods whose state a robust rule breaks."""
+    """``byzantine-f`` against the round size (under ``rounds=async`` the buffer's,
+    ``_check_async``), and methods whose state a robust rule breaks."""
     if c.byzantine_f < 0:
         raise _bad("byzantine-f", c.byzantine_f, "an integer >= 0")
     need = min_replies(c.aggregation, c.byzantine_f)
-    if c.clients_per_round < need:
+    if c.rounds == "sync" and c.clients_per_round < need:  # async: the buffer (_check_async)
         rule = "n >= 4f + 3" if c.aggregation == "bulyan" else "n > 2f + 2"
         raise _bad("byzantine-f", c.byzantine_f,
                    f"at most what aggregation={c.aggregation!r} tolerates in "
@@ -448,10 +449,26 @@ def _check_async(c: RunConfig) -> None:
         raise _bad("method", c.method, f"{' | '.join(ASYNC_METHODS)} with rounds='async' "
                    f"({c.method}: {why})")
     refusals = (
-        ("dp", c.dp, c.dp == "off", "off",
-         "each flush would be one release; its accounting is not built yet"),
-        ("aggregation", c.aggregation, c.aggregation == "mean", "mean",
-         "robust rules over the buffer are not built yet"),
+        ("dp", c.dp, c.dp != "local", "off | central",
+         "each upload is a release when the device sends it, also one dropped as stale or "
+         "never flushed, and a client may upload more than once between flushes: the "
+         "server's per-flush count would understate it"),
+        ("dp", c.dp, c.dp != "distributed", "off | central",
+         "distributed DP needs secure aggregation, which is sync only"),
+        ("buffer-size", c.buffer_size, c.dp == "off" or c.async_buffer_size <= c.num_clients,
+         f"at most num-clients={c.num_clients} with dp={c.dp!r}",
+         "a client contributes at most once per flush"),
+        ("aggregation", c.aggregation, c.aggregation == "mean" or not
+         METHODS[c.method].server.up_keys, f"mean with method={c.method!r}",
+         "its clients' state is accounted when a reply is buffered, before a robust rule "
+         "decides whether it is kept; not built"),
+        ("buffer-size", c.buffer_size,
+         c.async_buffer_size >= min_replies(c.aggregation, c.byzantine_f),
+         f"at least {min_replies(c.aggregation, c.byzantine_f)} (0: concurrency="
+         f"{c.async_concurrency}) with aggregation={c.aggregation!r} and byzantine-f="
+         f"{c.byzantine_f}",
+         "the rule runs over the K buffered replies: "
+         + ("n >= 4f + 3" if c.aggregation == "bulyan" else "n > 2f + 2")),
         ("evaluation", c.evaluation, c.eval_source == "central", "auto or central",
          "federated evaluation beside in-flight training is not built yet"),
         ("personal-eval-every", c.personal_eval_every, c.personal_eval_every == 0, "0",

@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 
 from client_app.round import client_round
 from methods import wire as rk
-from methods.packed_arrays import pack, shapes
+from methods.packed_arrays import pack, shapes, unpack
 from scripts.inprocess_grid import set_task_identity
 from server_app.async_rounds import AsyncLoop, BufferedStrategy
 from store.client_store import ClientStore
@@ -33,7 +33,8 @@ from testbeds.lsq_problem import Problem, VectorModel
 EXPERIMENT = "lsq-async"
 """The experiment id the clients' state directories are named by."""
 Script = list[tuple[int, str]]
-"""(client, fate): ``ok``, ``lost`` or ``nan``, in the order the replies come back."""
+"""(client, fate): ``ok``, ``lost``, ``nan`` or ``flip`` (its upload x -10), in the order the
+replies come back."""
 
 
 class ScriptedGrid(Grid):
@@ -90,6 +91,10 @@ class ScriptedGrid(Grid):
             arrays = reply.content.array_records[rk.ARRAYS]
             reply.content.array_records[rk.ARRAYS] = pack(
                 [np.full(a.shape, np.nan, np.float32) for a in arrays.to_numpy_ndarrays()])
+        if fate == "flip":  # a hostile reply: its upload times -10 (passes every check)
+            arrays = reply.content.array_records[rk.ARRAYS]
+            reply.content.array_records[rk.ARRAYS] = pack(
+                [-10.0 * a for a in unpack(arrays)])
         return [reply]
 
     # the rest of Grid's API is not used by the loop

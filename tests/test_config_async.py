@@ -51,8 +51,7 @@ def test_each_other_method_is_refused_with_its_reason(method: str) -> None:
 
 
 @pytest.mark.parametrize(("over", "key"), [
-    ({"dp": "central", "weighting": "uniform"}, "dp='central'"),
-    ({"aggregation": "median"}, "aggregation='median'"),
+    ({"dp": "local", "weighting": "uniform"}, "dp='local'"),
     ({"evaluation": "federated"}, "evaluation='federated'"),
     ({"personal-eval-every": 20}, "personal-eval-every=20"),
     ({"divergence-every": 2}, "divergence-every=2"),
@@ -61,3 +60,22 @@ def test_what_async_cannot_run_yet_is_refused(over: dict[str, object], key: str)
     with pytest.raises(ConfigError, match=f"{key} is not allowed; .* with rounds='async' \\("):
         RunConfig.parse({**ASYNC, **over})
     RunConfig.parse({**over, "rounds": "sync"})
+
+
+def test_central_dp_runs_async_local_and_distributed_are_refused_with_their_reasons() -> None:
+    dp = {**ASYNC, "dp": "central", "weighting": "uniform"}
+    assert RunConfig.parse(dp).dp == "central"
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({**dp, "dp": "local"})
+    assert "dp='local' is not allowed; allowed: off | central with rounds='async'" in str(
+        err.value) and "understate" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({**dp, "dp": "distributed", "secure-aggregation": "secagg+",
+                         "min-replies": 10})
+    assert ("dp='distributed' is not allowed; allowed: off | central with rounds='async' "
+            "(distributed DP needs secure aggregation, which is sync only)") in str(err.value)
+    RunConfig.parse({**dp, "num-clients": 4, "concurrency": 4, "buffer-size": 4})
+    with pytest.raises(ConfigError, match="buffer-size=5 is not allowed; allowed: at most "
+                                          "num-clients=4 with dp='central' .*at most once"):
+        RunConfig.parse({**dp, "num-clients": 4, "concurrency": 4, "buffer-size": 5})
+    RunConfig.parse({**ASYNC, "num-clients": 4, "concurrency": 4, "buffer-size": 5})

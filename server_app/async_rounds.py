@@ -248,6 +248,8 @@ class AsyncLoop:
         self.clock = VirtualClock.for_run(cfg)
         """None under ``device-speeds=off``; its ``now`` is the finish time of the reply
         handled last."""
+        if self.clock is not None:  # availability windows: sync only for now
+            self.clock.refuse_windows("async")
         self.waiting: tuple[str, float] = ("", 0.0)
         """On the clock: the task whose reply the loop waits for, and since when (wall)."""
         self.early: dict[str, Message] = {}
@@ -626,7 +628,10 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
     check_writable("resume-dir" if resume else "output-dir",
                    resume[0] if resume else out_dir or Path(cfg.output_dir).resolve())
     check_present(cfg.dataset, Path(cfg.resolved_data_dir))
-    has_clock = VirtualClock.for_run(cfg) is not None
+    clock = VirtualClock.for_run(cfg)
+    if clock is not None:  # before any node is waited for
+        clock.refuse_windows("async")
+    has_clock = clock is not None
     loaded = loop_state_of(resume[0], resume[1], has_clock) if resume else None
     fleet = Fleet(grid, cfg)
     node_of = fleet.discover()

@@ -160,6 +160,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                    left_out=DP_LEFT_OUT if budget else (), tracking=cfg.tracking)
     if clock is not None and rec.rows:  # a resumed run's clock goes on from its last row
         clock.now = float(rec.rows[-1].get("sim-time") or 0.0)
+    windowed = clock if clock is not None and clock.windows is not None else None
     write_regimes(out, cfg)
     status = StatusWriter(out, cfg, fleet, first)  # status.json: the operator's live page
     status.watch(strategy)
@@ -176,15 +177,23 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         t0 = time.monotonic()
         fleet.collect()  # newcomers identified beside the last round take part from now on
         fleet.ask()  # identity queries to new nodes, answered beside this round
+        if windowed is not None:  # the round starts once enough clients are in a window;
+            ready = windowed.wait_for(fleet.available(), cfg.sampled_per_round, rnd)
+            strategy.available = ready.copy  # the sampler draws among those
         messages = strategy.configure_train(rnd, arrays, round_config, grid)
         if ledger is not None:  # durable before the round's first message: its uploads (local
             ledger.count(rnd)  # DP) and its model (evaluation, next round) are then counted
         t_send = time.monotonic()
         over: dict[str, int] = {}
+        lost = {} if windowed is None else windowed.lost(strategy.sent_to)
         if clock is not None and cfg.over_select > 0.0:  # the first m in simulated order
             got = clock.close_first(
-                list(grid.send_and_receive(messages, timeout=cfg.round_timeout)),
+                clock.drop_lost(list(grid.send_and_receive(messages,
+                                                           timeout=cfg.round_timeout)),
+                                lost, strategy.sent_to, rnd),
                 cfg.clients_per_round, strategy.sent_to, strategy.accepts, rnd)
+            if got.accepted >= cfg.clients_per_round:  # closed early: the lost don't count
+                lost = {}
             replies, over = got.replies, got.fields(len(messages))
         elif cfg.over_select > 0.0:  # the first m accepted replies close the round
             got = collect_first(grid, messages, cfg.clients_per_round, strategy.accepts,
@@ -192,9 +201,11 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             replies, over = got.replies, got.fields(len(messages))
         else:
             replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
+            if windowed is not None:
+                replies = windowed.drop_lost(replies, lost, strategy.sent_to, rnd)
         timing = reply_timing(replies, time.monotonic() - t_send)
         if clock is not None:
-            clock.sync_round(replies, strategy.sent_to)
+            clock.sync_round(replies, strategy.sent_to, max(lost.values(), default=0.0))
             timing["sim-time"] = clock.now
         if state_root is not None:  # the clients wrote their state without fsync: one
             sync_filesystem(state_root)  # flush for all, before the checkpoint relies on it

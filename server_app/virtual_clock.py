@@ -7,11 +7,22 @@ collected, sorted by (d_i, client id), and the first m the decode checks accept 
 round took d of the last one kept. ``rounds=async`` keeps its own times on the same durations
 (``server_app/async_rounds.py``: each dispatch finishes at its send time + d_i). Every row
 then carries ``sim-time``, the cumulative simulated seconds, beside the wall time.
+
+Availability windows (a ``file:`` spec's ``START-END`` spans, ``task.device_speeds``): a
+client may be sampled at simulated t only if t lies in one of its windows, and a task it
+starts at t is lost unless it finishes by that window's end (the device went away: its reply
+is dropped before the round sees it, so it counts missing exactly as a dead node's). A sync
+round starts at the first t >= now at which as many clients as it samples are available
+(``wait_for``), so a round is never run short while waiting would fill it; when the windows
+never again hold that many at once, at the first t holding the most they still will. A round
+lasts until its last reply or, without over-selection's early close, until the last of its
+lost devices left (so a round of lost tasks still moves the clock on).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from logging import INFO
 
 import numpy as np
@@ -20,7 +31,8 @@ from flwr.common.logger import log
 
 from server_app.over_select import Collected
 from task.config import RunConfig
-from task.device_speeds import durations, slowdowns
+from task.config_checks import ConfigError
+from task.device_speeds import KEY, Windows, durations, read_speeds_file, slowdowns
 from task.federated_data import partition_sizes
 
 CLOCK_FIELDS = ("sim-time",)
@@ -31,28 +43,104 @@ simulated seconds at the row's end (a sync round's close, an async flush)."""
 class VirtualClock:
     """Simulated time ``now`` and each client's task duration."""
 
-    def __init__(self, task_seconds: Sequence[float] | np.ndarray, now: float = 0.0) -> None:
+    def __init__(self, task_seconds: Sequence[float] | np.ndarray, now: float = 0.0,
+                 windows: Windows | None = None) -> None:
         self.task_seconds = np.asarray(task_seconds, dtype=np.float64)
         self.now = float(now)
+        self.windows = windows
+        """Per client its availability windows (None: always available); None: no client
+        has any, and the clock is exactly the one without windows."""
 
     @classmethod
     def for_run(cls, cfg: RunConfig, now: float = 0.0) -> VirtualClock | None:
         """The run's clock (None under ``device-speeds=off``), starting at ``now`` (a
         resumed run's last ``sim-time``)."""
-        slow = slowdowns(cfg.device_speeds, cfg.num_clients, cfg.seed)
+        if cfg.device_speeds.startswith("file:"):
+            slow, windows = read_speeds_file(cfg.device_speeds[len("file:"):], cfg.num_clients)
+        else:
+            slow, windows = slowdowns(cfg.device_speeds, cfg.num_clients, cfg.seed), None
         if slow is None:
             return None
-        return cls(durations(slow, partition_sizes(cfg), cfg.local_epochs, cfg.batch_size), now)
+        return cls(durations(slow, partition_sizes(cfg), cfg.local_epochs, cfg.batch_size), now,
+                   windows)
+
+    def refuse_windows(self, rounds: str) -> None:
+        """ConfigError in one line where windows are not built (``rounds=async`` for now)."""
+        if self.windows is not None:
+            raise ConfigError(f"run config: {KEY} gives availability windows (START-END), "
+                              f"which rounds={rounds} does not take yet; allowed with "
+                              f"rounds={rounds}: a file of slowdowns only, or rounds=sync")
+
+    def window_of(self, pid: int, t: float) -> tuple[float, float] | None:
+        """Client ``pid``'s window holding simulated time ``t`` (start <= t < end), or None;
+        (t, inf) for a client without windows."""
+        spans = None if self.windows is None else self.windows[pid]
+        if spans is None:
+            return (t, math.inf)
+        return next(((a, b) for a, b in spans if a <= t < b), None)
+
+    def available_at(self, t: float, pids: Iterable[int]) -> list[int]:
+        """Those of ``pids`` available at simulated time ``t`` (sorted)."""
+        return sorted(p for p in pids if self.window_of(p, t) is not None)
+
+    def wait_for(self, pids: Collection[int], need: int, server_round: int) -> list[int]:
+        """Move ``now`` to the first time >= now at which ``need`` of ``pids`` are available
+        (only a window's start can add one), or, if the windows never again hold that many,
+        to the first time holding the most they will; the clients available then. No client
+        ever again: ConfigError in one line (the run cannot go on)."""
+        spans = self.windows or ()
+        starts = sorted({a for p in pids for a, _ in (spans[p] or ()) if a > self.now})
+        best: tuple[int, float] = (-1, self.now)
+        for t in (self.now, *starts):
+            count = len(self.available_at(t, pids))
+            if count >= need:
+                best = (count, t)
+                break
+            if count > best[0]:
+                best = (count, t)
+        if best[0] <= 0:
+            raise ConfigError(f"run config: {KEY}: no client is available at or after "
+                              f"sim-time {self.now:g} (round {server_round}): every window in "
+                              f"the file has ended; allowed: windows that cover the run")
+        if best[1] > self.now:
+            log(INFO, "round %d: %d client(s) available at sim-time %g, %d needed: the clock "
+                "waits until %g (%d available)", server_round,
+                len(self.available_at(self.now, pids)), self.now, need, best[1], best[0])
+        self.now = best[1]
+        return self.available_at(self.now, pids)
+
+    def lost(self, sent_to: Mapping[int, int]) -> dict[int, float]:
+        """{node: seconds after ``now`` its device left} for this round's tasks (started at
+        ``now``) that would not finish inside their client's window: lost."""
+        out = {}
+        for node, pid in sent_to.items():
+            span = self.window_of(pid, self.now)
+            end = self.now if span is None else span[1]
+            if self.now + self.duration(pid) > end:
+                out[node] = end - self.now
+        return out
+
+    def drop_lost(self, replies: Sequence[Message], lost: Mapping[int, float],
+                  sent_to: Mapping[int, int], server_round: int) -> list[Message]:
+        """``replies`` without those of the ``lost`` tasks' nodes (logged): never aggregated,
+        counted missing as a dead node's."""
+        if lost:
+            log(INFO, "round %d: lost the tasks of client(s) %s: their availability window "
+                "closes before the task ends", server_round,
+                sorted(sent_to[n] for n in lost if n in sent_to))
+        return [m for m in replies if m.metadata.src_node_id not in lost]
 
     def duration(self, pid: int) -> float:
         """d_i: simulated seconds of one task of client ``pid``."""
         return float(self.task_seconds[pid])
 
-    def sync_round(self, replies: Sequence[Message], sent_to: Mapping[int, int]) -> float:
-        """Advance by the slowest of the round's replies (none: 0); the round's seconds."""
+    def sync_round(self, replies: Sequence[Message], sent_to: Mapping[int, int],
+                   left: float = 0.0) -> float:
+        """Advance by the slowest of the round's replies (none: 0), or by ``left`` (when its
+        last lost device went away) if later; the round's seconds."""
         pids = [sent_to[m.metadata.src_node_id] for m in replies
                 if m.metadata.src_node_id in sent_to]
-        took = max((self.duration(p) for p in pids), default=0.0)
+        took = max(max((self.duration(p) for p in pids), default=0.0), left)
         self.now += took
         return took
 

@@ -12,8 +12,16 @@ orders completions by it, so a run's result is the same on any machine.
 
 Specs: ``off`` | ``slow:FRACTION:FACTOR`` (round(FRACTION N) clients, a seeded choice, are
 FACTOR times slower; the others 1) | ``lognormal:SIGMA`` (s_i = exp(SIGMA z_i), z_i standard
-normal: median 1) | ``file:PATH`` (num-clients positive numbers, one per line, partition id
-order; ``#`` starts a comment). Numpy only: the run config checks the spec's syntax with it.
+normal: median 1) | ``file:PATH`` (num-clients lines in partition id order, each
+``SLOWDOWN [START-END ...]``: a positive slowdown, then optional availability windows in
+simulated seconds; ``#`` starts a comment). Numpy only: the run config checks the spec's
+syntax with it.
+
+Availability windows: a line ``2.5 0-600 1800-inf`` is a client 2.5 times slower, available
+for simulated t in [0, 600) and from 1800 on; a line without windows is always available.
+Windows are half-open [START, END), 0 <= START < END (END may be ``inf``), in increasing
+order without overlap (touching is refused too: write one window). A task started at t must
+also finish by its window's END, or it is lost (``server_app/virtual_clock.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ ALLOWED = "off | slow:FRACTION:FACTOR (0 < FRACTION <= 1, FACTOR > 0) | lognorma
 STEP_SECONDS = 0.05
 """Simulated seconds of one local step (one batch) at slowdown 1: a small CNN's batch on a
 phone-class CPU; only ratios matter, the unit makes ``sim-time`` read as seconds."""
+WINDOW_RULE = ("SLOWDOWN [START-END ...]: a number > 0, then windows START-END in simulated "
+               "seconds, 0 <= START < END (END may be inf), increasing, not touching")
+"""What a line of a ``file:`` spec may hold (named in its one-line refusals)."""
 STREAM = 45
 """The seed stream of the slowdown draw (``[seed, STREAM]``), apart from every other draw."""
 
@@ -82,20 +93,76 @@ def parse_speeds(spec: str) -> Speeds:
     raise bad_value(KEY, spec, ALLOWED)
 
 
-def read_slowdowns(path: str, num_clients: int) -> np.ndarray:
-    """A ``file:`` spec's slowdowns, checked: exactly ``num_clients`` finite numbers > 0."""
+Window = tuple[float, float]
+"""[start, end) in simulated seconds."""
+Windows = tuple[tuple[Window, ...] | None, ...]
+"""Per client (partition id order): its windows, or None (always available)."""
+
+
+def _bad_line(spec: str, number: int, text: str, why: str) -> ConfigError:
+    return ConfigError(f"run config: {KEY}={spec!r} line {number}: {text!r} {why}; "
+                       f"allowed: {WINDOW_RULE}")
+
+
+def _window(token: str, spec: str, number: int, text: str) -> Window:
+    start_s, dash, end_s = token.partition("-")
+    try:
+        start, end = float(start_s), float(end_s)
+    except ValueError:
+        raise _bad_line(spec, number, text, f"has {token!r}, not a window START-END") from None
+    if not dash or not (math.isfinite(start) and 0.0 <= start < end) or math.isnan(end) \
+            or end == -math.inf:
+        raise _bad_line(spec, number, text, f"has {token!r}, not a window START-END")
+    return start, end
+
+
+def _line(text: str, spec: str, number: int) -> tuple[float, tuple[Window, ...] | None]:
+    """One client's line: its slowdown and windows (None: none given)."""
+    first, *rest = text.split()
+    try:
+        slow = float(first)
+    except ValueError:
+        raise _bad_line(spec, number, text, "does not start with a slowdown") from None
+    if not (math.isfinite(slow) and slow > 0.0):
+        raise _bad_line(spec, number, text, "does not start with a slowdown > 0")
+    if not rest:
+        return slow, None
+    spans = tuple(_window(token, spec, number, text) for token in rest)
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        if start <= end:
+            raise _bad_line(spec, number, text, "has windows out of order, overlapping or "
+                            "touching")
+    return slow, spans
+
+
+def read_speeds_file(path: str, num_clients: int) -> tuple[np.ndarray, Windows | None]:
+    """A ``file:`` spec's slowdowns and windows (None when no line has any), checked:
+    exactly ``num_clients`` lines, each ``WINDOW_RULE``."""
     spec = f"file:{path}"
     try:
         lines = Path(path).expanduser().read_text().splitlines()
     except OSError as err:
         raise ConfigError(f"run config: {KEY}={spec!r} cannot be read: "
                           f"{err.strerror or err}") from None
-    values = [line.split("#", 1)[0].strip() for line in lines]
-    numbers = [_number(v, spec) for v in values if v]
-    if len(numbers) != num_clients or min(numbers, default=0.0) <= 0.0:
-        raise ConfigError(f"run config: {KEY}={spec!r} holds {len(numbers)} slowdowns; "
+    parsed = [_line(text, spec, number) for number, text in
+              ((i + 1, line.split("#", 1)[0].strip()) for i, line in enumerate(lines)) if text]
+    if len(parsed) != num_clients:
+        raise ConfigError(f"run config: {KEY}={spec!r} holds {len(parsed)} slowdowns; "
                           f"allowed: exactly num-clients={num_clients} numbers > 0, one per line")
-    return np.asarray(numbers, dtype=np.float64)
+    slow = np.asarray([s for s, _ in parsed], dtype=np.float64)
+    windows = tuple(w for _, w in parsed)
+    return slow, (windows if any(w is not None for w in windows) else None)
+
+
+def read_slowdowns(path: str, num_clients: int) -> np.ndarray:
+    """A ``file:`` spec's slowdowns, checked (``read_speeds_file``; windows left out)."""
+    return read_speeds_file(path, num_clients)[0]
+
+
+def speed_windows(spec: str, num_clients: int) -> Windows | None:
+    """Each client's availability windows (None: no spec or file line gives any)."""
+    sp = parse_speeds(spec)
+    return read_speeds_file(sp.path, num_clients)[1] if sp.kind == "file" else None
 
 
 def slowdowns(spec: str, num_clients: int, seed: int) -> np.ndarray | None:

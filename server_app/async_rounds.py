@@ -35,7 +35,9 @@ continues from it, re-sending the tasks that were in flight as they were
 With ``device-speeds`` on, the loop runs on the virtual clock (``server_app/virtual_clock.py``):
 a task sent at simulated time t to client i finishes at t + d_i, and the loop waits for the
 one reply that finishes first in simulated time (ties: the earlier dispatch), whatever order
-replies arrive in; flushes, staleness and the model are then the same on any machine.
+replies arrive in; flushes, staleness and the model are then the same on any machine. A
+``device-speeds`` file with availability windows is refused here for now (sync rounds take
+it: docs/algorithms.md, Virtual clock).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from task.config_checks import ConfigError, bad_value
 
 KEY = "device-speeds"
 ALLOWED = "off | slow:FRACTION:FACTOR (0 < FRACTION <= 1, FACTOR > 0) | lognormal:SIGMA " \
-          "(SIGMA > 0) | file:PATH (num-clients positive slowdowns, one per line)"
+          "(SIGMA > 0) | file:PATH (num-clients lines, each SLOWDOWN [START-END ...])"
 STEP_SECONDS = 0.05
 """Simulated seconds of one local step (one batch) at slowdown 1: a small CNN's batch on a
 phone-class CPU; only ratios matter, the unit makes ``sim-time`` read as seconds."""

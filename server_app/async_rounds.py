@@ -35,9 +35,11 @@ continues from it, re-sending the tasks that were in flight as they were
 With ``device-speeds`` on, the loop runs on the virtual clock (``server_app/virtual_clock.py``):
 a task sent at simulated time t to client i finishes at t + d_i, and the loop waits for the
 one reply that finishes first in simulated time (ties: the earlier dispatch), whatever order
-replies arrive in; flushes, staleness and the model are then the same on any machine. A
-``device-speeds`` file with availability windows is refused here for now (sync rounds take
-it: docs/algorithms.md, Virtual clock).
+replies arrive in; flushes, staleness and the model are then the same on any machine. With
+availability windows (a ``device-speeds`` file) a slot goes only to a client in a window now,
+the clock jumps to the next window start when none is, and a task whose window closes before
+it ends is never pushed: it is lost at that window's end, in simulated order
+(``AsyncLoop.window_event``).
 """
 
 from __future__ import annotations
@@ -139,6 +141,9 @@ class Task:
     """The client's round before this task (0: none): the state it starts from."""
     down: Mapping[str, Weights] = field(default_factory=dict)
     """The method's down arrays it carried (SCAFFOLD's c of ``version``)."""
+    doomed: bool = False
+    """Availability windows: its client's window closes before it ends, so it is never
+    pushed and is lost at ``finish`` (that window's end), in simulated order."""
 
 
 class BufferedStrategy(MethodStrategy):
@@ -250,8 +255,8 @@ class AsyncLoop:
         self.clock = VirtualClock.for_run(cfg)
         """None under ``device-speeds=off``; its ``now`` is the finish time of the reply
         handled last."""
-        if self.clock is not None:  # availability windows: sync only for now
-            self.clock.refuse_windows("async")
+        self.windowed = self.clock if self.clock is not None and self.clock.windows else None
+        """The clock when its file has availability windows (else None)."""
         self.waiting: tuple[str, float] = ("", 0.0)
         """On the clock: the task whose reply the loop waits for, and since when (wall)."""
         self.early: dict[str, Message] = {}
@@ -285,7 +290,10 @@ class AsyncLoop:
         if self.redo:
             self.resend()
         held = self.privacy.members if self.privacy is not None else set()
-        chosen = choose(set(self.available()) - self.busy() - held,
+        idle = set(self.available()) - self.busy() - held
+        if self.windowed is not None:  # only a client in one of its windows now
+            idle = set(self.windowed.available_at(self.windowed.now, idle))
+        chosen = choose(idle,
                         self.bench.benched(time.monotonic()),
                         self.cfg.async_concurrency - len(self.tasks), self.rng)
         if not chosen:
@@ -303,10 +311,19 @@ class AsyncLoop:
             self.mark(msg, pid, rounds[pid][0])
             self.last_round[pid] = rounds[pid][0]
         now = time.monotonic()
-        ids = list(self.grid.push_messages(messages))
         sim = self.clock
-        for seq, (msg_id, pid) in enumerate(zip(ids, chosen, strict=True),
-                                            self.counts.dispatched):
+        leaves = {} if self.windowed is None else {
+            pid: end for pid in chosen
+            if (end := self.windowed.leaves_at(pid, self.windowed.now)) is not None}
+        pushed = iter(self.grid.push_messages(
+            [m for m, pid in zip(messages, chosen, strict=True) if pid not in leaves]))
+        for seq, pid in enumerate(chosen, self.counts.dispatched):
+            if pid in leaves:  # never pushed: the device goes away before it would end
+                self.tasks[f"lost-{seq}"] = Task(pid, self.node_of[pid], version, weights,
+                                                 now, leaves[pid], seq, *rounds[pid],
+                                                 down=down, doomed=True)
+                continue
+            msg_id = next(pushed)
             if msg_id:
                 finish = sim.now + sim.duration(pid) if sim is not None else 0.0
                 self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now,
@@ -336,6 +353,12 @@ class AsyncLoop:
         sent = []
         for t in redo:
             down = self.sent_downs.get(t.version, {})
+            if self.windowed is not None and self.windowed.doomed(t.pid, t.finish):
+                self.tasks[f"lost-{t.seq}"] = Task(
+                    t.pid, self.node_of.get(t.pid, -1), t.version,
+                    self.sent_versions[t.version], now, t.finish, t.seq, t.round, t.base,
+                    down, doomed=True)
+                continue
             if t.pid not in online or t.pid not in self.node_of:
                 self.lose(Task(t.pid, -1, t.version, self.sent_versions[t.version], now,
                                t.finish, t.seq, t.round, t.base, down),
@@ -508,6 +531,8 @@ class AsyncLoop:
                                     f"node-wait-timeout={self.cfg.node_wait_timeout:g}s at "
                                     f"version {self.buffer.version}")
             self.expire()
+            if self.windowed is not None and self.window_event():
+                continue
             replies = self.pull()
             if not replies:
                 time.sleep(POLL_SECONDS)
@@ -529,6 +554,40 @@ class AsyncLoop:
                         break
                 self.fill(weights)
         return weights
+
+    def window_event(self) -> bool:
+        """Availability windows: handle the next simulated event if it is not a reply. A
+        free slot that no idle client can take now waits for the first window start among
+        the idle ones: the clock jumps there if that comes before the first task's end (no
+        task out and no window ahead: the run cannot go on). Else, if the first task to end
+        is a lost one, the clock moves to its window's end and it is lost. True: handled."""
+        sim = self.windowed
+        assert sim is not None
+        first = min(self.tasks, key=lambda i: (self.tasks[i].finish, self.tasks[i].seq),
+                    default=None)
+        if len(self.tasks) < self.cfg.async_concurrency:
+            held = self.privacy.members if self.privacy is not None else set()
+            start = sim.next_start(set(self.available()) - self.busy() - held)
+            if start is None and first is None:
+                raise TooFewReplies(f"rounds=async: no client is available at or after "
+                                    f"sim-time {sim.now:g} (version {self.buffer.version}): "
+                                    f"every availability window in device-speeds has ended")
+            if start is not None and (first is None or start < self.tasks[first].finish):
+                log(INFO, "version %d: no idle client in a window at sim-time %g; the clock "
+                    "jumps to the next window start, %g", self.buffer.version, sim.now, start)
+                sim.now = start
+                return True
+        if first is None or not self.tasks[first].doomed:
+            return False
+        task = self.tasks.pop(first)
+        sim.now = task.finish
+        self.counts.lost += 1
+        self.counts.refill += 1
+        log(WARNING, "version %d: lost the task of client %d (sent version %d): its "
+            "availability window closed at sim-time %g before the task ended; its slot goes "
+            "to another idle client", self.buffer.version, task.pid, task.version, task.finish)
+        self.give_up_check()
+        return True
 
     def pull(self) -> list[Message]:
         """Replies to handle now: whatever came back (wall order), or, on the virtual clock,
@@ -630,10 +689,7 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
     check_writable("resume-dir" if resume else "output-dir",
                    resume[0] if resume else out_dir or Path(cfg.output_dir).resolve())
     check_present(cfg.dataset, Path(cfg.resolved_data_dir))
-    clock = VirtualClock.for_run(cfg)
-    if clock is not None:  # before any node is waited for
-        clock.refuse_windows("async")
-    has_clock = clock is not None
+    has_clock = VirtualClock.for_run(cfg) is not None
     loaded = loop_state_of(resume[0], resume[1], has_clock) if resume else None
     fleet = Fleet(grid, cfg)
     node_of = fleet.discover()

@@ -186,11 +186,11 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         t_send = time.monotonic()
         over: dict[str, int] = {}
         lost = {} if windowed is None else windowed.lost(strategy.sent_to)
+        sending = messages if windowed is None else windowed.drop_lost(
+            list(messages), lost, strategy.sent_to, rnd)  # a lost task is never sent
         if clock is not None and cfg.over_select > 0.0:  # the first m in simulated order
             got = clock.close_first(
-                clock.drop_lost(list(grid.send_and_receive(messages,
-                                                           timeout=cfg.round_timeout)),
-                                lost, strategy.sent_to, rnd),
+                list(grid.send_and_receive(sending, timeout=cfg.round_timeout)),
                 cfg.clients_per_round, strategy.sent_to, strategy.accepts, rnd)
             if got.accepted >= cfg.clients_per_round:  # closed early: the lost don't count
                 lost = {}
@@ -200,9 +200,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                                 cfg.round_timeout, rnd)
             replies, over = got.replies, got.fields(len(messages))
         else:
-            replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
-            if windowed is not None:
-                replies = windowed.drop_lost(replies, lost, strategy.sent_to, rnd)
+            replies = list(grid.send_and_receive(sending, timeout=cfg.round_timeout))
         timing = reply_timing(replies, time.monotonic() - t_send)
         if clock is not None:
             clock.sync_round(replies, strategy.sent_to, max(lost.values(), default=0.0))

@@ -10,13 +10,14 @@ then carries ``sim-time``, the cumulative simulated seconds, beside the wall tim
 
 Availability windows (a ``file:`` spec's ``START-END`` spans, ``task.device_speeds``): a
 client may be sampled at simulated t only if t lies in one of its windows, and a task it
-starts at t is lost unless it finishes by that window's end (the device went away: its reply
-is dropped before the round sees it, so it counts missing exactly as a dead node's). A sync
+starts at t is lost unless it finishes before that window's end (the device goes away
+mid-task: the task is never sent, and it counts missing exactly as a dead node's). A sync
 round starts at the first t >= now at which as many clients as it samples are available
 (``wait_for``), so a round is never run short while waiting would fill it; when the windows
 never again hold that many at once, at the first t holding the most they still will. A round
 lasts until its last reply or, without over-selection's early close, until the last of its
-lost devices left (so a round of lost tasks still moves the clock on).
+lost devices left (so a round of lost tasks still moves the clock on). ``rounds=async``:
+``server_app/async_rounds.py`` (``AsyncLoop.window_event``).
 """
 
 from __future__ import annotations
@@ -64,13 +65,6 @@ class VirtualClock:
         return cls(durations(slow, partition_sizes(cfg), cfg.local_epochs, cfg.batch_size), now,
                    windows)
 
-    def refuse_windows(self, rounds: str) -> None:
-        """ConfigError in one line where windows are not built (``rounds=async`` for now)."""
-        if self.windows is not None:
-            raise ConfigError(f"run config: {KEY} gives availability windows (START-END), "
-                              f"which rounds={rounds} does not take yet; allowed with "
-                              f"rounds={rounds}: a file of slowdowns only, or rounds=sync")
-
     def window_of(self, pid: int, t: float) -> tuple[float, float] | None:
         """Client ``pid``'s window holding simulated time ``t`` (start <= t < end), or None;
         (t, inf) for a client without windows."""
@@ -109,26 +103,43 @@ class VirtualClock:
         self.now = best[1]
         return self.available_at(self.now, pids)
 
+    def leaves_at(self, pid: int, t: float) -> float | None:
+        """When client ``pid``'s device goes away during a task started at ``t`` (the end of
+        the window holding t), or None when the task finishes inside it (t + d_i < end)."""
+        span = self.window_of(pid, t)
+        end = t if span is None else span[1]
+        return end if t + self.duration(pid) >= end else None
+
+    def doomed(self, pid: int, finish: float) -> bool:
+        """Whether a task of ``pid`` whose recorded finish is ``finish`` is a lost one (its
+        finish is then its window's end, which no task that ends inside a window can be)."""
+        spans = None if self.windows is None else self.windows[pid]
+        return spans is not None and any(finish == b for _, b in spans)
+
     def lost(self, sent_to: Mapping[int, int]) -> dict[int, float]:
         """{node: seconds after ``now`` its device left} for this round's tasks (started at
         ``now``) that would not finish inside their client's window: lost."""
         out = {}
         for node, pid in sent_to.items():
-            span = self.window_of(pid, self.now)
-            end = self.now if span is None else span[1]
-            if self.now + self.duration(pid) > end:
+            end = self.leaves_at(pid, self.now)
+            if end is not None:
                 out[node] = end - self.now
         return out
 
-    def drop_lost(self, replies: Sequence[Message], lost: Mapping[int, float],
+    def next_start(self, pids: Iterable[int]) -> float | None:
+        """The first window start after ``now`` among ``pids`` (None: none opens again)."""
+        spans = self.windows or ()
+        return min((a for p in pids for a, _ in (spans[p] or ()) if a > self.now), default=None)
+
+    def drop_lost(self, messages: Sequence[Message], lost: Mapping[int, float],
                   sent_to: Mapping[int, int], server_round: int) -> list[Message]:
-        """``replies`` without those of the ``lost`` tasks' nodes (logged): never aggregated,
-        counted missing as a dead node's."""
+        """``messages`` without those to the ``lost`` tasks' nodes (logged): never sent (the
+        device goes away mid-task and saves nothing), counted missing as a dead node's."""
         if lost:
             log(INFO, "round %d: lost the tasks of client(s) %s: their availability window "
-                "closes before the task ends", server_round,
+                "closes before the task would end", server_round,
                 sorted(sent_to[n] for n in lost if n in sent_to))
-        return [m for m in replies if m.metadata.src_node_id not in lost]
+        return [m for m in messages if m.metadata.dst_node_id not in lost]
 
     def duration(self, pid: int) -> float:
         """d_i: simulated seconds of one task of client ``pid``."""

@@ -77,7 +77,7 @@ def test_sync_rounds_sample_the_available_lose_the_late_and_wait_for_windows(
     grid = InProcessGrid(4, cfg.to_dict())
     run_experiment(grid, cfg, out_dir=tmp_path / "run")
     rows = rows_of(tmp_path / "run")
-    assert sampled_by_round(grid, 8) == SAMPLED
+    assert sampled_by_round(grid, 8) == TRAINED  # a lost task is never sent
     assert [r["clients-trained"] for r in rows] == TRAINED
     assert [r["num-replies"] for r in rows] == [len(t) for t in TRAINED]
     assert [r["num-missing"] for r in rows] == [len(s) - len(t)
@@ -95,7 +95,8 @@ def test_over_select_closes_on_the_fastest_reply_that_is_not_lost(tmp_path: Path
     grid = InProcessGrid(4, cfg.to_dict())
     run_experiment(grid, cfg, out_dir=tmp_path / "run")
     (row,) = rows_of(tmp_path / "run")
-    assert sampled_by_round(grid, 1) == [[0, 1]]
+    assert sampled_by_round(grid, 1) == [[1]]  # c0's lost task is never sent
+    assert row["over-selected"] == 2 and row["num-missing"] == 1
     assert row["clients-trained"] == [1] and row["accepted-at-close"] == 1
     assert row["sim-time"] == pytest.approx(0.20)
 
@@ -146,12 +147,47 @@ def test_a_file_of_slowdowns_only_has_no_windows(tmp_path: Path) -> None:
     assert windows == (None, ((0.0, 1.5), (3.0, float("inf"))))
 
 
-def test_async_refuses_windows_in_one_line(tmp_path: Path) -> None:
-    raw = {**BASE, "rounds": "async", "concurrency": 2, "buffer-size": 2,
-           "num-server-rounds": 1, "device-speeds": windows_file(tmp_path, SCHEDULE),
-           "output-dir": str(tmp_path)}
+ASYNC = {**BASE, "num-clients": 3, "train-limit": 150, "rounds": "async", "staleness": "poly",
+         "staleness-a": 0.5}
+
+
+def test_async_loses_a_task_whose_window_closes_and_resends_its_slot(tmp_path: Path) -> None:
+    """Concurrency 2, K = 2; d: c0 0.05 (always), c1 0.10 (0-0.08, 0.3-), c2 0.05 (0.06-).
+    By hand: at 0 the idle clients in a window are c0, c1: both sent v0; c1's ends at 0.10,
+    after its window closes at 0.08: lost there. 0.05: c0 replies (v0), re-sent v0, ends
+    0.10. 0.08: c1 lost; its slot goes to c2 (in its window since 0.06), v0, ends 0.13.
+    0.10: c0 replies: flush 1 = [c0 tau 0, c0 tau 0]; c0 sent v1, ends 0.15. 0.13: c2
+    replies (v0), re-sent v1 (c1 is out of its window), ends 0.18. 0.15: c0 replies (v1):
+    flush 2 = [c2 tau 1, c0 tau 0]."""
+    lines = ["1", "2 0-0.08 0.3-inf", "1 0.06-inf"]
+    raw = {**ASYNC, "concurrency": 2, "buffer-size": 2, "num-server-rounds": 2,
+           "device-speeds": windows_file(tmp_path, lines), "output-dir": str(tmp_path)}
     cfg = RunConfig.parse(raw)
-    with pytest.raises(ConfigError, match=r"^run config: device-speeds gives availability "
-                                          r"windows .* rounds=async does not take yet") as err:
-        run_async_experiment(InProcessGrid(4, cfg.to_dict()), cfg, tmp_path / "run")
-    assert "\n" not in str(err.value)
+    grid = InProcessGrid(3, cfg.to_dict())
+    run_async_experiment(grid, cfg, tmp_path / "run")
+    rows = rows_of(tmp_path / "run")
+    assert [r["sim-time"] for r in rows] == pytest.approx([0.10, 0.15])
+    assert [r["num-missing"] for r in rows] == [1, 0]
+    s1 = 2 ** -0.5
+    assert [r["buffered"] for r in rows] == [[[0, 0, 0, 1.0], [0, 0, 0, 1.0]],
+                                             [[2, 0, 1, pytest.approx(s1)], [0, 1, 0, 1.0]]]
+    pushed = [m.metadata.dst_node_id - 1000 for m in grid.sent
+              if m.metadata.message_type == "train"]
+    assert pushed == [0, 0, 2, 0, 2]  # c1's lost task was never sent; the order of 0.00 is 0
+    assert rows[-1]["dispatched"] == 6
+
+
+def test_async_jumps_to_the_next_window_when_no_idle_client_is_in_one(tmp_path: Path) -> None:
+    """Concurrency 1, K = 1; d 0.05 each; c0 in 0-0.07, c1 in 0.5-, c2 never before 9.
+    By hand: c0 sent at 0, flush 1 at 0.05; c0 sent again at 0.05 would end at 0.10, after
+    0.07: lost at 0.07; no idle client is in a window then: the clock jumps to 0.5, c1 sent,
+    flush 2 at 0.55."""
+    lines = ["1 0-0.07", "1 0.5-inf", "1 9-inf"]
+    raw = {**ASYNC, "concurrency": 1, "buffer-size": 1, "num-server-rounds": 2,
+           "device-speeds": windows_file(tmp_path, lines), "output-dir": str(tmp_path)}
+    cfg = RunConfig.parse(raw)
+    run_async_experiment(InProcessGrid(3, cfg.to_dict()), cfg, tmp_path / "run")
+    rows = rows_of(tmp_path / "run")
+    assert [r["sim-time"] for r in rows] == pytest.approx([0.05, 0.55])
+    assert [r["clients-trained"] for r in rows] == [[0], [1]]
+    assert [r["num-missing"] for r in rows] == [0, 1]

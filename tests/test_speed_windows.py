@@ -1,7 +1,9 @@
 """Availability windows in a ``device-speeds`` file: who a sync round can sample, which tasks
 are lost when a window closes mid-task, and how far the virtual clock moves, each against a
 schedule worked out by hand below; a bad line refused in one line; a file whose windows cover
-all time giving the run without windows bit for bit; ``rounds=async`` refusing windows."""
+all time giving the run without windows bit for bit; under ``rounds=async`` a task lost when
+its window closes (its slot re-sent then), the jump to the next window start, and a resume
+with such a task in flight."""
 
 from __future__ import annotations
 
@@ -191,3 +193,31 @@ def test_async_jumps_to_the_next_window_when_no_idle_client_is_in_one(tmp_path: 
     assert [r["sim-time"] for r in rows] == pytest.approx([0.05, 0.55])
     assert [r["clients-trained"] for r in rows] == [[0], [1]]
     assert [r["num-missing"] for r in rows] == [0, 1]
+
+
+def test_a_resume_loses_a_lost_task_in_flight_again_at_its_window_end(tmp_path: Path) -> None:
+    """d: c0 0.05 (always), c1 0.20 in 0-0.15 (its task of 0 is lost at 0.15), c2 0.05 from
+    0.06. Flush 1 at 0.10 with c1's lost task in flight; the server dies at the next push.
+    The resumed run must know that task for a lost one by its finish (0.15, its window's
+    end) and lose it again, never send it: rows and model equal the uninterrupted run's."""
+    from tests.test_async_resume import SIMULATED, KilledGrid, final_model, same
+
+    lines = ["1", "4 0-0.15", "1 0.06-inf"]
+    raw = {**ASYNC, "concurrency": 2, "buffer-size": 2, "num-server-rounds": 4,
+           "device-speeds": windows_file(tmp_path, lines), "output-dir": str(tmp_path),
+           "client-state-dir": str(tmp_path / "state")}
+    cfg = RunConfig.parse(raw)
+    run_async_experiment(InProcessGrid(3, cfg.to_dict()), cfg, tmp_path / "ref")
+    with pytest.raises(KeyboardInterrupt):
+        run_async_experiment(KilledGrid(3, cfg), cfg, tmp_path / "crash")
+    assert [r["round"] for r in rows_of(tmp_path / "crash")] == [1]
+    resumed = RunConfig.parse({**raw, "resume-dir": str(tmp_path / "crash")})
+    grid = InProcessGrid(3, resumed.to_dict())
+    run_async_experiment(grid, resumed)
+    assert not any(m.metadata.dst_node_id == 1001 for m in grid.sent
+                   if m.metadata.message_type == "train")
+    got, want = rows_of(tmp_path / "crash"), rows_of(tmp_path / "ref")
+    assert [r["num-missing"] for r in want] == [0, 1, 0, 0]
+    assert [{k: r.get(k) for k in SIMULATED} for r in got] == \
+        [{k: r.get(k) for k in SIMULATED} for r in want]
+    assert same(final_model(tmp_path / "crash"), final_model(tmp_path / "ref"))

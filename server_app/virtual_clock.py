@@ -33,7 +33,7 @@ from flwr.common.logger import log
 from server_app.over_select import Collected
 from task.config import RunConfig
 from task.config_checks import ConfigError
-from task.device_speeds import KEY, Windows, durations, read_speeds_file, slowdowns
+from task.device_speeds import KEY, Windows, durations, speeds_and_windows
 from task.federated_data import partition_sizes
 
 CLOCK_FIELDS = ("sim-time",)
@@ -56,10 +56,7 @@ class VirtualClock:
     def for_run(cls, cfg: RunConfig, now: float = 0.0) -> VirtualClock | None:
         """The run's clock (None under ``device-speeds=off``), starting at ``now`` (a
         resumed run's last ``sim-time``)."""
-        if cfg.device_speeds.startswith("file:"):
-            slow, windows = read_speeds_file(cfg.device_speeds[len("file:"):], cfg.num_clients)
-        else:
-            slow, windows = slowdowns(cfg.device_speeds, cfg.num_clients, cfg.seed), None
+        slow, windows = speeds_and_windows(cfg.device_speeds, cfg.num_clients, cfg.seed)
         if slow is None:
             return None
         return cls(durations(slow, partition_sizes(cfg), cfg.local_epochs, cfg.batch_size), now,

@@ -110,8 +110,7 @@ def _window(token: str, spec: str, number: int, text: str) -> Window:
         start, end = float(start_s), float(end_s)
     except ValueError:
         raise _bad_line(spec, number, text, f"has {token!r}, not a window START-END") from None
-    if not dash or not (math.isfinite(start) and 0.0 <= start < end) or math.isnan(end) \
-            or end == -math.inf:
+    if not dash or not (math.isfinite(start) and 0.0 <= start < end):  # nan end: refused
         raise _bad_line(spec, number, text, f"has {token!r}, not a window START-END")
     return start, end
 
@@ -159,10 +158,13 @@ def read_slowdowns(path: str, num_clients: int) -> np.ndarray:
     return read_speeds_file(path, num_clients)[0]
 
 
-def speed_windows(spec: str, num_clients: int) -> Windows | None:
-    """Each client's availability windows (None: no spec or file line gives any)."""
+def speeds_and_windows(spec: str, num_clients: int,
+                       seed: int) -> tuple[np.ndarray | None, Windows | None]:
+    """``slowdowns`` and, for a ``file:`` spec, the file's windows (None: none given)."""
     sp = parse_speeds(spec)
-    return read_speeds_file(sp.path, num_clients)[1] if sp.kind == "file" else None
+    if sp.kind == "file":
+        return read_speeds_file(sp.path, num_clients)
+    return slowdowns(spec, num_clients, seed), None
 
 
 def slowdowns(spec: str, num_clients: int, seed: int) -> np.ndarray | None:

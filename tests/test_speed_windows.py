@@ -7,9 +7,7 @@ with such a task in flight."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
 from task.config import ConfigError, RunConfig
 from task.device_speeds import read_speeds_file
+from tests.test_virtual_clock import final_of, rows_of
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")
 
@@ -33,15 +32,6 @@ def windows_file(tmp: Path, lines: list[str]) -> str:
     path.write_text("# slowdown, then availability windows START-END\n" + "\n".join(lines)
                     + "\n")
     return f"file:{path}"
-
-
-def rows_of(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
-
-
-def final_of(run_dir: Path) -> list[np.ndarray]:
-    with np.load(run_dir / "final_model.npz") as z:
-        return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
 def sampled_by_round(grid: InProcessGrid, rounds: int) -> list[list[int]]:

@@ -212,11 +212,9 @@ def resumable_run(grid: ScriptedGrid, run_dir: Path, ckpt_at: int,
     return loop.run(w, on_flush)[0], strategy
 
 
-def test_killed_after_the_accounted_round_moved_and_resumed_ends_bit_identical(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Fresh nodes (no memory) over the same state directories: the resumed run redoes the
-    tasks in flight at version 2 (client 1's from version 1, with c of version 1) and ends
-    with the uninterrupted run's model and state, bit for bit, with no state fallback."""
+def uninterrupted_and_killed(tmp_path: Path) -> tuple[Any, np.ndarray, Any, Path, Path]:
+    """The SCAFFOLD run of both resume tests: its config, the uninterrupted run's model and
+    loop, and the run and state directories of the same run killed after checkpoint 2."""
     raw = {"method": "scaffold", "buffer-size": 2, "num-server-rounds": 5,
            "staleness": "poly", "staleness-a": 0.5}
     cfg = async_cfg(raw)
@@ -225,6 +223,15 @@ def test_killed_after_the_accounted_round_moved_and_resumed_ends_bit_identical(
     run_dir, states = tmp_path / "run", tmp_path / "state"
     with pytest.raises(KeyboardInterrupt):
         resumable_run(DyingGrid(problem(), cfg, KILLED, states), run_dir, ckpt_at=2)
+    return cfg, ref_w, ref, run_dir, states
+
+
+def test_killed_after_the_accounted_round_moved_and_resumed_ends_bit_identical(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Fresh nodes (no memory) over the same state directories: the resumed run redoes the
+    tasks in flight at version 2 (client 1's from version 1, with c of version 1) and ends
+    with the uninterrupted run's model and state, bit for bit, with no state fallback."""
+    cfg, ref_w, ref, run_dir, states = uninterrupted_and_killed(tmp_path)
     assert sorted(int(f.stem[1:]) for f in (states / EXPERIMENT / "client-1").glob("r*")) \
         == [1, 2, 3, 4]
     ckpt = load_checkpoint(run_dir)
@@ -246,14 +253,7 @@ def test_without_keep_accounted_the_resumed_client_loses_its_accounted_state(
     """The same kill with the pin left out: client 1's round 1 is gone when its redone task
     rebases c_i on it (a state fallback), and the run ends elsewhere."""
     monkeypatch.setattr(AsyncLoop, "accounted_at_checkpoint", lambda self: {})
-    raw = {"method": "scaffold", "buffer-size": 2, "num-server-rounds": 5,
-           "staleness": "poly", "staleness-a": 0.5}
-    cfg = async_cfg(raw)
-    ref_grid = ScriptedGrid(problem(), cfg, KILLED[:5] + AFTER, tmp_path / "ref-state")
-    ref_w, _ = resumable_run(ref_grid, tmp_path / "ref-run", ckpt_at=2)
-    run_dir, states = tmp_path / "run", tmp_path / "state"
-    with pytest.raises(KeyboardInterrupt):
-        resumable_run(DyingGrid(problem(), cfg, KILLED, states), run_dir, ckpt_at=2)
+    cfg, ref_w, _, run_dir, states = uninterrupted_and_killed(tmp_path)
     assert sorted(int(f.stem[1:]) for f in (states / EXPERIMENT / "client-1").glob("r*")) \
         == [2, 3, 4]
     caplog.set_level(logging.WARNING)

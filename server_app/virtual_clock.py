@@ -62,10 +62,19 @@ class VirtualClock:
         return cls(durations(slow, partition_sizes(cfg), cfg.local_epochs, cfg.batch_size), now,
                    windows)
 
+    def spans(self, pid: int) -> Sequence[tuple[float, float]] | None:
+        """Client ``pid``'s windows (None: always available)."""
+        return None if self.windows is None else self.windows[pid]
+
+    def starts_after_now(self, pids: Iterable[int]) -> list[float]:
+        """Every window start after ``now`` among ``pids``, sorted (only a start can add an
+        available client)."""
+        return sorted({a for p in pids for a, _ in (self.spans(p) or ()) if a > self.now})
+
     def window_of(self, pid: int, t: float) -> tuple[float, float] | None:
         """Client ``pid``'s window holding simulated time ``t`` (start <= t < end), or None;
         (t, inf) for a client without windows."""
-        spans = None if self.windows is None else self.windows[pid]
+        spans = self.spans(pid)
         if spans is None:
             return (t, math.inf)
         return next(((a, b) for a, b in spans if a <= t < b), None)
@@ -79,8 +88,7 @@ class VirtualClock:
         (only a window's start can add one), or, if the windows never again hold that many,
         to the first time holding the most they will; the clients available then. No client
         ever again: ConfigError in one line (the run cannot go on)."""
-        spans = self.windows or ()
-        starts = sorted({a for p in pids for a, _ in (spans[p] or ()) if a > self.now})
+        starts = self.starts_after_now(pids)
         best: tuple[int, float] = (-1, self.now)
         for t in (self.now, *starts):
             count = len(self.available_at(t, pids))
@@ -110,8 +118,7 @@ class VirtualClock:
     def doomed(self, pid: int, finish: float) -> bool:
         """Whether a task of ``pid`` whose recorded finish is ``finish`` is a lost one (its
         finish is then its window's end, which no task that ends inside a window can be)."""
-        spans = None if self.windows is None else self.windows[pid]
-        return spans is not None and any(finish == b for _, b in spans)
+        return any(finish == b for _, b in (self.spans(pid) or ()))
 
     def lost(self, sent_to: Mapping[int, int]) -> dict[int, float]:
         """{node: seconds after ``now`` its device left} for this round's tasks (started at
@@ -125,8 +132,8 @@ class VirtualClock:
 
     def next_start(self, pids: Iterable[int]) -> float | None:
         """The first window start after ``now`` among ``pids`` (None: none opens again)."""
-        spans = self.windows or ()
-        return min((a for p in pids for a, _ in (spans[p] or ()) if a > self.now), default=None)
+        starts = self.starts_after_now(pids)
+        return starts[0] if starts else None
 
     def drop_lost(self, messages: Sequence[Message], lost: Mapping[int, float],
                   sent_to: Mapping[int, int], server_round: int) -> list[Message]:

@@ -18,10 +18,11 @@ at once, every buffer-size replies are aggregated; server_app/async_rounds.py)."
 STALENESS_KINDS: tuple[str, ...] = ("constant", "poly", "hinge")
 """``staleness`` under ``rounds=async`` (methods/fedbuff.py: s(tau))."""
 ASYNC_METHODS: tuple[str, ...] = ("fedavg", "fedprox", "fedsam", "ditto", "fedadam",
-                                  "scaffold")
+                                  "scaffold", "fedcm")
 """Methods ``rounds=async`` runs (fedavg with beta != 0 is FedInit): FedAvg's server rule on
-the buffered update, FedAdam's optimiser on it, or SCAFFOLD's with each buffered reply's
-Delta_c_i added to c once, unweighted (docs/algorithms.md, FedBuff)."""
+the buffered update, FedAdam's optimiser on it, SCAFFOLD's with each buffered reply's
+Delta_c_i added to c once, unweighted, or FedCM's momentum d = -D / (K eta) from the buffered
+update (docs/algorithms.md, FedBuff)."""
 ASYNC_REFUSALS: dict[str, str] = {
     "feddyn": "its correction H / N, added at every flush, diverges once replies are a version "
               "stale (least squares, 4 of 8 clients a flush: rel. error 5 after 60 flushes, "
@@ -30,7 +31,6 @@ ASYNC_REFUSALS: dict[str, str] = {
                 "(book eq. 128) is not built yet",
     "clustered": "it re-clusters the replies of one round; a buffer's replies started from "
                  "different versions of each cluster model",
-    "fedcm": "its global momentum is built from one round's update; not built for buffers yet",
 }
 """Why each other method is refused under ``rounds=async`` (one line each)."""
 SECURE_AGGREGATIONS: tuple[str, ...] = ("off", "secagg+")

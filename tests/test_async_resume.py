@@ -138,13 +138,14 @@ def newest_states(state_root: Path, experiment: str) -> dict[int, tuple[int, lis
     return out
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedadam", "scaffold"])
+@pytest.mark.parametrize("method", ["fedavg", "fedadam", "scaffold", "fedcm"])
 def test_killed_mid_buffer_and_resumed_ends_bit_identical(
         tmp_path: Path, method: str, caplog: pytest.LogCaptureFixture) -> None:
     """FedInit (fedavg, beta 0.1: each client's w_prev), FedAdam (its moments on the
-    server) and SCAFFOLD (c, each client's c_i, and the c of version 0 and 2 that the tasks
-    in flight carry): the resumed run re-sends the two tasks in flight at version 3 from the
-    versions they were sent, and ends where the uninterrupted run ends."""
+    server), SCAFFOLD (c, each client's c_i, and the c of version 0 and 2 that the tasks
+    in flight carry) and FedCM (its momentum d, and the d of versions 0 and 2): the resumed
+    run re-sends the two tasks in flight at version 3 from the versions they were sent, and
+    ends where the uninterrupted run ends."""
     over = {"method": method, **({"server-lr": 0.1} if method == "fedadam" else {})}
     ref_cfg = config(tmp_path, **over)
     run_async_experiment(InProcessGrid(3, ref_cfg.to_dict()), ref_cfg, tmp_path / "ref-run")
@@ -158,7 +159,8 @@ def test_killed_mid_buffer_and_resumed_ends_bit_identical(
     assert ckpt.server_round == 3 and ckpt.async_state is not None
     in_flight = ckpt.async_state["in-flight"]
     assert [(t[0], t[1]) for t in in_flight] == [(2, 0), (0, 2)]  # (client, version sent)
-    sent_c = {"version-0/scaffold-c", "version-2/scaffold-c"} if method == "scaffold" else set()
+    down = {"scaffold": "scaffold-c", "fedcm": "fedcm-d"}.get(method)
+    sent_c = {f"version-0/{down}", f"version-2/{down}"} if down else set()
     assert set(ckpt.extra) == {"version-0", "version-2", *sent_c}
     assert saved_rounds(tmp_path / "state", run_dir.name, 0) == [4, 5, 6]  # 4: pinned
     late = list(killed._pending)
@@ -180,7 +182,7 @@ def test_killed_mid_buffer_and_resumed_ends_bit_identical(
     want_state = load_checkpoint(tmp_path / "ref-run").strategy_state
     assert set(got_state) == set(want_state)
     assert all(same(got_state[k], want_state[k]) for k in want_state)
-    if method in ("fedadam", "scaffold"):  # the moments, c, are there and moved
+    if method in ("fedadam", "scaffold", "fedcm"):  # the moments, c, d are there and moved
         assert any(np.any(a != 0) for k in want_state if not k.startswith(("norms:", "acc"))
                    for a in want_state[k])
     mine = newest_states(tmp_path / "state", run_dir.name)

@@ -19,6 +19,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from cli.inprocess_grid import InProcessGrid, set_task_identity
 from methods import wire as rk
 from methods.dp import Mechanism, clip, norm
 from methods.dp_budget import Budget
@@ -26,7 +27,6 @@ from methods.packed_arrays import unpack
 from methods.registry import METHODS, composes_with_ri
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
-from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy

@@ -9,6 +9,7 @@ checked against ``dp_accounting`` called directly with the event the docs state.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -191,6 +192,31 @@ def test_refused_with_one_line(over: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as err:
         RunConfig.parse({**DP, **over})
     assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_fedcm_refuses_dp_with_its_own_reason() -> None:
+    """FedCM's server half says why DP cannot run with it (``dp_refusal``), as a method's
+    robust refusal is said; the line is the one ``methods/dp.py``'s table gave before."""
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({**DP, "method": "fedcm"})
+    assert str(err.value) == (
+        "run config: dp='central' is not allowed; allowed: off with method='fedcm' (its "
+        "momentum d = -D / (K eta) divides by the clients' reported step counts K, which "
+        "depend on their data and are not privatized)")
+
+
+def test_a_methods_dp_refusal_is_read_from_its_server_rule(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any method whose ``ServerRule`` names a reason is refused under every DP mode, with
+    that reason; off, it runs."""
+    rule = type("Refusing", (METHODS["scaffold"].server,), {"dp_refusal": "a reason"})
+    monkeypatch.setitem(METHODS, "scaffold",
+                        dataclasses.replace(METHODS["scaffold"], server=rule))
+    for mode in ("central", "local"):
+        with pytest.raises(ConfigError, match=rf"dp='{mode}' is not allowed; allowed: off "
+                                              r"with method='scaffold' \(a reason\)$"):
+            RunConfig.parse({**DP, "dp": mode, "method": "scaffold"})
+    assert RunConfig.parse({"method": "scaffold"}).dp == "off"
 
 
 @pytest.mark.parametrize("method", DP_METHODS)

@@ -2,7 +2,7 @@
 
 Fashion-MNIST Dirichlet-0.1, FedAvg (beta 0) and FedInit (beta 0.1), each under every
 ``--speeds`` spec (default: 20% and 50% of the devices 5x slower, lognormal sigma 1), each
-mode on the same seed and data; in process (``scripts/inprocess_grid.py``), one run after the
+mode on the same seed and data; in process (``cli/inprocess_grid.py``), one run after the
 other. Printed per (speeds, method, mode), mean over ``--seeds``: simulated seconds to
 ``--target`` accuracy (``-``: not reached), accuracy at a fixed simulated time (the earliest
 of the three modes' final ``sim-time`` for that speeds/method/seed, so every mode is measured
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from scripts.inprocess_grid import InProcessGrid
+from cli.inprocess_grid import InProcessGrid
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
 from task.config import RunConfig

@@ -3,7 +3,7 @@
 patch that times one function.
 
 Each runs the real round loop and ClientApp handlers in this process
-(``scripts/inprocess_grid.py``) on one torch thread, so its seconds compare across runs.
+(``cli/inprocess_grid.py``) on one torch thread, so its seconds compare across runs.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from scripts.inprocess_grid import InProcessGrid
-from scripts.simulate import parse_overrides
+from cli.inprocess_grid import InProcessGrid
+from cli.simulate import parse_overrides
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 

@@ -52,8 +52,8 @@ from flwr.supercore.run import Run
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
-from scripts.dashboard import make_server
-from scripts.dashboard_metrics import registry_for, scrape
+from cli.dashboard import make_server
+from cli.dashboard_metrics import registry_for, scrape
 from server_app.clients import Fleet
 from server_app.status import STATUS_FILE, NodeTally, StatusWriter
 from task.config import RunConfig

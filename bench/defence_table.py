@@ -1,7 +1,7 @@
 """What each defence costs and stops: FedAvg, FedInit and SCAFFOLD on Fashion-MNIST Dir-0.1,
 eight defences, no attacker and 1 or 2 attackers of the 10 clients of every round.
 
-In process (``scripts/inprocess_grid.py``: the real round loop and ClientApp handlers). In every
+In process (``cli/inprocess_grid.py``: the real round loop and ClientApp handlers). In every
 round the FIRST k train replies (in the order the server sends the round's messages) are made
 hostile after the honest client trained and saved its state, so exactly k of each round's 10
 replies attack and who attacks changes from round to round. Only the model upload is changed
@@ -47,11 +47,11 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from bench.reply_attacks import move_base, scaled_upload
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
 from methods.norms import vector_norm
 from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
-from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.dp_cost method=scaffold --rounds 4
 
 Runs the same experiment in-process (the real round loop and ClientApp handlers,
-``scripts/inprocess_grid.py``) with ``dp`` = off, central and local, each with
+``cli/inprocess_grid.py``) with ``dp`` = off, central and local, each with
 ``weighting=uniform`` and ``ri-aggregation=update`` (what DP requires, so only DP differs),
 and prints per run: mean round seconds (round 1, data loading, left out), of it the server's
 ``aggregate_train`` and the accountant, the bytes of one reply and one train message as

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.fake_fleet --nodes 100 --rounds 3 --procs 4 --poll 0.2 --idle-poll 3
 
 A real SuperLink (TLS, ``--enable-supernode-auth``, gRPC Fleet API, as
-``scripts/deploy_local.py`` starts it) gets N registered keys (the Control API's
+``cli/deploy_local.py`` starts it) gets N registered keys (the Control API's
 RegisterNode, what ``flwr supernode register`` calls). N fake SuperNodes, threads in
 ``--procs`` processes, each connect with Flower's own gRPC connection
 (``grpc_request_response``: ActivateNode, heartbeats, node auth signing every request) and
@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.idle_cpu import cpu_seconds
+from cli.deploy_local import CONNECTION, Deployment, descendants, stop_pids
 from node.warm_executor import rss_mib
-from scripts.deploy_local import CONNECTION, Deployment, descendants, stop_pids
 
 ROUND_LINE = re.compile(r"FAKEFLEET round (\d+) replies (\d+)/(\d+) seconds ([0-9.]+)")
 ERROR_LINE = re.compile(r"FAKEFLEET round (\d+) error replies (\d+): ([^\n]*)")

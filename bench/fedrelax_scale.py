@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from cli.inprocess_grid import set_task_identity
 from methods import clustered
 from methods import wire as rk
 from methods.packed_arrays import unpack
-from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import SERVER_MODELS, MethodStrategy
 from task.config import RunConfig
 from task.models import get_weights, initial_model

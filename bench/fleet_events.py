@@ -26,7 +26,7 @@ before the next event's round). Rounds are the ServerApp's ``round-seconds`` and
 Then the baseline's deployment runs the same config with ``dataset=device``: each node's
 ``data-dir`` is an .npz file holding its benchmark partition (written here). The same
 partitioned config runs in this process (the real round loop and ClientApp handlers,
-scripts/inprocess_run.py's path, one torch thread); both final models are scored on the
+cli/inprocess_run.py's path, one torch thread); both final models are scored on the
 central Fashion-MNIST test set the same way (server_app/central_eval.py).
 """
 
@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from scripts.deploy_local import CONNECTION, Deployment, stop_pids
-from scripts.simulate import RUN_ID, run_status
+from cli.deploy_local import CONNECTION, Deployment, stop_pids
+from cli.simulate import RUN_ID, run_status
 from testbeds.deployment_runs import kill_tree, start_flwr_run
 from testbeds.fault_app import fault_app, hang_when_told
 
@@ -282,10 +282,10 @@ def baseline_and_device(args: argparse.Namespace, tmp: Path, app: Path, rounds: 
 
 
 def partitioned_in_process(cfg: dict[str, Any], out: Path) -> Path:
-    """The partitioned benchmark's run of ``cfg`` in this process (scripts/inprocess_run.py)."""
+    """The partitioned benchmark's run of ``cfg`` in this process (cli/inprocess_run.py)."""
     import torch
 
-    from scripts.inprocess_grid import InProcessGrid
+    from cli.inprocess_grid import InProcessGrid
     from server_app.experiment import run_experiment
     from task.config import RunConfig
 
@@ -366,7 +366,7 @@ def print_costs(costs: list[dict[str, Any]]) -> None:
 
 
 def _pids_mentioning(text: str) -> list[int]:
-    from scripts.deploy_local import pids_mentioning
+    from cli.deploy_local import pids_mentioning
 
     return pids_mentioning(text)
 

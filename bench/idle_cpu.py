@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.idle_cpu                       # 3 nodes, every setting, 60 s idle
     .venv/bin/python -m bench.idle_cpu --nodes 3 --idle 60 --settings defaults flower
 
-For each setting, a process deployment (TLS + node auth, ``scripts/deploy_local.py
+For each setting, a process deployment (TLS + node auth, ``cli/deploy_local.py
 --keep-running``) runs one short round; then the CPU time (user + system, /proc) of each
 process is read over two spans: the ``--active-window`` right after the run (the node still
 polls fast: a next round may come) and the ``--idle`` seconds after it (the idle device).
@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from cli.deploy_local import descendants
+from cli.flower_env import REPO
 from node.launch import DEFAULT_ACTIVE_WINDOW
-from scripts.deploy_local import descendants
-from scripts.flower_env import REPO
 
 SETTINGS = {"defaults": [],
             "fixed": ["--node-poll", "0.5", "--idle-poll", "0.5", "--no-wake"],
@@ -72,7 +72,7 @@ def measure(setting: str, nodes: int, window: float, idle: float, base_port: int
             tmp: Path) -> dict[str, tuple[float, float]]:
     """{process group: (% of a core in the window after the run, % in the idle span)}."""
     work = tmp / setting
-    cmd = [sys.executable, "-m", "scripts.deploy_local", "--num-nodes", str(nodes),
+    cmd = [sys.executable, "-m", "cli.deploy_local", "--num-nodes", str(nodes),
            "--work-dir", str(work), "--base-port", str(base_port), "--keep-running",
            *SETTINGS[setting], "num-server-rounds=1", "train-limit=300", "eval-every=1",
            f"output-dir={tmp / (setting + '-out')}"]

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
 from methods.norms import update_norms, vector_norm
 from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
-from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 

@@ -22,12 +22,12 @@ import numpy as np
 from flwr.app import Message
 
 from bench.reply_attacks import ATTACKER, poison
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
 from methods.norms import vector_norm
 from methods.packed_arrays import unpack
 from methods.ri import weighted_mean
 from methods.robust import combine
-from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from bench.plain_loop import plain_fedinit
-from scripts.flower_env import flower_env
-from scripts.simulate import parse_value
+from cli.flower_env import flower_env
+from cli.simulate import parse_value
 from task.config import RunConfig
 
 
@@ -32,7 +32,7 @@ def main() -> None:
                      FLWR_LOCAL_SUPERLINK_HTTP_API_PORT="39291",
                      FLWR_LOCAL_CONTROL_API_PORT="39293")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "scripts.simulate", *args],
+    proc = subprocess.run([sys.executable, "-m", "cli.simulate", *args],
                           env=env, capture_output=True, text=True, check=False)
     sim_wall = time.monotonic() - t0
     subprocess.run(["pkill", "-f", "flower-superlink.*--port 39291"], check=False)

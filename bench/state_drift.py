@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
 from methods.feddyn import H_LOCAL
 from methods.scaffold import C_LOCAL
-from scripts.inprocess_grid import InProcessGrid
 from server_app import experiment
 from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore

@@ -16,8 +16,8 @@ calling ``install`` in that process, at the point where they take effect:
   The executor choice (``warm-executor``) is made there too, by ``warm_executor.usable``.
 
 The ``launcher`` entries (``app-source``, ``offline-env``, ``ray-loopback``) are functions the
-scripts call when they start Flower (``app_source.staged_app``, ``offline_env.offline`` and
-``offline_env.loopback``).
+commands (``cli/``) call when they start Flower (``app_source.staged_app``,
+``offline_env.offline`` and ``offline_env.loopback``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 KINDS = ("simulation-engine", "serverapp", "supernode", "launcher")
 """Process kinds: ``flwr-simulation`` (Flower's engine and Ray's driver), the ServerApp, the
-SuperNode (``node.launch``), and the project's scripts that start Flower."""
+SuperNode (``node.launch``), and the commands that start Flower (``cli/``)."""
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,6 @@ CLIP_SIGMAS = 20.0
 dp-clip + CLIP_SIGMAS device noise stds: a coordinate of a clipped upload is at most C, so a
 clip at c needs a device's N(0, 1) draw past 20, probability 2 Q(20) = 5.5e-89 per coordinate
 (docs/algorithms.md, "Distributed DP")."""
-REFUSED_METHODS: dict[str, str] = {
-    "fedcm": "its momentum d = -D / (K eta) divides by the clients' reported step counts K, "
-             "which depend on their data and are not privatized",
-}
-"""Methods whose server update uses a data-dependent value that DP does not cover, and why."""
 
 
 class DpSettings(Protocol):
@@ -184,13 +179,12 @@ class Mechanism:
         return [(a / self.expected_clients).astype(np.float32) for a in out]
 
 
-def refusal(method: str, mode: str, ri_aggregation: str, weighting: str,
+def refusal(mode: str, ri_aggregation: str, weighting: str,
             aggregation: str) -> tuple[str, str, str] | None:
-    """(key, value, allowed) of a setting DP cannot run with, or None."""
+    """(key, value, allowed) of a run setting DP cannot run with, or None. A method DP cannot
+    run with says so itself (``ServerRule.dp_refusal``)."""
     if mode == "off":
         return None
-    if method in REFUSED_METHODS:
-        return ("dp", mode, f"off with method={method!r} ({REFUSED_METHODS[method]})")
     if ri_aggregation == "model":
         return ("ri-aggregation", ri_aggregation,
                 "update or auto with dp (under model the server averages final models, so "

@@ -63,6 +63,8 @@ class FedCmServer(ServerRule[FedCmParams, FedCmState]):
     """FedCM's server half: turns each round's D into the next round's momentum d."""
 
     state_type = FedCmState
+    dp_refusal = ("its momentum d = -D / (K eta) divides by the clients' reported step counts "
+                  "K, which depend on their data and are not privatized")
 
     def init(self, w0: Weights) -> FedCmState:
         return FedCmState(d=zeros_like(w0))

@@ -279,6 +279,10 @@ class ServerRule(Generic[P, S]):
     """Why the method's server state cannot be built by a robust ``aggregation`` (the run
     config refuses the combination with this reason); '' where ``RoundInput.combine`` and
     ``sum_of`` cover every uploaded vector."""
+    dp_refusal: ClassVar[str] = ""
+    """Why client-level DP (``dp`` != off) cannot run with the method: its update uses a
+    data-dependent value the clipping and noise do not cover (the run config refuses the
+    combination with this reason); '' where DP composes."""
 
     def __init__(self, params: P) -> None:
         self.params = params

@@ -2,7 +2,9 @@
 
 The one list of methods. The run config (``task.config``) takes the method names, their
 parameters and their ``auto`` defaults from here; the apps take the two halves; reports take
-the labels. Adding a method is one module with a ``SPEC`` and one line below.
+the labels. A method's rules are one module with a ``SPEC`` and one line below; the other
+files a new method touches (its Flower class, its docs rows) are listed in
+docs/architecture.md, "Adding a method".
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from the app's pyproject. So setup writes both where a Flower user's shell picks
 - ``<checkout>/.flwr/config.toml`` makes the default connection a local simulation of
   ``num-clients`` SuperNodes (from pyproject's defaults), one CPU each.
 
-Both are generated from ``scripts.flower_env`` and pyproject, the single sources of the values.
+Both are generated from ``cli.flower_env`` and pyproject, the single sources of the values.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-from scripts.flower_env import OFFLINE_ENV, RAY_SINGLE_MACHINE, REPO
-from scripts.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, checkout_ports
+from cli.flower_env import OFFLINE_ENV, RAY_SINGLE_MACHINE, REPO
+from cli.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, checkout_ports
 from task.config import load_defaults
 
 BEGIN = "# >>> fedinit: Flower offline settings (scripts/setup.sh) >>>"

@@ -19,9 +19,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from cli.report import CellResult, collect, mean_std
+from cli.sweep_plan import load_plan
 from methods.registry import METHODS
-from scripts.report import CellResult, collect, mean_std
-from scripts.sweep_plan import load_plan
 from server_app.personal_summary import KINDS, STATS
 from server_app.regime_files import read_regimes
 from server_app.results import read_personal_clients

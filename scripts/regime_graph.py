@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scripts.simulate import parse_overrides
+from cli.simulate import parse_overrides
 from server_app.regime_files import REGIMES_FILE, read_regimes
 from store.files import atomic_write_text
 from task.config import ConfigError, RunConfig

@@ -6,7 +6,7 @@
     .venv/bin/python -m scripts.ri_gain outputs/sweeps/fmnist-participation/results.csv \
         --by num-clients,dirichlet-alpha
 
-Reads a sweep's ``results.csv`` (``scripts/sweep.py``), pairs each method's RI-off cell
+Reads a sweep's ``results.csv`` (``cli/sweep.py``), pairs each method's RI-off cell
 (beta 0) with its RI-on cell (beta > 0) of the same seed and setting (the ``--by`` column,
 default ``dirichlet-alpha``), and prints one markdown row per method and setting: mean ±
 sample std of the metric without and with RI, the gain of the means, each seed's own gain,

@@ -3,7 +3,7 @@
     .venv/bin/python -m scripts.screenshots                 # two small runs, into docs/img
     .venv/bin/python -m scripts.screenshots --from outputs  # runs already made
 
-Without ``--from`` it makes two short in-process runs (scripts/inprocess_run.py's real
+Without ``--from`` it makes two short in-process runs (cli/inprocess_run.py's real
 ServerApp and ClientApp code; FedAvg and FedInit, the same seed) in a temporary directory.
 It then serves that directory with ``fedinit-dashboard``'s server and ``tensorboard --logdir``
 on 127.0.0.1 and has Debian's headless chromium (scripts/headless.py, as the browser tests)
@@ -28,8 +28,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from scripts.dashboard import find_runs, make_server
-from scripts.flower_env import REPO
+from cli.dashboard import find_runs, make_server
+from cli.flower_env import REPO
 from scripts.headless import BrowserError, LocalPage, open_browser
 
 RUN_PAGE, SWEEP_PAGE, TENSORBOARD = (
@@ -67,7 +67,7 @@ def make_runs(out: Path, rounds: int, clients: int, train_limit: int) -> None:
     """The two in-process runs under ``out`` (torch on one thread, as inprocess_run)."""
     import torch
 
-    from scripts.inprocess_grid import InProcessGrid
+    from cli.inprocess_grid import InProcessGrid
     from server_app.experiment import run_experiment
     from task.config import RunConfig
 

@@ -404,7 +404,8 @@ def _check_evaluation(c: RunConfig) -> None:
 
 
 def _check_dp(c: RunConfig) -> None:
-    """Differential privacy's keys, and the settings it cannot run with (``methods.dp``)."""
+    """Differential privacy's keys, and the settings it cannot run with (the method's
+    ``ServerRule.dp_refusal``, then ``methods.dp.refusal``)."""
     if c.dp not in DP_MODES:
         raise ConfigError(f"run config: dp={c.dp!r} is not allowed{did_you_mean(c.dp, DP_MODES)}"
                           f"; allowed: {' | '.join(DP_MODES)}")
@@ -420,7 +421,10 @@ def _check_dp(c: RunConfig) -> None:
     for key, value in (("dp-clip", c.dp_clip), ("dp-noise-multiplier", c.dp_noise_multiplier)):
         if value == 0.0:
             raise _bad(key, value, f"a number > 0 with dp={c.dp!r}")
-    refused = dp_refusal(c.method, c.dp, c.ri_aggregation, c.weighting, c.aggregation)
+    why = METHODS[c.method].server.dp_refusal
+    if why:
+        raise _bad("dp", c.dp, f"off with method={c.method!r} ({why})")
+    refused = dp_refusal(c.dp, c.ri_aggregation, c.weighting, c.aggregation)
     if refused is not None:
         raise _bad(*refused)
     if c.dp == "distributed" and c.secure_aggregation == "off":

@@ -3,7 +3,7 @@
 Two questions are asked of every key in pyproject ``[tool.flwr.app.config]``:
 
 - *identity*: do two runs that differ in it answer a different question? The sweep
-  (``scripts/sweep_plan.py``) compares finished runs and names cells by the identity keys only.
+  (``cli/sweep_plan.py``) compares finished runs and names cells by the identity keys only.
 - *resume may change*: may a run that continues a checkpoint (``resume-dir``) set it
   differently from the run that wrote the checkpoint? ``server_app/experiment.py`` refuses
   every other difference.

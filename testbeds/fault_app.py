@@ -11,7 +11,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from scripts.flower_env import REPO
+from cli.flower_env import REPO
 
 
 def app_parts() -> tuple[str, ...]:

@@ -20,10 +20,10 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from cli.inprocess_grid import set_task_identity
 from client_app.round import client_round
 from methods import wire as rk
 from methods.packed_arrays import pack, shapes, unpack
-from scripts.inprocess_grid import set_task_identity
 from server_app.async_rounds import AsyncLoop, BufferedStrategy
 from store.client_store import ClientStore
 from store.state_dir import StateDir

@@ -22,10 +22,10 @@ from flwr.supercore.inflatable.inflatable_object import (
 )
 from torch import nn
 
+from cli.inprocess_grid import set_task_identity
 from client_app.round import client_round
 from methods.packed_arrays import unpack
 from methods.weights import Weights
-from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
 from task.config import RunConfig

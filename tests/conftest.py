@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from scripts.flower_env import flower_env
+from cli.flower_env import flower_env
 
 if TYPE_CHECKING:
     from task.config import RunConfig

@@ -13,7 +13,7 @@ import pytest
 import torch
 from flwr.app import Message, MessageType
 
-from scripts.inprocess_grid import InProcessGrid
+from cli.inprocess_grid import InProcessGrid
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import NothingTrained, run_experiment
 from server_app.results import AGGREGATED, Recorder, was_aggregated

@@ -234,7 +234,7 @@ SMALL = {"num-clients": 3, "train-limit": 150, "local-epochs": 1, "batch-size": 
 
 @pytest.mark.usefixtures("quick_runs", "fake_clock")
 def test_the_run_files_hide_who_was_in_a_flush_and_label_epsilon(tmp_path: Path) -> None:
-    from scripts.inprocess_grid import InProcessGrid
+    from cli.inprocess_grid import InProcessGrid
 
     cfg = RunConfig.parse({**SMALL, "output-dir": str(tmp_path)})
     summary = run_async_experiment(InProcessGrid(3, cfg.to_dict()), cfg, tmp_path)

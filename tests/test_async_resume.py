@@ -29,9 +29,9 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
 from methods.scaffold import C_LOCAL
-from scripts.inprocess_grid import InProcessGrid
 from server_app import async_rounds
 from server_app.async_resume import loop_state_of
 from server_app.async_rounds import run_async_experiment
@@ -359,13 +359,13 @@ def test_killed_and_resumed_on_flowers_engine_ends_bit_identical(tmp_path: Path)
 @pytest.mark.slow
 def test_simulation_process_killed_mid_run_resumes_to_the_same_model(
         sim_env: dict[str, str], tmp_path: Path) -> None:
-    """A real ``flwr run`` simulation (scripts/simulate.py) on the virtual clock: its
+    """A real ``flwr run`` simulation (cli/simulate.py) on the virtual clock: its
     ``flwr-simulation`` process is SIGKILLed wherever it is once 3 versions are written (a
     flush, a push or the middle of a checkpoint), then resumed: the same final model and
     rows as an uninterrupted run's, the clients' state in the run directory."""
     speeds = tmp_path / "speeds.txt"
     speeds.write_text("1\n2.4\n6.3\n1.7\n")
-    argv = [sys.executable, "-m", "scripts.simulate", "num-clients=4", "rounds=async",
+    argv = [sys.executable, "-m", "cli.simulate", "num-clients=4", "rounds=async",
             "concurrency=3", "buffer-size=2", "num-server-rounds=14", "train-limit=400",
             "local-epochs=1", "batch-size=50", "beta=0.1", "staleness=poly",
             "personal-eval-every=0", "tracking=off", "eval-every=7",

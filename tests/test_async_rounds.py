@@ -16,10 +16,10 @@ import torch
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
+from cli.inprocess_grid import InProcessGrid
 from client_app.trainer import local_sgd
 from methods import wire as rk
 from methods.packed_arrays import unpack
-from scripts.inprocess_grid import InProcessGrid
 from server_app import async_rounds
 from server_app.app import RunAborted, main
 from server_app.async_rounds import run_async_experiment

@@ -12,8 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LIBRARIES = ("plain_loop", "cost_runs")
 """Bench modules that other benches (or tests) import, with no command of their own."""
-PACKAGES = ("bench", "client_app", "node", "scripts", "server_app", "store", "methods",
-            "task", "tests")
+PACKAGES = ("bench", "cli", "client_app", "node", "scripts", "server_app", "store", "methods",
+            "task", "testbeds", "tests")
 
 
 def sys_path_edits(source: str) -> list[int]:

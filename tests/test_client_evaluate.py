@@ -8,9 +8,9 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 
+from cli.inprocess_grid import set_task_identity
 from client_app.app import evaluate_fn
 from methods import wire as rk
-from scripts.inprocess_grid import set_task_identity
 from task.config import RunConfig
 from task.federated_data import client_examples, dataset_of
 from task.models import build_model, get_weights

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import sweep_plan
+from cli import sweep_plan
 from server_app import experiment
 from server_app.checkpoint import CheckpointError
 from task.config import RunConfig, load_defaults

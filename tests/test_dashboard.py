@@ -1,5 +1,5 @@
 """The live fleet page: the status file a run writes (server_app/status.py) and the read-only
-page that shows it (scripts/dashboard.py), on small in-process runs with late, refused,
+page that shows it (cli/dashboard.py), on small in-process runs with late, refused,
 silent, failing and dropped nodes."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from flwr.app import Error, Message, MessageType
 
-from scripts.dashboard import main, make_server, run_body, run_facts
-from scripts.inprocess_grid import InProcessGrid
+from cli.dashboard import main, make_server, run_body, run_facts
+from cli.inprocess_grid import InProcessGrid
 from server_app import clients
 from server_app.experiment import run_experiment
 from server_app.status import STATUS_FILE

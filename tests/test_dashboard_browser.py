@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from flwr.app import Message, MessageType
 
-from scripts.dashboard import make_server
+from cli.dashboard import make_server
 from server_app import clients
 from server_app.experiment import run_experiment
 from task.config import RunConfig

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from scripts.dashboard import make_server
-from scripts.dashboard_metrics import NODE_STATES, Families, add_run
-from scripts.inprocess_grid import InProcessGrid
+from cli.dashboard import make_server
+from cli.dashboard_metrics import NODE_STATES, Families, add_run
+from cli.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from server_app.status import STATUS_FILE
 from task.config import RunConfig

@@ -19,11 +19,11 @@ from bench.defence_table import (
     hostile_upload,
     unit_direction,
 )
+from cli.inprocess_grid import InProcessGrid, set_task_identity
 from methods import wire as rk
 from methods.norms import vector_norm
 from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
-from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 

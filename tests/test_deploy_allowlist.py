@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from cli.deploy_local import Deployment
+from cli.flower_env import REPO
 from node.app_allowlist import fab_hash
 from node.approve_app import fab_of
-from scripts.deploy_local import Deployment
-from scripts.flower_env import REPO
 from testbeds.deployment_runs import FlwrRun, deployed
 from testbeds.fault_app import fault_app
 from tests.deploy_helpers import diffs, rounds, run_dir

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.deploy_local import Deployment, descendants, stop_pids
+from cli.deploy_local import Deployment, descendants, stop_pids
 from testbeds.deployment_runs import FlwrRun, deployed
 from tests.deploy_helpers import rounds, run_dir
 

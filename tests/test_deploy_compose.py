@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts.flower_env import REPO
+from cli.flower_env import REPO
 from task.data_paths import default_data_dir
 from task.datasets import load_dataset
 from tests.conftest import free_ports

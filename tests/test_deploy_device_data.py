@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.deploy_local import Deployment
-from scripts.simulate import RUN_ID
+from cli.deploy_local import Deployment
+from cli.simulate import RUN_ID
 from task.data_paths import default_data_dir
 from task.datasets import load_dataset
 from testbeds.deployment_runs import FlwrRun, deployed

@@ -1,6 +1,6 @@
 """A short process deployment with client-level DP on completes and reports epsilon.
 
-Same machinery as tests/test_deploy_process.py (scripts/deploy_local.py, real SuperLink and
+Same machinery as tests/test_deploy_process.py (cli/deploy_local.py, real SuperLink and
 SuperNodes), 2 rounds, 2 of 3 clients per round, central DP: the accounting is the server's,
 so the deployment's rounds.jsonl must carry the accountant's epsilon of each round.
 """

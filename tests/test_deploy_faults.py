@@ -1,7 +1,7 @@
 """Faults in a real TLS + node-auth process deployment (slow): a SuperNode killed mid-run and
 restarted with its key, partition and state-dir; the ServerApp killed mid-run and resumed.
 
-Both drive scripts/deploy_local.py's ``Deployment`` directly: its ``run`` stops the run when
+Both drive cli/deploy_local.py's ``Deployment`` directly: its ``run`` stops the run when
 any started process dies, which is the point here, so `flwr run` is started by the test.
 """
 
@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from methods.scaffold import C_LOCAL
-from scripts.deploy_local import (
+from cli.deploy_local import (
     CONNECTION,
     Deployment,
     Proc,
     pids_mentioning,
     stop_pids,
 )
+from methods.scaffold import C_LOCAL
 from store.client_store import W_PREV
 from store.state_dir import StateDir
 from testbeds.deployment_runs import (

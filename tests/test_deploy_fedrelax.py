@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.inprocess_grid import InProcessGrid
+from cli.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 from tests.deploy_helpers import DEPLOY_LOCAL, diffs, rounds, run_dir

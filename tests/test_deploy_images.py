@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scripts.flower_env import REPO, flower_env
+from cli.flower_env import REPO, flower_env
 from tests.deploy_helpers import (
     SIMULATE,
     DockerEngine,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.deploy_local import Deployment, pids_mentioning
-from scripts.flower_env import REPO
+from cli.deploy_local import Deployment, pids_mentioning
+from cli.flower_env import REPO
 from tests.deploy_helpers import (
     DEPLOY_LOCAL,
     SIMULATE,

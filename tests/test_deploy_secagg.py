@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts.deploy_local import Deployment
+from cli.deploy_local import Deployment
 from task.config import RunConfig
 from testbeds.deployment_runs import FlwrRun, completed_run, deployed, final_model
 from tests.deploy_helpers import rounds

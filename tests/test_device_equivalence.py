@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts.inprocess_grid import InProcessGrid
+from cli.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 from task.data_sets.fashion_mnist import SPEC as FASHION

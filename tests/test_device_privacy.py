@@ -37,6 +37,8 @@ from flwr.app import (
     RecordDict,
 )
 
+from cli.deploy_local import pids_mentioning
+from cli.inprocess_grid import InProcessGrid, set_task_identity
 from client_app.app import evaluate_fn, query_fn, train_fn
 from client_app.device_privacy import REFUSED, DeviceFloor, FloorError
 from client_app.model_cache import cached_model, client_tensors, initial_weights
@@ -45,8 +47,6 @@ from methods import wire as rk
 from methods.dp import Mechanism, norm
 from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
-from scripts.deploy_local import pids_mentioning
-from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
@@ -599,7 +599,7 @@ DEPLOY_PORT = int(os.environ.get("FEDINIT_TEST_DEVICE_PRIVACY_PORT", "43770"))  
 
 @pytest.mark.slow
 def test_a_deployed_device_refuses_a_run_below_its_floor_file(tmp_path: Path) -> None:
-    """scripts/deploy_local.py, 3 SuperNodes, each with a dp-floor.toml in its state dir; node
+    """cli/deploy_local.py, 3 SuperNodes, each with a dp-floor.toml in its state dir; node
     2's floor asks for noise 2 and the run gives 1: node 2 refuses every train message
     (its log has the line, the server logs the rejected reply), the run completes on nodes
     0 and 1, whose ledgers count their two releases."""
@@ -610,7 +610,7 @@ def test_a_deployed_device_refuses_a_run_below_its_floor_file(tmp_path: Path) ->
         (state / "dp-floor.toml").write_text(
             f'dp-floor = "local"\ndp-max-clip = 1.0\ndp-min-noise = {noise}\n')
     dep = subprocess.run(
-        [sys.executable, "-m", "scripts.deploy_local", "--num-nodes", "3", "--work-dir",
+        [sys.executable, "-m", "cli.deploy_local", "--num-nodes", "3", "--work-dir",
          str(work), "--base-port", str(DEPLOY_PORT), "--insecure", "--run-timeout", "300",
          "num-server-rounds=2", "fraction-train=1.0", "train-limit=600", "seed=0",
          "dp='local'", "weighting='uniform'", "dp-clip=0.5", "dp-noise-multiplier=1.0",

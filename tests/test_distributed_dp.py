@@ -19,10 +19,10 @@ import torch
 from flwr.app import Message, MessageType
 
 import methods.dp as dp_module
+from cli.inprocess_grid import InProcessGrid, set_task_identity
 from methods.dp import CLIP_SIGMAS, Mechanism, min_secagg_clip
 from methods.dp_budget import Budget
 from methods.packed_arrays import unpack
-from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from secure_aggregation import SecAggClient
 from secure_aggregation import wire as sw
 from server_app.checkpoint import load_checkpoint

@@ -9,6 +9,7 @@ checked against ``dp_accounting`` called directly with the event the docs state.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from cli.inprocess_grid import InProcessGrid, set_task_identity
 from methods import wire as rk
 from methods.dp import Mechanism, clip, norm
 from methods.dp_budget import Budget
@@ -26,7 +28,6 @@ from methods.packed_arrays import unpack
 from methods.registry import METHODS, composes_with_ri
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
-from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
@@ -191,6 +192,31 @@ def test_refused_with_one_line(over: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as err:
         RunConfig.parse({**DP, **over})
     assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_fedcm_refuses_dp_with_its_own_reason() -> None:
+    """FedCM's server half says why DP cannot run with it (``dp_refusal``), as a method's
+    robust refusal is said; the line is the one ``methods/dp.py``'s table gave before."""
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({**DP, "method": "fedcm"})
+    assert str(err.value) == (
+        "run config: dp='central' is not allowed; allowed: off with method='fedcm' (its "
+        "momentum d = -D / (K eta) divides by the clients' reported step counts K, which "
+        "depend on their data and are not privatized)")
+
+
+def test_a_methods_dp_refusal_is_read_from_its_server_rule(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any method whose ``ServerRule`` names a reason is refused under every DP mode, with
+    that reason; off, it runs."""
+    rule = type("Refusing", (METHODS["scaffold"].server,), {"dp_refusal": "a reason"})
+    monkeypatch.setitem(METHODS, "scaffold",
+                        dataclasses.replace(METHODS["scaffold"], server=rule))
+    for mode in ("central", "local"):
+        with pytest.raises(ConfigError, match=rf"dp='{mode}' is not allowed; allowed: off "
+                                              r"with method='scaffold' \(a reason\)$"):
+            RunConfig.parse({**DP, "dp": mode, "method": "scaffold"})
+    assert RunConfig.parse({"method": "scaffold"}).dp == "off"
 
 
 @pytest.mark.parametrize("method", DP_METHODS)

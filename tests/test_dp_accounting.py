@@ -37,6 +37,7 @@ from flwr.app import (
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from cli.inprocess_grid import InProcessGrid, set_task_identity
 from methods import wire as rk
 from methods.dp import clip
 from methods.dp_budget import Budget
@@ -44,7 +45,6 @@ from methods.packed_arrays import unpack
 from methods.sampling import sample_available, sample_clients
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
-from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
 from server_app.experiment import _progress_line, run_experiment
 from server_app.privacy import LEDGER_FILE, Ledger

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.deploy_local import pids_mentioning, stop_pids
+from cli.deploy_local import pids_mentioning, stop_pids
 from task.data_paths import default_data_dir
 from task.datasets import load_dataset
 from testbeds.deployment_runs import FlwrRun, kill_tree, wait_rounds

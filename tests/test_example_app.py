@@ -23,10 +23,10 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from cli.flower_env import REPO, flower_env
+from cli.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV
 from methods.feddyn import H_LOCAL
 from methods.scaffold import C_LOCAL
-from scripts.flower_env import REPO, flower_env
-from scripts.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV
 from store.client_store import W_PREV
 from store.state_dir import StateDir
 from tests.conftest import free_ports, kill_local_superlink

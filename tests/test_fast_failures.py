@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.flower_env import REPO
+from cli.flower_env import REPO
 
-SIMULATE = [sys.executable, "-m", "scripts.simulate"]
+SIMULATE = [sys.executable, "-m", "cli.simulate"]
 BOUND_S = 3.0  # a subprocess wall-time bound; measured about 0.2 s each
 
 BAD = [
@@ -64,7 +64,7 @@ def test_config_check_imports_neither_torch_nor_flower() -> None:
     # The method modules (the registry the config is built from) need numpy (60 ms), not
     # torch (a client hook imports it when it runs) and not Flower (the server's strategy
     # shell and the robust statistics do).
-    code = ("import sys; from task.config import RunConfig; import scripts.simulate; "
+    code = ("import sys; from task.config import RunConfig; import cli.simulate; "
             "RunConfig.parse({}); "
             "print(sorted(({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'ray'}) "
             "| ({m for m in sys.modules} & {'methods.robust', 'client_app', 'server_app'})))")

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from cli.inprocess_grid import InProcessGrid
 from client_app.trainer import local_sgd
 from methods.sampling import sample_clients
-from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 from task.datasets import to_tensor

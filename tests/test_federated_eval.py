@@ -15,8 +15,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 import server_app.experiment as experiment
+from cli.inprocess_grid import InProcessGrid
 from client_app.model_cache import client_test_tensors
-from scripts.inprocess_grid import InProcessGrid
 from server_app import federated_eval
 from server_app.federated_eval import FederatedEvaluator, LocalScore, weighted_mean
 from task.config import RunConfig

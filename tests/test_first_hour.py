@@ -13,8 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from scripts.flower_env import OFFLINE_ENV, REPO, flower_env
-from scripts.flower_output import clean_line
+from cli.flower_env import OFFLINE_ENV, REPO, flower_env
+from cli.flower_output import clean_line
+from cli.superlink_port import (
+    CONTROL_PORT_ENV,
+    HTTP_PORT_ENV,
+    checkout_ports,
+    foreign_superlink,
+)
 from scripts.flower_setup import (
     BEGIN,
     CONNECTION,
@@ -22,12 +28,6 @@ from scripts.flower_setup import (
     flower_config,
     install,
     with_block,
-)
-from scripts.superlink_port import (
-    CONTROL_PORT_ENV,
-    HTTP_PORT_ENV,
-    checkout_ports,
-    foreign_superlink,
 )
 from task.config import load_defaults
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
+from cli.inprocess_grid import InProcessGrid
 from client_app.app import partition_of
 from methods import wire as rk
 from methods.sampling import sample_available, sample_clients
-from scripts.inprocess_grid import InProcessGrid
 from server_app import clients
 from server_app.clients import FederationError, Fleet
 from server_app.experiment import run_experiment

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
 from methods.packed_arrays import unpack
-from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
 from task.config import RunConfig

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.sweep_plan import load_plan, matches
+from cli.sweep_plan import load_plan, matches
 from server_app import experiment
 from server_app.checkpoint import CheckpointError
 from task.config import RunConfig

@@ -5,6 +5,8 @@ method importing the client app, the task importing the server) fails here, nami
 """
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,8 +21,9 @@ ALLOWED: dict[str, set[str]] = {
     # client_app/app.py reads the node's own slowdown factor (node/slowdown.py)
     "client_app": {"task", "methods", "store", "flower_compat", "secure_aggregation", "node"},
     "server_app": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
-    "scripts": {"server_app", "client_app", "task", "methods", "store", "flower_compat",
-                "secure_aggregation", "node"},
+    # the commands a user runs (fedinit-simulate, -sweep, -report, -deploy, -dashboard)
+    "cli": {"server_app", "client_app", "task", "methods", "store", "flower_compat",
+            "secure_aggregation", "node"},
     # Flower Strategy classes over the server's MethodStrategy, and their client half
     "strategies": {"server_app", "client_app", "task", "methods", "store", "flower_compat"},
     # SecAgg+ protocol core (client and server halves): only Flower, numpy and flower_compat
@@ -32,6 +35,9 @@ APPS = set(ALLOWED)
 ALLOWED["testbeds"] = APPS
 # the benchmarks: anything but the tests (a helper both use lives in testbeds/)
 ALLOWED["bench"] = APPS | {"testbeds"}
+# the project's own tooling (setup, the docs' report builders, screenshots): over the
+# commands it drives; nothing but the tests imports it
+ALLOWED["scripts"] = APPS
 PROJECT = {*ALLOWED, "tests"}
 
 
@@ -68,3 +74,23 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     bad = tmp_path / "m.py"
     bad.write_text("from client_app.trainer import local_sgd\nimport numpy\n")
     assert project_imports(bad) == {"client_app"}
+
+
+def test_cli_holds_the_users_commands_and_only_what_they_use() -> None:
+    """Every ``[project.scripts]`` entry point is a ``cli/`` module, and every ``cli/``
+    module is reached from one (imported, or run as ``-m cli.<name>``); project tooling that
+    no command needs belongs in ``scripts/``."""
+    entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    modules = {target.split(":")[0] for target in entry.values()}
+    assert {m.split(".")[0] for m in modules} == {"cli"}, modules
+    found = {p.stem for p in (REPO / "cli").glob("*.py")} - {"__init__"}
+    reached: set[str] = set()
+    todo = [m.split(".")[1] for m in modules]
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        source = (REPO / "cli" / f"{name}.py").read_text()
+        todo += [m for m in found if re.search(rf"\bcli(\.| import ){m}\b", source)]
+    assert found - reached == set(), f"cli/ modules no command uses: {sorted(found - reached)}"

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
+from cli.inprocess_grid import InProcessGrid
 from methods.feddyn import H_LOCAL
 from methods.packed_arrays import unpack
 from methods.registry import METHODS, composes_with_ri
 from methods.scaffold import C_LOCAL
-from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
 from task.config import RunConfig

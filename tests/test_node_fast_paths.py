@@ -12,11 +12,11 @@ from collections.abc import Iterable, Iterator
 import pytest
 from flwr.app import Message, RecordDict
 
+from cli.inprocess_grid import set_task_identity
 from flower_compat import guard
 from flower_compat import supernode_waits as fast_poll
 from flower_compat.reply_poll import FastPollGrid
 from node.launch import runtime_address
-from scripts.inprocess_grid import set_task_identity
 
 
 @pytest.fixture(autouse=True)

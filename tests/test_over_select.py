@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
 from methods.packed_arrays import unpack
-from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from task.config import ConfigError, RunConfig
 from tests.test_resume_and_faults import corrupt

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from flwr.app import Context, RecordDict
 
-from scripts.inprocess_grid import InProcessGrid
+from cli.inprocess_grid import InProcessGrid
 from server_app.clients import FederationError, Fleet, discover_clients
 from task.config import RunConfig
 

@@ -15,12 +15,12 @@ import torch
 from flwr.app import Context, Message, MessageType
 
 import client_app.app as client_app
+from cli import inprocess_grid
+from cli.inprocess_grid import InProcessGrid
 from client_app.model_cache import client_test_tensors
 from methods import wire as rk
 from methods.ditto import PERSONAL
 from methods.packed_arrays import unpack
-from scripts import inprocess_grid
-from scripts.inprocess_grid import InProcessGrid
 from server_app import personal_summary as pe
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from bench.plain_loop import plain_run
+from cli.inprocess_grid import InProcessGrid
 from methods.registry import METHODS, composes_with_ri
-from scripts.inprocess_grid import InProcessGrid
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from task.config import RunConfig

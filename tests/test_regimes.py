@@ -188,9 +188,9 @@ def _fake_run(run_dir, regimes: dict[int, int], own: dict[int, float]) -> list[d
 
 
 def test_report_groups_by_data_set_and_gives_each_regimes_mean(tmp_path) -> None:
+    from cli.report import CellResult
+    from cli.sweep_plan import load_plan
     from scripts.personal_report import tables
-    from scripts.report import CellResult
-    from scripts.sweep_plan import load_plan
 
     cells = [c for c in load_plan("experiments/fmnist-network.yaml").cells
              if c.config["method"] == "fedavg" and c.config["beta"] == 0.0

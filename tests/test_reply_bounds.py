@@ -16,11 +16,11 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from cli.inprocess_grid import InProcessGrid, set_task_identity
 from methods import wire as rk
 from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
-from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy

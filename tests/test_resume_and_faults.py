@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
 from methods.packed_arrays import unpack
-from scripts.inprocess_grid import InProcessGrid
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import TooFewReplies, run_experiment
 from store.client_store import W_PREV, ClientStore

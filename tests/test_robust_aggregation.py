@@ -18,11 +18,11 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from cli.inprocess_grid import set_task_identity
 from methods import wire as rk
 from methods.packed_arrays import unpack
 from methods.robust import combine
 from methods.weights import Weights
-from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
 from task.config import RunConfig
 

@@ -18,11 +18,11 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from cli.inprocess_grid import set_task_identity
 from methods import wire as rk
 from methods.packed_arrays import unpack
 from methods.robust import combine, select, upload_channels
 from methods.weights import Weights
-from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
 from task.config import RunConfig
 from task.models import MODEL_NAMES, build_model, get_weights

@@ -16,6 +16,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from cli.inprocess_grid import set_task_identity
 from methods import wire as rk
 from methods.fedcm import FedCmParams, FedCmServer, FedCmState
 from methods.method import ClientUpdate, RoundInput
@@ -23,7 +24,6 @@ from methods.packed_arrays import unpack
 from methods.robust import combine, select
 from methods.scaffold import DELTA_C
 from methods.weights import Weights
-from scripts.inprocess_grid import set_task_identity
 from server_app.strategy import MethodStrategy
 from task.config import ConfigError, RunConfig
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
-from scripts.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from server_app.results import ROUND_FIELDS
 from task.config import RunConfig

@@ -16,12 +16,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from cli.inprocess_grid import set_task_identity
 from methods import wire as rk
 from methods.dp import Mechanism
 from methods.packed_arrays import unpack
 from methods.sampling import sample_clients
 from methods.weights import Weights
-from scripts.inprocess_grid import set_task_identity
 from server_app.round_stages import RoundReplies
 from server_app.round_stages.combine import Combine, RobustMean
 from server_app.round_stages.decode import DecodeReplies

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.deploy_local import results_line
-from scripts.run_files import RoundsTail, run_dirs_since, run_of
-from scripts.sweep import CellRun, run_cell
+from cli.deploy_local import results_line
+from cli.run_files import RoundsTail, run_dirs_since, run_of
+from cli.sweep import CellRun, run_cell
 from task.config import RunConfig
 
 

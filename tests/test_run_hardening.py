@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
 from methods.fedavg import FedAvgServer
-from scripts.inprocess_grid import InProcessGrid
 from server_app.app import RunAborted, main
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import ModelDiverged, run_experiment

@@ -1,7 +1,7 @@
 """Secure aggregation wired into a round (``secure-aggregation=secagg+``).
 
 Whole runs go through the real server loop, strategy, pipeline and ClientApp handlers in this
-process (``scripts.inprocess_grid.InProcessGrid``); each is compared with the same run with
+process (``cli.inprocess_grid.InProcessGrid``); each is compared with the same run with
 secure aggregation off, whose plain replies give the independent mean. The stage tests drive
 ``SecAggRound`` and ``SecureSum`` with protocol clients over a grid that can drop any of them.
 """
@@ -20,12 +20,12 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
+from cli.inprocess_grid import InProcessGrid, set_task_identity
 from client_app.app import evaluate_fn
 from client_app.model_cache import initial_weights
 from client_app.secure_upload import STATE, mask_upload
 from methods.method import ClientUpdate
 from methods.packed_arrays import pack, unpack
-from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from secure_aggregation import SecAggClient, SecAggParams
 from secure_aggregation import wire as sw
 from secure_aggregation.envelope import token_length

@@ -33,10 +33,10 @@ from flwr.supercore.primitives.asymmetric import (
     public_key_to_bytes,
 )
 
+from cli.inprocess_grid import InProcessGrid, set_task_identity
 from client_app.app import query_fn
 from client_app.secagg_trust import TrustError, fresh_round, parse_peer_keys, trust_of
 from methods import wire as rk
-from scripts.inprocess_grid import InProcessGrid, set_task_identity
 from secure_aggregation import MODULUS, SecAggClient, SecAggInputError, SecAggParams, SecAggServer
 from secure_aggregation import wire as sw
 from secure_aggregation.masks import expand, pairwise_key

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts.flower_env import REPO
-from scripts.simulate import run_status, stream_run
+from cli.flower_env import REPO
+from cli.simulate import run_status, stream_run
 
-SIMULATE = [sys.executable, "-m", "scripts.simulate"]
+SIMULATE = [sys.executable, "-m", "cli.simulate"]
 
 
 @pytest.mark.slow

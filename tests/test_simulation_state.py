@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flwr.app import Message, MessageType
 
-from scripts.inprocess_grid import InProcessGrid
+from cli.inprocess_grid import InProcessGrid
 from server_app.clients import FederationError, discover_clients
 from server_app.engine_facts import client_state_entry
 from server_app.experiment import run_experiment

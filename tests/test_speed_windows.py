@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
-from scripts.inprocess_grid import InProcessGrid
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
 from task.config import ConfigError, RunConfig

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import server_app.experiment as experiment
-from scripts.inprocess_grid import InProcessGrid
+from cli.inprocess_grid import InProcessGrid
 from server_app.clients import FederationError
 from task.config import RunConfig
 from task.data_paths import DataNotFoundError

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from scripts.inprocess_grid import InProcessGrid
+from cli.inprocess_grid import InProcessGrid
 from server_app import clients
 from server_app.clients import Fleet
 from server_app.experiment import run_experiment

@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
+from cli.inprocess_grid import InProcessGrid, LocalGrid, set_task_identity
 from client_app.round import client_round
 from client_app.trainer import SgdSettings, sgd_pass
 from flower_compat.app_source import app_files
@@ -34,7 +35,6 @@ from methods.feddyn import H_LOCAL
 from methods.packed_arrays import pack, unpack
 from methods.registry import METHOD_NAMES, METHODS
 from methods.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
-from scripts.inprocess_grid import InProcessGrid, LocalGrid, set_task_identity
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
 from strategies import FedDyn, FedInit, Scaffold

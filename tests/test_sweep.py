@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from cli.flower_env import REPO, flower_env
+from cli.report import collect, finished_run, markdown, metric_of, write_report
+from cli.sweep import dry_run, select, set_aside_unfinished
+from cli.sweep_plan import Cell, PlanError, load_plan
 from methods.registry import METHOD_NAMES, composes_with_ri
-from scripts.flower_env import REPO, flower_env
-from scripts.report import collect, finished_run, markdown, metric_of, write_report
-from scripts.sweep import dry_run, select, set_aside_unfinished
-from scripts.sweep_plan import Cell, PlanError, load_plan
 from tests.conftest import kill_local_superlink
 
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))
@@ -202,7 +202,7 @@ def test_a_sweep_with_every_cell_finished_runs_nothing(tmp_path: Path) -> None:
     grid = load_plan(path)
     for cell in grid.cells:
         fake_run(tmp_path / "out" / "cells" / cell.id, cell, [0.4, 0.5])
-    proc = subprocess.run([sys.executable, "-m", "scripts.sweep", str(path),
+    proc = subprocess.run([sys.executable, "-m", "cli.sweep", str(path),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -213,7 +213,7 @@ def test_a_sweep_with_every_cell_finished_runs_nothing(tmp_path: Path) -> None:
 
 def test_bad_grid_fails_before_running_anything(tmp_path: Path) -> None:
     path = write(tmp_path, "grid:\n  beta: [0.0, 2.0]\n")
-    proc = subprocess.run([sys.executable, "-m", "scripts.sweep", str(path),
+    proc = subprocess.run([sys.executable, "-m", "cli.sweep", str(path),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 2
@@ -292,7 +292,7 @@ def test_two_cell_sweep_end_to_end_and_resume(tmp_path: Path) -> None:
     """)
     env = flower_env(tmp_path / "flwr-home", FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=SWEEP_HTTP_PORT,
                      FLWR_LOCAL_CONTROL_API_PORT=SWEEP_CONTROL_PORT)
-    cmd = [sys.executable, "-m", "scripts.sweep", str(path),
+    cmd = [sys.executable, "-m", "cli.sweep", str(path),
            "--out", str(tmp_path / "out")]
     kill_local_superlink(SWEEP_HTTP_PORT)
     try:
@@ -316,7 +316,7 @@ def test_two_cell_sweep_end_to_end_and_resume(tmp_path: Path) -> None:
 @pytest.mark.parametrize("script", ["sweep", "report"])
 def test_a_grid_file_that_is_not_there_is_one_line_and_exit_2(
         tmp_path: Path, script: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from scripts import report, sweep
+    from cli import report, sweep
 
     missing = tmp_path / "nope.yaml"
     main = {"sweep": sweep.main, "report": report.main}[script]

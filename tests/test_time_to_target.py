@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from scripts.report import collect, markdown, write_report
-from scripts.sweep_plan import PlanError, load_plan
-from scripts.time_to_target import TargetHit, first_reaching, summarize
+from cli.report import collect, markdown, write_report
+from cli.sweep_plan import PlanError, load_plan
+from cli.time_to_target import TargetHit, first_reaching, summarize
 from tests.test_sweep import write
 
 

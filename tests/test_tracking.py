@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from scripts.inprocess_grid import InProcessGrid
+from cli.inprocess_grid import InProcessGrid
 from server_app.experiment import run_experiment
 from server_app.results import Recorder
 from server_app.tracking import EVENTS_DIR, TrackingUnavailable, check_available, tag_of

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
+from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
-from scripts.inprocess_grid import InProcessGrid
 from server_app import async_rounds
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts.deploy_local import Deployment
-from scripts.flower_env import REPO
-from scripts.inprocess_grid import InProcessGrid
-from scripts.simulate import toml_line
+from cli.deploy_local import Deployment
+from cli.flower_env import REPO
+from cli.inprocess_grid import InProcessGrid
+from cli.simulate import toml_line
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 from testbeds.fault_app import fault_app, hang_at, raise_at, sigkill_at

@@ -5,7 +5,7 @@
     .venv/bin/fedinit-sweep experiments/fmnist-table6.yaml --only 'fedavg-*'
     .venv/bin/fedinit-sweep GRID --connection fedinit-local   # a running deployment
 
-Every cell is validated before the first one runs. Each runs through scripts/simulate.py
+Every cell is validated before the first one runs. Each runs through cli/simulate.py
 (Flower's simulation engine) or, with --connection, `flwr run . NAME` against a running
 SuperLink; its output goes to OUT/cells/<cell-id>/sweep.log and its results to that directory
 (its output-dir), where the progress shown here is read from the run's rounds.jsonl.
@@ -29,18 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from flower_compat.app_source import staged_app
-from scripts.flower_env import REPO, flower_env
-from scripts.refusals import Refused, refuses, refusing
-from scripts.report import collect, finished_run, run_dirs, write_report
-from scripts.run_files import RoundsFollower, RoundsTail
-from scripts.simulate import (
+from cli.flower_env import REPO, flower_env
+from cli.refusals import Refused, refuses, refusing
+from cli.report import collect, finished_run, run_dirs, write_report
+from cli.run_files import RoundsFollower, RoundsTail
+from cli.simulate import (
     RUN_ID,
     parse_overrides,
     run_status,
     toml_line,
 )
-from scripts.sweep_plan import Cell, PlanError, SweepPlan, load_plan
+from cli.sweep_plan import Cell, PlanError, SweepPlan, load_plan
+from flower_compat.app_source import staged_app
 
 
 def hms(seconds: float) -> str:
@@ -127,12 +127,12 @@ def command_for(cell: Cell, cell_dir: Path, connection: str | None,
     `flwr run APP` against a deployment (APP: the app's files, ``flower_compat/app_source.py``)."""
     overrides = {**cell.overrides, "output-dir": str(cell_dir.resolve())}
     if in_process:
-        return [sys.executable, "-m", "scripts.inprocess_run",
+        return [sys.executable, "-m", "cli.inprocess_run",
                 *(f"{k}={_arg(v)}" for k, v in overrides.items())]
     if connection is None:
         res = [f"--num-cpus-per-client={resources.get('num-cpus-per-client', 1.0):g}",
                f"--num-gpus-per-client={resources.get('num-gpus-per-client', 0.0):g}"]
-        return [sys.executable, "-m", "scripts.simulate", *res,
+        return [sys.executable, "-m", "cli.simulate", *res,
                 *(f"{k}={_arg(v)}" for k, v in overrides.items())]
     cfg_file = cell_dir / "run-config.toml"
     cfg_file.write_text("\n".join(toml_line(k, v) for k, v in overrides.items()) + "\n")
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="override a base run-config key for every cell (repeatable)")
     ap.add_argument("--report", action="store_true", help="rewrite the report; run nothing")
     ap.add_argument("--in-process", action="store_true",
-                    help="run each cell with scripts/inprocess_run.py (no Flower engine)")
+                    help="run each cell with cli/inprocess_run.py (no Flower engine)")
     ap.add_argument("--num-cpus-per-client", type=float,
                     help="Ray CPUs per simulated client (default: the yaml's resources, or 1)")
     ap.add_argument("--num-gpus-per-client", type=float,

@@ -1,11 +1,11 @@
 """Run one experiment in this process: the real ServerApp round loop and ClientApp handlers,
-without Flower's simulation engine (``scripts/inprocess_grid.py`` plays the SuperLink).
+without Flower's simulation engine (``cli/inprocess_grid.py`` plays the SuperLink).
 
-    .venv/bin/python -m scripts.inprocess_run method=ditto num-server-rounds=10
+    .venv/bin/python -m cli.inprocess_run method=ditto num-server-rounds=10
 
-Same arguments, results directory and results files as ``scripts/simulate.py``; it skips the
+Same arguments, results directory and results files as ``cli/simulate.py``; it skips the
 30-60 s of SuperLink and Ray start-up per run, which is most of a short cell on a small
-machine (``scripts/sweep.py --in-process``). Client state lives in each node's in-memory
+machine (``cli/sweep.py --in-process``). Client state lives in each node's in-memory
 context, as in the simulation. torch uses one thread (the measured fastest on 2 busy cores).
 """
 
@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from scripts.inprocess_grid import InProcessGrid
-from scripts.simulate import parse_overrides
+from cli.inprocess_grid import InProcessGrid
+from cli.simulate import parse_overrides
 from server_app.experiment import run_experiment
 from task.config import ConfigError, RunConfig
 

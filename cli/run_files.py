@@ -1,4 +1,4 @@
-"""A run's results as the scripts read them: from the files, never from log text.
+"""A run's results as the commands read them: from the files, never from log text.
 
 The ServerApp (``server_app/results.py``) makes one directory per run under ``output-dir``,
 writes ``config.json`` when the run starts, appends a line to ``rounds.jsonl`` as each round

@@ -8,7 +8,7 @@ nothing from anywhere (its Content-Security-Policy forbids it) and reloads itsel
 files are served (looked up by name among the runs found, never by joining the request path
 to a directory), so a checkpoint, client state or anything outside the directory is not
 reachable whatever the path says. With ``--metrics`` (off by default) ``/metrics`` answers the
-same figures in Prometheus' text format (scripts/dashboard_metrics.py); without it, 404.
+same figures in Prometheus' text format (cli/dashboard_metrics.py); without it, 404.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from scripts.run_files import json_objects, read_json
+from cli.run_files import json_objects, read_json
 from server_app.status import STATUS_FILE
 
 if TYPE_CHECKING:
@@ -350,7 +350,7 @@ class Handler(BaseHTTPRequestHandler):
         if any(p in (".", "..") for p in parts):
             return None, ""
         if path == METRICS_PATH and self.metrics is not None:
-            from scripts.dashboard_metrics import CONTENT_TYPE, scrape
+            from cli.dashboard_metrics import CONTENT_TYPE, scrape
             return scrape(self.metrics), CONTENT_TYPE
         runs, now = find_runs(self.root), time.time()
         name = parts[-1] if parts and parts[-1] in SERVED else None
@@ -391,7 +391,7 @@ def make_server(root: Path, host: str = "127.0.0.1", port: int = 8050,
     answer ``/metrics`` too."""
     registry = None
     if metrics:  # imported only when asked: the page itself needs no prometheus_client
-        from scripts.dashboard_metrics import registry_for
+        from cli.dashboard_metrics import registry_for
         registry = registry_for(root.resolve())
     handler = type("DashboardHandler", (Handler,), {"root": root.resolve(),
                                                     "refresh": refresh, "metrics": registry})

@@ -22,11 +22,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from cli.flower_env import OFFLINE_ENV, REPO, flower_env
+from cli.flower_output import clean_line
+from cli.refusals import Refused, refuses, refusing
+from cli.superlink_port import foreign_superlink
 from flower_compat.app_source import staged_app
-from scripts.flower_env import OFFLINE_ENV, REPO, flower_env
-from scripts.flower_output import clean_line
-from scripts.refusals import Refused, refuses, refusing
-from scripts.superlink_port import foreign_superlink
 from task.config import ConfigError, RunConfig, check_writable
 from task.data_paths import DataNotFoundError, check_present
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cli.refusals import refuses, refusing
+from cli.run_files import read_json
+from cli.sweep_plan import Cell, PlanError, SweepPlan, load_plan, matches
+from cli.time_to_target import NOT_REACHED, TargetHit, first_reaching, summarize
 from methods.registry import METHODS
-from scripts.refusals import refuses, refusing
-from scripts.run_files import read_json
-from scripts.sweep_plan import Cell, PlanError, SweepPlan, load_plan, matches
-from scripts.time_to_target import NOT_REACHED, TargetHit, first_reaching, summarize
 from server_app.results import ACCURACY_LABEL, DIVERGENCE_LABEL, smoothed_peak
 
 SECTION_KEYS: tuple[str, ...] = ("model", "dataset", "local-epochs")

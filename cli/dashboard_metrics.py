@@ -3,7 +3,7 @@
 A ``prometheus_client`` collector on a private registry (never the library's global one, so no
 process or Python metrics of the dashboard itself leak in): each scrape finds the runs, reads
 each run's latest ``status.json``, ``rounds.jsonl`` and ``config.json`` as the page does
-(scripts/dashboard.py ``run_facts``), and yields metric families. No background thread, no
+(cli/dashboard.py ``run_facts``), and yields metric families. No background thread, no
 cache: a scrape costs what a page load costs.
 
 What is exported is what the page shows, nothing more. Per node, only what ``status.json``
@@ -29,8 +29,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from scripts.dashboard import ROWS_FILE, find_runs, read_rows
-from scripts.run_files import read_json
+from cli.dashboard import ROWS_FILE, find_runs, read_rows
+from cli.run_files import read_json
 from server_app.status import STATUS_FILE
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4

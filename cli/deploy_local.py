@@ -3,7 +3,7 @@
     .venv/bin/fedinit-deploy --num-nodes 3 num-server-rounds=3 train-limit=3000
     .venv/bin/fedinit-deploy --insecure --keep-running beta=0
     .venv/bin/fedinit-deploy --stop          # stop what --keep-running left
-    (or python -m scripts.deploy_local ... from the checkout)
+    (or python -m cli.deploy_local ... from the checkout)
 
 One command does what an operator would: TLS material (deploy/make_certs.sh), a SuperLink
 (TLS, --enable-supernode-auth, Fleet API on 127.0.0.1, no runtime dependency installation),
@@ -11,7 +11,7 @@ One command does what an operator would: TLS material (deploy/make_certs.sh), a 
 partition, key and client-state dir), a CLI connection in config.toml, `flwr run --stream`,
 and the run's status from `flwr ls` (0 only for finished:completed: `flwr run --stream` exits
 0 on failure). The results directory is the one under output-dir whose summary.json the run
-wrote (scripts/run_files.py), not a path read from the log.
+wrote (cli/run_files.py), not a path read from the log.
 Every process it started is stopped at the end, also on Ctrl-C or an error, unless
 --keep-running. Arguments key=value are run-config overrides; num-clients is --num-nodes.
 """
@@ -36,10 +36,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from cli.flower_env import REPO, flower_env
+from cli.run_files import read_json, run_of
+from cli.simulate import RUN_ID, parse_overrides, run_status, toml_line
 from flower_compat.app_source import staged_app
-from scripts.flower_env import REPO, flower_env
-from scripts.run_files import read_json, run_of
-from scripts.simulate import RUN_ID, parse_overrides, run_status, toml_line
 from task.config import ConfigError, RunConfig
 
 MAKE_CERTS = REPO / "deploy" / "make_certs.sh"

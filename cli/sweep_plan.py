@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
+from cli.flower_env import REPO
 from methods.registry import METHOD_NAMES
-from scripts.flower_env import REPO
 from task.config import ConfigError, RunConfig, load_defaults
 from task.config_keys import (  # two runs differing only in NOT_IDENTITY: the same cell
     NOT_IDENTITY,
@@ -43,7 +43,7 @@ TOP_KEYS: tuple[str, ...] = ("name", "description", "base", "grid", "overrides",
                              "metric", "resources")
 METRIC_KEYS: dict[str, type] = {"window": int, "last": int, "target": float}
 """metric: window and last of the smoothed peak; target: an accuracy in % whose time to reach
-the report gives (scripts/time_to_target.py)."""
+the report gives (cli/time_to_target.py)."""
 RESOURCE_KEYS: tuple[str, ...] = ("num-cpus-per-client", "num-gpus-per-client")
 SWEEP_OWNED: frozenset[str] = frozenset({"output-dir"})
 

@@ -12,9 +12,9 @@ import os
 import sys
 from pathlib import Path
 
+from cli.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, checkout_ports
 from flower_compat import offline_env
 from flower_compat.offline_env import RAY_SINGLE_MACHINE
-from scripts.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, checkout_ports
 
 REPO = Path(__file__).resolve().parents[1]
 

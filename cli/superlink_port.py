@@ -3,7 +3,7 @@
 ``flwr run`` joins whatever answers on its local SuperLink port (``flwr/cli/local_superlink.py``:
 a health probe, then no questions), and that SuperLink's environment decides runtime
 dependency installation and the venv. So each checkout gets its own pair of ports, derived
-from its path, and before a run the project's scripts check that a SuperLink already on that
+from its path, and before a run the commands (``cli/``) check that a SuperLink already on that
 port was started from this checkout's Flower home with the offline switches; otherwise they
 refuse with one line instead of handing the run to it.
 """

@@ -49,7 +49,7 @@ def test_clipping_bound_holds_for_every_uploaded_vector_with_ri(method: str) -> 
     f = Federation(lsq_problem(num_clients=6, dim=4, n=10, seed=2),
                    {"method": method, "fraction-train": 0.5, "batch-size": 5, "lr": 0.05,
                     "beta": 0.1, **DP, "dp-clip": clip_c, "dp-clip-extra": clip_x})
-    assert f.cfg.ri_aggregation == "update"
+    assert f.cfg.train.ri_aggregation == "update"
     seen: dict[str, list[float]] = {}
     for _ in range(3):
         f.step()
@@ -195,7 +195,7 @@ def test_refused_with_one_line(over: dict[str, object], key: str) -> None:
 
 @pytest.mark.parametrize("method", DP_METHODS)
 def test_auto_is_update_under_dp(method: str) -> None:
-    assert RunConfig.parse({**DP, "method": method}).ri_aggregation == "update"
+    assert RunConfig.parse({**DP, "method": method}).train.ri_aggregation == "update"
 
 
 # ---------------------------------------------------------------- accountant

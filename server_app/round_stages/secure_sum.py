@@ -51,8 +51,8 @@ SECAGG = sw.RECORD
 
 def params_of(cfg: RunConfig) -> SecAggParams:
     """The run's protocol parameters (already range-checked by the run config)."""
-    return SecAggParams(threshold=cfg.secagg_threshold, num_shares=cfg.secagg_num_shares,
-                        clip=cfg.secagg_clip, bits=cfg.secagg_bits)
+    return SecAggParams(threshold=cfg.privacy.secagg_threshold, num_shares=cfg.privacy.secagg_num_shares,
+                        clip=cfg.privacy.secagg_clip, bits=cfg.privacy.secagg_bits)
 
 
 def upload_keys(up_keys: Sequence[str]) -> tuple[str, ...]:

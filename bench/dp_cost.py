@@ -47,10 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     raw = {**BASE, "num-server-rounds": rounds, **overrides}
     results = [one_run({**raw, "dp": mode}) for mode in ("off", "central", "local")]
     cfg = RunConfig.parse({**raw, "output-dir": "/tmp/unused"})
-    print(f"\n{cfg.method} beta={cfg.train.beta}, {cfg.num_clients} clients, {cfg.clients_per_round}"
-          f" per round, {rounds} rounds, train-limit={cfg.data.train_limit}, dp-clip="
-          f"{cfg.privacy.dp_clip}, dp-noise-multiplier={cfg.privacy.dp_noise_multiplier}, dp-delta="
-          f"{cfg.privacy.dp_delta:g}")
+    print(f"\n{cfg.method} beta={cfg.train.beta}, {cfg.num_clients} clients, "
+          f"{cfg.clients_per_round} per round, {rounds} rounds, "
+          f"train-limit={cfg.data.train_limit}, dp-clip={cfg.privacy.dp_clip}, "
+          f"dp-noise-multiplier={cfg.privacy.dp_noise_multiplier}, "
+          f"dp-delta={cfg.privacy.dp_delta:g}")
     print(f"{'dp':<8} {'round s':>8} {'aggregate s':>11} {'accountant s':>12} "
           f"{'reply bytes':>12} {'train msg bytes':>15} {'final acc':>9} {'epsilon':>8}")
     for r in results:

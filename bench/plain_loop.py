@@ -73,13 +73,15 @@ def plain_run(cfg: RunConfig) -> tuple[dict[str, float], list[np.ndarray]]:
                 lr=lr, device=torch.device("cpu"),
                 sgd=sgd_pass(model, *tensors[pid], SgdSettings(
                     epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, lr=lr,
-                    weight_decay=cfg.train.weight_decay, clip_norm=cfg.train.clip_norm, seed=cfg.seed,
+                    weight_decay=cfg.train.weight_decay, clip_norm=cfg.train.clip_norm,
+                    seed=cfg.seed,
                     server_round=rnd, partition_id=pid)),
                 losses=train_losses(model, *tensors[pid], cfg.train.batch_size))
             outcome = client.train(job)
             run = outcome.trained
             w_prev[pid], client_state[pid] = run.final, outcome.state
-            updates.append(ClientUpdate(pid, upload_vector(run.final, start, cfg.train.ri_aggregation),
+            upload = upload_vector(run.final, start, cfg.train.ri_aggregation)
+            updates.append(ClientUpdate(pid, upload,
                                         outcome.extras, run.num_examples, run.mean_loss,
                                         run.num_steps, outcome.metrics))
         weights = [float(u.num_examples) if cfg.train.weighting == "examples" else 1.0

@@ -181,7 +181,7 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            cached_model(cfg), x, y, initial=lambda: initial_weights(cfg),
                            partition_id=pid, timed=timed)
-    if cfg.privacy.secure_aggregation != "off":  # the plain upload never leaves: only its masked form
+    if cfg.privacy.secure_aggregation != "off":  # the plain upload never leaves: only masked
         content = mask_upload(msg.content, content, context.state, pid)
     else:  # under secure aggregation no per-client figure leaves (secure_upload)
         content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
@@ -254,7 +254,8 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
         return refusal(msg, task, "under local DP this device answers no exact query about "
                                   "its data or state")
     if cfg.privacy.secure_aggregation != "off":  # its scores would tell the server what sums hide
-        return refusal(msg, task, f"under secure-aggregation={cfg.privacy.secure_aggregation!r} this "
+        return refusal(msg, task, "under secure-aggregation="
+                                  f"{cfg.privacy.secure_aggregation!r} this "
                                   "device sends no per-client evaluation (the server learns "
                                   "only sums)")
     pid = partition_of(context, cfg, msg)

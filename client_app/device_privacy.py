@@ -160,7 +160,8 @@ class DeviceFloor:
         z = device_multiplier(cfg)
         if cfg.privacy.dp == "distributed" and z < self.min_noise:
             return (f"run config dp='distributed' gives this device noise multiplier "
-                    f"dp-noise-multiplier / sqrt(min-replies) = {cfg.privacy.dp_noise_multiplier:g} / "
+                    f"dp-noise-multiplier / sqrt(min-replies) = "
+                    f"{cfg.privacy.dp_noise_multiplier:g} / "
                     f"sqrt({cfg.fleet.min_replies}) = {z:.4g} < this device's {MIN_NOISE}="
                     f"{self.min_noise:g}")
         if z < self.min_noise:

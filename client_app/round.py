@@ -74,7 +74,8 @@ def client_round(
     state.put(W_PREV, final)
     for key, arrays in outcome.state.items():
         state.put(key, arrays)
-    metrics = train_metrics(cfg.privacy.dp == "local", {  # local DP: none (client_app.device_privacy)
+    # local DP: none (client_app.device_privacy)
+    metrics = train_metrics(cfg.privacy.dp == "local", {
         rk.NUM_EXAMPLES: trained.num_examples, rk.TRAIN_LOSS: trained.mean_loss,
         rk.NUM_STEPS: trained.num_steps, rk.COMPUTE_SECONDS: seconds,
         **outcome.metrics})  # the method's own (clustered FL's cluster choice)

@@ -238,7 +238,8 @@ class AsyncLoop:
         self.grid, self.cfg, self.strategy = grid, cfg, strategy
         self.available, self.node_of, self.round_config = available, node_of, round_config
         self.buffer = FedBuff(buffer_size=cfg.async_buffer_size, server_lr=cfg.train.server_lr,
-                              staleness=cfg.schedule.staleness, a=cfg.schedule.staleness_a, b=cfg.schedule.staleness_b,
+                              staleness=cfg.schedule.staleness, a=cfg.schedule.staleness_a,
+                              b=cfg.schedule.staleness_b,
                               max_staleness=cfg.schedule.max_staleness)
         self.rng = np.random.default_rng([cfg.seed, 32])
         """The seeded choice of idle clients (issue 32's stream)."""

@@ -62,7 +62,8 @@ def run_name(cfg: RunConfig) -> str:
     ri = f"ri{cfg.train.beta:g}" if cfg.train.beta != 0 else "nori"
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     regimes = f"-{cfg.data.num_regimes}{cfg.data.regime_kind}" if cfg.data.num_regimes else ""
-    return (f"{cfg.method}-{ri}-{cfg.data.dataset}-{cfg.data.partition}{cfg.data.dirichlet_alpha:g}{regimes}"
+    d = cfg.data
+    return (f"{cfg.method}-{ri}-{d.dataset}-{d.partition}{d.dirichlet_alpha:g}{regimes}"
             f"-s{cfg.seed}-{stamp}")
 
 
@@ -106,7 +107,8 @@ def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
     if ckpt.server_round >= cfg.train.num_server_rounds:
         raise CheckpointError(f"resume-dir {run_dir}: the checkpoint is at "
                               f"{'version' if made == 'async' else 'round'} "
-                              f"{ckpt.server_round}, num-server-rounds={cfg.train.num_server_rounds}"
+                              f"{ckpt.server_round}, "
+                              f"num-server-rounds={cfg.train.num_server_rounds}"
                               " leaves nothing to do")
     return run_dir, ckpt
 
@@ -238,7 +240,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         log(INFO, "%s", _progress_line(row, n, len(messages), cfg.privacy.dp_delta))
         if failed >= cfg.fleet.max_failed_rounds:
             raise TooFewReplies(
-                f"{failed} rounds in a row had fewer than min-replies={cfg.fleet.min_replies} usable "
+                f"{failed} rounds in a row had fewer than "
+                f"min-replies={cfg.fleet.min_replies} usable "
                 f"replies; stopped after round {rnd}. Bring the SuperNodes back and resume "
                 f"with --run-config \"resume-dir='{out}'\"")
 
@@ -261,7 +264,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                                      "dp-delta": cfg.privacy.dp_delta} if budget else {})})
     log(INFO, "done: final acc %.2f%%, best %.2f%%, %.1f s%s; results in %s",
         100 * (summary["final-test-acc"] or math.nan), 100 * (summary["best-test-acc"] or math.nan),
-        summary["wall-seconds"], _epsilon_part(summary, cfg.privacy.dp_delta) if budget else "", out)
+        summary["wall-seconds"],
+        _epsilon_part(summary, cfg.privacy.dp_delta) if budget else "", out)
     return summary
 
 

@@ -92,7 +92,8 @@ def budget_spent(budget: Budget, cfg: RunConfig, server_round: int, counted: int
         return False
     if counted == 1:
         raise ConfigError(f"run config: dp-target-epsilon={target!r} is not allowed; allowed: "
-                          f"at least round 1's epsilon {eps:.4g} at dp-delta={cfg.privacy.dp_delta:g} "
+                          f"at least round 1's epsilon {eps:.4g} at "
+                          f"dp-delta={cfg.privacy.dp_delta:g} "
                           f"(or raise dp-noise-multiplier, or 0 for no limit)")
     log(WARNING, "dp: stopped before round %d, which would take epsilon to %.4g > "
         "dp-target-epsilon=%g at dp-delta=%g; round %d's checkpoint in %s is kept",

@@ -168,7 +168,8 @@ class StatusWriter:
                "started": self.started, "elapsed-seconds": _num(row.get("elapsed-seconds")),
                "eval-source": cfg.eval_source, "method": cfg.method, "dp": cfg.privacy.dp,
                "dp-epsilon": _num(row.get("dp-epsilon")) if self.private else None,
-               "dp-target-epsilon": (cfg.privacy.dp_target_epsilon or None) if self.private else None,
+               "dp-target-epsilon": ((cfg.privacy.dp_target_epsilon or None)
+                                     if self.private else None),
                "dp-delta": cfg.privacy.dp_delta if self.private else None,
                "round-seconds": _num(row.get("round-seconds")),
                "collect-seconds": _num(row.get("collect-seconds"))}
@@ -178,7 +179,8 @@ class StatusWriter:
                  for node in sorted(self._known_nodes())]
         fleet = {"num-clients": cfg.num_clients,
                  "identified": len(self.fleet.node_of),
-                 "per-node-tasks": WITHHELD.format(dp=cfg.privacy.dp) if self.private else "written",
+                 "per-node-tasks": (WITHHELD.format(dp=cfg.privacy.dp) if self.private
+                                    else "written"),
                  "totals": {k: self.totals[k] for k in ("sent", "replied", "rejected",
                                                         "missing")},
                  "rejected-by-reason": dict(self.reasons.most_common()),

@@ -59,8 +59,8 @@ class VirtualClock:
         slow, windows = speeds_and_windows(cfg.schedule.device_speeds, cfg.num_clients, cfg.seed)
         if slow is None:
             return None
-        return cls(durations(slow, partition_sizes(cfg), cfg.train.local_epochs, cfg.train.batch_size), now,
-                   windows)
+        return cls(durations(slow, partition_sizes(cfg), cfg.train.local_epochs,
+                             cfg.train.batch_size), now, windows)
 
     def spans(self, pid: int) -> Sequence[tuple[float, float]] | None:
         """Client ``pid``'s windows (None: always available)."""

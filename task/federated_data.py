@@ -58,8 +58,9 @@ def _partitions(
 
 
 def _all_partitions(cfg: RunConfig) -> tuple[np.ndarray, ...]:
-    return _partitions(cfg.data.dataset, cfg.data.resolved_data_dir, cfg.data.train_limit, cfg.data.partition,
-                       cfg.num_clients, cfg.data.dirichlet_alpha, cfg.seed)
+    d = cfg.data
+    return _partitions(d.dataset, d.resolved_data_dir, d.train_limit, d.partition,
+                       cfg.num_clients, d.dirichlet_alpha, cfg.seed)
 
 
 def partition_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:

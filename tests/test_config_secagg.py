@@ -26,8 +26,9 @@ def test_off_is_the_default_and_the_defaults_are_valid_protocol_parameters() -> 
     cfg = RunConfig.parse({})
     assert cfg.privacy.secure_aggregation == "off"
     on = RunConfig.parse(SECAGG)
-    params = SecAggParams(threshold=on.privacy.secagg_threshold, num_shares=on.privacy.secagg_num_shares,
-                          clip=on.privacy.secagg_clip, bits=on.privacy.secagg_bits)  # the core accepts them
+    p = on.privacy
+    params = SecAggParams(threshold=p.secagg_threshold, num_shares=p.secagg_num_shares,
+                          clip=p.secagg_clip, bits=p.secagg_bits)  # the core accepts them
     assert params.threshold <= on.clients_per_round <= params.max_clients
     assert choices.SECAGG_MAX_BITS == MAX_BITS  # the config's cap is the core's
 

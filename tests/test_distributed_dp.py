@@ -173,7 +173,8 @@ def test_the_defaults_with_the_smallest_clip_are_accepted() -> None:
     c = min_secagg_clip(1.0, 1.0, 3)
     assert c == pytest.approx(1.0 + CLIP_SIGMAS / math.sqrt(3))
     cfg = RunConfig.parse({**DDP, "secagg-clip": c})
-    assert (cfg.privacy.dp, cfg.fleet.min_replies, cfg.privacy.secagg_threshold) == ("distributed", 3, 3)
+    assert (cfg.privacy.dp, cfg.fleet.min_replies, cfg.privacy.secagg_threshold) == (
+        "distributed", 3, 3)
 
 
 # ------------------------------------------------------------------ whole runs

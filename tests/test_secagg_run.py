@@ -76,7 +76,8 @@ def test_a_secure_run_ends_within_the_quantisation_bound_of_the_plain_run(
     secure, secure_dir = run(tmp_path, "secure", {"beta": beta,
                                                   "secure-aggregation": "secagg+"})
     cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
-    step = 2 * cfg.privacy.secagg_clip / 2**cfg.privacy.secagg_bits  # the mean of n uploads is off by < 1 step
+    # the mean of n uploads is off by < 1 step
+    step = 2 * cfg.privacy.secagg_clip / 2**cfg.privacy.secagg_bits
     w0 = unpack(train_msgs(plain)[0].content.array_records["arrays"])
     # the plain round 1: each client's delta (no coordinate clipped, or the bound is void),
     # and their mean, computed here from the plain replies

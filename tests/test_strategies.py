@@ -103,7 +103,8 @@ def test_start_trains_what_the_projects_run_of_that_config_trains(
         want = [z[f"arr_{i}"] for i in range(len(z.files))]
 
     strategy = cls(**own, fraction_train=0.5, min_train_nodes=2, min_available_nodes=4,
-                   fraction_evaluate=0.0, lr=cfg.train.lr, lr_decay=cfg.train.lr_decay, seed=cfg.seed)
+                   fraction_evaluate=0.0, lr=cfg.train.lr, lr_decay=cfg.train.lr_decay,
+                   seed=cfg.seed)
     assert isinstance(strategy, Strategy)
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())  # the project's ClientApp per node
     w0 = initial_weights(cfg)

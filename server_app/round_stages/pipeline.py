@@ -99,7 +99,8 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
         stages.append(RobustSelection(cfg, rule))
     if dp:
         stages.append(ClientLevelDp(privacy, rule.up_keys))
-    stages += [Combine(cfg.train.ri_aggregation, cfg.train.weighting, privacy.mean if dp else robust),
+    stages += [Combine(cfg.train.ri_aggregation, cfg.train.weighting,
+                       privacy.mean if dp else robust),
                MethodUpdate(cfg, method, robust),
                AccountRound(accounted, train_loss=privacy.mode != "local")]
     return TrainPipeline(sampler, messages, tuple(stages))

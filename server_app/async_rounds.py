@@ -485,10 +485,10 @@ class AsyncLoop:
         rejected reply is a zero contribution, and stopping on it would depend on data."""
         c = self.cfg
         failed = self.counts.lost + (self.counts.rejected if self.privacy is None else 0)
-        if failed >= c.max_failed_rounds * c.async_buffer_size:
+        if failed >= c.fleet.max_failed_rounds * c.async_buffer_size:
             raise TooFewReplies(
                 f"rounds=async: {failed} replies since version {self.buffer.version} were "
-                f"rejected or lost (max-failed-rounds={c.max_failed_rounds} x buffer-size="
+                f"rejected or lost (max-failed-rounds={c.fleet.max_failed_rounds} x buffer-size="
                 f"{c.async_buffer_size}); stopped, see the rejected replies above"
                 + (f"; the last flush's checkpoint is there: resume with --run-config "
                    f"\"resume-dir='{self.run_dir}'\"" if self.buffer.version else ""))
@@ -640,19 +640,19 @@ class AsyncLoop:
         sums = None
         if self.privacy is not None:
             step, sums = self.privacy.noised(step, updates)
-        if c.aggregation != "mean":  # the rule over the raw deltas, x mean s(tau) of the kept
-            factors = [staleness_weight(c.staleness, self.buffer.tau(b.version), c.staleness_a,
-                                        c.staleness_b) for b in self.buffer.buffer]
-            step, kept = robust_flush(updates, factors, c.aggregation, c.trim_fraction,
-                                      c.byzantine_f, self.strategy.rule.up_keys,
+        if c.robust.aggregation != "mean":  # the rule over the raw deltas, x mean s(tau) of the kept
+            factors = [staleness_weight(c.schedule.staleness, self.buffer.tau(b.version), c.schedule.staleness_a,
+                                        c.schedule.staleness_b) for b in self.buffer.buffer]
+            step, kept = robust_flush(updates, factors, c.robust.aggregation, c.robust.trim_fraction,
+                                      c.robust.byzantine_f, self.strategy.rule.up_keys,
                                       self.buffer.version)
             updates, weights = [updates[i] for i in kept], [1.0] * len(kept)
         rnd = RoundInput(server_round=self.buffer.version + 1,
                          aggregate=[d.astype(np.float32) for d in step],
                          updates=updates, weights=weights, variant="update",
-                         num_clients=c.num_clients, lr=c.lr_at(self.buffer.version + 1),
-                         server_lr=c.server_lr, upload_sums=sums, combine=RobustMean(c),
-                         aggregation=c.aggregation)
+                         num_clients=c.num_clients, lr=c.train.lr_at(self.buffer.version + 1),
+                         server_lr=c.train.server_lr, upload_sums=sums, combine=RobustMean(c),
+                         aggregation=c.robust.aggregation)
         self.accepted = []
         w_next, self.strategy.state = self.strategy.rule.update(self.strategy.state, w, rnd)
         return w_next

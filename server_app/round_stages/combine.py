@@ -26,7 +26,7 @@ class RobustMean:
 
     def __call__(self, vectors: Sequence[Weights], weights: Sequence[float]) -> Weights:
         c = self.cfg
-        return combine(vectors, weights, c.aggregation, c.trim_fraction, c.byzantine_f)
+        return combine(vectors, weights, c.robust.aggregation, c.robust.trim_fraction, c.robust.byzantine_f)
 
 
 def reply_weights(weighting: str, updates: Sequence[ClientUpdate]) -> list[float]:

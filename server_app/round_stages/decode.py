@@ -163,7 +163,7 @@ class DecodeReplies:
         """The local SGD steps the partition takes, when the server knows its size."""
         n = self.true_examples(partition_id)
         c = self.cfg
-        return None if n is None else num_steps(n, c.local_epochs, c.batch_size)
+        return None if n is None else num_steps(n, c.train.local_epochs, c.train.batch_size)
 
 
 def arrays_problem(key: str, arrays: Sequence[np.ndarray], reference: Weights) -> str | None:

@@ -640,11 +640,12 @@ class AsyncLoop:
         sums = None
         if self.privacy is not None:
             step, sums = self.privacy.noised(step, updates)
-        if c.robust.aggregation != "mean":  # the rule over the raw deltas, x mean s(tau) of the kept
-            factors = [staleness_weight(c.schedule.staleness, self.buffer.tau(b.version), c.schedule.staleness_a,
-                                        c.schedule.staleness_b) for b in self.buffer.buffer]
-            step, kept = robust_flush(updates, factors, c.robust.aggregation, c.robust.trim_fraction,
-                                      c.robust.byzantine_f, self.strategy.rule.up_keys,
+        r, s = c.robust, c.schedule
+        if r.aggregation != "mean":  # the rule over the raw deltas, x mean s(tau) of the kept
+            factors = [staleness_weight(s.staleness, self.buffer.tau(b.version), s.staleness_a,
+                                        s.staleness_b) for b in self.buffer.buffer]
+            step, kept = robust_flush(updates, factors, r.aggregation, r.trim_fraction,
+                                      r.byzantine_f, self.strategy.rule.up_keys,
                                       self.buffer.version)
             updates, weights = [updates[i] for i in kept], [1.0] * len(kept)
         rnd = RoundInput(server_round=self.buffer.version + 1,

@@ -44,7 +44,8 @@ class RobustSelection:
         if chosen is None:
             log(WARNING, "round %d: %d usable replies < %d that aggregation=%s needs with "
                 "byzantine-f=%d; the global model is unchanged", server_round, len(updates),
-                min_replies(c.robust.aggregation, c.robust.byzantine_f), c.robust.aggregation, c.robust.byzantine_f)
+                min_replies(c.robust.aggregation, c.robust.byzantine_f), c.robust.aggregation,
+                c.robust.byzantine_f)
             return None
         dropped = [u.partition_id for i, u in enumerate(updates) if i not in chosen]
         log(INFO, "round %d: %s aggregates partitions %s, leaves out %s", server_round,

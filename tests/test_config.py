@@ -1,5 +1,6 @@
 """Every bad run-config value fails before any work, with one line naming the key."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,21 @@ def test_unwritable_output_dir_is_one_line_naming_key_and_path(tmp_path: Path) -
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"run config: output-dir='{blocker / 'sub'}'")
     check_writable("output-dir", tmp_path / "a" / "b")  # created when it can be
+
+
+@pytest.mark.parametrize(("raw", "first"), [
+    ({"lr": -1.0, "dataset": "x"}, "dataset='x'"),  # names before ranges
+    ({"seed": -1, "dp-delta": 2.0}, "dp-delta=2.0"),  # privacy before seed
+    ({"concurrency": -1, "trim-fraction": 0.7}, "trim-fraction=0.7"),  # robust before async
+    ({"lr": "x", "seed": "y"}, "lr='x'"),  # types in the keys' order
+])
+def test_across_groups_the_first_bad_key_in_check_order_is_reported(
+        raw: dict[str, object], first: str) -> None:
+    with pytest.raises(ConfigError, match=f"^run config: {re.escape(first)}"):
+        RunConfig.parse(raw)
+
+
+def test_fields_live_in_their_group_only() -> None:
+    cfg = RunConfig.parse({})
+    assert cfg.train.lr == load_defaults()["lr"] and cfg.privacy.dp == load_defaults()["dp"]
+    assert not hasattr(cfg, "lr") and not hasattr(cfg, "dp")  # no flat alias

@@ -40,7 +40,7 @@ SPEEDS = ("slow:0.2:5", "slow:0.5:5", "lognormal:1")
 def one_run(base: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """One run in process: its rounds.jsonl rows."""
     cfg = RunConfig.parse({**base, "output-dir": str(out)})
-    run = run_async_experiment if cfg.rounds == "async" else run_experiment
+    run = run_async_experiment if cfg.schedule.rounds == "async" else run_experiment
     run(InProcessGrid(cfg.num_clients, cfg.to_dict()), cfg, out_dir=out / "run")
     return [json.loads(x) for x in (out / "run" / "rounds.jsonl").read_text().splitlines()]
 

@@ -203,7 +203,7 @@ def run_cell(method: str, defence: str, kind: str, k: int, over: dict[str, Any],
     """One in-process run; the JSON line the table is built from."""
     cfg = RunConfig.parse({"output-dir": str(tmp / "out"), **over})
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())
-    attack = FirstK(grid, kind, k, cfg.ri_aggregation)
+    attack = FirstK(grid, kind, k, cfg.train.ri_aggregation)
     grid.reply_filter = attack
     seen = Selections()
     flwr_log = logging.getLogger("flwr")

@@ -35,7 +35,7 @@ def one_run(raw: dict[str, Any]) -> dict[str, Any]:
     trains = [m for m in run.grid.sent if m.metadata.message_type == "train"]
     replies = [r for r in run.grid.replies if r.metadata.message_type == "train"]
     later = [r["round-seconds"] for r in rows[1:]] or [rows[0]["round-seconds"]]
-    return {"dp": run.cfg.dp, "round-s": statistics.mean(later),
+    return {"dp": run.cfg.privacy.dp, "round-s": statistics.mean(later),
             "agg-s": run.seconds["agg"] / len(rows), "acct-s": run.seconds["acct"] / len(rows),
             "up": serialized_bytes(replies[-1].content),
             "down": serialized_bytes(trains[-1].content), "acc": run.summary["final-test-acc"],
@@ -47,10 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     raw = {**BASE, "num-server-rounds": rounds, **overrides}
     results = [one_run({**raw, "dp": mode}) for mode in ("off", "central", "local")]
     cfg = RunConfig.parse({**raw, "output-dir": "/tmp/unused"})
-    print(f"\n{cfg.method} beta={cfg.beta}, {cfg.num_clients} clients, {cfg.clients_per_round}"
-          f" per round, {rounds} rounds, train-limit={cfg.train_limit}, dp-clip="
-          f"{cfg.dp_clip}, dp-noise-multiplier={cfg.dp_noise_multiplier}, dp-delta="
-          f"{cfg.dp_delta:g}")
+    print(f"\n{cfg.method} beta={cfg.train.beta}, {cfg.num_clients} clients, "
+          f"{cfg.clients_per_round} per round, {rounds} rounds, "
+          f"train-limit={cfg.data.train_limit}, dp-clip={cfg.privacy.dp_clip}, "
+          f"dp-noise-multiplier={cfg.privacy.dp_noise_multiplier}, "
+          f"dp-delta={cfg.privacy.dp_delta:g}")
     print(f"{'dp':<8} {'round s':>8} {'aggregate s':>11} {'accountant s':>12} "
           f"{'reply bytes':>12} {'train msg bytes':>15} {'final acc':>9} {'epsilon':>8}")
     for r in results:

@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     run = cost_run({"num-server-rounds": rounds, "personal-eval-every": 2, **overrides})
     cfg, rows = run.cfg, run.rows
     print(f"\n{cfg.num_clients} clients, {cfg.clients_per_round} trained per round, "
-          f"personalized evaluation of {cfg.personal_eval_clients or cfg.num_clients} "
-          f"clients ({cfg.finetune_epochs} fine-tuning epoch) every 2nd round, "
-          f"train-limit={cfg.train_limit}, local-test-fraction={cfg.local_test_fraction}")
+          f"personalized evaluation of {cfg.eval.personal_eval_clients or cfg.num_clients} "
+          f"clients ({cfg.eval.finetune_epochs} fine-tuning epoch) every 2nd round, "
+          f"train-limit={cfg.data.train_limit}, local-test-fraction={cfg.data.local_test_fraction}")
     print(f"{'round':>5} {'personal':>8} {'round s':>8} {'of it personal s':>16} "
           f"{'train msgs':>10} {'eval msgs':>9}")
     kinds: dict[bool, list[dict[str, float]]] = {False: [], True: []}

@@ -52,9 +52,9 @@ def plain_run(cfg: RunConfig) -> tuple[dict[str, float], list[np.ndarray]]:
     setup = time.monotonic() - t0
     acc = 0.0
     round_times = []
-    for rnd in range(1, cfg.num_server_rounds + 1):
+    for rnd in range(1, cfg.train.num_server_rounds + 1):
         t_r = time.monotonic()
-        lr = cfg.lr_at(rnd)
+        lr = cfg.train.lr_at(rnd)
         down = rule.down(state)
         updates: list[ClientUpdate] = []
         for pid in sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round):
@@ -64,7 +64,7 @@ def plain_run(cfg: RunConfig) -> tuple[dict[str, float], list[np.ndarray]]:
                                 torch.from_numpy(y.copy()).long())
             own = rule.down_to(state, pid, w)  # a method with per-client messages
             w_i, down_i = (w, down) if own is None else (own.model, dict(own.extras))
-            start = relaxed_start(w_i, w_prev.get(pid, w0), cfg.beta)
+            start = relaxed_start(w_i, w_prev.get(pid, w0), cfg.train.beta)
             kept = client_state.get(pid, {})
             job = LocalJob(
                 w_t=w_i, start=start, down=down_i,
@@ -72,26 +72,28 @@ def plain_run(cfg: RunConfig) -> tuple[dict[str, float], list[np.ndarray]]:
                        for k in client.state_keys},
                 lr=lr, device=torch.device("cpu"),
                 sgd=sgd_pass(model, *tensors[pid], SgdSettings(
-                    epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
-                    weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm, seed=cfg.seed,
+                    epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, lr=lr,
+                    weight_decay=cfg.train.weight_decay, clip_norm=cfg.train.clip_norm,
+                    seed=cfg.seed,
                     server_round=rnd, partition_id=pid)),
-                losses=train_losses(model, *tensors[pid], cfg.batch_size))
+                losses=train_losses(model, *tensors[pid], cfg.train.batch_size))
             outcome = client.train(job)
             run = outcome.trained
             w_prev[pid], client_state[pid] = run.final, outcome.state
-            updates.append(ClientUpdate(pid, upload_vector(run.final, start, cfg.ri_aggregation),
+            upload = upload_vector(run.final, start, cfg.train.ri_aggregation)
+            updates.append(ClientUpdate(pid, upload,
                                         outcome.extras, run.num_examples, run.mean_loss,
                                         run.num_steps, outcome.metrics))
-        weights = [float(u.num_examples) if cfg.weighting == "examples" else 1.0
+        weights = [float(u.num_examples) if cfg.train.weighting == "examples" else 1.0
                    for u in updates]
         aggregate, _ = aggregate_update(
-            w, [u.upload for u in updates], weights, cfg.ri_aggregation,
-            mean=lambda v, wt: combine(v, wt, cfg.aggregation, cfg.trim_fraction))
+            w, [u.upload for u in updates], weights, cfg.train.ri_aggregation,
+            mean=lambda v, wt: combine(v, wt, cfg.robust.aggregation, cfg.robust.trim_fraction))
         w, state = rule.update(state, w, RoundInput(
             server_round=rnd, aggregate=aggregate, updates=updates, weights=weights,
-            variant=cfg.ri_aggregation, num_clients=cfg.num_clients, lr=lr,
-            server_lr=cfg.server_lr))
-        if rnd % cfg.eval_every == 0 or rnd == cfg.num_server_rounds:
+            variant=cfg.train.ri_aggregation, num_clients=cfg.num_clients, lr=lr,
+            server_lr=cfg.train.server_lr))
+        if rnd % cfg.eval.eval_every == 0 or rnd == cfg.train.num_server_rounds:
             set_weights(model, w)
             _, acc = evaluate(model, x_test, y_test)
         round_times.append(time.monotonic() - t_r)

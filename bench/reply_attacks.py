@@ -90,7 +90,7 @@ def run(over: dict[str, Any], attack: str | None, tmp: Path) -> dict[str, Any]:
     cfg = RunConfig.parse({"output-dir": str(tmp / "out"), "eval-every": 1000, **over})
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())
     if attack:
-        grid.reply_filter = poison(grid, attack, cfg.ri_aggregation)
+        grid.reply_filter = poison(grid, attack, cfg.train.ri_aggregation)
     out = tmp / f"run-{attack}"
     run_experiment(grid, cfg, out_dir=out)
     rows = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
@@ -98,7 +98,7 @@ def run(over: dict[str, Any], attack: str | None, tmp: Path) -> dict[str, Any]:
     return {"attack": attack, "final-acc": last["test-acc"], "final-loss": last["test-loss"],
             "rejected": sum(r["num-rejected"] for r in rows),
             "max-norm-over-reference": max(r.get("norm-limit-used", 0.0) for r in rows)
-            * cfg.max_update_norm_ratio, "config": over}
+            * cfg.robust.max_update_norm_ratio, "config": over}
 
 
 def first_round_ratios(over: dict[str, Any], tmp: Path) -> dict[str, Any]:
@@ -111,13 +111,13 @@ def first_round_ratios(over: dict[str, Any], tmp: Path) -> dict[str, Any]:
         rk.ARRAYS])
     ups = [unpack(r.content[rk.ARRAYS]) for r in grid.replies
            if r.metadata.message_type == "train"]
-    ratios = np.asarray(update_norms(w0, ups, cfg.ri_aggregation)) / vector_norm(w0)
+    ratios = np.asarray(update_norms(w0, ups, cfg.train.ri_aggregation)) / vector_norm(w0)
     out = {"method": cfg.method, "w0-norm": vector_norm(w0), "min": float(ratios.min()),
            "median": float(np.median(ratios)), "max": float(ratios.max())}
     if cfg.method == "scaffold":
         dc = [vector_norm(unpack(r.content[DELTA_C])) for r in grid.replies
               if r.metadata.message_type == "train"]
-        out["delta-c-over-w0-norm-over-lr"] = max(dc) * cfg.lr / vector_norm(w0)
+        out["delta-c-over-w0-norm-over-lr"] = max(dc) * cfg.train.lr / vector_norm(w0)
     return out
 
 

@@ -53,7 +53,7 @@ def round_stats(rounds: list[tuple[list[list[np.ndarray]], list[float]]],
         um = flat(weighted_mean(moves, [1.0] * len(moves)))
         stat = flat(combine(moves, weights, "median" if kind in ("mean", "krum", "multi-krum",
                                                                "bulyan") else kind,
-                            cfg.trim_fraction))
+                            cfg.robust.trim_fraction))
         ratio.append(float(np.linalg.norm(stat) / np.linalg.norm(wm)))
         cos_w.append(float(stat @ wm / np.linalg.norm(stat) / np.linalg.norm(wm)))
         cos_u.append(float(stat @ um / np.linalg.norm(stat) / np.linalg.norm(um)))
@@ -65,7 +65,7 @@ def round_stats(rounds: list[tuple[list[list[np.ndarray]], list[float]]],
 def run(over: dict[str, Any], attack: bool, tmp: Path) -> dict[str, Any]:
     cfg = RunConfig.parse({"output-dir": str(tmp / "out"), "eval-every": 1000, **over})
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())
-    flip = poison(grid, "flipped", cfg.ri_aggregation) if attack else None
+    flip = poison(grid, "flipped", cfg.train.ri_aggregation) if attack else None
     rounds: dict[int, tuple[list[list[np.ndarray]], list[float]]] = {}
 
     def watch(reply: Message) -> Message:
@@ -74,7 +74,7 @@ def run(over: dict[str, Any], attack: bool, tmp: Path) -> dict[str, Any]:
             rnd = int(sent[rk.CONFIG][rk.ROUND])
             w_t = unpack(sent[rk.ARRAYS])
             up = unpack(reply.content[rk.ARRAYS])
-            move = up if cfg.ri_aggregation == "update" else [
+            move = up if cfg.train.ri_aggregation == "update" else [
                 (u.astype(np.float64) - w).astype(np.float32) for u, w in zip(up, w_t, strict=True)]
             if reply.metadata.src_node_id != ATTACKER or not attack:
                 moves, weights = rounds.setdefault(rnd, ([], []))
@@ -87,11 +87,11 @@ def run(over: dict[str, Any], attack: bool, tmp: Path) -> dict[str, Any]:
     run_experiment(grid, cfg, out_dir=out)
     rows = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
     norms = [vector_norm(weighted_mean(m, w)) for m, w in rounds.values()]
-    return {"aggregation": cfg.aggregation, "attackers": int(attack),
+    return {"aggregation": cfg.robust.aggregation, "attackers": int(attack),
             "final-acc": rows[-1]["test-acc"], "unaggregated-rounds": sum(
-                1 for r in rows if r.get("num-replies", 1) < cfg.min_replies),
+                1 for r in rows if r.get("num-replies", 1) < cfg.fleet.min_replies),
             "mean-move-norm": float(np.mean(norms)),
-            **round_stats(list(rounds.values()), cfg.aggregation, cfg), "config": over}
+            **round_stats(list(rounds.values()), cfg.robust.aggregation, cfg), "config": over}
 
 
 def main() -> None:

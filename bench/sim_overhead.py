@@ -44,9 +44,10 @@ def main() -> None:
     sim_rounds = sum(r["round-seconds"] for r in rows)
 
     plain = plain_fedinit(cfg)
-    n = cfg.num_server_rounds
-    print(f"experiment: {cfg.method} beta={cfg.beta} {cfg.dataset} {cfg.num_clients} clients, "
-          f"{cfg.clients_per_round}/round, {n} rounds, {cfg.local_epochs} local epochs")
+    n = cfg.train.num_server_rounds
+    print(f"experiment: {cfg.method} beta={cfg.train.beta} {cfg.data.dataset} "
+          f"{cfg.num_clients} clients, "
+          f"{cfg.clients_per_round}/round, {n} rounds, {cfg.train.local_epochs} local epochs")
     print(f"{'':28s}{'simulation':>12s}{'plain loop':>12s}{'ratio':>8s}")
     print(f"{'whole command (s)':28s}{sim_wall:12.1f}{plain['wall-seconds']:12.1f}"
           f"{sim_wall / plain['wall-seconds']:8.2f}")

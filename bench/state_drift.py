@@ -69,7 +69,7 @@ def effective_state(grid: InProcessGrid, cfg: RunConfig, strategy: MethodStrateg
         store = ClientStore(memory=RecordDict(dict(ctx.state.items())))
         accounted = None if strategy.accounted is None or isinstance(strategy, BeforeStrategy) \
             else strategy.accounted.get(pid, 0)
-        store.restore(experiment_id, cfg.num_server_rounds + 1, shapes, accounted, (key,))
+        store.restore(experiment_id, cfg.train.num_server_rounds + 1, shapes, accounted, (key,))
         held = store.get(key)
         if held is not None:
             for acc, a in zip(total, held, strict=True):

@@ -31,7 +31,7 @@ def one_run(raw: dict[str, Any]) -> dict[str, Any]:
                          "start": (tracking.TensorBoardTracker, "__init__")})
     n = len(run.rows)
     later = [r["round-seconds"] for r in run.rows[1:]] or [0.0]
-    return {"tracking": run.cfg.tracking, "per-round": run.cfg.clients_per_round,
+    return {"tracking": run.cfg.fleet.tracking, "per-round": run.cfg.clients_per_round,
             "round-s": statistics.mean(later),
             "record-s": (run.seconds["rows"] + run.seconds["clients"]) / n,
             "start-s": run.seconds["start"]}

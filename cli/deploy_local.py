@@ -532,9 +532,9 @@ def build_run_config(overrides: list[str], num_nodes: int, out: TextIO) -> dict[
                           "one SuperNode is one client, so leave num-clients out")
     cfg_map["num-clients"] = num_nodes
     cfg = RunConfig.parse(cfg_map)
-    cfg_map["output-dir"] = str(Path(cfg.output_dir).resolve())
-    if cfg.data_dir:
-        cfg_map["data-dir"] = str(Path(cfg.data_dir).resolve())
+    cfg_map["output-dir"] = str(Path(cfg.fleet.output_dir).resolve())
+    if cfg.data.data_dir:
+        cfg_map["data-dir"] = str(Path(cfg.data.data_dir).resolve())
     print(f"deploy: run config {cfg_map}", file=out, flush=True)
     return cfg_map
 

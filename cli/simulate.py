@@ -75,19 +75,19 @@ def main(argv: list[str] | None = None) -> int:
         overrides = parse_overrides(args.overrides)
     with refusing(ConfigError, DataNotFoundError):
         cfg = RunConfig.parse(overrides)
-        if not cfg.resume_dir:
-            check_writable("output-dir", Path(cfg.output_dir).resolve())
-        if cfg.on_devices:
+        if not cfg.fleet.resume_dir:
+            check_writable("output-dir", Path(cfg.fleet.output_dir).resolve())
+        if cfg.data.on_devices:
             raise ConfigError("run config: dataset='device' needs a deployment: each "
                               "SuperNode's node config names its own data-dir, and simulated "
                               "nodes have none (deploy/edge/README.md, 'Bring your own data')")
-        data_dir = Path(cfg.resolved_data_dir).resolve()
-        check_present(cfg.dataset, data_dir)
+        data_dir = Path(cfg.data.resolved_data_dir).resolve()
+        check_present(cfg.data.dataset, data_dir)
     # Absolute paths: the apps run from Flower's install of the FAB, not from this checkout,
     # so a default found next to the checkout is passed too (a system default is left "", as
     # a checkpoint made without it must still match on resume).
-    overrides["output-dir"] = str(Path(cfg.output_dir).resolve())
-    if cfg.data_dir or data_dir.is_relative_to(REPO.parent):
+    overrides["output-dir"] = str(Path(cfg.fleet.output_dir).resolve())
+    if cfg.data.data_dir or data_dir.is_relative_to(REPO.parent):
         overrides["data-dir"] = str(data_dir)
 
     env = flower_env()

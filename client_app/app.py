@@ -126,7 +126,7 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
     if sim_root and experiment and not node_root:
         return ClientStore(memory=None,
                            disk=StateDir(Path(sim_root), experiment, pid, sync=False))
-    root = node_root or cfg.client_state_dir
+    root = node_root or cfg.fleet.client_state_dir
     disk = StateDir(Path(root), experiment, pid) if root and experiment else None
     return ClientStore(memory=context.state, disk=disk)
 
@@ -181,7 +181,7 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            cached_model(cfg), x, y, initial=lambda: initial_weights(cfg),
                            partition_id=pid, timed=timed)
-    if cfg.secure_aggregation != "off":  # the plain upload never leaves: only its masked form
+    if cfg.privacy.secure_aggregation != "off":  # the plain upload never leaves: only masked
         content = mask_upload(msg.content, content, context.state, pid)
     else:  # under secure aggregation no per-client figure leaves (secure_upload)
         content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
@@ -200,7 +200,7 @@ def query_fn(msg: Message, context: Context) -> Message:
     privacy floor (then refused, as its train message would be: it never joins the round)."""
     if SECAGG in msg.content.config_records:
         cfg = run_config_of(context)
-        if cfg.secure_aggregation == "off":
+        if cfg.privacy.secure_aggregation == "off":
             raise ValueError("a secure-aggregation query in a run with secure-aggregation=off: "
                              "refused")
         _, refused = device_floor(context, cfg, msg, "secure-aggregation query")
@@ -253,8 +253,9 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     if local_dp(cfg, floor):
         return refusal(msg, task, "under local DP this device answers no exact query about "
                                   "its data or state")
-    if cfg.secure_aggregation != "off":  # its scores would tell the server what sums hide
-        return refusal(msg, task, f"under secure-aggregation={cfg.secure_aggregation!r} this "
+    if cfg.privacy.secure_aggregation != "off":  # its scores would tell the server what sums hide
+        return refusal(msg, task, "under secure-aggregation="
+                                  f"{cfg.privacy.secure_aggregation!r} this "
                                   "device sends no per-client evaluation (the server learns "
                                   "only sums)")
     pid = partition_of(context, cfg, msg)

@@ -147,24 +147,25 @@ class DeviceFloor:
         secure sum fail (a server that unmasks one upload sees exactly that)."""
         if not self.local:
             return None
-        if cfg.dp not in DEVICE_MODES:
-            return (f"run config dp={cfg.dp!r}; this device's floor is {FLOOR}='local' "
+        if cfg.privacy.dp not in DEVICE_MODES:
+            return (f"run config dp={cfg.privacy.dp!r}; this device's floor is {FLOOR}='local' "
                     f"(allowed: dp='local' or dp='distributed')")
-        bounds = [("dp-clip", cfg.dp_clip)]
+        bounds = [("dp-clip", cfg.privacy.dp_clip)]
         if cfg.spec.server.up_keys:  # the method uploads more vectors: each has its bound
-            bounds.append(("dp-clip-extra", cfg.dp_clip_extra or cfg.dp_clip))
+            bounds.append(("dp-clip-extra", cfg.privacy.dp_clip_extra or cfg.privacy.dp_clip))
         for key, bound in bounds:
             if bound > self.max_clip:
                 return (f"run config {key}={bound:g} > this device's {MAX_CLIP}="
                         f"{self.max_clip:g}")
         z = device_multiplier(cfg)
-        if cfg.dp == "distributed" and z < self.min_noise:
+        if cfg.privacy.dp == "distributed" and z < self.min_noise:
             return (f"run config dp='distributed' gives this device noise multiplier "
-                    f"dp-noise-multiplier / sqrt(min-replies) = {cfg.dp_noise_multiplier:g} / "
-                    f"sqrt({cfg.min_replies}) = {z:.4g} < this device's {MIN_NOISE}="
+                    f"dp-noise-multiplier / sqrt(min-replies) = "
+                    f"{cfg.privacy.dp_noise_multiplier:g} / "
+                    f"sqrt({cfg.fleet.min_replies}) = {z:.4g} < this device's {MIN_NOISE}="
                     f"{self.min_noise:g}")
         if z < self.min_noise:
-            return (f"run config dp-noise-multiplier={cfg.dp_noise_multiplier:g} < this "
+            return (f"run config dp-noise-multiplier={cfg.privacy.dp_noise_multiplier:g} < this "
                     f"device's {MIN_NOISE}={self.min_noise:g}")
         return None
 
@@ -193,16 +194,16 @@ def device_multiplier(cfg: RunConfig) -> float:
     """The noise multiplier of the device's own noise on one upload: z under ``local``,
     z / sqrt(t_min) under ``distributed`` (t_min = ``min-replies``; ``Mechanism.device_std``
     over the clip), 0 otherwise."""
-    if cfg.dp == "local":
-        return cfg.dp_noise_multiplier
-    if cfg.dp == "distributed":
-        return cfg.dp_noise_multiplier / math.sqrt(cfg.min_replies)
+    if cfg.privacy.dp == "local":
+        return cfg.privacy.dp_noise_multiplier
+    if cfg.privacy.dp == "distributed":
+        return cfg.privacy.dp_noise_multiplier / math.sqrt(cfg.fleet.min_replies)
     return 0.0
 
 
 def local_dp(cfg: RunConfig, floor: DeviceFloor) -> bool:
     """Whether this task runs under local DP (a floor admits only such runs)."""
-    return floor.local or cfg.dp == "local"
+    return floor.local or cfg.privacy.dp == "local"
 
 
 def refusal(msg: Message, task: str, reason: str) -> Message:

@@ -63,8 +63,9 @@ def personal_evaluation(
         return MetricRecord(metrics)
     set_weights(model, w_t)
     metrics[rk.ACC_GLOBAL] = evaluate(model, x_test, y_test)[1]
-    local_sgd(model, *train, epochs=cfg.finetune_epochs, batch_size=cfg.batch_size, lr=lr,
-              weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm,
+    local_sgd(model, *train, epochs=cfg.eval.finetune_epochs, batch_size=cfg.train.batch_size,
+              lr=lr,
+              weight_decay=cfg.train.weight_decay, clip_norm=cfg.train.clip_norm,
               generator=local_generator(cfg.seed, server_round, partition_id, FINETUNE_STREAM))
     metrics[rk.ACC_FINETUNED] = evaluate(model, x_test, y_test)[1]
     store.restore(experiment, server_round + 1, w_t)

@@ -58,13 +58,13 @@ def client_round(
     down = {k: unpack(received.array_records[k]) for k in rule.down_keys}
 
     t0 = time.perf_counter()
-    settings = SgdSettings(epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
-                           weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm,
+    settings = SgdSettings(epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, lr=lr,
+                           weight_decay=cfg.train.weight_decay, clip_norm=cfg.train.clip_norm,
                            seed=cfg.seed, server_round=server_round, partition_id=partition_id)
     outcome = rule.train(LocalJob(w_t=w_t, start=start, down=down, state=method_state, lr=lr,
                                   device=next(model.parameters()).device,
                                   sgd=sgd_pass(model, x, y, settings, loss_fn),
-                                  losses=train_losses(model, x, y, cfg.batch_size, loss_fn)))
+                                  losses=train_losses(model, x, y, cfg.train.batch_size, loss_fn)))
     seconds = time.perf_counter() - t0
     if timed is not None:
         timed(seconds)
@@ -74,7 +74,8 @@ def client_round(
     state.put(W_PREV, final)
     for key, arrays in outcome.state.items():
         state.put(key, arrays)
-    metrics = train_metrics(cfg.dp == "local", {  # local DP: none (client_app.device_privacy)
+    # local DP: none (client_app.device_privacy)
+    metrics = train_metrics(cfg.privacy.dp == "local", {
         rk.NUM_EXAMPLES: trained.num_examples, rk.TRAIN_LOSS: trained.mean_loss,
         rk.NUM_STEPS: trained.num_steps, rk.COMPUTE_SECONDS: seconds,
         **outcome.metrics})  # the method's own (clustered FL's cluster choice)

@@ -34,9 +34,8 @@ clip at c needs a device's N(0, 1) draw past 20, probability 2 Q(20) = 5.5e-89 p
 (docs/algorithms.md, "Distributed DP")."""
 
 
-class DpSettings(Protocol):
-    """The run config's DP keys (``task.config.RunConfig`` has them; methods/ sits below
-    task/, so it names the fields rather than importing the class)."""
+class PrivacyKeys(Protocol):
+    """The run config's DP keys (``task.config.privacy.PrivacyConfig`` has them)."""
 
     @property
     def dp(self) -> str: ...
@@ -48,12 +47,27 @@ class DpSettings(Protocol):
     def dp_noise_multiplier(self) -> float: ...
     @property
     def dp_delta(self) -> float: ...
+
+
+class MinReplies(Protocol):
+    """The run config's ``min-replies`` (``task.config.fleet.FleetConfig`` has it)."""
+
+    @property
+    def min_replies(self) -> int: ...
+
+
+class DpSettings(Protocol):
+    """What DP reads of the run config (``task.config.RunConfig`` has it; methods/ sits below
+    task/, so it names the fields rather than importing the class)."""
+
+    @property
+    def privacy(self) -> PrivacyKeys: ...
+    @property
+    def fleet(self) -> MinReplies: ...
     @property
     def num_clients(self) -> int: ...
     @property
     def clients_per_round(self) -> int: ...
-    @property
-    def min_replies(self) -> int: ...
 
 
 def norm(vec: Weights) -> float:
@@ -100,10 +114,11 @@ class Mechanism:
 
     @classmethod
     def from_config(cls, c: DpSettings) -> Mechanism:
-        return cls(mode=c.dp, clip=c.dp_clip, clip_extra=c.dp_clip_extra or c.dp_clip,
-                   noise_multiplier=c.dp_noise_multiplier,
+        p = c.privacy
+        return cls(mode=p.dp, clip=p.dp_clip, clip_extra=p.dp_clip_extra or p.dp_clip,
+                   noise_multiplier=p.dp_noise_multiplier,
                    expected_clients=c.clients_per_round,
-                   noise_shares=c.min_replies if c.dp == "distributed" else 1)
+                   noise_shares=c.fleet.min_replies if p.dp == "distributed" else 1)
 
     @property
     def on(self) -> bool:

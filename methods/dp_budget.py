@@ -140,15 +140,17 @@ class Budget:
     @classmethod
     def for_run(cls, cfg: DpSettings, channels: int) -> Budget:
         """The budget of ``cfg``'s mechanism with ``channels`` uploaded vectors per reply."""
-        return cls(cfg.dp, cfg.dp_noise_multiplier, channels, cfg.num_clients,
-                   cfg.clients_per_round, cfg.dp_delta)
+        p = cfg.privacy
+        return cls(p.dp, p.dp_noise_multiplier, channels, cfg.num_clients,
+                   cfg.clients_per_round, p.dp_delta)
 
     @classmethod
     def for_flushes(cls, cfg: DpSettings, channels: int) -> Budget:
         """The budget of ``rounds=async``: every flush a Gaussian release per channel, no
         sampling (q = 1: the sample of N out of N), whichever clients were in it."""
-        return cls(cfg.dp, cfg.dp_noise_multiplier, channels, cfg.num_clients,
-                   cfg.num_clients, cfg.dp_delta)
+        p = cfg.privacy
+        return cls(p.dp, p.dp_noise_multiplier, channels, cfg.num_clients,
+                   cfg.num_clients, p.dp_delta)
 
     def epsilon(self, rounds: int) -> float:
         """Replace-one epsilon at ``delta`` after ``rounds`` rounds of fixed-size sampling

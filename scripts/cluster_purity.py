@@ -47,7 +47,7 @@ def by_round(run_dir: Path) -> list[dict[str, float]]:
     assignment = [0] * cfg.num_clients
     trained: set[int] = set()
     rows = []
-    for rnd in range(1, cfg.num_server_rounds + 1):
+    for rnd in range(1, cfg.train.num_server_rounds + 1):
         trained |= set(sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round))
         assignment = changes.get(rnd, assignment)
         used: dict[int, set[int]] = {}

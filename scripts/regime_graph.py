@@ -65,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
             source = f"regimes of {args.run_dir}"
         else:
             cfg = RunConfig.parse(parse_overrides(args.overrides))
-            if cfg.num_regimes == 0:
+            if cfg.data.num_regimes == 0:
                 raise ValueError("num-regimes=0 has no regimes; give num-regimes=R (R >= 1)")
             regimes = [int(r) for r in
-                       client_regimes(cfg.num_clients, cfg.num_regimes, cfg.seed)]
-            source = (f"num-clients={cfg.num_clients} num-regimes={cfg.num_regimes} "
+                       client_regimes(cfg.num_clients, cfg.data.num_regimes, cfg.seed)]
+            source = (f"num-clients={cfg.num_clients} num-regimes={cfg.data.num_regimes} "
                       f"seed={cfg.seed}")
         edges = same_regime_edges(regimes, args.weight)
     except (ConfigError, ValueError) as err:

@@ -33,7 +33,7 @@ def main(grid: Grid, context: Context) -> None:
         # the simulation's grid gets a window of messages in flight and stays an
         # InMemoryGrid, whose node list the server reads (server_app/engine_facts.py); a
         # deployment's grid pulls replies every 0.1 s (docs/flower_compat.md)
-        (run_async_experiment if cfg.rounds == "async" else run_experiment)(
+        (run_async_experiment if cfg.schedule.rounds == "async" else run_experiment)(
             install("serverapp", grid=grid, simulation=in_simulation(grid)).grid, cfg)
     except (ConfigError, DataNotFoundError, DataFormatError, FederationError,
             CheckpointError, TooFewReplies, ModelDiverged, NothingTrained) as err:

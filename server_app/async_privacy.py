@@ -76,7 +76,7 @@ class FlushPrivacy:
                 rows: Sequence[dict[str, Any]] | None) -> FlushPrivacy | None:
         """The run's DP (None when ``dp`` is off), its ledger continued from a checkpoint at
         ``version`` with ``rows`` (0 and None: a new run)."""
-        if cfg.dp == "off":
+        if cfg.privacy.dp == "off":
             return None
         return cls(Mechanism.from_config(cfg), up_keys, cfg.async_buffer_size,
                    Budget.for_flushes(cfg, channels=1 + len(up_keys)),

@@ -237,9 +237,10 @@ class AsyncLoop:
                  round_config: ConfigRecord) -> None:
         self.grid, self.cfg, self.strategy = grid, cfg, strategy
         self.available, self.node_of, self.round_config = available, node_of, round_config
-        self.buffer = FedBuff(buffer_size=cfg.async_buffer_size, server_lr=cfg.server_lr,
-                              staleness=cfg.staleness, a=cfg.staleness_a, b=cfg.staleness_b,
-                              max_staleness=cfg.max_staleness)
+        self.buffer = FedBuff(buffer_size=cfg.async_buffer_size, server_lr=cfg.train.server_lr,
+                              staleness=cfg.schedule.staleness, a=cfg.schedule.staleness_a,
+                              b=cfg.schedule.staleness_b,
+                              max_staleness=cfg.schedule.max_staleness)
         self.rng = np.random.default_rng([cfg.seed, 32])
         """The seeded choice of idle clients (issue 32's stream)."""
         self.tasks: dict[str, Task] = {}
@@ -251,7 +252,7 @@ class AsyncLoop:
         """The buffer's decoded replies, each with its upload replaced by Delta_i against the
         version its task carried, and weights (the method's rule sees them at a flush)."""
         self.counts = Counters()
-        self.bench = Bench(cfg.round_timeout)
+        self.bench = Bench(cfg.fleet.round_timeout)
         self.clock = VirtualClock.for_run(cfg)
         """None under ``device-speeds=off``; its ``now`` is the finish time of the reply
         handled last."""
@@ -275,7 +276,7 @@ class AsyncLoop:
         """After a resume: the model versions those tasks carry."""
         self.sent_downs: dict[int, dict[str, Weights]] = {}
         """After a resume: the method's down arrays of those versions (SCAFFOLD's c)."""
-        self.run_dir = Path(cfg.output_dir)
+        self.run_dir = Path(cfg.fleet.output_dir)
         """Where the checkpoint is (set by ``run_async_experiment``), named when it stops."""
         self.privacy: FlushPrivacy | None = None
         """``dp=central`` (set by ``run_async_experiment``): each flush one counted release."""
@@ -463,7 +464,7 @@ class AsyncLoop:
         if privacy is not None:
             decoded = privacy.clipped(decoded)
         weight = self.strategy.reply_weights([decoded])[0]
-        delta = delta_of(decoded.upload, task.weights, self.cfg.ri_aggregation)
+        delta = delta_of(decoded.upload, task.weights, self.cfg.train.ri_aggregation)
         if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.pid)):
             self.losses.append((weight, decoded.train_loss))
             self.accepted.append((replace(decoded, upload=delta), weight))
@@ -474,7 +475,7 @@ class AsyncLoop:
         else:
             log(INFO, "version %d: dropped the reply of client %d: staleness %d > "
                 "max-staleness=%d", version, task.pid, version - task.version,
-                self.cfg.max_staleness)
+                self.cfg.schedule.max_staleness)
         return task
 
     def give_up_check(self) -> None:
@@ -484,10 +485,10 @@ class AsyncLoop:
         rejected reply is a zero contribution, and stopping on it would depend on data."""
         c = self.cfg
         failed = self.counts.lost + (self.counts.rejected if self.privacy is None else 0)
-        if failed >= c.max_failed_rounds * c.async_buffer_size:
+        if failed >= c.fleet.max_failed_rounds * c.async_buffer_size:
             raise TooFewReplies(
                 f"rounds=async: {failed} replies since version {self.buffer.version} were "
-                f"rejected or lost (max-failed-rounds={c.max_failed_rounds} x buffer-size="
+                f"rejected or lost (max-failed-rounds={c.fleet.max_failed_rounds} x buffer-size="
                 f"{c.async_buffer_size}); stopped, see the rejected replies above"
                 + (f"; the last flush's checkpoint is there: resume with --run-config "
                    f"\"resume-dir='{self.run_dir}'\"" if self.buffer.version else ""))
@@ -504,10 +505,10 @@ class AsyncLoop:
                 if msg_id != self.waiting[0]:
                     continue
                 since = self.waiting[1]
-            if now - since > self.cfg.round_timeout:
+            if now - since > self.cfg.fleet.round_timeout:
                 del self.tasks[msg_id]
                 self.early.pop(msg_id, None)
-                self.lose(task, f"no reply within round-timeout={self.cfg.round_timeout:g}s")
+                self.lose(task, f"no reply within round-timeout={self.cfg.fleet.round_timeout:g}s")
 
     def lose(self, task: Task, why: str) -> None:
         """Count ``task`` as lost (never aggregated), bench its client, refill its slot."""
@@ -521,14 +522,14 @@ class AsyncLoop:
 
     def run(self, weights: Weights, on_flush: Callable[[Flush, dict[str, Any]], None]) -> Weights:
         """Keep ``concurrency`` clients busy and flush every K accepted replies."""
-        n = self.cfg.num_server_rounds
+        n = self.cfg.train.num_server_rounds
         idle_since = time.monotonic()
         self.stopped = self.privacy is not None and self.privacy.spent(self.buffer.version)
         while self.buffer.version < n and not self.stopped:
             self.fill(weights)
-            if not self.tasks and time.monotonic() - idle_since > self.cfg.node_wait_timeout:
+            if not self.tasks and time.monotonic() - idle_since > self.cfg.fleet.node_wait_timeout:
                 raise TooFewReplies(f"rounds=async: no client to train for "
-                                    f"node-wait-timeout={self.cfg.node_wait_timeout:g}s at "
+                                    f"node-wait-timeout={self.cfg.fleet.node_wait_timeout:g}s at "
                                     f"version {self.buffer.version}")
             self.expire()
             if self.windowed is not None and self.window_event():
@@ -597,7 +598,7 @@ class AsyncLoop:
             return []
         # a reply whose arrays never all arrive (its node died mid-upload) fails after
         # round-timeout, as a lost task does, instead of holding the loop for Flower's 2 hours
-        until = time.monotonic() + self.cfg.round_timeout
+        until = time.monotonic() + self.cfg.fleet.round_timeout
         if self.clock is None:
             with pulls_until(until):
                 return list(self.grid.pull_messages(list(self.tasks)))
@@ -639,19 +640,20 @@ class AsyncLoop:
         sums = None
         if self.privacy is not None:
             step, sums = self.privacy.noised(step, updates)
-        if c.aggregation != "mean":  # the rule over the raw deltas, x mean s(tau) of the kept
-            factors = [staleness_weight(c.staleness, self.buffer.tau(b.version), c.staleness_a,
-                                        c.staleness_b) for b in self.buffer.buffer]
-            step, kept = robust_flush(updates, factors, c.aggregation, c.trim_fraction,
-                                      c.byzantine_f, self.strategy.rule.up_keys,
+        r, s = c.robust, c.schedule
+        if r.aggregation != "mean":  # the rule over the raw deltas, x mean s(tau) of the kept
+            factors = [staleness_weight(s.staleness, self.buffer.tau(b.version), s.staleness_a,
+                                        s.staleness_b) for b in self.buffer.buffer]
+            step, kept = robust_flush(updates, factors, r.aggregation, r.trim_fraction,
+                                      r.byzantine_f, self.strategy.rule.up_keys,
                                       self.buffer.version)
             updates, weights = [updates[i] for i in kept], [1.0] * len(kept)
         rnd = RoundInput(server_round=self.buffer.version + 1,
                          aggregate=[d.astype(np.float32) for d in step],
                          updates=updates, weights=weights, variant="update",
-                         num_clients=c.num_clients, lr=c.lr_at(self.buffer.version + 1),
-                         server_lr=c.server_lr, upload_sums=sums, combine=RobustMean(c),
-                         aggregation=c.aggregation)
+                         num_clients=c.num_clients, lr=c.train.lr_at(self.buffer.version + 1),
+                         server_lr=c.train.server_lr, upload_sums=sums, combine=RobustMean(c),
+                         aggregation=c.robust.aggregation)
         self.accepted = []
         w_next, self.strategy.state = self.strategy.rule.update(self.strategy.state, w, rnd)
         return w_next
@@ -664,7 +666,7 @@ class AsyncLoop:
         self.losses = []
         facts = {"round": flush.version, rk.NUM_REPLIES: flush.replies,
                  rk.NUM_REJECTED: self.counts.rejected, rk.NUM_MISSING: self.counts.lost,
-                 rk.ROUND_TRAIN_LOSS: loss, "lr": self.cfg.lr_at(flush.version),
+                 rk.ROUND_TRAIN_LOSS: loss, "lr": self.cfg.train.lr_at(flush.version),
                  "staleness-mean": mean, "staleness-max": most,
                  "dropped-stale": flush.dropped, "in-flight": len(self.tasks),
                  "dispatched": self.counts.dispatched,
@@ -687,19 +689,19 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
     at every flush); with ``resume-dir``, continued from that run's checkpoint."""
     resume = resume_point(cfg)
     check_writable("resume-dir" if resume else "output-dir",
-                   resume[0] if resume else out_dir or Path(cfg.output_dir).resolve())
-    check_present(cfg.dataset, Path(cfg.resolved_data_dir))
+                   resume[0] if resume else out_dir or Path(cfg.fleet.output_dir).resolve())
+    check_present(cfg.data.dataset, Path(cfg.data.resolved_data_dir))
     has_clock = VirtualClock.for_run(cfg) is not None
     loaded = loop_state_of(resume[0], resume[1], has_clock) if resume else None
     fleet = Fleet(grid, cfg)
     node_of = fleet.discover()
     check_examples(cfg, len(dataset_of(cfg).train_y))
-    out = resume[0] if resume else out_dir or Path(cfg.output_dir).resolve() / run_name(cfg)
+    out = resume[0] if resume else out_dir or Path(cfg.fleet.output_dir).resolve() / run_name(cfg)
     central = CentralEvaluator(cfg)
     model = initial_model(cfg)
     weights = get_weights(model)
     log(INFO, "results: %s (rounds=async: concurrency %d, buffer-size %d, staleness %s)%s",
-        out, cfg.async_concurrency, cfg.async_buffer_size, cfg.staleness,
+        out, cfg.async_concurrency, cfg.async_buffer_size, cfg.schedule.staleness,
         f" (resuming after version {resume[1].server_round})" if resume else "")
     strategy = BufferedStrategy(cfg, node_of, weights, available=fleet.available,
                                 examples=partition_sizes(cfg))
@@ -718,15 +720,15 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
                    rows=resume[1].rows if resume else None,
                    extra_fields=(fields + (CLOCK_FIELDS if loop.clock else ())
                                  + (DP_FIELDS if privacy else ())),
-                   left_out=DP_LEFT_OUT if privacy else (), tracking=cfg.tracking)
-    n = cfg.num_server_rounds
+                   left_out=DP_LEFT_OUT if privacy else (), tracking=cfg.fleet.tracking)
+    n = cfg.train.num_server_rounds
     last = [time.monotonic()]
 
     def on_flush(flush: Flush, facts: dict[str, Any]) -> None:
         version = flush.version
         _check_finite(version, flush.weights, strategy.server_state(), out)
         acc = loss = None
-        if version % cfg.eval_every == 0 or version == n:
+        if version % cfg.eval.eval_every == 0 or version == n:
             loss, acc = central(flush.weights)
         now = time.monotonic()
         row = {**facts, "test-acc": acc, "test-loss": loss, "round-seconds": now - last[0],
@@ -751,7 +753,7 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
     summary = rec.finish(final, {"results-dir": str(out), "eval-source": "central",
                                  **({**{k: rec.rows[-1].get(k) for k in DP_FIELDS},
                                      "dp-epsilon-conventions": ASYNC_DP_CONVENTIONS,
-                                     "dp-delta": cfg.dp_delta} if privacy else {})})
+                                     "dp-delta": cfg.privacy.dp_delta} if privacy else {})})
     log(INFO, "done: final acc %.2f%%, %.1f s; results in %s",
         100 * (summary["final-test-acc"] or math.nan), summary["wall-seconds"], out)
     return summary

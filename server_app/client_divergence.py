@@ -36,13 +36,13 @@ FIELDS: tuple[str, ...] = ("divergence-all", "divergence-sample", "divergence-tr
 
 def due(cfg: RunConfig, server_round: int) -> bool:
     """Whether ``server_round`` measures it: every ``divergence-every`` rounds and the last."""
-    every = cfg.divergence_every
-    return every > 0 and (server_round % every == 0 or server_round == cfg.num_server_rounds)
+    every = cfg.eval.divergence_every
+    return every > 0 and (server_round % every == 0 or server_round == cfg.train.num_server_rounds)
 
 
 def divergence_clients(cfg: RunConfig) -> list[int]:
     """All clients, or a sample seeded by the run's seed alone (the same each time)."""
-    return sample_clients(cfg.seed, SAMPLE_STREAM, cfg.divergence_clients, cfg.num_clients)
+    return sample_clients(cfg.seed, SAMPLE_STREAM, cfg.eval.divergence_clients, cfg.num_clients)
 
 
 def decode(metrics: Mapping[str, object]) -> tuple[float, bool] | str:
@@ -74,7 +74,7 @@ class ClientDivergence(ClientQuery):
             return {}
         t0 = time.monotonic()
         messages, sent_to = self.messages(server_round, arrays, config)
-        replies = list(grid.send_and_receive(messages, timeout=self.cfg.round_timeout))
+        replies = list(grid.send_and_receive(messages, timeout=self.cfg.fleet.round_timeout))
         usable = usable_replies(server_round, replies, sent_to,
                                 lambda _client, metrics: decode(metrics), "divergence")
         found = {client: sq for client, (sq, _) in usable}

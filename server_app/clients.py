@@ -65,9 +65,9 @@ def _size_hint(cfg: RunConfig) -> str:
 
 def load_registry(cfg: RunConfig) -> dict[int, int] | None:
     """{node id: client id} from ``node-registry``, checked; None when there is none."""
-    if not cfg.node_registry:
+    if not cfg.fleet.node_registry:
         return None
-    path = Path(cfg.node_registry)
+    path = Path(cfg.fleet.node_registry)
     try:
         raw = json.loads(path.read_text())
         registry = {int(node): int(pid) for node, pid in raw.items()}
@@ -175,8 +175,8 @@ class Fleet:
             self.online()  # asked once: the engine's nodes never miss a heartbeat
             return self.node_of
         cfg = self.cfg
-        need = cfg.min_clients or cfg.num_clients
-        deadline = time.monotonic() + cfg.node_wait_timeout
+        need = cfg.fleet.min_clients or cfg.num_clients
+        deadline = time.monotonic() + cfg.fleet.node_wait_timeout
         while True:
             nodes = self.online()
             if len(nodes) > cfg.num_clients and self.registry is None:
@@ -188,13 +188,13 @@ class Fleet:
             if len(self.node_of) >= need:
                 break
             if time.monotonic() > deadline:
-                what = (f"min-clients={cfg.min_clients}" if cfg.min_clients
+                what = (f"min-clients={cfg.fleet.min_clients}" if cfg.fleet.min_clients
                         else f"num-clients={cfg.num_clients}")
                 refused = "; ".join(f"node {n}: {r}" for n, r in sorted(self.reasons.items()))
                 silent = sorted(self.pending.values())
                 raise FederationError(
                     f"only {len(self.node_of)} of {what} SuperNodes connected and identified "
-                    f"within node-wait-timeout={cfg.node_wait_timeout:g}s; " + _size_hint(cfg)
+                    f"within node-wait-timeout={cfg.fleet.node_wait_timeout:g}s; " + _size_hint(cfg)
                     + f"; or set min-clients={max(1, len(self.node_of))} to start with the "
                     "clients identified and let the others join as they come"
                     + (f" (refused: {refused})" if refused else "")
@@ -307,7 +307,7 @@ class Fleet:
 
     def _reload_registry(self) -> None:
         """The registry is read again each round: an operator may map a replacement node."""
-        if not self.cfg.node_registry:
+        if not self.cfg.fleet.node_registry:
             return
         try:
             self.registry = load_registry(self.cfg)
@@ -328,7 +328,7 @@ def _identify(grid: Grid, cfg: RunConfig, nodes: list[int]) -> dict[int, int]:
     messages = [Message(content=RecordDict(), message_type=MessageType.QUERY, dst_node_id=n)
                 for n in nodes]
     found: dict[int, int] = {}
-    for reply in grid.send_and_receive(messages, timeout=cfg.node_wait_timeout):
+    for reply in grid.send_and_receive(messages, timeout=cfg.fleet.node_wait_timeout):
         node = reply.metadata.src_node_id
         claim = claimed_id(reply, cfg, None, node)
         if isinstance(claim, Refusal):
@@ -346,15 +346,15 @@ def _simulated_clients(grid: InMemoryGrid, cfg: RunConfig) -> dict[int, int]:
     answers of the first two nodes (asked together: on a 2-core machine that loads the
     ClientApp in both actors at once) also say the node list is complete; they and the last
     node's answer check the size (num-partitions) and that list order is partition order."""
-    if cfg.node_registry:
-        raise FederationError(f"node-registry={cfg.node_registry!r} is for deployments; a "
+    if cfg.fleet.node_registry:
+        raise FederationError(f"node-registry={cfg.fleet.node_registry!r} is for deployments; a "
                               "simulation's node ids are new in every run: leave it empty")
-    deadline = time.monotonic() + cfg.node_wait_timeout
+    deadline = time.monotonic() + cfg.fleet.node_wait_timeout
     order = nodes_in_registration_order(grid)
     while not order:
         if time.monotonic() > deadline:
             raise FederationError(f"no simulated SuperNode registered within "
-                                  f"node-wait-timeout={cfg.node_wait_timeout:g}s")
+                                  f"node-wait-timeout={cfg.fleet.node_wait_timeout:g}s")
         time.sleep(0.1)
         order = nodes_in_registration_order(grid)
     claims = _identify(grid, cfg, order[:2])
@@ -369,7 +369,7 @@ def _simulated_clients(grid: InMemoryGrid, cfg: RunConfig) -> dict[int, int]:
     for pid, node in sorted(spots.items()):
         if node not in claims:
             raise FederationError(f"simulated node {node} did not answer the identity query "
-                                  f"within node-wait-timeout={cfg.node_wait_timeout:g}s")
+                                  f"within node-wait-timeout={cfg.fleet.node_wait_timeout:g}s")
         if claims[node] != pid:
             raise FederationError(f"simulated node {node} holds partition-id={claims[node]}, "
                                   f"not {pid} as its place in the engine's node list says "

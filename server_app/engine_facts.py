@@ -35,8 +35,8 @@ def nodes_in_registration_order(grid: InMemoryGrid) -> list[int]:
 def client_state_entry(grid: Grid, cfg: RunConfig, run_dir: Path) -> dict[str, str]:
     """The train-message entry telling simulated clients where their state lives: {} in a
     deployment or with ``simulation-client-state=memory`` (Flower's ``context.state``)."""
-    if not in_simulation(grid) or cfg.simulation_client_state != "disk":
+    if not in_simulation(grid) or cfg.fleet.simulation_client_state != "disk":
         return {}
-    root = state_root(cfg.client_state_dir, run_dir)
-    check_writable("client-state-dir" if cfg.client_state_dir else "output-dir", root)
+    root = state_root(cfg.fleet.client_state_dir, run_dir)
+    check_writable("client-state-dir" if cfg.fleet.client_state_dir else "output-dir", root)
     return {STATE_ROOT: str(root)}

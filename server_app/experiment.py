@@ -59,10 +59,11 @@ from task.models import get_weights, initial_model, set_weights
 
 def run_name(cfg: RunConfig) -> str:
     """A directory name that says what ran: method, RI beta, data, seed and start time."""
-    ri = f"ri{cfg.beta:g}" if cfg.beta != 0 else "nori"
+    ri = f"ri{cfg.train.beta:g}" if cfg.train.beta != 0 else "nori"
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    regimes = f"-{cfg.num_regimes}{cfg.regime_kind}" if cfg.num_regimes else ""
-    return (f"{cfg.method}-{ri}-{cfg.dataset}-{cfg.partition}{cfg.dirichlet_alpha:g}{regimes}"
+    regimes = f"-{cfg.data.num_regimes}{cfg.data.regime_kind}" if cfg.data.num_regimes else ""
+    d = cfg.data
+    return (f"{cfg.method}-{ri}-{d.dataset}-{d.partition}{d.dirichlet_alpha:g}{regimes}"
             f"-s{cfg.seed}-{stamp}")
 
 
@@ -84,18 +85,18 @@ class NothingTrained(RuntimeError):
 
 def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
     """The run directory and checkpoint to continue from, checked against ``cfg``."""
-    if not cfg.resume_dir:
+    if not cfg.fleet.resume_dir:
         return None
-    run_dir = Path(cfg.resume_dir).resolve()
+    run_dir = Path(cfg.fleet.resume_dir).resolve()
     ckpt = load_checkpoint(run_dir)
     made = "async" if ckpt.async_state is not None else "sync"
     if ckpt.config.get("rounds", "sync") != made:
         raise CheckpointError(f"resume-dir {run_dir}: the checkpoint says rounds="
                               f"{ckpt.config.get('rounds', 'sync')!r} but holds a "
                               f"rounds={made!r} run's state")
-    if made != cfg.rounds:
+    if made != cfg.schedule.rounds:
         raise CheckpointError(f"resume-dir {run_dir}: the checkpoint is of a rounds={made!r} "
-                              f"run, this run has rounds={cfg.rounds!r}")
+                              f"run, this run has rounds={cfg.schedule.rounds!r}")
     now = cfg.to_dict()
     then = {**{k: config_keys.value_before(k, v, ckpt.config) for k, v in now.items()
                 if k in config_keys.BEFORE_KEY}, **ckpt.config}
@@ -103,24 +104,25 @@ def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
         if key not in RESUME_MAY_CHANGE and now.get(key) != value:
             raise CheckpointError(f"resume-dir {run_dir}: the checkpoint was made with "
                                   f"{key}={value!r}, this run has {key}={now.get(key)!r}")
-    if ckpt.server_round >= cfg.num_server_rounds:
+    if ckpt.server_round >= cfg.train.num_server_rounds:
         raise CheckpointError(f"resume-dir {run_dir}: the checkpoint is at "
                               f"{'version' if made == 'async' else 'round'} "
-                              f"{ckpt.server_round}, num-server-rounds={cfg.num_server_rounds}"
+                              f"{ckpt.server_round}, "
+                              f"num-server-rounds={cfg.train.num_server_rounds}"
                               " leaves nothing to do")
     return run_dir, ckpt
 
 
 def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
     """Run all rounds of ``cfg`` on ``grid`` and return the summary written to disk."""
-    if not cfg.resume_dir:
-        check_writable("output-dir", out_dir or Path(cfg.output_dir).resolve())
+    if not cfg.fleet.resume_dir:
+        check_writable("output-dir", out_dir or Path(cfg.fleet.output_dir).resolve())
     # Cheap checks first, so that a missing data set or a wrong-sized federation fails in
     # seconds, before the data is decoded; "results:" is printed once the run really starts.
     # With device data the server holds none: the model is built from the run's schema.
-    if not cfg.on_devices:
-        check_present(cfg.dataset, Path(cfg.resolved_data_dir))
-    check_tracking(cfg.tracking)
+    if not cfg.data.on_devices:
+        check_present(cfg.data.dataset, Path(cfg.data.resolved_data_dir))
+    check_tracking(cfg.fleet.tracking)
     resume = resume_point(cfg)
     if resume:
         check_writable("resume-dir", resume[0])
@@ -129,9 +131,9 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     node_of = fleet.discover()
     if warming is not None:
         warming.join()
-    if not cfg.on_devices:
+    if not cfg.data.on_devices:
         check_examples(cfg, len(dataset_of(cfg).train_y))
-    out = resume[0] if resume else (out_dir or Path(cfg.output_dir).resolve() / run_name(cfg))
+    out = resume[0] if resume else (out_dir or Path(cfg.fleet.output_dir).resolve() / run_name(cfg))
     central = CentralEvaluator(cfg) if cfg.eval_source == "central" else None
     federated = (FederatedEvaluator(cfg, node_of, fleet.available) if central is None
                  else None)
@@ -155,9 +157,9 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     rec = Recorder(out, cfg.to_dict(), keep_rounds=first - 1,
                    rows=resume[1].rows if resume else None, eval_source=cfg.eval_source,
                    extra_fields=((DP_FIELDS if budget else
-                                  OVER_SELECT_FIELDS if cfg.over_select > 0.0 else ())
+                                  OVER_SELECT_FIELDS if cfg.fleet.over_select > 0.0 else ())
                                  + (CLOCK_FIELDS if clock else ())),
-                   left_out=DP_LEFT_OUT if budget else (), tracking=cfg.tracking)
+                   left_out=DP_LEFT_OUT if budget else (), tracking=cfg.fleet.tracking)
     if clock is not None and rec.rows:  # a resumed run's clock goes on from its last row
         clock.now = float(rec.rows[-1].get("sim-time") or 0.0)
     windowed = clock if clock is not None and clock.windows is not None else None
@@ -168,7 +170,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     arrays = pack(weights)
     round_config = ConfigRecord({rk.EXPERIMENT: out.name, **client_state_entry(grid, cfg, out)})
     state_root = Path(str(round_config[STATE_ROOT])) if STATE_ROOT in round_config else None
-    n = cfg.num_server_rounds
+    n = cfg.train.num_server_rounds
     failed = 0
     for rnd in range(first, n + 1):
         if ledger is not None and budget is not None and budget_spent(
@@ -188,19 +190,19 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         lost = {} if windowed is None else windowed.lost(strategy.sent_to)
         sending = messages if windowed is None else windowed.drop_lost(
             list(messages), lost, strategy.sent_to, rnd)  # a lost task is never sent
-        if clock is not None and cfg.over_select > 0.0:  # the first m in simulated order
+        if clock is not None and cfg.fleet.over_select > 0.0:  # the first m in simulated order
             got = clock.close_first(
-                list(grid.send_and_receive(sending, timeout=cfg.round_timeout)),
+                list(grid.send_and_receive(sending, timeout=cfg.fleet.round_timeout)),
                 cfg.clients_per_round, strategy.sent_to, strategy.accepts, rnd)
             if got.accepted >= cfg.clients_per_round:  # closed early: the lost don't count
                 lost = {}
             replies, over = got.replies, got.fields(len(messages))
-        elif cfg.over_select > 0.0:  # the first m accepted replies close the round
+        elif cfg.fleet.over_select > 0.0:  # the first m accepted replies close the round
             got = collect_first(grid, messages, cfg.clients_per_round, strategy.accepts,
-                                cfg.round_timeout, rnd)
+                                cfg.fleet.round_timeout, rnd)
             replies, over = got.replies, got.fields(len(messages))
         else:
-            replies = list(grid.send_and_receive(sending, timeout=cfg.round_timeout))
+            replies = list(grid.send_and_receive(sending, timeout=cfg.fleet.round_timeout))
         timing = reply_timing(replies, time.monotonic() - t_send)
         if clock is not None:
             clock.sync_round(replies, strategy.sent_to, max(lost.values(), default=0.0))
@@ -216,16 +218,16 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         m = {**(metrics or {}), "state-fallbacks": state_fallbacks(replies)}
         acc = loss = None
         evaluated: dict[str, Any] = {}
-        if (rnd % cfg.eval_every == 0 or rnd == n) and federated is not None:
+        if (rnd % cfg.eval.eval_every == 0 or rnd == n) and federated is not None:
             loss, acc, evaluated = federated(grid, rnd, arrays, round_config)
-        elif (rnd % cfg.eval_every == 0 or rnd == n) and central is not None:
+        elif (rnd % cfg.eval.eval_every == 0 or rnd == n) and central is not None:
             loss, acc = central(weights)
         evaluated.update(divergence(grid, rnd, arrays, round_config))
         personal, per_client = personal_round(strategy, grid, rnd, arrays, round_config,
-                                              cfg.round_timeout)
+                                              cfg.fleet.round_timeout)
         if per_client and budget is None:  # under DP it says who has trained (DP_LEFT_OUT)
             rec.write_personal_clients(per_client)
-        row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.lr_at(rnd),
+        row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.train.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
                **timing, **m, **over, **personal, **evaluated,
                "clients-trained": clients_trained(replies, strategy.sent_to),
@@ -235,17 +237,18 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         status.add_round(row, messages, replies, strategy.sent_to)
         save_checkpoint(out, Checkpoint(rnd, weights,
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
-        log(INFO, "%s", _progress_line(row, n, len(messages), cfg.dp_delta))
-        if failed >= cfg.max_failed_rounds:
+        log(INFO, "%s", _progress_line(row, n, len(messages), cfg.privacy.dp_delta))
+        if failed >= cfg.fleet.max_failed_rounds:
             raise TooFewReplies(
-                f"{failed} rounds in a row had fewer than min-replies={cfg.min_replies} usable "
+                f"{failed} rounds in a row had fewer than "
+                f"min-replies={cfg.fleet.min_replies} usable "
                 f"replies; stopped after round {rnd}. Bring the SuperNodes back and resume "
                 f"with --run-config \"resume-dir='{out}'\"")
 
     if rec.aggregated_rounds() == 0:  # the rows a resume kept count too
         raise NothingTrained(
             f"no round of the run aggregated a reply (all {len(rec.rows)} rounds had fewer than "
-            f"min-replies={cfg.min_replies} usable replies: see the rejected replies above); "
+            f"min-replies={cfg.fleet.min_replies} usable replies: see the rejected replies above); "
             "the model is the initial one, so no final results were written")
     status.finish()
     final = weights
@@ -255,13 +258,14 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     atomic_write_bytes(out / "model.pt", buf.getvalue())
     summary = rec.finish(final, {"results-dir": str(out), "eval-source": cfg.eval_source,
                                  **({"central-test": CENTRAL_TEST}
-                                    if cfg.num_regimes and central is not None else {}),
+                                    if cfg.data.num_regimes and central is not None else {}),
                                  **({**{k: rec.rows[-1].get(k) for k in DP_FIELDS},
                                      "dp-epsilon-conventions": DP_CONVENTIONS,
-                                     "dp-delta": cfg.dp_delta} if budget else {})})
+                                     "dp-delta": cfg.privacy.dp_delta} if budget else {})})
     log(INFO, "done: final acc %.2f%%, best %.2f%%, %.1f s%s; results in %s",
         100 * (summary["final-test-acc"] or math.nan), 100 * (summary["best-test-acc"] or math.nan),
-        summary["wall-seconds"], _epsilon_part(summary, cfg.dp_delta) if budget else "", out)
+        summary["wall-seconds"],
+        _epsilon_part(summary, cfg.privacy.dp_delta) if budget else "", out)
     return summary
 
 
@@ -270,7 +274,7 @@ def _warm_server_data(cfg: RunConfig) -> threading.Thread | None:
     federation is found: in a simulation that waits seconds for the engine to start its
     workers, and the server needs both right after (its evaluator, the clients' sizes). A
     failure here is left for the same call after discovery to report."""
-    if cfg.on_devices:
+    if cfg.data.on_devices:
         return None
 
     def warm() -> None:

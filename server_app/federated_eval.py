@@ -38,7 +38,7 @@ FIELDS: tuple[str, ...] = ("fed-eval-clients", "fed-eval-examples", "fed-eval-se
 
 def eval_clients(cfg: RunConfig) -> list[int]:
     """Client ids evaluated: all, or a sample seeded by the run's seed alone."""
-    return sample_clients(cfg.seed, SAMPLE_STREAM, cfg.federated_eval_clients, cfg.num_clients)
+    return sample_clients(cfg.seed, SAMPLE_STREAM, cfg.eval.federated_eval_clients, cfg.num_clients)
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class ClientQuery:
                  config: ConfigRecord) -> tuple[list[Message], dict[int, int]]:
         """The evaluate messages and {node id: client id} they went to."""
         conf = ConfigRecord({**dict(config), rk.ROUND: server_round,
-                             rk.LR: self.cfg.lr_at(server_round), self.flag: True})
+                             rk.LR: self.cfg.train.lr_at(server_round), self.flag: True})
         return evaluate_messages(self.clients, self.node_of_client, self.available, arrays, conf)
 
 
@@ -166,7 +166,7 @@ class FederatedEvaluator(ClientQuery):
         """(loss, accuracy, the round row's federated-evaluation fields)."""
         t0 = time.monotonic()
         messages, sent_to = self.messages(server_round, arrays, config)
-        replies = list(grid.send_and_receive(messages, timeout=self.cfg.round_timeout))
+        replies = list(grid.send_and_receive(messages, timeout=self.cfg.fleet.round_timeout))
         self.last_scores = self.scores(server_round, replies, sent_to)
         loss, acc = weighted_mean(self.last_scores)
         fields = {"fed-eval-clients": sum(1 for s in self.last_scores if s.num_test > 0),

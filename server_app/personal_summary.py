@@ -34,13 +34,13 @@ FIELDS: tuple[str, ...] = (
 
 def due(cfg: RunConfig, server_round: int) -> bool:
     """Whether ``server_round`` has a personalized evaluation."""
-    every = cfg.personal_eval_every
+    every = cfg.eval.personal_eval_every
     return every > 0 and server_round % every == 0
 
 
 def eval_clients(cfg: RunConfig) -> list[int]:
     """Partition ids evaluated: all, or a sample seeded by the run's seed alone."""
-    return sample_clients(cfg.seed, SAMPLE_STREAM, cfg.personal_eval_clients, cfg.num_clients)
+    return sample_clients(cfg.seed, SAMPLE_STREAM, cfg.eval.personal_eval_clients, cfg.num_clients)
 
 
 def sample_clients(seed: int, stream: int, k: int, n: int) -> list[int]:

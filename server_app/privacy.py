@@ -74,7 +74,7 @@ class Ledger:
 
 def privacy_budget(cfg: RunConfig, strategy: MethodStrategy) -> Budget | None:
     """The run's budget (one channel per uploaded vector), or None when ``dp`` is off."""
-    if cfg.dp == "off":
+    if cfg.privacy.dp == "off":
         return None
     return Budget.for_run(cfg, channels=1 + len(strategy.rule.up_keys))
 
@@ -84,7 +84,7 @@ def budget_spent(budget: Budget, cfg: RunConfig, server_round: int, counted: int
     """True (logged in one line) when round ``server_round``, the mechanism's ``counted``-th
     run, would take epsilon (replace-one) past ``dp-target-epsilon``: the run stops there, the
     last checkpoint kept. ConfigError when even the first would."""
-    target = cfg.dp_target_epsilon
+    target = cfg.privacy.dp_target_epsilon
     if target <= 0.0:
         return False
     eps = budget.epsilon(counted)
@@ -92,9 +92,10 @@ def budget_spent(budget: Budget, cfg: RunConfig, server_round: int, counted: int
         return False
     if counted == 1:
         raise ConfigError(f"run config: dp-target-epsilon={target!r} is not allowed; allowed: "
-                          f"at least round 1's epsilon {eps:.4g} at dp-delta={cfg.dp_delta:g} "
+                          f"at least round 1's epsilon {eps:.4g} at "
+                          f"dp-delta={cfg.privacy.dp_delta:g} "
                           f"(or raise dp-noise-multiplier, or 0 for no limit)")
     log(WARNING, "dp: stopped before round %d, which would take epsilon to %.4g > "
         "dp-target-epsilon=%g at dp-delta=%g; round %d's checkpoint in %s is kept",
-        server_round, eps, target, cfg.dp_delta, server_round - 1, out)
+        server_round, eps, target, cfg.privacy.dp_delta, server_round - 1, out)
     return True

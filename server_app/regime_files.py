@@ -26,14 +26,14 @@ CENTRAL_TEST = "regime 0 (the untransformed test split: rotation 0, labels unper
 
 def write_regimes(run_dir: Path, cfg: RunConfig) -> None:
     """Write regimes.csv for a run with regimes (nothing with ``num-regimes`` 0)."""
-    if cfg.num_regimes == 0:
+    if cfg.data.num_regimes == 0:
         return
     classes = schema_of(cfg).num_classes
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(FIELDS)
     for pid, regime in enumerate(regimes_of(cfg)):
-        writer.writerow((pid, regime, describe(cfg.regime_kind, regime, classes, cfg.seed)))
+        writer.writerow((pid, regime, describe(cfg.data.regime_kind, regime, classes, cfg.seed)))
     atomic_write_text(run_dir / REGIMES_FILE, text.getvalue())
 
 

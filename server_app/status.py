@@ -79,7 +79,7 @@ class StatusWriter:
     def __init__(self, run_dir: Path, cfg: RunConfig, fleet: Fleet, first_round: int) -> None:
         self.path = run_dir / STATUS_FILE
         self.cfg, self.fleet = cfg, fleet
-        self.private = cfg.dp != "off"
+        self.private = cfg.privacy.dp != "off"
         self.first_round = first_round
         self.started = time.time()
         self.round = first_round - 1
@@ -164,12 +164,13 @@ class StatusWriter:
         """The status as a JSON-ready dict (schema: docs/dashboard section in README)."""
         cfg, row, now = self.cfg, self.last_row, time.time()
         run = {"name": self.path.parent.name, "state": self.state, "round": self.round,
-               "rounds": cfg.num_server_rounds, "first-round": self.first_round,
+               "rounds": cfg.train.num_server_rounds, "first-round": self.first_round,
                "started": self.started, "elapsed-seconds": _num(row.get("elapsed-seconds")),
-               "eval-source": cfg.eval_source, "method": cfg.method, "dp": cfg.dp,
+               "eval-source": cfg.eval_source, "method": cfg.method, "dp": cfg.privacy.dp,
                "dp-epsilon": _num(row.get("dp-epsilon")) if self.private else None,
-               "dp-target-epsilon": (cfg.dp_target_epsilon or None) if self.private else None,
-               "dp-delta": cfg.dp_delta if self.private else None,
+               "dp-target-epsilon": ((cfg.privacy.dp_target_epsilon or None)
+                                     if self.private else None),
+               "dp-delta": cfg.privacy.dp_delta if self.private else None,
                "round-seconds": _num(row.get("round-seconds")),
                "collect-seconds": _num(row.get("collect-seconds"))}
         client_of = {node: client for client, node in self.fleet.node_of.items()}
@@ -178,7 +179,8 @@ class StatusWriter:
                  for node in sorted(self._known_nodes())]
         fleet = {"num-clients": cfg.num_clients,
                  "identified": len(self.fleet.node_of),
-                 "per-node-tasks": WITHHELD.format(dp=cfg.dp) if self.private else "written",
+                 "per-node-tasks": (WITHHELD.format(dp=cfg.privacy.dp) if self.private
+                                    else "written"),
                  "totals": {k: self.totals[k] for k in ("sent", "replied", "rejected",
                                                         "missing")},
                  "rejected-by-reason": dict(self.reasons.most_common()),

@@ -162,14 +162,14 @@ class MethodStrategy(Strategy):
         """The strategy of the run ``cfg`` describes: example counts from the partitions
         (``task.federated_data.partition_sizes``, no data decoded), none for device data."""
         return cls(cfg, node_of_partition, w0, available=available,
-                   examples=None if cfg.on_devices else partition_sizes(cfg))
+                   examples=None if cfg.data.on_devices else partition_sizes(cfg))
 
     # ---------------------------------------------------------------- Flower Strategy API
     def summary(self) -> None:
         c = self.cfg
         log(20, "%s: %d clients, %d per round, beta=%s (%s aggregation), server lr %s",
-            c.spec.label, c.num_clients, c.clients_per_round, c.beta, c.ri_aggregation,
-            c.server_lr)
+            c.spec.label, c.num_clients, c.clients_per_round, c.train.beta, c.train.ri_aggregation,
+            c.train.server_lr)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -256,7 +256,7 @@ class MethodStrategy(Strategy):
 
     def reply_weights(self, updates: Sequence[ClientUpdate]) -> list[float]:
         """Each reply's weight in the round's mean (``weighting``): its examples, or 1."""
-        return reply_weights(self.cfg.weighting, updates)
+        return reply_weights(self.cfg.train.weighting, updates)
 
     # ---------------------------------------------------------------- server state
     def server_state(self) -> dict[str, Weights]:

@@ -56,11 +56,11 @@ class VirtualClock:
     def for_run(cls, cfg: RunConfig, now: float = 0.0) -> VirtualClock | None:
         """The run's clock (None under ``device-speeds=off``), starting at ``now`` (a
         resumed run's last ``sim-time``)."""
-        slow, windows = speeds_and_windows(cfg.device_speeds, cfg.num_clients, cfg.seed)
+        slow, windows = speeds_and_windows(cfg.schedule.device_speeds, cfg.num_clients, cfg.seed)
         if slow is None:
             return None
-        return cls(durations(slow, partition_sizes(cfg), cfg.local_epochs, cfg.batch_size), now,
-                   windows)
+        return cls(durations(slow, partition_sizes(cfg), cfg.train.local_epochs,
+                             cfg.train.batch_size), now, windows)
 
     def spans(self, pid: int) -> Sequence[tuple[float, float]] | None:
         """Client ``pid``'s windows (None: always available)."""

@@ -212,7 +212,7 @@ class MethodAdapter(Strategy):
         settings = {self.arg_of.get(k, k): v for k, v in self.keys.items()
                     if k in self.arg_of}
         log(INFO, "%s (%s): %s", type(self).__name__, self.checked.spec.label_with(
-            self.checked.beta), settings)
+            self.checked.train.beta), settings)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:

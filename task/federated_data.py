@@ -35,7 +35,7 @@ def num_steps(num_examples: int, epochs: int, batch_size: int) -> int:
 
 def dataset_of(cfg: RunConfig) -> DataSplits:
     """The run's data set (cached in-process by the loader)."""
-    return load_dataset(cfg.dataset, cfg.resolved_data_dir)
+    return load_dataset(cfg.data.dataset, cfg.data.resolved_data_dir)
 
 
 @functools.lru_cache(maxsize=8)
@@ -58,8 +58,9 @@ def _partitions(
 
 
 def _all_partitions(cfg: RunConfig) -> tuple[np.ndarray, ...]:
-    return _partitions(cfg.dataset, cfg.resolved_data_dir, cfg.train_limit, cfg.partition,
-                       cfg.num_clients, cfg.dirichlet_alpha, cfg.seed)
+    d = cfg.data
+    return _partitions(d.dataset, d.resolved_data_dir, d.train_limit, d.partition,
+                       cfg.num_clients, d.dirichlet_alpha, cfg.seed)
 
 
 def partition_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
@@ -70,7 +71,7 @@ def partition_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
 def _split(cfg: RunConfig, partition_id: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) positions within the partition (``local-test-fraction``)."""
     labels = dataset_of(cfg).train_y[partition_indices(cfg, partition_id)]
-    return split_positions(labels, cfg.local_test_fraction, cfg.seed, partition_id)
+    return split_positions(labels, cfg.data.local_test_fraction, cfg.seed, partition_id)
 
 
 def client_indices(cfg: RunConfig, partition_id: int) -> np.ndarray:
@@ -87,7 +88,7 @@ def partition_sizes(cfg: RunConfig) -> tuple[int, ...]:
     """Every client's training example count (what its replies must claim): its partition
     less its test split's count, which needs no draw (drawing every client's split took
     1.4 s at 10,000 clients, before round 1)."""
-    return tuple(len(p) - local_test_count(len(p), cfg.local_test_fraction)
+    return tuple(len(p) - local_test_count(len(p), cfg.data.local_test_fraction)
                  for p in _all_partitions(cfg))
 
 
@@ -108,16 +109,16 @@ def _partition_examples(cfg: RunConfig, partition_id: int,
     """The whole partition's (images uint8 NHWC, labels), with the paper's optional noise
     applied before the split, so an example looks the same in either split. With device
     data the partition is what the node holds."""
-    if cfg.on_devices:
+    if cfg.data.on_devices:
         x, y = device_examples(cfg, data_dir)
     else:
         data = dataset_of(cfg)
         idx = partition_indices(cfg, partition_id)
         x, y = data.train_x[idx], data.train_y[idx]
-    if cfg.brightness_noise > 0:
-        x = class_brightness_shift(x, y, cfg.brightness_noise, cfg.seed)
-    if cfg.channel_noise > 0:
-        x = client_channel_scale(x, partition_id, cfg.channel_noise, cfg.seed)
+    if cfg.data.brightness_noise > 0:
+        x = class_brightness_shift(x, y, cfg.data.brightness_noise, cfg.seed)
+    if cfg.data.channel_noise > 0:
+        x = client_channel_scale(x, partition_id, cfg.data.channel_noise, cfg.seed)
     return x, y
 
 
@@ -128,7 +129,7 @@ def _regimes(num_clients: int, num_regimes: int, seed: int) -> tuple[int, ...]:
 
 def regimes_of(cfg: RunConfig) -> tuple[int, ...]:
     """Every client's regime by partition id (``num-regimes`` > 0; task/regimes.py)."""
-    return _regimes(cfg.num_clients, cfg.num_regimes, cfg.seed)
+    return _regimes(cfg.num_clients, cfg.data.num_regimes, cfg.seed)
 
 
 def regime_of(cfg: RunConfig, partition_id: int) -> int:
@@ -140,16 +141,16 @@ def _as_regime_sees(cfg: RunConfig, partition_id: int, x: np.ndarray,
                     y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A client's examples transformed by its regime (unchanged with regimes off). Applied
     after the train/test positions are drawn from the raw labels, to both splits alike."""
-    if cfg.num_regimes == 0:
+    if cfg.data.num_regimes == 0:
         return x, y
-    return apply_regime(x, y, cfg.regime_kind, regime_of(cfg, partition_id),
+    return apply_regime(x, y, cfg.data.regime_kind, regime_of(cfg, partition_id),
                         schema_of(cfg).num_classes, cfg.seed)
 
 
 def _positions(cfg: RunConfig, partition_id: int, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) positions: the benchmark split (cached indices) or the device's."""
-    if cfg.on_devices:
-        return split_positions(y, cfg.local_test_fraction, cfg.seed, partition_id)
+    if cfg.data.on_devices:
+        return split_positions(y, cfg.data.local_test_fraction, cfg.seed, partition_id)
     return _split(cfg, partition_id)
 
 

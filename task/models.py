@@ -245,7 +245,8 @@ def initial_model(cfg: RunConfig, data: DataSplits | Schema | None = None) -> nn
         from task.data_sets import schema_of
 
         data = schema_of(cfg)
-    return build_model(cfg.model, data.num_classes, data.in_channels, cfg.seed, data.image_size)
+    return build_model(cfg.train.model, data.num_classes, data.in_channels, cfg.seed,
+                       data.image_size)
 
 
 def initial_weights(cfg: RunConfig,

@@ -182,8 +182,8 @@ def local_final(cfg: RunConfig, pid: int, start: list[np.ndarray], rnd: int,
     gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
         [cfg.seed, rnd, pid]).generate_state(1)[0]))
     local_sgd(model, to_tensor(x, data.mean, data.std), torch.tensor(y),
-              epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
-              weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm, generator=gen)
+              epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, lr=lr,
+              weight_decay=cfg.train.weight_decay, clip_norm=cfg.train.clip_norm, generator=gen)
     return get_weights(model)
 
 

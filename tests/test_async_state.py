@@ -272,7 +272,8 @@ def test_feddyn_under_fedbuff_diverges_where_its_sync_round_converges(
     equally fast (round robin: after the first flush every reply is one version stale): the
     error to the optimum grows past w_0's, while sync FedDyn with 4 of 8 clients a round
     converges, and so does SCAFFOLD in the same asynchronous schedule."""
-    monkeypatch.setattr(task_config, "ASYNC_METHODS", (*task_config.ASYNC_METHODS, "feddyn"))
+    monkeypatch.setattr(task_config.cross, "ASYNC_METHODS",
+                        (*task_config.cross.ASYNC_METHODS, "feddyn"))
     p = lsq_problem(num_clients=8, dim=5, n=20, seed=0)
     opt = lsq_optimum(p)
 

@@ -36,7 +36,7 @@ def _independent(weights: list[np.ndarray], partition_id: int) -> tuple[float, f
     """Loss and accuracy from scratch: its own model, its own normalisation, one batch."""
     cfg = RunConfig.parse(RUN)
     data = dataset_of(cfg)
-    model = build_model(cfg.model, data.num_classes, data.in_channels, 0, data.image_size)
+    model = build_model(cfg.train.model, data.num_classes, data.in_channels, 0, data.image_size)
     with torch.no_grad():
         for p, w in zip(model.parameters(), weights, strict=True):
             p.copy_(torch.from_numpy(w))
@@ -56,7 +56,7 @@ def test_evaluate_fn_scores_the_received_model_on_the_clients_partition() -> Non
     cfg = RunConfig.parse(RUN)
     data = dataset_of(cfg)
     # not the run's w_0 (seed 0), so a handler that ignored the message would be caught
-    weights = get_weights(build_model(cfg.model, data.num_classes, data.in_channels, 5,
+    weights = get_weights(build_model(cfg.train.model, data.num_classes, data.in_channels, 5,
                                       data.image_size))
     msg = _message(weights)
     results = {}
@@ -76,7 +76,7 @@ def test_evaluate_fn_scores_the_received_model_on_the_clients_partition() -> Non
 def test_evaluate_fn_refuses_a_node_without_a_valid_partition() -> None:
     cfg = RunConfig.parse(RUN)
     data = dataset_of(cfg)
-    weights = get_weights(build_model(cfg.model, data.num_classes, data.in_channels, 0,
+    weights = get_weights(build_model(cfg.train.model, data.num_classes, data.in_channels, 0,
                                       data.image_size))
     with pytest.raises(ValueError, match="outside 0..3"):
         evaluate_fn(_message(weights), _context(4))

@@ -1,5 +1,6 @@
 """Every bad run-config value fails before any work, with one line naming the key."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ from task.config import ConfigError, RunConfig, check_examples, check_writable, 
 
 def test_defaults_parse_to_the_default_experiment() -> None:
     cfg = RunConfig.parse({})
-    assert cfg.method == "fedavg" and cfg.beta == 0.1 and cfg.dataset == "fashion-mnist"
+    assert cfg.method == "fedavg" and cfg.train.beta == 0.1 and cfg.data.dataset == "fashion-mnist"
     assert cfg.num_clients == 100 and cfg.clients_per_round == 10
     assert cfg.to_dict() == {**load_defaults(), **cfg.to_dict()}
     assert set(cfg.to_dict()) == set(load_defaults())
@@ -20,25 +21,25 @@ def test_defaults_parse_to_the_default_experiment() -> None:
     ("fedadam", "update"), ("fedcm", "update"), ("feddyn", "update"),
 ])
 def test_ri_aggregation_auto_resolves_per_method(method: str, resolved: str) -> None:
-    assert RunConfig.parse({"method": method}).ri_aggregation == resolved
+    assert RunConfig.parse({"method": method}).train.ri_aggregation == resolved
     for explicit in ("model", "update"):  # an explicit choice always wins
         cfg = RunConfig.parse({"method": method, "ri-aggregation": explicit})
-        assert cfg.ri_aggregation == explicit
+        assert cfg.train.ri_aggregation == explicit
 
 
 def test_server_lr_zero_is_the_methods_default() -> None:
-    assert RunConfig.parse({"method": "fedadam"}).server_lr == 0.1
-    assert RunConfig.parse({"method": "fedavg"}).server_lr == 1.0
-    assert RunConfig.parse({"method": "fedadam", "server-lr": 0.5}).server_lr == 0.5
+    assert RunConfig.parse({"method": "fedadam"}).train.server_lr == 0.1
+    assert RunConfig.parse({"method": "fedavg"}).train.server_lr == 1.0
+    assert RunConfig.parse({"method": "fedadam", "server-lr": 0.5}).train.server_lr == 0.5
 
 
 def test_int_is_accepted_for_a_float_key() -> None:
-    assert RunConfig.parse({"beta": 0}).beta == 0.0
+    assert RunConfig.parse({"beta": 0}).train.beta == 0.0
 
 
 def test_lr_schedule() -> None:
     cfg = RunConfig.parse({"lr": 0.1, "lr-decay": 0.5})
-    assert cfg.lr_at(1) == 0.1 and cfg.lr_at(3) == pytest.approx(0.025)
+    assert cfg.train.lr_at(1) == 0.1 and cfg.train.lr_at(3) == pytest.approx(0.025)
 
 
 BAD = [
@@ -130,3 +131,21 @@ def test_unwritable_output_dir_is_one_line_naming_key_and_path(tmp_path: Path) -
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"run config: output-dir='{blocker / 'sub'}'")
     check_writable("output-dir", tmp_path / "a" / "b")  # created when it can be
+
+
+@pytest.mark.parametrize(("raw", "first"), [
+    ({"lr": -1.0, "dataset": "x"}, "dataset='x'"),  # names before ranges
+    ({"seed": -1, "dp-delta": 2.0}, "dp-delta=2.0"),  # privacy before seed
+    ({"concurrency": -1, "trim-fraction": 0.7}, "trim-fraction=0.7"),  # robust before async
+    ({"lr": "x", "seed": "y"}, "lr='x'"),  # types in the keys' order
+])
+def test_across_groups_the_first_bad_key_in_check_order_is_reported(
+        raw: dict[str, object], first: str) -> None:
+    with pytest.raises(ConfigError, match=f"^run config: {re.escape(first)}"):
+        RunConfig.parse(raw)
+
+
+def test_fields_live_in_their_group_only() -> None:
+    cfg = RunConfig.parse({})
+    assert cfg.train.lr == load_defaults()["lr"] and cfg.privacy.dp == load_defaults()["dp"]
+    assert not hasattr(cfg, "lr") and not hasattr(cfg, "dp")  # no flat alias

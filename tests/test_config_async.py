@@ -13,7 +13,7 @@ ASYNC = {"rounds": "async", "personal-eval-every": 0}
 
 
 def test_sync_is_the_default_and_async_defaults_follow_the_round_size() -> None:
-    assert RunConfig.parse({}).rounds == "sync"
+    assert RunConfig.parse({}).schedule.rounds == "sync"
     cfg = RunConfig.parse({**ASYNC, "num-clients": 20, "fraction-train": 0.25})
     assert (cfg.async_concurrency, cfg.async_buffer_size) == (5, 5)
     cfg = RunConfig.parse({**ASYNC, "concurrency": 8, "buffer-size": 3})
@@ -64,7 +64,7 @@ def test_what_async_cannot_run_yet_is_refused(over: dict[str, object], key: str)
 
 def test_central_dp_runs_async_local_and_distributed_are_refused_with_their_reasons() -> None:
     dp = {**ASYNC, "dp": "central", "weighting": "uniform"}
-    assert RunConfig.parse(dp).dp == "central"
+    assert RunConfig.parse(dp).privacy.dp == "central"
     with pytest.raises(ConfigError) as err:
         RunConfig.parse({**dp, "dp": "local"})
     assert "dp='local' is not allowed; allowed: off | central with rounds='async'" in str(

@@ -6,6 +6,7 @@ import pytest
 
 from methods.registry import METHOD_NAMES, METHODS, composes_with_ri
 from task.config import RunConfig, load_defaults
+from task.config.run_config import GROUPS, ORDER, TOP
 from tests.test_config import one_line_refusal
 
 
@@ -21,8 +22,9 @@ def test_each_method_key_has_one_owner_and_one_default() -> None:
     """Method keys are declared by their method and defaulted in pyproject only: every
     declared key has a default there, and every pyproject key is general or a method's."""
     defaults = set(load_defaults())
-    general = {f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)} - {
-        "params", "method-values"}
+    fields = [*TOP, *(f.name for kind in GROUPS.values() for f in dataclasses.fields(kind))]
+    assert sorted(fields) == sorted(ORDER)  # each key's field in one place, and in the order
+    general = {name.replace("_", "-") for name in fields}
     owned = [key for spec in METHODS.values() for key in spec.params.config_keys()]
     assert len(owned) == len(set(owned)), owned
     assert set(owned) <= defaults

@@ -24,10 +24,11 @@ def refusal(over: dict[str, object]) -> str:
 
 def test_off_is_the_default_and_the_defaults_are_valid_protocol_parameters() -> None:
     cfg = RunConfig.parse({})
-    assert cfg.secure_aggregation == "off"
+    assert cfg.privacy.secure_aggregation == "off"
     on = RunConfig.parse(SECAGG)
-    params = SecAggParams(threshold=on.secagg_threshold, num_shares=on.secagg_num_shares,
-                          clip=on.secagg_clip, bits=on.secagg_bits)  # the core accepts them
+    p = on.privacy
+    params = SecAggParams(threshold=p.secagg_threshold, num_shares=p.secagg_num_shares,
+                          clip=p.secagg_clip, bits=p.secagg_bits)  # the core accepts them
     assert params.threshold <= on.clients_per_round <= params.max_clients
     assert choices.SECAGG_MAX_BITS == MAX_BITS  # the config's cap is the core's
 
@@ -64,7 +65,7 @@ def test_each_method_that_needs_an_upload_is_refused_with_its_reason(method: str
 
 @pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m not in choices.SECAGG_REFUSALS])
 def test_each_method_on_the_sum_is_accepted(method: str) -> None:
-    assert RunConfig.parse({**SECAGG, "method": method}).secure_aggregation == "secagg+"
+    assert RunConfig.parse({**SECAGG, "method": method}).privacy.secure_aggregation == "secagg+"
 
 
 @pytest.mark.parametrize(("over", "line"), [

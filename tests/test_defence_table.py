@@ -63,7 +63,7 @@ def test_exactly_k_replies_of_every_round_upload_the_fixed_direction(tmp_path: P
                            "eval-every": 1000, "personal-eval-every": 0,
                            "max-update-norm-ratio": 0.0, "output-dir": str(tmp_path / "out")})
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())
-    attack = FirstK(grid, "direction", 2, cfg.ri_aggregation)
+    attack = FirstK(grid, "direction", 2, cfg.train.ri_aggregation)
     seen: dict[int, list[np.ndarray]] = {}
 
     def record(reply: Message) -> Message:

@@ -96,7 +96,7 @@ def test_secure_aggregation_over_tls_with_four_nodes_matches_the_plain_run(
     # identity (once) + setup, share keys, check and unmask (4 a round, 2 rounds) on each node
     assert queries_answered(dep, run_id) == [9] * NODES, queries_answered(dep, run_id)
     parsed = RunConfig.parse({**CFG, "secure-aggregation": "secagg+"})
-    step = 2 * parsed.secagg_clip / 2**parsed.secagg_bits
+    step = 2 * parsed.privacy.secagg_clip / 2**parsed.privacy.secagg_bits
     gap = max(float(np.max(np.abs(a.astype(np.float64) - b)))
               for a, b in zip(final_model(secure), final_model(plain), strict=True))
     print(f"\nsecagg+ over TLS, {NODES} nodes (node 1 on Flower's executor): final model within "

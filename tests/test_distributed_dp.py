@@ -173,7 +173,8 @@ def test_the_defaults_with_the_smallest_clip_are_accepted() -> None:
     c = min_secagg_clip(1.0, 1.0, 3)
     assert c == pytest.approx(1.0 + CLIP_SIGMAS / math.sqrt(3))
     cfg = RunConfig.parse({**DDP, "secagg-clip": c})
-    assert (cfg.dp, cfg.min_replies, cfg.secagg_threshold) == ("distributed", 3, 3)
+    assert (cfg.privacy.dp, cfg.fleet.min_replies, cfg.privacy.secagg_threshold) == (
+        "distributed", 3, 3)
 
 
 # ------------------------------------------------------------------ whole runs
@@ -252,7 +253,7 @@ def test_a_distributed_dp_run_completes_clipped_and_accounted_as_central(
     budget = Budget.for_run(central, channels=1)
     for row in ck.rows:
         rounds = row["dp-rounds-counted"]
-        indep = epsilons(4, 3, 0.7, rounds, cfg.dp_delta)
+        indep = epsilons(4, 3, 0.7, rounds, cfg.privacy.dp_delta)
         assert row["dp-epsilon"] == pytest.approx(indep, rel=1e-9)
         assert row["dp-epsilon"] == pytest.approx(budget.epsilon(rounds), rel=1e-12)
         assert row["dp-epsilon-add-remove"] == pytest.approx(

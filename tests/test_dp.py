@@ -50,7 +50,7 @@ def test_clipping_bound_holds_for_every_uploaded_vector_with_ri(method: str) -> 
     f = Federation(lsq_problem(num_clients=6, dim=4, n=10, seed=2),
                    {"method": method, "fraction-train": 0.5, "batch-size": 5, "lr": 0.05,
                     "beta": 0.1, **DP, "dp-clip": clip_c, "dp-clip-extra": clip_x})
-    assert f.cfg.ri_aggregation == "update"
+    assert f.cfg.train.ri_aggregation == "update"
     seen: dict[str, list[float]] = {}
     for _ in range(3):
         f.step()
@@ -216,12 +216,12 @@ def test_a_methods_dp_refusal_is_read_from_its_server_rule(
         with pytest.raises(ConfigError, match=rf"dp='{mode}' is not allowed; allowed: off "
                                               r"with method='scaffold' \(a reason\)$"):
             RunConfig.parse({**DP, "dp": mode, "method": "scaffold"})
-    assert RunConfig.parse({"method": "scaffold"}).dp == "off"
+    assert RunConfig.parse({"method": "scaffold"}).privacy.dp == "off"
 
 
 @pytest.mark.parametrize("method", DP_METHODS)
 def test_auto_is_update_under_dp(method: str) -> None:
-    assert RunConfig.parse({**DP, "method": method}).ri_aggregation == "update"
+    assert RunConfig.parse({**DP, "method": method}).train.ri_aggregation == "update"
 
 
 # ---------------------------------------------------------------- accountant

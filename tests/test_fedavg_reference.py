@@ -26,7 +26,8 @@ def reference_fedavg(cfg: RunConfig) -> list[np.ndarray]:
     data = dataset_of(cfg)
     model = initial_model(cfg, data)
     w = [a.astype(np.float64) for a in get_weights(model)]
-    for rnd in range(1, cfg.num_server_rounds + 1):
+    t = cfg.train
+    for rnd in range(1, cfg.train.num_server_rounds + 1):
         acc = [np.zeros_like(a) for a in w]
         total = 0
         for pid in sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round):
@@ -35,8 +36,8 @@ def reference_fedavg(cfg: RunConfig) -> list[np.ndarray]:
             gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
                 [cfg.seed, rnd, pid]).generate_state(1)[0]))
             local_sgd(model, to_tensor(x, data.mean, data.std), torch.tensor(y),
-                      epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr_at(rnd),
-                      weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm, generator=gen)
+                      epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr_at(rnd),
+                      weight_decay=t.weight_decay, clip_norm=t.clip_norm, generator=gen)
             for s, a in zip(acc, get_weights(model), strict=True):
                 s += len(y) * a.astype(np.float64)
             total += len(y)

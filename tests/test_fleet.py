@@ -58,7 +58,7 @@ def test_sampler_takes_all_available_when_fewer_than_per_round() -> None:
 
 # ------------------------------------------------------------------ config
 def test_min_clients_is_range_checked() -> None:
-    assert RunConfig.parse({"num-clients": 3}).min_clients == 0
+    assert RunConfig.parse({"num-clients": 3}).fleet.min_clients == 0
     with pytest.raises(ConfigError, match="min-clients=4 is not allowed"):
         RunConfig.parse({"num-clients": 3, "min-clients": 4})
 

@@ -69,13 +69,13 @@ def play(s: MethodStrategy, rnd: int, norms: list[float], w_t: Weights,
     replies = []
     for i, norm in enumerate(norms):
         move = [(norm * u).astype(np.float32) for u in U]
-        up = move if s.cfg.ri_aggregation == "update" else [
+        up = move if s.cfg.train.ri_aggregation == "update" else [
             (w + d).astype(np.float32) for w, d in zip(w_t, move, strict=True)]
         extra = {} if delta_c is None else {
             DELTA_C: ArrayRecord([(delta_c[i] * u).astype(np.float32) for u in U])}
         content = RecordDict({rk.ARRAYS: ArrayRecord(up), **extra, rk.METRICS: MetricRecord(
             {rk.NUM_EXAMPLES: EXAMPLES, rk.TRAIN_LOSS: 0.1, rk.NUM_STEPS: 1}),
-            rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: s.cfg.ri_aggregation == "update"})})
+            rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: s.cfg.train.ri_aggregation == "update"})})
         replies.append(Message(content=content, reply_to=msgs[i]))
     arrays, metrics = s.aggregate_train(rnd, replies)
     assert metrics is not None

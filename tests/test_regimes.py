@@ -36,7 +36,7 @@ RUN = {"num-clients": 8, "train-limit": 800, "partition": "iid", "seed": 3,
 
 
 def _raw(cfg: RunConfig, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    data = load_dataset(cfg.dataset, cfg.resolved_data_dir)
+    data = load_dataset(cfg.data.dataset, cfg.data.resolved_data_dir)
     return data.train_x[idx], data.train_y[idx]
 
 

@@ -74,7 +74,7 @@ def run_client(c: RunConfig, state: dict[str, np.ndarray]) -> tuple[np.ndarray, 
     for key, value in state.items():
         store.put(key, [f32(value)])
     round_config = {rk.ROUND: 2, rk.LR: LR, rk.BETA: BETA,
-                    rk.UPLOAD_DELTA: c.ri_aggregation == "update"}
+                    rk.UPLOAD_DELTA: c.train.ri_aggregation == "update"}
     received = RecordDict({rk.ARRAYS: ArrayRecord([f32(W_T)]),
                            rk.CONFIG: ConfigRecord(round_config)})
     reply = client_round(

@@ -220,7 +220,7 @@ def test_a_50x_claim_gets_no_extra_weight_through_the_server() -> None:
                            "beta": 0.0, "aggregation": "multi-krum", "byzantine-f": 1,
                            "max-update-norm-ratio": 0.0, "max-examples-per-client": 10_000,
                            "output-dir": "/tmp/unused"})
-    assert cfg.weighting == "examples"
+    assert cfg.train.weighting == "examples"
     s = MethodStrategy(cfg, {p: 1000 + p for p in range(5)}, w_t, examples=[10] * 5)
     moves = [[(0.1 * rng.standard_normal(sh) + (5.0 if i == 4 else 0.0)).astype(np.float32)
               for sh in SHAPES] for i in range(5)]

@@ -76,14 +76,15 @@ def test_a_secure_run_ends_within_the_quantisation_bound_of_the_plain_run(
     secure, secure_dir = run(tmp_path, "secure", {"beta": beta,
                                                   "secure-aggregation": "secagg+"})
     cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
-    step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits  # the mean of n uploads is off by < 1 step
+    # the mean of n uploads is off by < 1 step
+    step = 2 * cfg.privacy.secagg_clip / 2**cfg.privacy.secagg_bits
     w0 = unpack(train_msgs(plain)[0].content.array_records["arrays"])
     # the plain round 1: each client's delta (no coordinate clipped, or the bound is void),
     # and their mean, computed here from the plain replies
     deltas = [[u.astype(np.float64) - w for u, w in
                zip(unpack(r.content.array_records["arrays"]), w0, strict=True)]
               for r in train_replies(plain)[:4]]
-    assert max(max_gap(d, [np.zeros_like(a) for a in d]) for d in deltas) < cfg.secagg_clip
+    assert max(max_gap(d, [np.zeros_like(a) for a in d]) for d in deltas) < cfg.privacy.secagg_clip
     mean = [np.mean([d[i] for d in deltas], axis=0) for i in range(len(w0))]
     w1_secure = unpack(train_msgs(secure)[4].content.array_records["arrays"])  # round 2's w_t
     w1_plain = unpack(train_msgs(plain)[4].content.array_records["arrays"])
@@ -234,7 +235,7 @@ def test_a_client_dropping_after_key_sharing_leaves_the_survivors_mean(tmp_path:
     cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
     assert secure.rows[-1]["num-replies"] == 3
     gap = max_gap(secure.weights, plain.weights)
-    assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+    assert 0.0 < gap <= 2 * cfg.privacy.secagg_clip / 2**cfg.privacy.secagg_bits + 1e-6
 
 
 def _tamper(stage: str, nodes: set[int], change: Callable[[ConfigRecord], None]
@@ -290,7 +291,7 @@ def _assert_the_plain_round_of_the_other_three(tmp_path: Path) -> None:
     assert secure.rows[-1]["num-replies"] == 3
     cfg = RunConfig.parse({**ONE_ROUND, "secure-aggregation": "secagg+"})
     gap = max_gap(secure.weights, plain.weights)
-    assert 0.0 < gap <= 2 * cfg.secagg_clip / 2**cfg.secagg_bits + 1e-6
+    assert 0.0 < gap <= 2 * cfg.privacy.secagg_clip / 2**cfg.privacy.secagg_bits + 1e-6
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_RUN))
@@ -539,7 +540,7 @@ def test_each_accepted_method_runs_a_secure_round_near_its_plain_round(
     assert secure.rows[-1]["num-replies"] == 4
     assert secure.rows[-1]["divergence"] is None is not plain.rows[-1]["divergence"]
     cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
-    step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits
+    step = 2 * cfg.privacy.secagg_clip / 2**cfg.privacy.secagg_bits
     gap = max_gap(secure.weights, plain.weights)
     w0 = unpack(train_msgs(plain_grid)[0].content.array_records["arrays"])
     assert max_gap(plain.weights, w0) > 10 * step  # the round moved the model by far more
@@ -565,7 +566,7 @@ def test_scaffold_and_feddyn_secure_rounds_land_within_a_step_of_their_plain_rou
     plain_grid, plain_dir = run(tmp_path, "plain", over)
     secure_grid, secure_dir = run(tmp_path, "secure", {**over, "secure-aggregation": "secagg+"})
     cfg = RunConfig.parse({**BASE, **over, "secure-aggregation": "secagg+"})
-    step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits
+    step = 2 * cfg.privacy.secagg_clip / 2**cfg.privacy.secagg_bits
     n = cfg.num_clients
     w0 = unpack(train_msgs(plain_grid)[0].content.array_records["arrays"])
     replies = train_replies(plain_grid)
@@ -586,8 +587,8 @@ def test_scaffold_and_feddyn_secure_rounds_land_within_a_step_of_their_plain_rou
         state = total  # H = the sum of the moves
         w1 = [w + t / 4 + t / n for w, t in zip(w0, total, strict=True)]
         key, state_step = "h_sum", 4 * step  # H is the sum itself: within 4 steps
-    print(method, {k: round(v, 4) for k, v in largest.items()}, "clip", cfg.secagg_clip)
-    assert max(largest.values()) < cfg.secagg_clip  # nothing clipped, or the bound is void
+    print(method, {k: round(v, 4) for k, v in largest.items()}, "clip", cfg.privacy.secagg_clip)
+    assert max(largest.values()) < cfg.privacy.secagg_clip  # nothing clipped, or the bound is void
     plain_w, secure_w = load_checkpoint(plain_dir).weights, load_checkpoint(secure_dir).weights
     assert max_gap(plain_w, w1) < 1e-5  # the independent computation is the plain round's
     assert max_gap(_state(plain_dir, key), state) < 1e-5
@@ -610,7 +611,7 @@ def test_a_scaffold_client_dropping_after_key_sharing_leaves_the_survivors_means
             "secure": _run_four(tmp_path, "secure", {**over, "secure-aggregation": "secagg+"},
                                 drop)}
     cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+"})
-    step = 2 * cfg.secagg_clip / 2**cfg.secagg_bits
+    step = 2 * cfg.privacy.secagg_clip / 2**cfg.privacy.secagg_bits
     plain, secure = load_checkpoint(dirs["plain"]), load_checkpoint(dirs["secure"])
     assert secure.rows[-1]["num-replies"] == 3 == plain.rows[-1]["num-replies"]
     assert 0.0 < max_gap(secure.weights, plain.weights) <= step + 1e-6

@@ -439,7 +439,8 @@ def test_a_signed_run_ends_within_the_quantisation_bound_of_the_plain_run(
     checks = [p for p in protocol if p[sw.STAGE] == Stage.CHECK]  # through the node's state
     assert len(checks) == 4 and all(set(p) == {sw.STAGE, sw.SIG} for p in checks)
     assert not [r for r in grid.replies if r.has_error()]
-    step = 2 * RunConfig.parse(cfg).secagg_clip / 2**RunConfig.parse(cfg).secagg_bits
+    privacy = RunConfig.parse(cfg).privacy
+    step = 2 * privacy.secagg_clip / 2**privacy.secagg_bits
     signed, base = load_checkpoint(tmp_path / "signed"), load_checkpoint(tmp_path / "plain")
     assert signed.rows[-1]["num-replies"] == 4
     gap = max(float(np.max(np.abs(a.astype(np.float64) - b)))

@@ -103,11 +103,12 @@ def test_start_trains_what_the_projects_run_of_that_config_trains(
         want = [z[f"arr_{i}"] for i in range(len(z.files))]
 
     strategy = cls(**own, fraction_train=0.5, min_train_nodes=2, min_available_nodes=4,
-                   fraction_evaluate=0.0, lr=cfg.lr, lr_decay=cfg.lr_decay, seed=cfg.seed)
+                   fraction_evaluate=0.0, lr=cfg.train.lr, lr_decay=cfg.train.lr_decay,
+                   seed=cfg.seed)
     assert isinstance(strategy, Strategy)
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())  # the project's ClientApp per node
     w0 = initial_weights(cfg)
-    result = strategy.start(grid, ArrayRecord(w0), num_rounds=cfg.num_server_rounds,
+    result = strategy.start(grid, ArrayRecord(w0), num_rounds=cfg.train.num_server_rounds,
                             train_config=ConfigRecord({rk.EXPERIMENT: "run"}))
     got = unpack(result.arrays)
     assert len(got) == len(want)
@@ -387,8 +388,8 @@ def test_participate_with_the_projects_sgd_pass_replies_what_client_round_does(
     model = nn.Linear(D, 2)
     w_t = [g.normal(size=p.shape).astype(np.float32) for p in model.parameters()]
     w_0 = [g.normal(size=p.shape).astype(np.float32) for p in model.parameters()]
-    conf = ConfigRecord({rk.ROUND: 3, rk.LR: 0.05, rk.BETA: cfg.beta,
-                         rk.UPLOAD_DELTA: cfg.ri_aggregation == "update"})
+    conf = ConfigRecord({rk.ROUND: 3, rk.LR: 0.05, rk.BETA: cfg.train.beta,
+                         rk.UPLOAD_DELTA: cfg.train.ri_aggregation == "update"})
     down = {k: pack([g.normal(size=a.shape).astype(np.float32) for a in w_t])
             for k in rule.down_keys}
     received = RecordDict({rk.ARRAYS: pack(w_t), rk.CONFIG: conf, **down})
@@ -404,8 +405,8 @@ def test_participate_with_the_projects_sgd_pass_replies_what_client_round_does(
 
     def make_sgd(server_round: int, lr: float) -> Any:
         return sgd_pass(model, x, y, SgdSettings(
-            epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr,
-            weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm, seed=cfg.seed,
+            epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, lr=lr,
+            weight_decay=cfg.train.weight_decay, clip_norm=cfg.train.clip_norm, seed=cfg.seed,
             server_round=server_round, partition_id=1))
 
     got = participate(rule, received, stores[1], make_sgd, torch.device("cpu"),

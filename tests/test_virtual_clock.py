@@ -96,7 +96,8 @@ def test_duration_is_slowdown_times_local_steps_times_the_unit() -> None:
 
 def hand_durations(cfg: RunConfig, slow: list[float]) -> list[float]:
     """d_i from each client's own examples (``client_examples``, not partition_sizes)."""
-    return [s * cfg.local_epochs * math.ceil(len(client_examples(cfg, pid)[1]) / cfg.batch_size)
+    t = cfg.train
+    return [s * t.local_epochs * math.ceil(len(client_examples(cfg, pid)[1]) / t.batch_size)
             * STEP_SECONDS for pid, s in enumerate(slow)]
 
 

@@ -25,8 +25,8 @@ class RobustMean:
     cfg: RunConfig
 
     def __call__(self, vectors: Sequence[Weights], weights: Sequence[float]) -> Weights:
-        c = self.cfg
-        return combine(vectors, weights, c.aggregation, c.trim_fraction, c.byzantine_f)
+        r = self.cfg.robust
+        return combine(vectors, weights, r.aggregation, r.trim_fraction, r.byzantine_f)
 
 
 def reply_weights(weighting: str, updates: Sequence[ClientUpdate]) -> list[float]:

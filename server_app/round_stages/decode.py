@@ -86,9 +86,9 @@ class DecodeReplies:
         metrics = content.metric_records[rk.METRICS]
         said = (content.config_records[rk.CONFIG].get(rk.UPLOAD_DELTA)
                 if rk.CONFIG in content.config_records else None)
-        if said is not (self.cfg.ri_aggregation == "update"):
+        if said is not (self.cfg.train.ri_aggregation == "update"):
             return (f"the reply says {rk.UPLOAD_DELTA}={said!r}; the round asked for "
-                    f"{'Delta_i' if self.cfg.ri_aggregation == 'update' else 'w_iK'}")
+                    f"{'Delta_i' if self.cfg.train.ri_aggregation == 'update' else 'w_iK'}")
         if self.secure:  # only the sum may be learnt: no per-client figure is read
             return self.decode_masked(content, pid, w_t)
         local = self.placeholders
@@ -145,7 +145,7 @@ class DecodeReplies:
         otherwise it must equal the partition's size, which the server derives from the
         run config exactly as the client does.
         """
-        ceiling = self.cfg.max_examples_per_client
+        ceiling = self.cfg.robust.max_examples_per_client
         if ceiling > 0:
             return None if n <= ceiling else (
                 f"num-examples={n} > max-examples-per-client={ceiling}")
@@ -155,7 +155,7 @@ class DecodeReplies:
 
     def true_examples(self, partition_id: int) -> int | None:
         """The partition's example count when the server knows it (exact-count mode)."""
-        if self.examples is None or self.cfg.max_examples_per_client > 0:
+        if self.examples is None or self.cfg.robust.max_examples_per_client > 0:
             return None
         return self.examples[partition_id]
 
@@ -163,7 +163,7 @@ class DecodeReplies:
         """The local SGD steps the partition takes, when the server knows its size."""
         n = self.true_examples(partition_id)
         c = self.cfg
-        return None if n is None else num_steps(n, c.local_epochs, c.batch_size)
+        return None if n is None else num_steps(n, c.train.local_epochs, c.train.batch_size)
 
 
 def arrays_problem(key: str, arrays: Sequence[np.ndarray], reference: Weights) -> str | None:

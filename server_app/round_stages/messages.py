@@ -40,8 +40,8 @@ class TrainMessages:
         ``arrays`` decoded (once, by the caller)."""
         c = self.cfg
         round_config = ConfigRecord(
-            {**dict(config), rk.ROUND: server_round, rk.LR: c.lr_at(server_round),
-             rk.BETA: c.beta, rk.UPLOAD_DELTA: c.ri_aggregation == "update"}
+            {**dict(config), rk.ROUND: server_round, rk.LR: c.train.lr_at(server_round),
+             rk.BETA: c.train.beta, rk.UPLOAD_DELTA: c.train.ri_aggregation == "update"}
         )
         extras = {k: pack(v) for k, v in self.method.rule.down(self.method.state).items()}
         messages, sent_to = [], {}

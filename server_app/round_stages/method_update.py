@@ -32,9 +32,9 @@ class MethodUpdate:
                              "stage before it")
         rnd = RoundInput(server_round=replies.server_round, aggregate=replies.aggregate,
                          updates=replies.contributions, weights=list(replies.weights),
-                         variant=c.ri_aggregation, num_clients=c.num_clients,
-                         lr=c.lr_at(replies.server_round), server_lr=c.server_lr,
-                         combine=self.combine, aggregation=c.aggregation,
+                         variant=c.train.ri_aggregation, num_clients=c.num_clients,
+                         lr=c.train.lr_at(replies.server_round), server_lr=c.train.server_lr,
+                         combine=self.combine, aggregation=c.robust.aggregation,
                          upload_sums=replies.sums)
         w_next, self.method.state = self.method.rule.update(self.method.state, replies.w_t,
                                                             rnd)

@@ -45,7 +45,7 @@ class NormFilter:
         """The kept replies, the dropped ones counted rejected, and the largest norm / limit
         seen (a round metric: how close honest replies come to the limit)."""
         good = replies.accepted
-        if self.cfg.max_update_norm_ratio == 0.0 or not good:
+        if self.cfg.robust.max_update_norm_ratio == 0.0 or not good:
             return replies
         keys = (rk.ARRAYS, *self.method.rule.up_keys)
         updates = [u for _, u in good]
@@ -73,7 +73,7 @@ class NormFilter:
         """Norm of each reply's record ``key``: the move ||w_iK - w_t|| or ||Delta_i|| for
         the model upload, the plain norm for a method's extra upload (e.g. Delta_c_i)."""
         if key == rk.ARRAYS:
-            return update_norms(w_t, [u.upload for u in updates], self.cfg.ri_aggregation)
+            return update_norms(w_t, [u.upload for u in updates], self.cfg.train.ri_aggregation)
         return update_norms(w_t, [u.extras[key] for u in updates], "update")
 
     def limit(self, replies: RoundReplies, key: str,
@@ -85,7 +85,7 @@ class NormFilter:
         replies (round 1 of a small federation) the first-round bound applies.
         """
         history = self.history.get(key, [])
-        ratio = self.cfg.max_update_norm_ratio
+        ratio = self.cfg.robust.max_update_norm_ratio
         if history or len(round_norms) >= MIN_ROUND_NORMS:
             ref = float(np.median([*round_norms, *history]))
             limit = ratio * ref if ref > 0.0 else math.inf
@@ -103,7 +103,7 @@ class NormFilter:
         if key == rk.ARRAYS:
             return move
         return self.method.rule.extra_fallback_limit(key, self.method.state, move,
-                                                     self.cfg.lr_at(server_round))
+                                                     self.cfg.train.lr_at(server_round))
 
     def remember(self, key: str, norms: list[float]) -> None:
         """Append accepted norms to ``key``'s history, keeping the last NORM_HISTORY."""

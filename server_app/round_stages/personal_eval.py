@@ -41,7 +41,7 @@ class PersonalEvaluation:
             return []
         w_t = unpack(arrays)
         eval_config = ConfigRecord({**dict(config), rk.ROUND: server_round,
-                                    rk.LR: c.lr_at(server_round), rk.PERSONAL_EVAL: True})
+                                    rk.LR: c.train.lr_at(server_round), rk.PERSONAL_EVAL: True})
         messages = []
         online = set(self.available())
         for pid in personal_summary.eval_clients(c):

@@ -72,11 +72,11 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
     sampler: Sampler = (
         RegisteredSampler(secrets.randbits(63), cfg.num_clients, cfg.clients_per_round) if dp
         else AvailableSampler(cfg.seed, cfg.num_clients, cfg.sampled_per_round))
-    if cfg.secure_aggregation != "off":
+    if cfg.privacy.secure_aggregation != "off":
         # dp=distributed (the only DP mode allowed here): the devices clip and noise, the
         # server adds nothing; the quorum counts the uploads in the sum (t_min = min-replies),
         # the mean divides by the fixed m as central does
-        session = SecAggRound(params_of(cfg), timeout=cfg.round_timeout,
+        session = SecAggRound(params_of(cfg), timeout=cfg.fleet.round_timeout,
                               extra_keys=upload_keys(method.rule.up_keys))
         secure_sum = (SecureSum(session, denominator=privacy.expected_clients,
                                 min_survivors=privacy.noise_shares) if dp
@@ -84,7 +84,7 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
         return TrainPipeline(
             sampler, messages,
             (DecodeReplies(cfg, method.rule, counts, secure=True),
-             MinReplies(cfg.min_replies), secure_sum,
+             MinReplies(cfg.fleet.min_replies), secure_sum,
              MethodUpdate(cfg, method, RobustMean(cfg)),
              AccountRound(accounted, train_loss=False)),  # no client's loss is known
             secure=session)
@@ -94,12 +94,13 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
                                          placeholders=privacy.mode == "local")]
     if not dp:
         stages.append(NormFilter(cfg, method))
-    stages.append(MinReplies(cfg.min_replies, count_arrived=dp))
-    if cfg.aggregation in SELECTIONS:
+    stages.append(MinReplies(cfg.fleet.min_replies, count_arrived=dp))
+    if cfg.robust.aggregation in SELECTIONS:
         stages.append(RobustSelection(cfg, rule))
     if dp:
         stages.append(ClientLevelDp(privacy, rule.up_keys))
-    stages += [Combine(cfg.ri_aggregation, cfg.weighting, privacy.mean if dp else robust),
+    stages += [Combine(cfg.train.ri_aggregation, cfg.train.weighting,
+                       privacy.mean if dp else robust),
                MethodUpdate(cfg, method, robust),
                AccountRound(accounted, train_loss=privacy.mode != "local")]
     return TrainPipeline(sampler, messages, tuple(stages))

@@ -51,8 +51,9 @@ SECAGG = sw.RECORD
 
 def params_of(cfg: RunConfig) -> SecAggParams:
     """The run's protocol parameters (already range-checked by the run config)."""
-    return SecAggParams(threshold=cfg.secagg_threshold, num_shares=cfg.secagg_num_shares,
-                        clip=cfg.secagg_clip, bits=cfg.secagg_bits)
+    p = cfg.privacy
+    return SecAggParams(threshold=p.secagg_threshold, num_shares=p.secagg_num_shares,
+                        clip=p.secagg_clip, bits=p.secagg_bits)
 
 
 def upload_keys(up_keys: Sequence[str]) -> tuple[str, ...]:

@@ -34,19 +34,20 @@ class RobustSelection:
                replies: RoundReplies) -> list[ClientUpdate] | None:
         c = self.cfg
         moves = RoundInput(server_round=server_round, aggregate=[], updates=updates,
-                           weights=[], variant=c.ri_aggregation, num_clients=c.num_clients,
+                           weights=[], variant=c.train.ri_aggregation, num_clients=c.num_clients,
                            lr=0.0, server_lr=0.0).moves(replies.w_t)
         joint = [[*m, *(a for k in self.rule.up_keys for a in u.extras[k])]
                  for m, u in zip(moves, updates, strict=True)]
         # each upload (the move, then each extra, all model-shaped) judged on its own scale
-        chosen = select(joint, c.aggregation, c.byzantine_f,
+        chosen = select(joint, c.robust.aggregation, c.robust.byzantine_f,
                         channels=1 + len(self.rule.up_keys))
         if chosen is None:
             log(WARNING, "round %d: %d usable replies < %d that aggregation=%s needs with "
                 "byzantine-f=%d; the global model is unchanged", server_round, len(updates),
-                min_replies(c.aggregation, c.byzantine_f), c.aggregation, c.byzantine_f)
+                min_replies(c.robust.aggregation, c.robust.byzantine_f), c.robust.aggregation,
+                c.robust.byzantine_f)
             return None
         dropped = [u.partition_id for i, u in enumerate(updates) if i not in chosen]
         log(INFO, "round %d: %s aggregates partitions %s, leaves out %s", server_round,
-            c.aggregation, [updates[i].partition_id for i in chosen], dropped)
+            c.robust.aggregation, [updates[i].partition_id for i in chosen], dropped)
         return [updates[i] for i in chosen]

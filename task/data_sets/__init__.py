@@ -61,14 +61,14 @@ def split_names(text: str) -> tuple[str, ...]:
 
 def device_schema(cfg: RunConfig) -> Schema:
     """The schema the run config declares for device data (checked by the config)."""
-    names = split_names(cfg.device_classes)
-    return Schema(num_classes=len(names), in_channels=cfg.device_channels,
-                  image_size=cfg.device_image_size, mean=split_floats(cfg.device_mean),
-                  std=split_floats(cfg.device_std), class_names=names)
+    names = split_names(cfg.data.device_classes)
+    return Schema(num_classes=len(names), in_channels=cfg.data.device_channels,
+                  image_size=cfg.data.device_image_size, mean=split_floats(cfg.data.device_mean),
+                  std=split_floats(cfg.data.device_std), class_names=names)
 
 
 def schema_of(cfg: RunConfig) -> Schema:
     """The run's schema: the data set's own, or the one the run config declares for device
     data. What a model is built from, so the server needs no data to build it."""
-    spec = spec_of(cfg.dataset)
+    spec = spec_of(cfg.data.dataset)
     return device_schema(cfg) if spec.schema is None else spec.schema

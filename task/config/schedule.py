@@ -1,0 +1,36 @@
+"""How rounds are paced: ``rounds`` sync or async (FedBuff's concurrency, buffer and
+staleness) and the virtual clock's ``device-speeds``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from task.config_checks import bad_value
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """``rounds`` .. ``device-speeds``, typed (names: keys with '-' -> '_')."""
+
+    rounds: str
+    concurrency: int
+    buffer_size: int
+    staleness: str
+    staleness_a: float
+    staleness_b: float
+    max_staleness: int
+    device_speeds: str
+
+
+def check_async_keys(s: ScheduleConfig, num_clients: int) -> None:
+    """FedBuff's keys, checked whichever ``rounds``."""
+    if not 0 <= s.concurrency <= num_clients:
+        raise bad_value("concurrency", s.concurrency,
+                        f"0 (the clients per round) to num-clients={num_clients}")
+    for key, value, zero in (("buffer-size", s.buffer_size, "concurrency"),
+                             ("max-staleness", s.max_staleness, "no limit")):
+        if value < 0:
+            raise bad_value(key, value, f"an integer >= 0 (0 = {zero})")
+    for key, fvalue in (("staleness-a", s.staleness_a), ("staleness-b", s.staleness_b)):
+        if fvalue < 0.0:
+            raise bad_value(key, fvalue, "a number >= 0")

@@ -41,10 +41,16 @@ Under ``cluster-assign=kmeans`` the clients are re-clustered by k-means after ro
 and every ``cluster-every`` rounds; new clusters take the labels of the old clusters they
 overlap most (an assignment problem), and a cluster that inherits none of its members takes
 the model most of them come from. A client that has never trained stays in cluster 0 (under
-``loss``: until it chooses). Warm-up, margin, probe and split are ``loss``'s only. The
-assignment is written to the run directory
-(``clusters.jsonl``, one line per change). The global model returned each round is the
-member-weighted mean of the cluster models (the central accuracy curve).
+``loss``: until it chooses) for training, but has no cluster: personalized evaluation scores
+it on the member-weighted mean of the cluster models (what a newcomer holds before it
+chooses; ``evaluated_model``). ``num-clusters=0`` (``loss`` only) chooses K at the warm-up's
+clustering: the k in 2..min(8, clients / 2) whose k-means of the moves has the best mean
+silhouette, or 1 when none reaches 0.2 (``methods.cluster_count``); until then the state holds
+one model. Warm-up, margin, probe and split are ``loss``'s only. The assignment is written to
+the run directory (``clusters.jsonl``, one line per change; the warm-up's line under
+``num-clusters=0`` also names K and each k's silhouette). The global model returned each round
+is the member-weighted mean of the cluster models, each weighted by the trained clients it
+holds (the central accuracy curve).
 
 RI and DP are refused for the same reasons as FedRelax's: a client trains from its cluster's
 model, not a global one, and the server needs each client's exact update to cluster it.

@@ -41,10 +41,16 @@ Under ``cluster-assign=kmeans`` the clients are re-clustered by k-means after ro
 and every ``cluster-every`` rounds; new clusters take the labels of the old clusters they
 overlap most (an assignment problem), and a cluster that inherits none of its members takes
 the model most of them come from. A client that has never trained stays in cluster 0 (under
-``loss``: until it chooses). Warm-up, margin, probe and split are ``loss``'s only. The
-assignment is written to the run directory
-(``clusters.jsonl``, one line per change). The global model returned each round is the
-member-weighted mean of the cluster models (the central accuracy curve).
+``loss``: until it chooses) for training, but has no cluster: personalized evaluation scores
+it on the member-weighted mean of the cluster models (what a newcomer holds before it
+chooses; ``evaluated_model``). ``num-clusters=0`` (``loss`` only) chooses K at the warm-up's
+clustering: the k in 2..min(8, clients / 2) whose k-means of the moves has the best mean
+silhouette, or 1 when none reaches 0.2 (``methods.cluster_count``); until then the state holds
+one model. Warm-up, margin, probe and split are ``loss``'s only. The assignment is written to
+the run directory (``clusters.jsonl``, one line per change; the warm-up's line under
+``num-clusters=0`` also names K and each k's silhouette). The global model returned each round
+is the member-weighted mean of the cluster models, each weighted by the trained clients it
+holds (the central accuracy curve).
 
 RI and DP are refused for the same reasons as FedRelax's: a client trains from its cluster's
 model, not a global one, and the server needs each client's exact update to cluster it.
@@ -58,6 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from methods import cluster_count as cc
 from methods import graph as gr
 from methods.method import (
     ClientDown,
@@ -104,7 +111,8 @@ CHOICE = "cluster-choice"
 @dataclass(frozen=True)
 class ClusteredParams(Params):
     num_clusters: int
-    """K: the number of clusters and models."""
+    """K: the number of clusters and models; 0: chosen at the end of ``loss``'s warm-up
+    (``methods.cluster_count``)."""
     cluster_every: int
     """Rounds between k-means re-clusterings (after round 1 and every this many), ``kmeans``."""
     cluster_assign: str
@@ -124,8 +132,8 @@ class ClusteredParams(Params):
     this splits into an empty cluster (CFL); -1: never."""
 
     def check(self) -> None:
-        check_range("num-clusters", self.num_clusters, self.num_clusters >= 1,
-                    "an integer >= 1 (1 = FedAvg)")
+        check_range("num-clusters", self.num_clusters, self.num_clusters >= 0,
+                    "an integer >= 1 (1 = FedAvg), or 0 (chosen by the warm-up)")
         check_range("cluster-every", self.cluster_every, self.cluster_every >= 1,
                     "an integer >= 1")
         check_range("cluster-assign", self.cluster_assign,
@@ -138,12 +146,16 @@ class ClusteredParams(Params):
                     self.cluster_newcomer in NEWCOMER_RULES, " | ".join(NEWCOMER_RULES))
         check_range("cluster-split", self.cluster_split, -1.0 <= self.cluster_split <= 1.0,
                     "a cosine in [-1, 1] (-1: never split)")
+        if self.num_clusters == 0:
+            check_range("cluster-assign", self.cluster_assign, self.cluster_assign == "loss",
+                        "loss with num-clusters=0 (K is chosen at the end of its warm-up)")
 
 
 @dataclass(frozen=True)
 class ClusteredState(ServerState):
     models: Weights
-    """The cluster models, each parameter stacked: arrays of shape (K, *shape)."""
+    """The cluster models, each parameter stacked: arrays of shape (K, *shape) (under
+    ``num-clusters=0`` one model until the warm-up chooses K)."""
     assignment: Weights
     """[int64 (N,)]: each client's cluster."""
     sketch: Weights
@@ -235,12 +247,20 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
     def __init__(self, params: ClusteredParams) -> None:
         super().__init__(params)
         self.results: ReportFiles | None = None
+        self.k = params.num_clusters or 1
+        """The number of cluster models in the state last seen (``reply_problem``'s range)."""
 
     def bind(self, models: ModelFiles, results: ReportFiles | None) -> None:
         self.results = results
 
+    @property
+    def auto(self) -> bool:
+        """K chosen by the warm-up (``num-clusters=0``)."""
+        return self.params.num_clusters == 0
+
     def init(self, w0: Weights) -> ClusteredState:
-        k = self.params.num_clusters
+        k = self.params.num_clusters or 1
+        self.k = k
         return ClusteredState(
             models=[np.repeat(a[None], k, axis=0) for a in w0],
             assignment=[np.zeros(0, dtype=np.int64)],
@@ -260,6 +280,26 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
     def model(state: ClusteredState, cluster: int) -> Weights:
         return [m[cluster].copy() for m in state.models]
 
+    @staticmethod
+    def trained(sketch: np.ndarray, num_clients: int) -> np.ndarray:
+        """[bool (num_clients,)]: the clients that have trained (a nonzero sketched move):
+        the members of a cluster; the others have no cluster yet."""
+        mask = np.zeros(num_clients, dtype=bool)
+        rows = min(len(sketch), num_clients)
+        mask[:rows] = np.linalg.norm(sketch[:rows], axis=1) > 0
+        return mask
+
+    def evaluated_model(self, state: ClusteredState, partition_id: int,
+                        w_t: Weights) -> Weights | None:
+        """A client that has never trained (so has no cluster) is scored on what a newcomer
+        has before it chooses: the member-weighted mean of the cluster models (``global_of``);
+        a member on its cluster's model (None: ``down_to``'s)."""
+        sketch = state.sketch[0]
+        if partition_id < len(sketch) and bool(sketch[partition_id].any()):
+            return None
+        return self.global_of(state.assignment[0], state.models,
+                              self.trained(sketch, len(state.assignment[0])))
+
     @property
     def by_loss(self) -> bool:
         return self.params.cluster_assign == "loss"
@@ -268,7 +308,8 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         """The client's cluster model, its index and the other cluster models to choose
         from (under ``loss`` once the warm-up has clustered; none otherwise)."""
         c = self.cluster_of(state, partition_id)
-        choose = self.by_loss and int(state.clustered[0][0]) > 0
+        self.k = len(state.models[0])
+        choose = self.by_loss and int(state.clustered[0][0]) > 0 and self.k > 1
         others = [np.delete(m, c, axis=0) if choose else m[:0] for m in state.models]
         sketch = state.sketch[0]
         member = choose and partition_id < len(sketch) and bool(sketch[partition_id].any())
@@ -282,7 +323,7 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
     def reply_problem(self, update: ClientUpdate, expected_steps: int | None) -> str | None:
         """The cluster choice must be an int naming a cluster (it picks the model the
         reply's move is taken from and the cluster it is added to)."""
-        k = self.params.num_clusters
+        k = self.k
         if CHOICE not in update.metrics:
             return f"missing metric {CHOICE!r} (the cluster the client trained)"
         choice = update.metrics[CHOICE]
@@ -299,7 +340,7 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         whose replies point apart splits into an empty one. Under ``kmeans`` k-means when due,
         after the moves (a new cluster takes an old one's model)."""
         assert rnd.variant == "model"
-        n, k = rnd.num_clients, self.params.num_clusters
+        n, k = rnd.num_clients, len(state.models[0])
         before = gr.grown_rows(state.assignment[0], n)
         assignment = before.copy()
         sketch = gr.grown_rows(state.sketch[0], n)
@@ -316,7 +357,8 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         clustered, centroids = state.clustered, state.centroids
         pending, pending_weight = state.pending, state.pending_weight
         splits: list[dict[str, float]] = []
-        if k > 1 and self.by_loss and int(state.clustered[0][0]) == 0:  # warming up
+        chose: dict[str, object] = {}
+        if (k > 1 or self.auto) and self.by_loss and int(state.clustered[0][0]) == 0:
             pending = [gr.grown_rows(m, n) for m in state.pending]
             weights = gr.grown_rows(state.pending_weight[0], n)
             for pid, move, weight in moves:
@@ -325,14 +367,22 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
                 weights[pid] = weight
             pending_weight = [weights]
             known = np.flatnonzero(weights > 0)
-            if rnd.server_round < self.params.cluster_warmup or len(known) < k:
-                return self.global_of(assignment, models), dataclasses.replace(
-                    state, assignment=[assignment], sketch=[sketch], pending=pending,
-                    pending_weight=pending_weight)
-            labels = kmeans(gr.unit_rows(sketch[known]), k, seed=rnd.server_round,
-                            restarts=KMEANS_RESTARTS)
-            assignment[known] = labels
+            if rnd.server_round < self.params.cluster_warmup or len(known) < (
+                    cc.MIN_CLIENTS if self.auto else k):
+                return self.global_of(assignment, models, self.trained(sketch, n)), \
+                    dataclasses.replace(state, assignment=[assignment], sketch=[sketch],
+                                        pending=pending, pending_weight=pending_weight)
             unit = gr.unit_rows(sketch[known])
+            if self.auto:  # K from the warm-up's moves; every model starts at w_0
+                count = cc.choose_k(unit, seed=rnd.server_round, restarts=KMEANS_RESTARTS)
+                labels, k = count.labels, count.k
+                models = [np.repeat(o[None], k, axis=0) for o in state.origin]
+                chose = {"num-clusters": k,
+                         "silhouette": {str(j): round(v, 4) for j, v in count.scores.items()}}
+                self.k = k
+            else:
+                labels = kmeans(unit, k, seed=rnd.server_round, restarts=KMEANS_RESTARTS)
+            assignment[known] = labels
             centroids = [gr.unit_rows(np.stack([
                 unit[labels == c].sum(axis=0) for c in range(k)])).astype(np.float32)]
             moves = [(int(pid), [m[pid] for m in pending], float(weights[pid]))
@@ -353,18 +403,21 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         if k > 1 and not self.by_loss and (
                 rnd.server_round == 1 or rnd.server_round % self.params.cluster_every == 0):
             assignment, models = self.recluster(assignment, sketch, models, rnd.server_round)
-        if not np.array_equal(assignment, before) or splits:
-            self.report(assignment, rnd.server_round, splits)
-        return self.global_of(assignment, models), dataclasses.replace(
+        if not np.array_equal(assignment, before) or splits or chose:
+            self.report(assignment, rnd.server_round, splits, chose)
+        return self.global_of(assignment, models, self.trained(sketch, n)), dataclasses.replace(
             state, models=models, assignment=[assignment], sketch=[sketch],
             clustered=clustered, pending=pending, pending_weight=pending_weight,
             centroids=centroids)
 
-    def global_of(self, assignment: np.ndarray, models: Weights) -> Weights:
-        """The member-weighted mean of the cluster models (the central accuracy curve)."""
-        counts = np.bincount(assignment, minlength=self.params.num_clusters).astype(
-            np.float64)
-        share = counts / counts.sum() if counts.sum() > 0 else np.eye(len(counts))[0]
+    @staticmethod
+    def global_of(assignment: np.ndarray, models: Weights, members: np.ndarray) -> Weights:
+        """The member-weighted mean of the cluster models: each model weighted by the clients
+        in ``members`` (the trained ones) it holds; equal weights before any (the central
+        accuracy curve, and what a client with no cluster is evaluated on)."""
+        k = len(models[0])
+        counts = np.bincount(assignment[members], minlength=k).astype(np.float64)
+        share = counts / counts.sum() if counts.sum() > 0 else np.full(k, 1.0 / k)
         return [np.tensordot(share, m.astype(np.float64), axes=1).astype(m.dtype)
                 for m in models]
 
@@ -379,8 +432,7 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         assignment = assignment.copy()
         models = [m.copy() for m in models]
         trained = np.linalg.norm(sketch, axis=1) > 0
-        empty = sorted(set(range(self.params.num_clusters))
-                       - set(assignment[trained].tolist()))
+        empty = sorted(set(range(len(models[0]))) - set(assignment[trained].tolist()))
         splits: list[dict[str, float]] = []
         by_cluster: dict[int, list[tuple[int, Weights]]] = {}
         for pid, move, _ in sorted(moves, key=lambda t: t[0]):
@@ -415,15 +467,20 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         return new, [m[source].copy() for m in models]
 
     def report(self, assignment: np.ndarray, server_round: int,
-               splits: list[dict[str, float]] | None = None) -> None:
-        """One line of ``clusters.jsonl``: the round, every client's cluster and the round's
-        splits (``{"from", "to", "cross-cosine"}``; the key only when there were some)."""
+               splits: list[dict[str, float]] | None = None,
+               chose: dict[str, object] | None = None) -> None:
+        """One line of ``clusters.jsonl``: the round, every client's cluster, the round's
+        splits (``{"from", "to", "cross-cosine"}``; the key only when there were some) and,
+        where the warm-up chose K (``num-clusters=0``), ``num-clusters`` and each k's
+        ``silhouette``."""
         if self.results is None:
             return
         line: dict[str, object] = {"round": server_round,
                                    "assignment": [int(a) for a in assignment]}
         if splits:
             line["splits"] = splits
+        if chose:
+            line.update(chose)
         self.results.append_line(CLUSTERS_FILE, json.dumps(line))
 
 

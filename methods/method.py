@@ -301,6 +301,12 @@ class ServerRule(Generic[P, S]):
         neighbourhood term, a cluster's model); None (the default): the shared message."""
         return None
 
+    def evaluated_model(self, state: S, partition_id: int, w_t: Weights) -> Weights | None:
+        """The model personalized evaluation scores as client ``partition_id``'s (a) where it
+        is not the model of its train message (clustered FL's client with no cluster yet);
+        None (the default): that model (``down_to``'s, or w_t)."""
+        return None
+
     def bind(self, models: ModelFiles, results: ReportFiles | None) -> None:
         """Where the method may keep per-client models (``models``, on disk) and write what it
         reports (``results``: files of the run directory; None in tests without one); given by

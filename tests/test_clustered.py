@@ -84,8 +84,13 @@ def test_relabel_keeps_labels_and_gives_new_clusters_a_model() -> None:
 def test_clustered_refuses_ri_and_bad_keys() -> None:
     with pytest.raises(ConfigError, match=r"beta=0.1 is not allowed; allowed: 0 with "):
         RunConfig.parse({"method": "clustered"})
-    with pytest.raises(ConfigError, match=r"num-clusters=0 is not allowed"):
-        RunConfig.parse({"method": "clustered", "beta": 0.0, "num-clusters": 0})
+    with pytest.raises(ConfigError, match=r"num-clusters=-1 is not allowed"):
+        RunConfig.parse({"method": "clustered", "beta": 0.0, "num-clusters": -1})
+    with pytest.raises(ConfigError, match=r"cluster-assign='kmeans' is not allowed; allowed: "
+                                          r"loss with num-clusters=0"):
+        RunConfig.parse({"method": "clustered", "beta": 0.0, "num-clusters": 0,
+                         "cluster-assign": "kmeans"})
+    RunConfig.parse({"method": "clustered", "beta": 0.0, "num-clusters": 0})
     with pytest.raises(ConfigError, match=r"aggregation='median' is not allowed"):
         RunConfig.parse({"method": "clustered", "beta": 0.0, "aggregation": "median"})
 
@@ -391,3 +396,95 @@ def test_bipartition_separates_opposite_moves_and_reports_their_largest_cross_co
     assert groups.tolist() == [0, 0, 1, 1]
     unit = moves / np.linalg.norm(moves, axis=1, keepdims=True)
     assert cross == pytest.approx(max(unit[i] @ unit[j] for i in (0, 1) for j in (2, 3)))
+
+
+# ------------------------------------------- K chosen by the warm-up; a client with no cluster
+def silhouette_by_definition(points: np.ndarray, labels: np.ndarray) -> float:
+    """Rousseeuw's mean silhouette, point by point, on cosine distance 1 - cos."""
+    unit = points / np.linalg.norm(points, axis=1, keepdims=True)
+    n, scores = len(points), []
+    for i in range(n):
+        dist = [1.0 - float(unit[i] @ unit[j]) for j in range(n)]
+        own = [dist[j] for j in range(n) if labels[j] == labels[i] and j != i]
+        if not own:
+            scores.append(0.0)
+            continue
+        a = sum(own) / len(own)
+        b = min(np.mean([dist[j] for j in range(n) if labels[j] == c])
+                for c in set(labels.tolist()) - {labels[i]})
+        scores.append((b - a) / max(a, b))
+    return float(np.mean(scores))
+
+
+def sketched_moves(groups: int, per: int, spread: float, seed: int) -> np.ndarray:
+    """``groups`` x ``per`` unit moves in the sketch's 256 dimensions: each group's random
+    direction plus Gaussian noise of norm about ``spread`` (groups=1: one cloud)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((groups, 256))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    points = np.repeat(centres, per, axis=0) + spread * rng.standard_normal(
+        (groups * per, 256)) / 16.0
+    return points / np.linalg.norm(points, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_warmups_count_finds_three_separated_groups_and_one_cloud(seed: int) -> None:
+    from methods.cluster_count import SILHOUETTE_MIN, choose_k
+
+    three = sketched_moves(3, 5, 1.2, seed)  # cosines about 0.4 inside, 0 across
+    truth = np.repeat(np.arange(3), 5)
+    got = choose_k(three, seed=seed, restarts=10)
+    assert got.k == 3
+    assert len({(int(a), int(b)) for a, b in zip(got.labels, truth, strict=True)}) == 3
+    oracle = silhouette_by_definition(three, truth)
+    assert got.scores[3] == pytest.approx(oracle, abs=1e-9)
+    assert max(got.scores, key=got.scores.__getitem__) == 3 and oracle > SILHOUETTE_MIN
+    assert sorted(got.scores) == list(range(2, 8))  # k up to min(8, 15 // 2)
+    cloud = sketched_moves(1, 15, 1.2, seed)
+    one = choose_k(cloud, seed=seed, restarts=10)
+    assert one.k == 1 and not one.labels.any()
+    assert max(one.scores.values()) < SILHOUETTE_MIN
+
+
+def test_num_clusters_0_chooses_three_for_three_regimes_and_each_reaches_its_lstsq(
+        tmp_path: Path) -> None:
+    """Through the real server and clients: the warm-up's 2 rounds cluster the clients it saw
+    into 3 (logged with each k's silhouette), newcomers probe their way in, and each regime's
+    model reaches its pooled least squares."""
+    p, regime = three_regimes()
+    f = clustered(p, **{**NEW_RULE, "num-clusters": 0, "fraction-train": 0.5})
+    f.strategy.bind_run_dir(tmp_path)
+    f.run(1)
+    assert cast(ClusteredState, f.strategy.state).models[0].shape == (1, 4)
+    f.run(11)
+    state = cast(ClusteredState, f.strategy.state)
+    assert state.models[0].shape == (3, 4)
+    first = json.loads((tmp_path / "clusters.jsonl").read_text().splitlines()[0])
+    assert first["round"] == 2 and first["num-clusters"] == 3
+    assert max(first["silhouette"], key=first["silhouette"].get) == "3"
+    g = continued(f, **{"fraction-train": 1.0})
+    g.run(60)
+    check_regimes_reached(g, p, regime)
+
+
+def test_a_client_with_no_cluster_is_evaluated_on_the_member_weighted_mean() -> None:
+    """Personalized evaluation: a client no round has sampled gets the cluster models
+    weighted by how many trained clients each holds; a trained client its cluster's model."""
+    p, _ = three_regimes()
+    f = clustered(p, **{**NEW_RULE, "fraction-train": 0.5, "personal-eval-every": 1})
+    seen = set(f.step()) | set(f.step()) | set(f.step())
+    never = sorted(set(range(12)) - seen)
+    assert never  # the case under test
+    state = cast(ClusteredState, f.strategy.state)
+    a, models = state.assignment[0], state.models[0].astype(np.float64)
+    counts = [sum(1 for i in seen if a[i] == c) for c in range(3)]
+    want = sum(counts[c] / len(seen) * models[c] for c in range(3))
+    assert sum(1 for c in counts if c) >= 2  # a mean of different models
+    sent = {m.metadata.dst_node_id - NODE_BASE: unpack(m.content.array_records[rk.ARRAYS])[0]
+            for m in f.strategy.configure_evaluate(3, f.arrays, ConfigRecord(),
+                                                   cast(Grid, None))}
+    assert sorted(sent) == list(range(12))
+    for pid in never:
+        np.testing.assert_allclose(sent[pid], want, rtol=1e-6, atol=1e-6)
+    for pid in seen:
+        np.testing.assert_array_equal(sent[pid], state.models[0][a[pid]])

@@ -62,16 +62,19 @@ PER_CLIENT = {"fedrelax": {"beta": 0.0, "graph-refresh-every": 2, "graph-k": 1},
               "fedrelax-loss": {"beta": 0.0, "graph": "loss", "graph-refresh-every": 2,
                                 "graph-k": 1},
               "clustered": {"beta": 0.0, "cluster-every": 2},
-              "clustered-kmeans": {"beta": 0.0, "cluster-every": 2, "cluster-assign": "kmeans"}}
+              "clustered-kmeans": {"beta": 0.0, "cluster-every": 2, "cluster-assign": "kmeans"},
+              "clustered-auto": {"beta": 0.0, "num-clusters": 0, "cluster-warmup": 2,
+                                 "num-regimes": 2, "regime-kind": "permute-labels"}}
 """FedRelax (server copies of the clients' models on disk, the learned graph rebuilt after
 the resume; under graph=loss the clients' choices and when each measured) and clustered FL
 (cluster models; the clients' loss-based choices, or under
-k-means the assignment re-clustered after the resume)."""
+k-means the assignment re-clustered after the resume; under num-clusters=0 the K the warm-up
+chose)."""
 
 
 @pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedadam", "feddyn", "fedcm",
                                     "fedrelax", "fedrelax-loss", "clustered",
-                                    "clustered-kmeans"])
+                                    "clustered-kmeans", "clustered-auto"])
 def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) -> None:
     """Guards the checkpoint of every kind of server state (SCAFFOLD's c, Adam's moments,
     FedDyn's H, FedCM's momentum d, the norm history, FedRelax's per-client versions and
@@ -98,6 +101,9 @@ def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) 
     want_state = load_checkpoint(tmp_path / "ref-run").strategy_state
     assert set(got_state) == set(want_state)
     assert all(bitwise_equal(got_state[k], want_state[k]) for k in want_state)
+    if method == "clustered-auto":  # the checkpoint after round 2 holds the 2 models chosen
+        first = json.loads((run_dir / "clusters.jsonl").read_text().splitlines()[0])
+        assert (first["round"], first["num-clusters"]) == (2, 2)
     if method != "fedavg":  # the method's own state is there and not all zeros
         own = [k for k in want_state if not k.startswith("norms:")]
         assert own and any(np.any(a != 0) for k in own for a in want_state[k])

@@ -55,6 +55,14 @@ class TrainMessages:
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
         return messages, sent_to
 
+    def evaluated_for(self, pid: int, arrays: ArrayRecord, w_t: Weights) -> ArrayRecord:
+        """The model client ``pid`` is scored on in personalized evaluation: the method's
+        own choice for it (``ServerRule.evaluated_model``), else its train message's model."""
+        own = self.method.rule.evaluated_model(self.method.state, pid, w_t)
+        if own is not None:
+            return pack(own)
+        return self.content_for(pid, arrays, {}, w_t)[0]
+
     def content_for(self, pid: int, arrays: ArrayRecord, extras: dict[str, ArrayRecord],
                     w_t: Weights) -> tuple[ArrayRecord, dict[str, ArrayRecord]]:
         """The model and extra records client ``pid`` receives: the shared ones, unless the

@@ -1,5 +1,6 @@
 """The personalized evaluation flow (``personal-eval-every``): who is asked, what they get
-(the global model, or the client's own content from ``ServerRule.down_to``), and the summary
+(the global model, or the client's own content from ``ServerRule.down_to`` or
+``ServerRule.evaluated_model``), and the summary
 of their scores (``server_app.personal_summary``). The server's other evaluation flows are
 ``server_app/federated_eval.py`` and ``server_app/client_divergence.py``."""
 
@@ -29,7 +30,7 @@ class PersonalEvaluation:
     node_of_partition: Mapping[int, int]
     available: Callable[[], Collection[int]]
     content: TrainMessages
-    """Whose ``content_for`` gives each client's model."""
+    """Whose ``evaluated_for`` gives each client's model."""
     sent_to: dict[int, int] = dataclasses.field(default_factory=dict)
     scores: list[personal_summary.ClientScores] = dataclasses.field(default_factory=list)
 
@@ -49,7 +50,7 @@ class PersonalEvaluation:
                 continue
             node = self.node_of_partition[pid]
             self.sent_to[node] = pid
-            model, _ = self.content.content_for(pid, arrays, {}, w_t)
+            model = self.content.evaluated_for(pid, arrays, w_t)
             content = RecordDict({rk.ARRAYS: model, rk.CONFIG: for_client(eval_config, pid)})
             messages.append(
                 Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node))

@@ -14,15 +14,19 @@ from typing import TYPE_CHECKING
 import pytest
 
 from scripts.flower_env import flower_env
+from tests.slow_groups import SIM_PORT_BASE, SLOW_MODULES, sim_ports
 
 if TYPE_CHECKING:
     from task.config import RunConfig
     from task.data_sets.spec import DataSplits
 
 # Private local SuperLink ports for the tests' `flwr run`s; FEDINIT_TEST_*_PORT move them when
-# several checkouts test on one machine.
-SIM_HTTP_PORT = os.environ.get("FEDINIT_TEST_HTTP_PORT", "39191")
-SIM_CONTROL_PORT = os.environ.get("FEDINIT_TEST_CONTROL_PORT", "39193")
+# several checkouts test on one machine, and each pytest-xdist worker adds its own offset
+# (tests/slow_groups.py) so that two workers' `flwr run`s never share a SuperLink.
+_SIM_PORTS = sim_ports(os.environ.get("PYTEST_XDIST_WORKER", ""),
+                       (int(os.environ.get("FEDINIT_TEST_HTTP_PORT", SIM_PORT_BASE[0])),
+                        int(os.environ.get("FEDINIT_TEST_CONTROL_PORT", SIM_PORT_BASE[1]))))
+SIM_HTTP_PORT, SIM_CONTROL_PORT = (str(p) for p in _SIM_PORTS)
 
 
 def free_ports(n: int) -> list[int]:
@@ -59,6 +63,20 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each slow module's tests join its xdist group (tests/slow_groups.py: tests sharing a
+    port range or Docker never run at once under ``--dist loadgroup``), and those of a module
+    that must run alone are marked ``alone``. First, so that ``-m "not alone"`` sees it."""
+    for item in items:
+        slow = SLOW_MODULES.get(item.path.stem)
+        if slow is None:
+            continue
+        item.add_marker(pytest.mark.xdist_group(slow.group))
+        if slow.alone:
+            item.add_marker(pytest.mark.alone)
 
 
 SMALL_TEST_SET = 1000

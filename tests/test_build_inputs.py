@@ -31,10 +31,11 @@ def hashes(tmp: Path, *targets: str) -> list[str]:
 
 def test_the_inputs_hash_moves_with_the_images_inputs_only(tmp_path: Path) -> None:
     w = tmp_path / "w"
-    for name, text in {"common/flwr.whl": "a", "cuda/torch.whl": "big", "node/a.py": "x = 1",
-                       "flower_compat/b.py": "y", "common.stamp": "flwr==1.39.0"}.items():
-        (w / name).parent.mkdir(parents=True, exist_ok=True)
-        (w / name).write_text(text)
+    for (folder, name), text in {("common", "flwr.whl"): "a", ("cuda", "torch.whl"): "big",
+                                 ("node", "a.py"): "x = 1", ("flower_compat", "b.py"): "y",
+                                 (".", "common.stamp"): "flwr==1.39.0"}.items():
+        (w / folder).mkdir(parents=True, exist_ok=True)
+        (w / folder / name).write_text(text)
     cpu, cuda, link = hashes(tmp_path, "client-cpu", "client-cuda", "superlink")
     assert len({cpu, cuda, link}) == 3 and all(len(h) == 64 for h in (cpu, cuda, link))
     assert hashes(tmp_path, "client-cpu") == [cpu]  # nothing changed: the same hash

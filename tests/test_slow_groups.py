@@ -97,8 +97,20 @@ def test_collection_marks_a_modules_tests_with_its_group_and_alone() -> None:
         return SimpleNamespace(path=TESTS / f"{stem}.py", marks=marks, add_marker=marks.append)
 
     faults, compose, fast = item("test_deploy_faults"), item("test_deploy_compose"), item("test_x")
-    conftest.pytest_collection_modifyitems([faults, compose, fast])  # type: ignore[list-item]
+    for each in (faults, compose, fast):
+        conftest.pytest_itemcollected(each)  # type: ignore[arg-type]
     assert [(m.name, m.args) for m in faults.marks] == [
         ("xdist_group", ("test_deploy_faults",)), ("alone", ())]
     assert [(m.name, m.args) for m in compose.marks] == [("xdist_group", (DOCKER,))]
     assert fast.marks == []
+
+
+def test_loadgroup_schedules_by_the_table() -> None:
+    """xdist's own loadgroup does not group under pytest 9.2 (conftest says why): the
+    scheduler conftest installs takes each test's scope from the table instead."""
+    assert conftest.slow_group_of("tests/test_deploy_images.py::test_x[a]") == DOCKER
+    assert conftest.slow_group_of("tests/test_deploy_compose.py::test_y") == DOCKER
+    assert conftest.slow_group_of("tests/test_deploy_dp.py::test_z") == "test_deploy_dp"
+    assert conftest.slow_group_of("tests/test_fleet.py::test_w") == "tests/test_fleet.py::test_w"
+    load = SimpleNamespace(getvalue=lambda key: "load")
+    assert conftest.pytest_xdist_make_scheduler(load, None) is None  # type: ignore[arg-type]

@@ -20,6 +20,9 @@ fi
 # share a group, which loadgroup runs on one worker, one test at a time). Then the modules
 # marked `alone` (wall-clock bounds a busy neighbour breaks) run serially.
 slow_workers="${SLOW_TEST_WORKERS:-2}"
+case "$slow_workers" in
+  ''|*[!0-9]*) echo "test.sh: SLOW_TEST_WORKERS=$slow_workers is not allowed: a whole number (0 or 1: serially)" >&2; exit 2 ;;
+esac
 if [ "$slow_workers" -gt 1 ]; then
   .venv/bin/python -m pytest -m "slow and not alone" -n "$slow_workers" --dist loadgroup "$@"
 else

@@ -17,12 +17,14 @@
 #    with the host's pip (its index settings apply). A set is fetched once; a stamp records it.
 # 3. `docker build --network none --target T -f deploy/Dockerfile deploy/.build/wheels`,
 #    tagged $IMAGE_PREFIX-T:$IMAGE_TAG (default local/fedinit-T:flwr1.39.0, arm64:
-#    ...:flwr1.39.0-arm64); docker's layer cache makes a repeated build a few seconds.
+#    ...:flwr1.39.0-arm64); docker's layer cache makes a repeated build a few seconds, and
+#    an image whose inputs' hash (its label org.fedinit.inputs) is unchanged is not rebuilt.
 #
 # Environment: BASE_IMAGE, IMAGE_PREFIX, IMAGE_TAG, DEBIAN_MIRROR (default: the host's apt
 # source for bookworm), PYTHON (host python3.11 for pip download), TORCH_CPU_WHEEL (a file or
 # specs; default the local torch-2.13.0+cpu wheel in /opt/wheels, else torch==2.13.0; arm64:
-# torch==2.9.1), TORCH_SPEC (what the cpu stage installs), CUDA_TORCH_SPEC.
+# torch==2.9.1), TORCH_SPEC (what the cpu stage installs), CUDA_TORCH_SPEC, FORCE_BUILD=1
+# (build even when the inputs are unchanged).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -36,7 +38,7 @@ while [ $# -gt 0 ]; do
     --cuda) cuda=1 ;;
     --arch) arch="${2:-}"; shift ;;
     --arch=*) arch="${1#--arch=}" ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     superlink|client-cpu|serverapp|client-cuda) targets+=("$1") ;;
     *) echo "build_images: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -222,15 +224,42 @@ for pkg in node flower_compat; do
 done
 
 # ------------------------------------------------------------------ 3. images
+# An image whose inputs are unchanged is not rebuilt: even with every layer cached, the
+# legacy builder sends the whole context (the torch wheel alone is ~190 MB; client-cuda's
+# ~3 GB) and re-checks each step. The inputs' hash is the image's label INPUTS_LABEL: the
+# target, platform, base image id and build args, the Dockerfile, the context's file names
+# and sizes (wheels are immutable by name; the stamps record their specs) and the content of
+# the copied sources (node/, flower_compat/). FORCE_BUILD=1 builds anyway.
+INPUTS_LABEL=org.fedinit.inputs
+inputs_hash() {  # inputs_hash TARGET
+  local skip=cuda
+  [ "$1" != client-cuda ] || skip=none
+  {
+    echo "$1 $arch ${platform[*]} $(docker image inspect -f '{{.Id}}' "$BASE_IMAGE")"
+    echo "$TORCH_SPEC | $CUDA_TORCH_SPEC"
+    cat "$here/Dockerfile"
+    (cd "$wheels" && find . -type f ! -name '*.stamp' ! -name .dockerignore \
+       ! -path "./$skip/*" -printf '%P %s\n' | LC_ALL=C sort)
+    (cd "$wheels" && find node flower_compat -type f -print0 | LC_ALL=C sort -z \
+       | xargs -0 sha256sum)
+  } | sha256sum | cut -d' ' -f1
+}
 for t in "${targets[@]}"; do
+  image="$IMAGE_PREFIX-$t:$IMAGE_TAG"
+  inputs=$(inputs_hash "$t")
+  if [ "${FORCE_BUILD:-0}" != 1 ] && [ "$(docker image inspect \
+       -f "{{index .Config.Labels \"$INPUTS_LABEL\"}}" "$image" 2>/dev/null)" = "$inputs" ]; then
+    log "$image up to date (inputs ${inputs:0:12} unchanged): not rebuilt"
+    continue
+  fi
   # The legacy builder sends the whole context: leave the big CUDA set out unless needed.
   if [ "$t" = client-cuda ]; then echo "*.stamp" > "$wheels/.dockerignore"
   else printf '*.stamp\ncuda\n' > "$wheels/.dockerignore"; fi
   log "docker build --target $t"
   docker build "${platform[@]}" --network none --target "$t" -f "$here/Dockerfile" \
     --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg TORCH_SPEC="$TORCH_SPEC" \
-    --build-arg CUDA_TORCH_SPEC="$CUDA_TORCH_SPEC" \
-    -t "$IMAGE_PREFIX-$t:$IMAGE_TAG" "$wheels" > "$build/build-$t-$arch.log" 2>&1 \
+    --build-arg CUDA_TORCH_SPEC="$CUDA_TORCH_SPEC" --label "$INPUTS_LABEL=$inputs" \
+    -t "$image" "$wheels" > "$build/build-$t-$arch.log" 2>&1 \
     || { tail -30 "$build/build-$t-$arch.log" >&2; exit 1; }
   log "$IMAGE_PREFIX-$t:$IMAGE_TAG $(docker image inspect -f '{{.Size}}' "$IMAGE_PREFIX-$t:$IMAGE_TAG" \
         | awk '{printf "%.0f MB", $1/1e6}')"

@@ -14,15 +14,19 @@ from typing import TYPE_CHECKING
 import pytest
 
 from cli.flower_env import flower_env
+from tests.slow_groups import SIM_PORT_BASE, SLOW_MODULES, sim_ports
 
 if TYPE_CHECKING:
     from task.config import RunConfig
     from task.data_sets.spec import DataSplits
 
 # Private local SuperLink ports for the tests' `flwr run`s; FEDINIT_TEST_*_PORT move them when
-# several checkouts test on one machine.
-SIM_HTTP_PORT = os.environ.get("FEDINIT_TEST_HTTP_PORT", "39191")
-SIM_CONTROL_PORT = os.environ.get("FEDINIT_TEST_CONTROL_PORT", "39193")
+# several checkouts test on one machine, and each pytest-xdist worker adds its own offset
+# (tests/slow_groups.py) so that two workers' `flwr run`s never share a SuperLink.
+_SIM_PORTS = sim_ports(os.environ.get("PYTEST_XDIST_WORKER", ""),
+                       (int(os.environ.get("FEDINIT_TEST_HTTP_PORT", SIM_PORT_BASE[0])),
+                        int(os.environ.get("FEDINIT_TEST_CONTROL_PORT", SIM_PORT_BASE[1]))))
+SIM_HTTP_PORT, SIM_CONTROL_PORT = (str(p) for p in _SIM_PORTS)
 
 
 def free_ports(n: int) -> list[int]:
@@ -59,6 +63,43 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Each slow module's tests join its xdist group (tests/slow_groups.py: tests sharing a
+    port range or Docker never run at once under ``--dist loadgroup``), and those of a module
+    that must run alone are marked ``alone``. At collection, before any
+    ``pytest_collection_modifyitems`` (xdist's reads the groups, ``-m`` the marks)."""
+    slow = SLOW_MODULES.get(item.path.stem)
+    if slow is not None:
+        item.add_marker(pytest.mark.xdist_group(slow.group))
+        if slow.alone:
+            item.add_marker(pytest.mark.alone)
+
+
+def slow_group_of(nodeid: str) -> str:
+    """The xdist scope of a test under ``--dist loadgroup``: its module's group in
+    tests/slow_groups.py, or the test itself (spread freely) for a module not listed."""
+    module = Path(nodeid.split("::", 1)[0]).stem
+    slow = SLOW_MODULES.get(module)
+    return slow.group if slow is not None else nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup`` by tests/slow_groups.py. xdist 3.8's own loadgroup never groups
+    under pytest 9.2: it renames ``item._nodeid`` to ``<nodeid>@<group>``, but pytest 9.2
+    keeps the id in ``item._id``, so every test went alone, as under ``--dist load`` (found
+    2026-12-03). Its scope scheduler with our scope of each test does what loadgroup meant:
+    a group's tests on one worker, one at a time."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlowGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return slow_group_of(nodeid)
+
+    return SlowGroupScheduling(config, log)  # type: ignore[arg-type]
 
 
 SMALL_TEST_SET = 1000

@@ -1,0 +1,126 @@
+"""Which slow modules share what, so the slow suite can run on pytest-xdist workers.
+
+`scripts/test.sh` runs ``pytest -m "slow and not alone" -n 2 --dist loadgroup``: every test of
+a module below is marked ``xdist_group(group)``, and conftest's scheduler (xdist's own
+loadgroup does not group under pytest 9.2; tests/conftest.py says why) runs a group on one
+worker, one test at a time. Modules that share a resource share a group; the rest get
+a group of their own (a module's tests often reuse its ports, one after another). Modules
+marked ``alone`` assert wall-clock bounds a busy neighbour can break; test.sh runs them
+afterwards, serially. tests/test_slow_groups.py checks the table against the modules' source.
+
+Shared resources and how each is kept apart:
+- fixed 127.0.0.1 ports (defaults; each module's FEDINIT_TEST_* variable moves them): a
+  deployment of base port B takes B, B+1 and B+10.. one per node; ranges of different groups
+  never overlap (checked);
+- conftest's local SuperLink ports (SIM_HTTP_PORT/SIM_CONTROL_PORT) move by
+  ``SIM_PORT_STEP`` per worker (gw0 +0, gw1 +10, ...), so `flwr run` tests on two workers
+  never join each other's SuperLink;
+- Docker (one engine that a module may start and stop, the images and deploy/.build): one
+  group;
+- Ray: each simulation starts its own local instance on free ports (test_ray_cluster's
+  cluster records its address in its own temp dir, where no other ``ray.init()`` looks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SIM_PORT_BASE = (39191, 39193)
+"""conftest's local SuperLink ports (HTTP, Control) on worker gw0 or without xdist."""
+SIM_PORT_STEP = 10
+"""What each further worker adds to them."""
+MAX_WORKERS = 10
+"""Workers the per-worker SIM ports leave room for (up to 39283, below 39291)."""
+
+DOCKER = "docker"
+
+
+@dataclass(frozen=True)
+class Slow:
+    """A slow module's xdist group, its fixed port ranges (inclusive) and whether it must run
+    with no neighbour."""
+
+    group: str
+    ports: tuple[tuple[int, int], ...] = ()
+    alone: str = ""
+    """Why the module runs alone (empty: it shares the workers)."""
+
+
+def deployment(base: int, nodes: int) -> tuple[int, int]:
+    """The port range of a cli/deploy_local.py deployment: link B, B+1; nodes B+10.."""
+    return (base, base + 10 + nodes - 1)
+
+
+def own(module: str, *ports: tuple[int, int], alone: str = "") -> Slow:
+    """A group of the module's own."""
+    return Slow(module, ports, alone)
+
+
+SLOW_MODULES: dict[str, Slow] = {
+    # Docker: one engine, one image set, deploy/.build.
+    "test_deploy_compose": Slow(DOCKER),
+    "test_deploy_images": Slow(DOCKER, ((29961, 29963),)),  # + its host simulation's link
+    # Process deployments on fixed ports.
+    "test_deploy_allowlist": own("test_deploy_allowlist", deployment(29870, 2)),
+    "test_deploy_async": own("test_deploy_async", deployment(43000, 4)),
+    "test_deploy_dashboard": own("test_deploy_dashboard", deployment(44000, 4),
+                                 (44050, 44050)),  # + the page
+    "test_deploy_device_data": own("test_deploy_device_data", deployment(39620, 4)),
+    "test_deploy_divergence": own("test_deploy_divergence", deployment(42550, 3)),
+    "test_deploy_dp": own("test_deploy_dp", deployment(41100, 3)),
+    "test_deploy_fedrelax": own("test_deploy_fedrelax", deployment(42400, 3)),
+    "test_deploy_process": own("test_deploy_process", deployment(29500, 3),
+                               deployment(29540, 3), deployment(29560, 3),
+                               (39291, 39293)),  # + deploy_helpers' simulation link
+    "test_deploy_regimes": own("test_deploy_regimes", deployment(42500, 3)),
+    "test_deploy_secagg": own("test_deploy_secagg", deployment(42650, 4)),
+    "test_device_privacy": own("test_device_privacy", deployment(43770, 3)),
+    "test_superlink_crash": own("test_superlink_crash", deployment(39800, 3),
+                                deployment(39850, 5)),
+    "test_deploy_faults": own(
+        "test_deploy_faults", deployment(29700, 3), deployment(29750, 3),
+        deployment(39400, 5),
+        alone="collect-seconds < round-timeout + 3 s: a neighbour's CPU delays the replies"),
+    "test_edge_fleet": own(
+        "test_edge_fleet", deployment(39660, 6),
+        alone="collect-seconds < round-timeout + 3 s, as test_deploy_faults"),
+    "test_warm_executor": own(
+        "test_warm_executor", deployment(29600, 3),
+        alone="a round < 30 s and a hung round within 10 s of its deadline"),
+    # `flwr run` simulations on their own local SuperLink ports.
+    "test_ray_cluster": own("test_ray_cluster", (39591, 39593)),
+    "test_ray_loopback": own("test_ray_loopback", (39891, 39893)),
+    "test_sweep": own("test_sweep", (39391, 39393)),
+    "test_screenshots": own("test_screenshots", (44060, 44061)),
+    # `flwr run` on conftest's per-worker SIM ports, or free ports: nothing shared.
+    "test_async_resume": own("test_async_resume"),
+    "test_example_app": own("test_example_app"),
+    "test_first_hour": own("test_first_hour"),
+    "test_resume_simulation": own("test_resume_simulation"),
+    "test_simulation_e2e": own("test_simulation_e2e"),
+    "test_plain_flwr_run": own(
+        "test_plain_flwr_run",
+        alone="a refusal within 5 s of a fresh interpreter's start, and a run within 90 s"),
+    # In-process runs, a browser on port 0, data sets: nothing shared.
+    "test_async_rounds": own("test_async_rounds"),
+    "test_dashboard_browser": own("test_dashboard_browser"),
+    "test_methods_state": own("test_methods_state"),
+    "test_node_fast_paths": own("test_node_fast_paths"),
+    "test_personal_eval": own("test_personal_eval"),
+    "test_task_datasets": own("test_task_datasets"),
+}
+
+
+def sim_ports(worker: str, base: tuple[int, int] = SIM_PORT_BASE) -> tuple[int, int]:
+    """conftest's local SuperLink ports (HTTP, Control) for xdist worker ``worker`` ("gw1";
+    "" without xdist): ``base`` (a FEDINIT_TEST_*_PORT override moves it) plus
+    ``SIM_PORT_STEP`` per worker number."""
+    if not worker:
+        return base
+    if not (worker.startswith("gw") and worker[2:].isdigit()):
+        raise ValueError(f"PYTEST_XDIST_WORKER={worker!r} is not gwN")
+    n = int(worker[2:])
+    if n >= MAX_WORKERS:
+        raise ValueError(f"PYTEST_XDIST_WORKER={worker!r}: at most {MAX_WORKERS} workers "
+                         f"(gw0..gw{MAX_WORKERS - 1}) have local SuperLink ports")
+    return base[0] + SIM_PORT_STEP * n, base[1] + SIM_PORT_STEP * n

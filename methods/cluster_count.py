@@ -8,7 +8,7 @@ not a dependency here; scipy gives the distances and the definition is four line
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,11 +50,13 @@ def silhouette(points: np.ndarray, labels: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class CountChoice:
-    """The chosen number of clusters, its labels (all 0 for k = 1) and each k's silhouette."""
+    """The chosen number of clusters, its labels (all 0 for k = 1), each k's silhouette and
+    each k's labels (recorded so that another rule for K can be judged offline, purity too)."""
 
     k: int
     labels: np.ndarray
     scores: dict[int, float]
+    tried: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def choose_k(points: np.ndarray, seed: int, restarts: int) -> CountChoice:
@@ -64,11 +66,12 @@ def choose_k(points: np.ndarray, seed: int, restarts: int) -> CountChoice:
 
     best = CountChoice(1, np.zeros(len(points), dtype=np.int64), {})
     scores: dict[int, float] = {}
+    tried: dict[int, np.ndarray] = {}
     top = SILHOUETTE_MIN
     for k in range(2, k_cap(len(points)) + 1):
         labels = kmeans(points, k, seed=seed, restarts=restarts)
-        scores[k] = silhouette(points, labels)
+        scores[k], tried[k] = silhouette(points, labels), labels
         if scores[k] >= top and (best.k == 1 or scores[k] > top):
             best, top = CountChoice(k, labels, {}), scores[k]
     used, labels = np.unique(best.labels, return_inverse=True)  # an emptied k-means cluster
-    return CountChoice(len(used), labels.astype(np.int64), scores)
+    return CountChoice(len(used), labels.astype(np.int64), scores, tried)

@@ -198,6 +198,13 @@ def kmeans(points: np.ndarray, k: int, seed: int, restarts: int = 1) -> np.ndarr
     return chosen
 
 
+def tried_assignment(assignment: np.ndarray, known: np.ndarray, labels: np.ndarray) -> list[int]:
+    """Every client's cluster had ``labels`` (one k's k-means of the ``known`` clients) won."""
+    full = assignment.copy()
+    full[known] = labels
+    return [int(a) for a in full]
+
+
 def bipartition(moves: np.ndarray) -> tuple[np.ndarray, float]:
     """CFL's split of a cluster's round replies (rows: flattened moves from the same model):
     two groups by complete linkage on cosine distance, and the largest cosine between the
@@ -378,7 +385,9 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
                 labels, k = count.labels, count.k
                 models = [np.repeat(o[None], k, axis=0) for o in state.origin]
                 chose = {"num-clusters": k,
-                         "silhouette": {str(j): round(v, 4) for j, v in count.scores.items()}}
+                         "silhouette": {str(j): round(v, 4) for j, v in count.scores.items()},
+                         "tried": {str(j): tried_assignment(assignment, known, lab)
+                                   for j, lab in count.tried.items()}}
                 self.k = k
             else:
                 labels = kmeans(unit, k, seed=rnd.server_round, restarts=KMEANS_RESTARTS)
@@ -471,8 +480,8 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
                chose: dict[str, object] | None = None) -> None:
         """One line of ``clusters.jsonl``: the round, every client's cluster, the round's
         splits (``{"from", "to", "cross-cosine"}``; the key only when there were some) and,
-        where the warm-up chose K (``num-clusters=0``), ``num-clusters`` and each k's
-        ``silhouette``."""
+        where the warm-up chose K (``num-clusters=0``), ``num-clusters``, each k's
+        ``silhouette`` and each k's assignment (``tried``: rules for K judged offline)."""
         if self.results is None:
             return
         line: dict[str, object] = {"round": server_round,

@@ -462,6 +462,9 @@ def test_num_clusters_0_chooses_three_for_three_regimes_and_each_reaches_its_lst
     first = json.loads((tmp_path / "clusters.jsonl").read_text().splitlines()[0])
     assert first["round"] == 2 and first["num-clusters"] == 3
     assert max(first["silhouette"], key=first["silhouette"].get) == "3"
+    assert sorted(first["tried"]) == sorted(first["silhouette"])  # each k's assignment kept
+    assert first["tried"]["3"] == first["assignment"]  # the chosen k's is the one used
+    assert all(len(set(first["tried"][j])) == int(j) for j in first["tried"])
     g = continued(f, **{"fraction-train": 1.0})
     g.run(60)
     check_regimes_reached(g, p, regime)

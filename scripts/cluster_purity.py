@@ -12,13 +12,13 @@ regimes). Also the number of clusters in use and how many hold more than one reg
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
 
 from methods.clustered import CLUSTERS_FILE
 from methods.sampling import sample_clients
+from scripts.run_dirs import run_dirs
 from server_app.regime_files import read_regimes
 from task.config import RunConfig
 
@@ -60,10 +60,7 @@ def by_round(run_dir: Path) -> list[dict[str, float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories")
-    args = ap.parse_args()
-    for run in args.runs:
+    for run in run_dirs(__doc__):
         print(run.name)
         print("round trained purity clusters mixed")
         for r in by_round(run):

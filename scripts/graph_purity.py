@@ -9,11 +9,11 @@ that have no edge. With 4 balanced regimes about a quarter of random edges would
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from methods.fedrelax import GRAPH_FILE
+from scripts.run_dirs import run_dirs
 from server_app.regime_files import read_regimes
 
 
@@ -39,10 +39,7 @@ def row(run_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path)
-    args = parser.parse_args(argv)
-    for run_dir in args.runs:
+    for run_dir in run_dirs(__doc__, argv):
         print(row(run_dir))
     return 0
 

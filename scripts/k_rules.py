@@ -11,7 +11,6 @@ judged on the same k-means clusterings the run made.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from methods.clustered import CLUSTERS_FILE
 from methods.sampling import sample_clients
 from scripts.cluster_purity import purity
+from scripts.run_dirs import run_dirs
 from server_app.regime_files import read_regimes
 from task.config import RunConfig
 
@@ -79,13 +79,10 @@ def warmup_purity(run_dir: Path, row: dict, k: int) -> float | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories (config.json, "
-                    "clusters.jsonl)")
-    args = ap.parse_args()
+    runs = run_dirs(__doc__, what="run directories (config.json, clusters.jsonl)")
     print("| run | silhouette by k | " + " | ".join(RULES) + " |")
     print("|---|---|" + "---:|" * len(RULES))
-    for run in args.runs:
+    for run in runs:
         row = warmup_line(run)
         if row is None:
             print(f"| {run.name} | no warm-up line |")

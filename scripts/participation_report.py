@@ -12,12 +12,12 @@ the clients that trained that many times. A client never sampled counts 0.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from scripts.run_dirs import run_dirs
 from server_app.personal_summary import KINDS
 from server_app.results import read_personal_clients
 
@@ -70,10 +70,7 @@ def report(run_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path)
-    args = parser.parse_args(argv)
-    for run_dir in args.runs:
+    for run_dir in run_dirs(__doc__, argv):
         print(report(run_dir))
     return 0
 

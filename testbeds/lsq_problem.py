@@ -70,6 +70,13 @@ class Problem:
     def num_clients(self) -> int:
         return len(self.xs)
 
+    def gradient(self, pid: int, w: np.ndarray) -> np.ndarray:
+        """The full-batch gradient of client ``pid``'s half-MSE at ``w``, in float64: the
+        tests' numpy oracles step with it (linear problems only)."""
+        assert self.linear and self.loss_fn is half_mse, "the gradient of lsq_problem's loss"
+        x, y = self.xs[pid].double().numpy(), self.ys[pid].double().numpy()
+        return x.T @ (x @ w - y) / len(y)
+
 
 def lsq_problem(num_clients: int = 8, dim: int = 5, n: int = 20, seed: int = 0) -> Problem:
     """Heterogeneous least squares: client i has its own scale (Hessian) and its own target."""

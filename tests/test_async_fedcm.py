@@ -34,11 +34,6 @@ def problem() -> Problem:
     return lsq_problem(num_clients=N, dim=DIM, n=20, seed=5)
 
 
-def gradient(p: Problem, pid: int, w: np.ndarray) -> np.ndarray:
-    x, y = p.xs[pid].double().numpy(), p.ys[pid].double().numpy()
-    return x.T @ (x @ w - y) / len(y)
-
-
 def oracle(script: Script, buffer_size: int, flushes: int, a: float,
            server_lr: float) -> dict[str, Any]:
     """FedBuff with FedCM's momentum over ``script``, in float64 (the model and d are float32
@@ -53,7 +48,7 @@ def oracle(script: Script, buffer_size: int, flushes: int, a: float,
         v_sent, w_sent, d_sent = task[pid]
         y = w_sent.copy()
         for _ in range(K_STEPS):
-            y -= LR * (ALPHA * gradient(p, pid, y) + (1.0 - ALPHA) * d_sent)
+            y -= LR * (ALPHA * p.gradient(pid, y) + (1.0 - ALPHA) * d_sent)
         if fate == "ok":
             buffer.append((y - w_sent, version - v_sent))
         if len(buffer) == buffer_size:

@@ -63,11 +63,6 @@ def run_async(raw: dict[str, Any], script: Script, root: Path, p: Problem | None
 
 
 # ---------------------------------------------------------------------------- the oracle
-def gradient(p: Problem, pid: int, w: np.ndarray) -> np.ndarray:
-    x, y = p.xs[pid].double().numpy(), p.ys[pid].double().numpy()
-    return x.T @ (x @ w - y) / len(y)
-
-
 def oracle(script: Script, buffer_size: int, flushes: int, s: dict[int, float],
            max_staleness: int = 0, server_lr: float = 1.0) -> dict[str, Any]:
     """FedBuff with SCAFFOLD's c over ``script``, in float64."""
@@ -83,7 +78,7 @@ def oracle(script: Script, buffer_size: int, flushes: int, s: dict[int, float],
         v_sent, w_sent, c_sent = task[pid]
         y = w_sent.copy()
         for _ in range(K_STEPS):
-            y -= LR * (gradient(p, pid, y) + c_sent - acc[pid])
+            y -= LR * (p.gradient(pid, y) + c_sent - acc[pid])
         new = acc[pid] - c_sent + (w_sent - y) / (K_STEPS * LR)
         tau = version - v_sent
         if fate == "ok" and not (max_staleness and tau > max_staleness):

@@ -139,6 +139,18 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
     per_client_refusal = PER_CLIENT
     robust_refusal = ("each client's model is its own; there is no aggregate for a robust "
                       "rule to build")
+    replaces_models = True
+
+    @classmethod
+    def async_refusal(cls, params: FedRelaxParams) -> tuple[str, object, str, str] | None:
+        """Under ``rounds=async`` only a given graph: the loss graph's measurements are
+        matched to a client's last message at the round's end, and the knn graph's rebuilds
+        are counted in rounds; neither is built for tasks that outlive a flush."""
+        if not params.learned:
+            return None
+        return ("graph", params.graph, "file:<path> with method='fedrelax'",
+                "a learned graph is rebuilt from one round's replies and messages; not built "
+                "for tasks that outlive a flush")
 
     def __init__(self, params: FedRelaxParams) -> None:
         super().__init__(params)
@@ -213,8 +225,9 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
 
     def update(self, state: FedRelaxState, w_t: Weights,
                rnd: RoundInput) -> tuple[Weights, FedRelaxState]:
-        """Store each reply's model; w_{t+1} = the mean of all clients' current models
-        (updated by the replies' moves); rebuild the learned graph when due."""
+        """Store each reply's model (a client's last, if it replied twice: a flush under
+        ``rounds=async``); w_{t+1} = the mean of all clients' current models (updated by the
+        replies' moves); rebuild the learned graph when due."""
         assert self.models is not None and rnd.variant == "model"
         n = rnd.num_clients
         if rnd.server_round == 1:
@@ -228,7 +241,9 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         pool = gr.grown_rows(state.pool[0], n) if by_loss else state.pool[0]
         remeasured = False
         moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
-        for u in rnd.updates:
+        # rounds=async: a client may reply twice before a flush; its later model replaces
+        last = {u.partition_id: u for u in rnd.updates}
+        for u in last.values():
             pid = u.partition_id
             old = self.model_of(state, pid)
             move = [new.astype(np.float64) - o.astype(np.float64)

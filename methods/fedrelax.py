@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -142,13 +144,14 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
     replaces_models = True
 
     @classmethod
-    def async_refusal(cls, params: FedRelaxParams) -> tuple[str, object, str, str] | None:
+    def async_refusal(cls, values: Mapping[str, Any]) -> tuple[str, Any, str, str] | None:
         """Under ``rounds=async`` only a given graph: the loss graph's measurements are
         matched to a client's last message at the round's end, and the knn graph's rebuilds
         are counted in rounds; neither is built for tasks that outlive a flush."""
-        if not params.learned:
+        graph = values["graph"]
+        if graph not in ("knn", gl.SOURCE):
             return None
-        return ("graph", params.graph, "file:<path> with method='fedrelax'",
+        return ("graph", graph, "file:<path> with method='fedrelax'",
                 "a learned graph is rebuilt from one round's replies and messages; not built "
                 "for tasks that outlive a flush")
 

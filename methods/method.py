@@ -314,9 +314,10 @@ class ServerRule(Generic[P, S]):
         return None
 
     @classmethod
-    def async_refusal(cls, params: P) -> tuple[str, object, str, str] | None:
-        """(key, value, what is allowed, why) for a value of the method's ``params`` it cannot
-        run under ``rounds=async`` with (the run config refuses it in one line); None: none."""
+    def async_refusal(cls, values: Mapping[str, Any]) -> tuple[str, Any, str, str] | None:
+        """(key, value, what is allowed, why) for a value of the method's run-config keys
+        (``values``, by key, before ``Params.check``) it cannot run under ``rounds=async``
+        with (the run config refuses it in one line); None: none."""
         return None
 
     def bind(self, models: ModelFiles, results: ReportFiles | None) -> None:

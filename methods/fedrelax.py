@@ -31,6 +31,10 @@ its ``graph-k`` lowest, none past the widest gap among its 2k lowest (A = 1; the
 clients' choices). The graph in use is written
 to the run directory (``graph.json``, ``graph.png``) each time it changes.
 
+Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
+models the server holds then, and a flush replaces each buffered client's model (its last
+reply): ``replaces_models``; only a ``file:`` graph (``async_refusal``).
+
 RI and DP are refused: RI's start point is built from a global model the clients do not train
 from (each starts from its own w^(i), which is what RI's w_prev carries), and the server needs
 each client's exact model, which DP's clipped, noised uploads are not.

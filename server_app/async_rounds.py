@@ -20,7 +20,10 @@ Ditto) is w + eta_g D, FedAdam's its optimiser step, SCAFFOLD's w + eta_g D with
 c += (1/N) sum Delta_c_i over the buffer (each reply's Delta_c_i added once, unweighted by
 staleness; docs/algorithms.md). A reply counts as accounted for its client
 (``AccountedRounds``) when it is buffered: it will be in the next flush, so the client's next
-task starts its c_i from it; a rejected, lost or stale-dropped reply never is. ``dp=central``:
+task starts its c_i from it; a rejected, lost or stale-dropped reply never is. FedRelax (book
+eq. 128): each task carries m_i built at send time from the client models the server holds
+then (``Task.content``), and a flush replaces each buffered client's model with its reply
+(``ServerRule.replaces_models``; s(tau) not applied, ``staleness=constant`` only). ``dp=central``:
 each flush is one release (``server_app/async_privacy.py``: clipped at buffering, noised at
 the flush, a rejected reply a zero contribution, one reply per client per flush, counted
 before the flush is computed). A robust ``aggregation`` runs over the buffer

@@ -31,6 +31,10 @@ its ``graph-k`` lowest, none past the widest gap among its 2k lowest (A = 1; the
 clients' choices). The graph in use is written
 to the run directory (``graph.json``, ``graph.png``) each time it changes.
 
+Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
+models the server holds then, and a flush replaces each buffered client's model (its last
+reply): ``replaces_models``; only a ``file:`` graph (``async_refusal``).
+
 RI and DP are refused: RI's start point is built from a global model the clients do not train
 from (each starts from its own w^(i), which is what RI's w_prev carries), and the server needs
 each client's exact model, which DP's clipped, noised uploads are not.
@@ -40,8 +44,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -139,6 +145,19 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
     per_client_refusal = PER_CLIENT
     robust_refusal = ("each client's model is its own; there is no aggregate for a robust "
                       "rule to build")
+    replaces_models = True
+
+    @classmethod
+    def async_refusal(cls, values: Mapping[str, Any]) -> tuple[str, Any, str, str] | None:
+        """Under ``rounds=async`` only a given graph: the loss graph's measurements are
+        matched to a client's last message at the round's end, and the knn graph's rebuilds
+        are counted in rounds; neither is built for tasks that outlive a flush."""
+        graph = values["graph"]
+        if graph not in ("knn", gl.SOURCE):
+            return None
+        return ("graph", graph, "file:<path> with method='fedrelax'",
+                "a learned graph is rebuilt from one round's replies and messages; not built "
+                "for tasks that outlive a flush")
 
     def __init__(self, params: FedRelaxParams) -> None:
         super().__init__(params)
@@ -213,8 +232,9 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
 
     def update(self, state: FedRelaxState, w_t: Weights,
                rnd: RoundInput) -> tuple[Weights, FedRelaxState]:
-        """Store each reply's model; w_{t+1} = the mean of all clients' current models
-        (updated by the replies' moves); rebuild the learned graph when due."""
+        """Store each reply's model (a client's last, if it replied twice: a flush under
+        ``rounds=async``); w_{t+1} = the mean of all clients' current models (updated by the
+        replies' moves); rebuild the learned graph when due."""
         assert self.models is not None and rnd.variant == "model"
         n = rnd.num_clients
         if rnd.server_round == 1:
@@ -228,7 +248,9 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         pool = gr.grown_rows(state.pool[0], n) if by_loss else state.pool[0]
         remeasured = False
         moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
-        for u in rnd.updates:
+        # rounds=async: a client may reply twice before a flush; its later model replaces
+        last = {u.partition_id: u for u in rnd.updates}
+        for u in last.values():
             pid = u.partition_id
             old = self.model_of(state, pid)
             move = [new.astype(np.float64) - o.astype(np.float64)

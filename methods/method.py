@@ -283,6 +283,12 @@ class ServerRule(Generic[P, S]):
     """Why client-level DP (``dp`` != off) cannot run with the method: its update uses a
     data-dependent value the clipping and noise do not cover (the run config refuses the
     combination with this reason); '' where DP composes."""
+    replaces_models: ClassVar[bool] = False
+    """True where the state holds each client's own model and a reply's upload replaces it
+    (FedRelax). Under ``rounds=async`` the loop then hands ``update`` the uploads themselves
+    (``variant`` ``model``, not deltas against the task's version), s(tau) has nothing to
+    weight, and each task keeps the content its message carried (``down_to``'s, built at
+    send time) for a resume to re-send as it went out."""
 
     def __init__(self, params: P) -> None:
         self.params = params
@@ -305,6 +311,13 @@ class ServerRule(Generic[P, S]):
         """The model personalized evaluation scores as client ``partition_id``'s (a) where it
         is not the model of its train message (clustered FL's client with no cluster yet);
         None (the default): that model (``down_to``'s, or w_t)."""
+        return None
+
+    @classmethod
+    def async_refusal(cls, values: Mapping[str, Any]) -> tuple[str, Any, str, str] | None:
+        """(key, value, what is allowed, why) for a value of the method's run-config keys
+        (``values``, by key, before ``Params.check``) it cannot run under ``rounds=async``
+        with (the run config refuses it in one line); None: none."""
         return None
 
     def bind(self, models: ModelFiles, results: ReportFiles | None) -> None:

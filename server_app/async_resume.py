@@ -12,7 +12,11 @@ version instead would change their staleness and their finish times.
 
 A method that sends arrays beside the model (SCAFFOLD's c) has them saved for each of those
 older versions too (``version-<v>/<name>``): a re-sent task carries c of the version it was
-sent, not the newest; the checkpoint's own version's are the server state's.
+sent, not the newest; the checkpoint's own version's are the server state's. A method whose
+clients each get their own content and whose replies replace their models (FedRelax: m_i,
+built from the neighbours' models the server held when the task was sent) has every array
+record of each task in flight saved by dispatch number (``task-<seq>/<name>``): a re-sent
+task carries its m_i as sent, not one rebuilt from the checkpoint's models.
 
 What else. The seeded generator of the client choice (its bit generator's state), the
 clock's ``now``, the dispatch count, each client's last round number, the method's server
@@ -107,17 +111,28 @@ def down_key(version: int, name: str) -> str:
     return f"{version_key(version)}/{name}"
 
 
+def task_key(seq: int, name: str) -> str:
+    """The checkpoint entry of array record ``name`` of the task with dispatch number
+    ``seq`` (a method whose clients each get their own content)."""
+    return f"task-{seq}/{name}"
+
+
 def async_checkpoint(state: LoopState, weights: Weights, sent: dict[int, Weights],
                      strategy_state: dict[str, Weights], config: dict[str, Any],
                      rows: list[dict[str, Any]],
-                     sent_down: dict[int, dict[str, Weights]] | None = None) -> Checkpoint:
+                     sent_down: dict[int, dict[str, Weights]] | None = None,
+                     sent_content: dict[int, dict[str, Weights]] | None = None) -> Checkpoint:
     """The checkpoint of a flush: ``weights`` is version ``state.version``; ``sent`` holds
     each older version a task in flight carries, ``sent_down`` the method's down arrays of
-    each (its own version's follow from ``strategy_state``)."""
+    each (its own version's follow from ``strategy_state``), ``sent_content`` each task's
+    own records by dispatch number (FedRelax)."""
     extra = {version_key(v): list(sent[v]) for v in state.versions()}
     downs = sent_down or {}
     extra.update({down_key(v, k): list(a) for v in state.versions()
                   for k, a in downs.get(v, {}).items()})
+    contents = sent_content or {}
+    extra.update({task_key(t.seq, k): list(a) for t in state.in_flight
+                  for k, a in contents.get(t.seq, {}).items()})
     return Checkpoint(state.version, list(weights), strategy_state, config, rows,
                       state.to_meta(), extra)
 
@@ -167,4 +182,23 @@ def sent_downs_of(run_dir: Path, ckpt: Checkpoint, state: LoopState,
                 raise CheckpointError(f"resume-dir {run_dir}: the checkpoint lacks {name} of "
                                       f"version {v}, which a task in flight was sent")
             out.setdefault(v, {})[name] = arrays
+    return out
+
+
+def sent_contents_of(run_dir: Path, ckpt: Checkpoint,
+                     state: LoopState) -> dict[int, dict[str, Weights]]:
+    """Each task in flight's own array records, by dispatch number (``task_key``); one-line
+    CheckpointError when a task has none (a checkpoint made before they were kept cannot
+    re-send that task's m_i as it went out)."""
+    out: dict[int, dict[str, Weights]] = {}
+    for t in state.in_flight:
+        prefix = task_key(t.seq, "")
+        records = {k.removeprefix(prefix): list(a) for k, a in ckpt.extra.items()
+                   if k.startswith(prefix)}
+        if not records:
+            raise CheckpointError(f"resume-dir {run_dir}: the checkpoint lacks the content of "
+                                  f"client {t.pid}'s task in flight (dispatch {t.seq}, sent "
+                                  f"version {t.version}), which a resume re-sends as it went "
+                                  "out")
+        out[t.seq] = records
     return out

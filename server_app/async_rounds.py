@@ -20,7 +20,10 @@ Ditto) is w + eta_g D, FedAdam's its optimiser step, SCAFFOLD's w + eta_g D with
 c += (1/N) sum Delta_c_i over the buffer (each reply's Delta_c_i added once, unweighted by
 staleness; docs/algorithms.md). A reply counts as accounted for its client
 (``AccountedRounds``) when it is buffered: it will be in the next flush, so the client's next
-task starts its c_i from it; a rejected, lost or stale-dropped reply never is. ``dp=central``:
+task starts its c_i from it; a rejected, lost or stale-dropped reply never is. FedRelax (book
+eq. 128): each task carries m_i built at send time from the client models the server holds
+then (``Task.content``), and a flush replaces each buffered client's model with its reply
+(``ServerRule.replaces_models``; s(tau) not applied, ``staleness=constant`` only). ``dp=central``:
 each flush is one release (``server_app/async_privacy.py``: clipped at buffering, noised at
 the flush, a rejected reply a zero contribution, one reply per client per flush, counted
 before the flush is computed). A robust ``aggregation`` runs over the buffer
@@ -71,7 +74,7 @@ from methods.fedbuff import (
     staleness_weight,
 )
 from methods.method import ClientUpdate, RoundInput
-from methods.packed_arrays import pack
+from methods.packed_arrays import pack, unpack
 from methods.weights import Weights
 from server_app.async_privacy import (
     ASYNC_DP_CONVENTIONS,
@@ -83,6 +86,7 @@ from server_app.async_resume import (
     LoopState,
     async_checkpoint,
     loop_state_of,
+    sent_contents_of,
     sent_downs_of,
 )
 from server_app.async_robust import robust_flush
@@ -141,6 +145,10 @@ class Task:
     """The client's round before this task (0: none): the state it starts from."""
     down: Mapping[str, Weights] = field(default_factory=dict)
     """The method's down arrays it carried (SCAFFOLD's c of ``version``)."""
+    content: Mapping[str, Weights] = field(default_factory=dict)
+    """A method that replaces its clients' models (``ServerRule.replaces_models``): every
+    array record its message carried (FedRelax's m_i in place of the model, d_i), built at
+    send time; a resume re-sends exactly these. Empty for the other methods."""
     doomed: bool = False
     """Availability windows: its client's window closes before it ends, so it is never
     pushed and is lost at ``finish`` (that window's end), in simulated order."""
@@ -276,6 +284,9 @@ class AsyncLoop:
         """After a resume: the model versions those tasks carry."""
         self.sent_downs: dict[int, dict[str, Weights]] = {}
         """After a resume: the method's down arrays of those versions (SCAFFOLD's c)."""
+        self.sent_contents: dict[int, dict[str, Weights]] = {}
+        """After a resume: by dispatch number, the content each of those tasks carried
+        (FedRelax's m_i and d_i: ``Task.content``)."""
         self.run_dir = Path(cfg.fleet.output_dir)
         """Where the checkpoint is (set by ``run_async_experiment``), named when it stops."""
         self.privacy: FlushPrivacy | None = None
@@ -305,6 +316,7 @@ class AsyncLoop:
         down = self.strategy.rule.down(self.strategy.state)
         messages = list(self.strategy.configure_train(version + 1, arrays, self.round_config,
                                                       self.grid))
+        own = {pid: self.content_of(msg) for msg, pid in zip(messages, chosen, strict=True)}
         rounds = {}
         for msg, pid in zip(messages, chosen, strict=True):
             base = self.last_round.get(pid, 0)
@@ -322,18 +334,26 @@ class AsyncLoop:
             if pid in leaves:  # never pushed: the device goes away before it would end
                 self.tasks[f"lost-{seq}"] = Task(pid, self.node_of[pid], version, weights,
                                                  now, leaves[pid], seq, *rounds[pid],
-                                                 down=down, doomed=True)
+                                                 down=down, content=own[pid], doomed=True)
                 continue
             msg_id = next(pushed)
             if msg_id:
                 finish = sim.now + sim.duration(pid) if sim is not None else 0.0
                 self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now,
-                                          finish, seq, *rounds[pid], down=down)
+                                          finish, seq, *rounds[pid], down=down,
+                                          content=own[pid])
         self.counts.dispatched += len(chosen)
         if self.counts.refill:
             log(INFO, "version %d: %d lost task(s) re-sent: client(s) %s now train", version,
                 self.counts.refill, chosen[:self.counts.refill])
             self.counts.refill = max(0, self.counts.refill - len(chosen))
+
+    def content_of(self, msg: Message) -> dict[str, Weights]:
+        """What a train message carried, where the method gives each client its own content
+        and replaces its model (else nothing: the version and its down arrays say it)."""
+        if not self.strategy.rule.replaces_models:
+            return {}
+        return {k: unpack(v) for k, v in msg.content.array_records.items()}
 
     def mark(self, msg: Message, pid: int, rnd: int) -> None:
         """Set the client's round number and, if it has one, the round it must keep."""
@@ -354,15 +374,16 @@ class AsyncLoop:
         sent = []
         for t in redo:
             down = self.sent_downs.get(t.version, {})
+            own = self.sent_contents.get(t.seq, {})
             if self.windowed is not None and self.windowed.doomed(t.pid, t.finish):
                 self.tasks[f"lost-{t.seq}"] = Task(
                     t.pid, self.node_of.get(t.pid, -1), t.version,
                     self.sent_versions[t.version], now, t.finish, t.seq, t.round, t.base,
-                    down, doomed=True)
+                    down, own, doomed=True)
                 continue
             if t.pid not in online or t.pid not in self.node_of:
                 self.lose(Task(t.pid, -1, t.version, self.sent_versions[t.version], now,
-                               t.finish, t.seq, t.round, t.base, down),
+                               t.finish, t.seq, t.round, t.base, down, own),
                           "not connected when the resumed run re-sent its task")
                 continue
             weights = self.sent_versions[t.version]
@@ -371,16 +392,18 @@ class AsyncLoop:
                                                    self.round_config, self.grid)
             for key, arrays in down.items():  # the version's own (c_v), not the newest
                 msg.content.array_records[key] = pack(arrays)
+            for key, arrays in own.items():  # m_i as sent then, not of the checkpoint's models
+                msg.content.array_records[key] = pack(arrays)
             self.mark(msg, t.pid, t.round)
             (msg_id,) = self.grid.push_messages([msg])
             if msg_id:
                 self.tasks[msg_id] = Task(t.pid, self.node_of[t.pid], t.version, weights, now,
-                                          t.finish, t.seq, t.round, t.base, down)
+                                          t.finish, t.seq, t.round, t.base, down, own)
                 sent.append(f"{t.pid} (version {t.version})")
         log(INFO, "version %d: re-sent %d of the %d task(s) in flight at the checkpoint, each "
             "from its own version: client(s) %s", self.buffer.version, len(sent), len(redo),
             ", ".join(sent))
-        self.sent_versions, self.sent_downs = {}, {}
+        self.sent_versions, self.sent_downs, self.sent_contents = {}, {}, {}
 
     def state(self) -> LoopState:
         """The loop's state for the checkpoint of the flush just made (buffer empty); from
@@ -401,10 +424,17 @@ class AsyncLoop:
         """The method's down arrays each task in flight carries, by version (none: empty)."""
         return {t.version: dict(t.down) for t in self.tasks.values() if t.down}
 
+    def sent_content(self) -> dict[int, dict[str, Weights]]:
+        """The content each task in flight carried, by dispatch number (methods that replace
+        their clients' models only; else empty)."""
+        return {t.seq: dict(t.content) for t in self.tasks.values() if t.content}
+
     def load(self, state: LoopState, sent: dict[int, Weights],
-             downs: dict[int, dict[str, Weights]] | None = None) -> None:
+             downs: dict[int, dict[str, Weights]] | None = None,
+             contents: dict[int, dict[str, Weights]] | None = None) -> None:
         """Continue from a checkpoint's ``state``: its tasks in flight are re-sent by the
-        first ``fill``, from the versions in ``sent`` with their down arrays ``downs``."""
+        first ``fill``, from the versions in ``sent`` with their down arrays ``downs`` (or,
+        by dispatch number, the content each carried: ``contents``)."""
         self.buffer.version = state.version
         self.rng.bit_generator.state = state.rng
         if self.clock is not None and state.clock_now is not None:
@@ -413,6 +443,7 @@ class AsyncLoop:
         self.last_round = dict(state.last_round)
         self.redo, self.sent_versions = state.in_flight, sent
         self.sent_downs = dict(downs or {})
+        self.sent_contents = dict(contents or {})
         self.pins = pins_of(self.last_round, state.in_flight)
         self.accounted_pins = self.accounted_at_checkpoint()
 
@@ -432,7 +463,9 @@ class AsyncLoop:
         down = self.strategy.rule.down(self.strategy.state)  # the checkpoint's version's
         state, sent = loaded
         self.load(state, sent, {**sent_downs_of(run_dir, ckpt, state, tuple(down)),
-                                state.version: down})
+                                state.version: down},
+                  sent_contents_of(run_dir, ckpt, state) if self.strategy.rule.replaces_models
+                  else None)
         return list(ckpt.weights)
 
     def take(self, msg: Message) -> Task | None:
@@ -464,10 +497,13 @@ class AsyncLoop:
         if privacy is not None:
             decoded = privacy.clipped(decoded)
         weight = self.strategy.reply_weights([decoded])[0]
-        delta = delta_of(decoded.upload, task.weights, self.cfg.train.ri_aggregation)
+        replaces = self.strategy.rule.replaces_models  # the upload is the client's model
+        delta = (decoded.upload if replaces else
+                 delta_of(decoded.upload, task.weights, self.cfg.train.ri_aggregation))
         if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.pid)):
             self.losses.append((weight, decoded.train_loss))
-            self.accepted.append((replace(decoded, upload=delta), weight))
+            self.accepted.append((decoded if replaces else replace(decoded, upload=delta),
+                                  weight))
             # in the next flush: the client's next task starts its c_i from this one
             self.strategy.accounted_rounds.count([task.pid], task.round)
             if privacy is not None:
@@ -632,7 +668,10 @@ class AsyncLoop:
         D; FedAdam's: its Adam step, its moments kept on the strategy as in a sync round;
         SCAFFOLD's: c from every buffered reply's Delta_c_i once, unweighted).
         Each reply reaches the rule as its Delta_i against the version its task carried
-        (``variant`` ``update``), so a stale reply's move is not measured from the newest w.
+        (``variant`` ``update``), so a stale reply's move is not measured from the newest w;
+        a rule that replaces its clients' models (FedRelax) gets the uploaded models
+        (``variant`` ``model``) and ignores D: the flush is the book's event k, A(k) the
+        buffered clients, each client's model replaced by its last buffered reply.
         Under DP: D and each extra upload's sum carry the flush's noise (``FlushPrivacy``)."""
         c = self.cfg
         updates = [u for u, _ in self.accepted]
@@ -650,7 +689,8 @@ class AsyncLoop:
             updates, weights = [updates[i] for i in kept], [1.0] * len(kept)
         rnd = RoundInput(server_round=self.buffer.version + 1,
                          aggregate=[d.astype(np.float32) for d in step],
-                         updates=updates, weights=weights, variant="update",
+                         updates=updates, weights=weights,
+                         variant="model" if self.strategy.rule.replaces_models else "update",
                          num_clients=c.num_clients, lr=c.train.lr_at(self.buffer.version + 1),
                          server_lr=c.train.server_lr, upload_sums=sums, combine=RobustMean(c),
                          aggregation=c.robust.aggregation)
@@ -737,7 +777,8 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
         rec.add_round(row)
         save_checkpoint(out, async_checkpoint(loop.state(), flush.weights, loop.sent(),
                                               strategy.server_state(), cfg.to_dict(),
-                                              rec.rows, loop.sent_down()))
+                                              rec.rows, loop.sent_down(),
+                                              loop.sent_content()))
         log(INFO, "[version %d/%d] acc %s replies %d staleness mean %.2f max %d dropped %d "
             "| %.1fs", version, n, "-" if acc is None else f"{100 * acc:.2f}%",
             flush.replies, row["staleness-mean"], row["staleness-max"], flush.dropped,

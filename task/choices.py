@@ -18,17 +18,16 @@ at once, every buffer-size replies are aggregated; server_app/async_rounds.py)."
 STALENESS_KINDS: tuple[str, ...] = ("constant", "poly", "hinge")
 """``staleness`` under ``rounds=async`` (methods/fedbuff.py: s(tau))."""
 ASYNC_METHODS: tuple[str, ...] = ("fedavg", "fedprox", "fedsam", "ditto", "fedadam",
-                                  "scaffold", "fedcm")
+                                  "scaffold", "fedcm", "fedrelax")
 """Methods ``rounds=async`` runs (fedavg with beta != 0 is FedInit): FedAvg's server rule on
 the buffered update, FedAdam's optimiser on it, SCAFFOLD's with each buffered reply's
-Delta_c_i added to c once, unweighted, or FedCM's momentum d = -D / (K eta) from the buffered
-update (docs/algorithms.md, FedBuff)."""
+Delta_c_i added to c once, unweighted, FedCM's momentum d = -D / (K eta) from the buffered
+update, or FedRelax's book eq. (128): each task carries m_i of the neighbours' models held at
+send time, a flush replaces each buffered client's model (docs/algorithms.md, FedBuff)."""
 ASYNC_REFUSALS: dict[str, str] = {
     "feddyn": "its correction H / N, added at every flush, diverges once replies are a version "
               "stale (least squares, 4 of 8 clients a flush: rel. error 5 after 60 flushes, "
               "sync 4e-5; docs/algorithms.md, FedBuff)",
-    "fedrelax": "each client trains from its neighbours' models, the asynchronous form "
-                "(book eq. 128) is not built yet",
     "clustered": "it re-clusters the replies of one round; a buffer's replies started from "
                  "different versions of each cluster model",
 }

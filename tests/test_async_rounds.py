@@ -23,6 +23,7 @@ from methods.packed_arrays import unpack
 from server_app import async_rounds
 from server_app.app import RunAborted, main
 from server_app.async_rounds import run_async_experiment
+from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 from task.datasets import to_tensor
@@ -359,3 +360,35 @@ def test_a_benched_client_takes_only_a_slot_no_other_can() -> None:
     assert pick({0, 2}, {2}, 2)[0] == 0 and sorted(pick({0, 2}, {2}, 2)) == [0, 2]
     assert pick({2}, {2}, 1) == [2]  # the only idle client takes the free slot
     assert pick({0, 1}, set(), 0) == []
+
+
+def test_fedrelax_one_buffer_is_its_sync_round_and_its_tasks_content_is_checkpointed(
+        tmp_path: Path) -> None:
+    """Through ``run_async_experiment``: one buffer of all clients is FedRelax's sync round 1
+    (the server's copies in the run directory, graph.json written); with buffer-size 2 of 3
+    the checkpoint keeps each task in flight's own m_i and d_i (``task-<seq>/...``)."""
+    graph = tmp_path / "graph.txt"
+    graph.write_text("0 1 1.0\n1 2 0.5\n")
+    over = {"num-server-rounds": 1, "staleness": "constant", "concurrency": 3,
+            "buffer-size": 3, "method": "fedrelax", "beta": 0.0, "fedrelax-alpha": 0.5,
+            "graph": f"file:{graph}"}
+    got, rows = run(tmp_path / "async", **over)
+    cfg = RunConfig.parse({**SMALL, **over, "rounds": "sync", "fraction-train": 1.0,
+                           "output-dir": str(tmp_path)})
+    grid = InProcessGrid(3, cfg.to_dict())
+    run_experiment(grid, cfg, out_dir=tmp_path / "sync")
+    with np.load(tmp_path / "sync" / "final_model.npz") as z:
+        sync = [z[f"arr_{i}"] for i in range(len(z.files))]
+    assert max_diff(got, sync) < 1e-5
+    assert max_diff(got, first_model(grid)) > 1e-4
+    assert rows[0]["num-replies"] == 3
+    assert sorted(p.name for p in (tmp_path / "async" / "server-models").iterdir()) == \
+        ["0", "1", "2"]
+    assert (tmp_path / "async" / "graph.json").is_file()
+    run(tmp_path / "two", **{**over, "buffer-size": 2, "num-server-rounds": 2})
+    ckpt = load_checkpoint(tmp_path / "two")
+    in_flight = ckpt.async_state["in-flight"]  # type: ignore[index]
+    assert in_flight
+    for row in in_flight:
+        assert f"task-{row[5]}/{rk.ARRAYS}" in ckpt.extra
+        assert f"task-{row[5]}/fedrelax-degree" in ckpt.extra

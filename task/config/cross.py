@@ -115,6 +115,11 @@ def check_async(c: RunConfig) -> None:
                         f"({c.method}: {why})")
     dp, s, r, e = c.privacy.dp, c.schedule, c.robust, c.eval
     need = min_replies(r.aggregation, r.byzantine_f)
+    rule = METHODS[c.method].server
+    own = rule.async_refusal(dict(c.method_values))
+    if own is not None:
+        key, value, allowed, why = own
+        raise bad_value(key, value, f"{allowed} with rounds='async' ({why})")
     refusals = (
         ("dp", dp, dp != "local", "off | central",
          "each upload is a release when the device sends it, also one dropped as stale or "
@@ -134,6 +139,10 @@ def check_async(c: RunConfig) -> None:
          f"aggregation={r.aggregation!r} and byzantine-f={r.byzantine_f}",
          "the rule runs over the K buffered replies: "
          + ("n >= 4f + 3" if r.aggregation == "bulyan" else "n > 2f + 2")),
+        ("staleness", s.staleness, not rule.replaces_models or s.staleness == "constant",
+         f"constant with method={c.method!r}",
+         "a reply replaces its client's model at the flush: no step for s(tau) to weight; "
+         "max-staleness still drops a staler reply"),
         ("evaluation", e.evaluation, c.eval_source == "central", "auto or central",
          "federated evaluation beside in-flight training is not built yet"),
         ("personal-eval-every", e.personal_eval_every, e.personal_eval_every == 0, "0",

@@ -92,11 +92,6 @@ def run(root: Path, script: Script, flushes: int, **over: Any) -> tuple[
 
 
 # ---------------------------------------------------------------------------- the oracle
-def gradient(p: Problem, pid: int, w: np.ndarray) -> np.ndarray:
-    x, y = p.xs[pid].double().numpy(), p.ys[pid].double().numpy()
-    return x.T @ (x @ w - y) / len(y)
-
-
 def clipped(v: np.ndarray, bound: float) -> np.ndarray:
     length = float(np.linalg.norm(v))
     return v if length <= bound else v * (bound / length)
@@ -118,7 +113,7 @@ def oracle(script: Script, flushes: int, *, clip: float | None, noise: bool,
         v_sent, w_sent = task.pop(pid)
         y = w_sent.copy()
         for _ in range(K_STEPS):
-            y -= LR * gradient(p, pid, y)
+            y -= LR * p.gradient(pid, y)
         norms.append(float(np.linalg.norm(y - w_sent)))
         tau = version - v_sent
         if fate == "ok":
@@ -268,7 +263,7 @@ def scaffold_oracle(script: Script, flushes: int, k: int = 2) -> dict[str, Any]:
         v_sent, w_sent, c_sent = task.pop(pid)
         y = w_sent.copy()
         for _ in range(K_STEPS):
-            y -= LR * (gradient(p, pid, y) + c_sent - acc[pid])
+            y -= LR * (p.gradient(pid, y) + c_sent - acc[pid])
         new = acc[pid] - c_sent + (w_sent - y) / (K_STEPS * LR)
         tau = version - v_sent
         if fate == "ok":

@@ -80,11 +80,6 @@ def adjacency() -> np.ndarray:
     return a
 
 
-def gradient(p: Problem, pid: int, w: np.ndarray) -> np.ndarray:
-    x, y = p.xs[pid].double().numpy(), p.ys[pid].double().numpy()
-    return x.T @ (x @ w - y) / len(y)
-
-
 def f32(w: np.ndarray) -> np.ndarray:
     """What crosses the wire and is stored: float32."""
     return w.astype(np.float32).astype(np.float64)
@@ -106,7 +101,7 @@ def oracle(script: Script, buffer_size: int, flushes: int, max_staleness: int = 
         m = f32(sum(a[pid, j] * held[j] for j in range(N)) / a[pid].sum())  # of held now
         y = own.get(pid, m).copy()
         for _ in range(K_STEPS):
-            y -= LR * (gradient(p, pid, y) + 2.0 * ALPHA * a[pid].sum() * (y - m))
+            y -= LR * (p.gradient(pid, y) + 2.0 * ALPHA * a[pid].sum() * (y - m))
         own[pid] = f32(y)
         task[pid] = (version, own[pid])
 

@@ -33,11 +33,6 @@ def problem() -> Problem:
     return lsq_problem(num_clients=N, dim=DIM, n=20, seed=5)
 
 
-def gradient(p: Problem, pid: int, w: np.ndarray) -> np.ndarray:
-    x, y = p.xs[pid].double().numpy(), p.ys[pid].double().numpy()
-    return x.T @ (x @ w - y) / len(y)
-
-
 def median_rule(deltas: list[np.ndarray], s: list[float]) -> tuple[np.ndarray, list[int]]:
     return float(np.mean(s)) * np.median(np.stack(deltas), axis=0), list(range(len(deltas)))
 
@@ -67,7 +62,7 @@ def oracle(rule: Any) -> tuple[np.ndarray, list[list[int]]]:
         v_sent, w_sent = task[pid]
         y = w_sent.copy()
         for _ in range(K_STEPS):
-            y -= LR * gradient(p, pid, y)
+            y -= LR * p.gradient(pid, y)
         delta = (y - w_sent) * (-10.0 if fate == "flip" else 1.0)
         buffer.append((pid, delta, (1.0 + version - v_sent) ** -0.5))
         if len(buffer) == K:

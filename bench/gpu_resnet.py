@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from cli.flower_env import flower_env
 from client_app.trainer import local_sgd
 from methods.ri import relaxed_start, weighted_mean
 from task.datasets import load_dataset, to_tensor
-from task.device import device
+from task.device import describe, device
 from task.evaluation import evaluate
 from task.models import build_model, get_weights, set_weights
 
@@ -43,12 +42,6 @@ HTTP_PORT, CONTROL_PORT = "39791", "39793"
 def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize()
-
-
-def describe(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(dev)}"
-    return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
 def plain(args: argparse.Namespace) -> None:

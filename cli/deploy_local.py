@@ -292,8 +292,10 @@ class Deployment:
     def start_node(self, i: int, cmd: list[str] | None = None, name: str = "") -> Proc:
         """SuperNode ``i`` with its own FLWR_HOME and a fixed torch thread count."""
         threads = str(self.threads_per_node)
+        # The repo first, then the caller's path (where flwr may live outside the venv).
+        path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
         env = flower_env(self.work_dir / f"node-{i}", OMP_NUM_THREADS=threads,
-                         MKL_NUM_THREADS=threads, PYTHONPATH=str(REPO))
+                         MKL_NUM_THREADS=threads, PYTHONPATH=path)
         return self.start(name or f"supernode-{i}", cmd or self.node_command(i), env)
 
     def up(self, start: list[int] | None = None) -> None:
@@ -348,7 +350,8 @@ class Deployment:
                 if proc.stdout is not None:
                     proc.stdout.close()
         if run_id is None:
-            raise DeployError("`flwr run` did not start a run (see its output above)")
+            why = f": {watcher.reason}" if watcher.reason else " (see its output above)"
+            raise DeployError(f"`flwr run` did not start a run{why}")
         if watcher.reason:
             subprocess.run(["flwr", "stop", run_id, CONNECTION], env=self.cli_env(),
                            capture_output=True, check=False)

@@ -12,23 +12,29 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Callable
+from logging import INFO
 
 import numpy as np
 import torch
+from flwr.common.logger import log
 from torch import nn
 
 from task import models
 from task.config import RunConfig
 from task.data_sets import schema_of
 from task.datasets import to_tensor
-from task.device import device
+from task.device import describe, device
 from task.federated_data import client_examples, client_test_examples
 
 
 @functools.lru_cache(maxsize=4)
 def cached_model(cfg: RunConfig) -> nn.Module:
-    """The run's model at w_0 (seeded), on the device; callers overwrite its weights."""
-    return models.initial_model(cfg).to(device())
+    """The run's model at w_0 (seeded), on the device; callers overwrite its weights.
+
+    Logs the device once per model and process, so a node's log says where it trains."""
+    dev = device()
+    log(INFO, "ClientApp trains %s on %s", cfg.train.model, describe(dev))
+    return models.initial_model(cfg).to(dev)
 
 
 @functools.lru_cache(maxsize=4)

@@ -67,6 +67,7 @@ from methods.method import (
     Scalar,
     ServerRule,
     ServerState,
+    apply_step,
     check_range,
     proximal_hook,
 )
@@ -76,6 +77,11 @@ OWN = "fedrelax-w"
 """Client state: the client's own model w^(i)."""
 DEGREE = "fedrelax-degree"
 """Down array: the client's degree d_i = sum_i' A_ii' (one number)."""
+WARMUP = "fedrelax-warmup"
+"""Down array: 1.0 in a warm-up round (train the shared model sent, FedAvg's pass), else 0.0."""
+START = "fedrelax-start"
+"""Down arrays: the warm-up's model stacked once, for a client whose w^(i) is still it (none
+uploaded since the warm-up): the client's w^(i) becomes it before training; empty otherwise."""
 GRAPH_FILE = "graph.json"
 GRAPH_PNG = "graph.png"
 DRAW_LIMIT = 500
@@ -97,6 +103,8 @@ class FedRelaxParams(Params):
     loss: between one client's measurements)."""
     graph_candidates: int
     """``graph=loss``: the most candidate models one client scores at a measurement."""
+    relax_warmup: int
+    """Rounds of FedAvg on one shared model before GTVMin starts from it (0: none)."""
 
     def check(self) -> None:
         check_range("fedrelax-alpha", self.fedrelax_alpha, self.fedrelax_alpha >= 0,
@@ -110,6 +118,8 @@ class FedRelaxParams(Params):
         check_range("graph-candidates", self.graph_candidates,
                     self.graph_candidates >= self.graph_k,
                     f"an integer >= graph-k ({self.graph_k})")
+        check_range("relax-warmup", self.relax_warmup, self.relax_warmup >= 0,
+                    "an integer >= 0 (rounds of FedAvg before GTVMin; 0 = none)")
 
     @property
     def learned(self) -> bool:
@@ -121,7 +131,8 @@ class FedRelaxState(ServerState):
     """Everything but the models themselves (those are files): checkpointed."""
 
     w0: Weights
-    """The initial model: the server's copy of a client that has not uploaded yet."""
+    """The model every client's w^(i) starts from, the server's copy of a client that has not
+    uploaded since: w_0, or once ``relax-warmup`` rounds have ended, the warm-up's model."""
     version: Weights
     """[int64 (N,)]: the round of each client's current stored model (0: none yet)."""
     graph: Weights
@@ -152,6 +163,11 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         """Under ``rounds=async`` only a given graph: the loss graph's measurements are
         matched to a client's last message at the round's end, and the knn graph's rebuilds
         are counted in rounds; neither is built for tasks that outlive a flush."""
+        warmup = values["relax-warmup"]
+        if warmup != 0:
+            return ("relax-warmup", warmup, "0 with method='fedrelax'",
+                    "the warm-up's FedAvg rounds and the switch to GTVMin are counted in rounds; "
+                    "not built for tasks that outlive a flush")
         graph = values["graph"]
         if graph not in ("knn", gl.SOURCE):
             return None
@@ -214,12 +230,31 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         return gl.candidates(pid, state.version[0], state.chosen[0],
                              self.params.graph_candidates, upcoming)
 
+    def warming(self, state: FedRelaxState) -> bool:
+        """Whether the next round is one of the ``relax-warmup`` rounds of FedAvg."""
+        return int(state.clock[0][0]) < self.params.relax_warmup
+
     def down_to(self, state: FedRelaxState, partition_id: int, w_t: Weights) -> ClientDown:
+        """In a warm-up round the shared model w_t (degree 0, the warm-up flag); after it
+        m_i, d_i, the candidates due (``graph=loss``) and, to a client with no upload since
+        the warm-up, the warm-up's model to start its w^(i) from."""
+        if self.warming(state):
+            self.sent[partition_id] = np.zeros(0, dtype=np.int64)
+            return ClientDown(w_t, {DEGREE: [np.zeros(1, dtype=np.float64)],
+                                    WARMUP: [np.ones(1, dtype=np.float64)],
+                                    START: gl.stacked([], state.w0),
+                                    gl.CANDIDATES: gl.stacked([], state.w0),
+                                    gl.CANDIDATE_IDS: [np.zeros(0, dtype=np.int64)]})
         mean, degree = self.term(state, partition_id)
         ids = self.candidates_for(state, partition_id)
         self.sent[partition_id] = ids
         models = gl.stacked([self.model_of(state, int(j)) for j in ids], state.w0)
+        version = state.version[0]
+        fresh = self.params.relax_warmup > 0 and (
+            partition_id >= len(version) or version[partition_id] == 0)
         return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)],
+                                 WARMUP: [np.zeros(1, dtype=np.float64)],
+                                 START: gl.stacked([state.w0] if fresh else [], state.w0),
                                  gl.CANDIDATES: models, gl.CANDIDATE_IDS: [ids]})
 
     def reply_problem(self, update: ClientUpdate, expected_steps: int | None) -> str | None:
@@ -239,6 +274,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         n = rnd.num_clients
         if rnd.server_round == 1:
             gr.check_ids(state.graph, n, self.params.graph)
+        if rnd.server_round <= self.params.relax_warmup:
+            return self.warm_update(state, w_t, rnd)
         version = gr.grown_rows(state.version[0], n)
         sketch = (gr.grown_rows(state.sketch[0], n) if self.params.graph == "knn"
                   else state.sketch[0])
@@ -273,7 +310,10 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         rebuild = self.params.graph == "knn" and (
             rnd.server_round == 1 or rnd.server_round % self.params.graph_refresh_every == 0)
         if rebuild:
-            graph = gr.knn_graph(sketch, version > 0, self.params.graph_k)
+            known = version > 0
+            if self.params.relax_warmup:  # clients trained in the warm-up only: their moves
+                known = known | np.any(sketch != 0.0, axis=1)
+            graph = gr.knn_graph(sketch, known, self.params.graph_k)
         if remeasured:
             rebuild = True
             graph = gl.union_graph(chosen)
@@ -283,6 +323,30 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             state, version=[version], graph=graph, sketch=[sketch], chosen=[chosen],
             measured=[measured], pool=[pool],
             clock=[np.asarray([rnd.server_round], dtype=np.int64)])
+
+    def warm_update(self, state: FedRelaxState, w_t: Weights,
+                    rnd: RoundInput) -> tuple[Weights, FedRelaxState]:
+        """A warm-up round: FedAvg's step w_t + eta_g D on the shared model; no client model
+        is stored. After the last one its model becomes every client's w^(i) (``w0``), and
+        the knn graph is built from the warm-up's moves (each from the shared model)."""
+        n = rnd.num_clients
+        w_next = apply_step(w_t, rnd.aggregate, rnd.server_lr)
+        sketch = state.sketch[0]
+        if self.params.graph == "knn":
+            sketch = gr.grown_rows(sketch, n)
+            for u in rnd.updates:
+                sketch[u.partition_id] = gr.sketch(
+                    [new.astype(np.float64) - w.astype(np.float64)
+                     for new, w in zip(u.upload, w_t, strict=True)])
+        last = rnd.server_round == self.params.relax_warmup
+        graph = state.graph
+        if last and self.params.graph == "knn":
+            graph = gr.knn_graph(sketch, np.any(sketch != 0.0, axis=1), self.params.graph_k)
+        if last or rnd.server_round == 1:
+            self.report(graph, n, rnd.server_round)
+        return w_next, dataclasses.replace(
+            state, w0=[a.copy() for a in w_next] if last else state.w0, graph=graph,
+            sketch=[sketch], clock=[np.asarray([rnd.server_round], dtype=np.int64)])
 
     def report(self, graph: list[np.ndarray], n: int, server_round: int) -> None:
         """``graph.json`` (the edge list in use, from which round) and ``graph.png``."""
@@ -300,7 +364,7 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
     """Local SGD on L_i(w) + alpha d_i ||w - m_i||^2 from the client's own model."""
 
     state_keys = (OWN,)
-    down_keys = (DEGREE, gl.CANDIDATES, gl.CANDIDATE_IDS)
+    down_keys = (DEGREE, WARMUP, START, gl.CANDIDATES, gl.CANDIDATE_IDS)
     personal_key = OWN
 
     def initial_state(self, key: str, w_t: Weights) -> Weights:
@@ -308,6 +372,11 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
         return [a.copy() for a in w_t] if key == OWN else super().initial_state(key, w_t)
 
     def train(self, job: LocalJob) -> LocalOutcome:
+        if float(np.asarray(job.down[WARMUP][0]).reshape(-1)[0]) != 0.0:
+            # a warm-up round: FedAvg's pass on the shared model; w^(i) is not started yet
+            return LocalOutcome(job.sgd(job.w_t), {}, {})
+        warm = gl.unstacked(job.down[START])
+        own = warm[0] if warm else job.state[OWN]
         degree = float(np.asarray(job.down[DEGREE][0]).reshape(-1)[0])
         strength = 2.0 * self.params.fedrelax_alpha * degree
         if job.lr * strength >= 2.0:
@@ -315,7 +384,7 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
                              f"{degree:g} at lr={job.lr!r}: lr x 2 alpha d_i = "
                              f"{job.lr * strength:g} >= 2 diverges; lower fedrelax-alpha")
         metrics = self.measure(job)
-        trained = job.sgd(job.state[OWN], proximal_hook(job.w_t, strength, job.device))
+        trained = job.sgd(own, proximal_hook(job.w_t, strength, job.device))
         return LocalOutcome(trained, {OWN: trained.final}, {}, metrics)
 
     @staticmethod

@@ -6,13 +6,14 @@ coefficient, or with ``num-regimes`` the regimes and their split; for it a secon
 each kind's mean per regime (the run's regimes.csv joined with personal_clients.csv).
 
     .venv/bin/python -m scripts.personal_report experiments/fmnist-personal.yaml \
-        --cells DIR [--csv FILE]
+        --cells DIR [--runs RUN_DIR ...] [--csv FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import sys
 from collections import defaultdict
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from cli.report import CellResult, collect, mean_std
-from cli.sweep_plan import load_plan
+from cli.run_files import read_json
+from cli.sweep_plan import Cell, load_plan
 from methods.registry import METHODS
 from server_app.personal_summary import KINDS, STATS
 from server_app.regime_files import read_regimes
@@ -57,8 +59,28 @@ def row_label(config: dict[str, Any]) -> str:
     label = METHODS[config["method"]].label_with(config["beta"])
     graph = config.get("graph")
     if config["method"] == "fedrelax" and isinstance(graph, str):
-        label += " (given graph)" if graph.startswith("file:") else f" (learned graph: {graph})"
+        label += " (given graph" if graph.startswith("file:") else f" (learned graph: {graph}"
+        warmup = int(config.get("relax-warmup", 0))
+        label += f", warm-up {warmup})" if warmup else ")"
     return label
+
+
+def given_runs(run_dirs: list[Path]) -> list[CellResult]:
+    """Finished run directories named on the command line (cells run with ``--set``, which
+    the grid's cell ids do not find, e.g. FedRelax on a per-seed graph file), each as a cell
+    of its own config."""
+    out = []
+    for run in run_dirs:
+        summary = read_json(run / "summary.json")
+        if summary is None or "config" not in summary:
+            raise SystemExit(f"--runs {run}: no summary.json with a config (not a finished "
+                             "run directory)")
+        config = summary["config"]
+        cell = Cell(id=run.name, overrides={}, coords={}, config=config)
+        rows = [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines()
+                if x.strip()]
+        out.append(CellResult(cell, run_dir=run, summary=summary, rows=rows))
+    return out
 
 
 def data_key(config: dict[str, Any]) -> tuple[int, str, str, float]:
@@ -148,12 +170,16 @@ def tables(results: list[CellResult]) -> tuple[str, list[dict[str, Any]]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("grid", type=Path)
-    ap.add_argument("--cells", type=Path, required=True)
+    ap.add_argument("grid", type=Path, nargs="?")
+    ap.add_argument("--cells", type=Path)
+    ap.add_argument("--runs", type=Path, nargs="+", default=[],
+                    help="finished run directories to add (cells run with --set)")
     ap.add_argument("--csv", type=Path, help="also write one line per finished cell here")
     args = ap.parse_args(argv)
-    plan = load_plan(args.grid)
-    text, flat = tables(collect(plan, args.cells.resolve()))
+    if (args.grid is None) != (args.cells is None) or (args.grid is None and not args.runs):
+        ap.error("give a grid with --cells, --runs, or both")
+    results = [] if args.grid is None else collect(load_plan(args.grid), args.cells.resolve())
+    text, flat = tables(results + given_runs(args.runs))
     print(text)
     if args.csv is not None and flat:
         with args.csv.open("w", newline="") as f:

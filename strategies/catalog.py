@@ -122,11 +122,12 @@ class FedRelax(MethodAdapter):
 
     def __init__(self, *, alpha: float = 0.1, graph: str = "knn", graph_k: int = 3,
                  graph_refresh_every: int = 5, graph_candidates: int = 32,
-                 **settings: Any) -> None:
+                 relax_warmup: int = 0, **settings: Any) -> None:
         super().__init__({"alpha": ("fedrelax-alpha", alpha), "graph": ("graph", graph),
                           "graph_k": ("graph-k", graph_k),
                           "graph_refresh_every": ("graph-refresh-every", graph_refresh_every),
                           "graph_candidates": ("graph-candidates", graph_candidates),
+                          "relax_warmup": ("relax-warmup", relax_warmup),
                           "beta": ("beta", 0.0)}, **settings)
 
 

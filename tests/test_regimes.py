@@ -217,6 +217,32 @@ def test_report_groups_by_data_set_and_gives_each_regimes_mean(tmp_path) -> None
                               "60.0 ± 0.0 | – | – | 80.0 ± 0.0 | 32.5 ± 3.5 | – | – |")
 
 
+def test_report_reads_run_directories_given_on_the_command_line(tmp_path, capsys) -> None:
+    """``--runs``: cells run with --set (a per-seed graph file) are read from their own
+    summary's config, grouped by label, and averaged over seeds with the grid's rule."""
+    import json
+
+    from scripts.personal_report import main
+
+    runs = []
+    for seed, own in ((0, 0.6), (1, 0.8)):
+        run = tmp_path / f"run-s{seed}"
+        rows = _fake_run(run, {0: 0, 1: 1}, {0: own, 1: own})
+        rows[0]["local-own-mean"] = own
+        (run / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        config = {"method": "fedrelax", "beta": 0.0, "graph": f"file:/g{seed}.txt",
+                  "relax-warmup": 10, "seed": seed, "num-regimes": 2, "regime-kind": "rotate",
+                  "partition": "iid", "dirichlet-alpha": 0.1}
+        (run / "summary.json").write_text(json.dumps({"config": config}))
+        runs.append(str(run))
+    assert main(["--runs", *runs]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(x for x in lines if x.startswith("| FedRelax (given graph, warm-up 10) | 2 |"))
+    assert row.split(" | ")[-3] == "70.0 ± 14.1"  # (c) mean of 60 and 80
+    with pytest.raises(SystemExit):
+        main(["--runs", str(tmp_path / "missing")])
+
+
 def test_report_rows_tell_a_given_graph_from_a_learned_one() -> None:
     from scripts.personal_report import row_label
 

@@ -61,19 +61,22 @@ class CrashingGrid(InProcessGrid):
 PER_CLIENT = {"fedrelax": {"beta": 0.0, "graph-refresh-every": 2, "graph-k": 1},
               "fedrelax-loss": {"beta": 0.0, "graph": "loss", "graph-refresh-every": 2,
                                 "graph-k": 1},
+              "fedrelax-warm": {"beta": 0.0, "relax-warmup": 2, "graph-refresh-every": 2,
+                                "graph-k": 1},
               "clustered": {"beta": 0.0, "cluster-every": 2},
               "clustered-kmeans": {"beta": 0.0, "cluster-every": 2, "cluster-assign": "kmeans"},
               "clustered-auto": {"beta": 0.0, "num-clusters": 0, "cluster-warmup": 2,
                                  "num-regimes": 2, "regime-kind": "permute-labels"}}
 """FedRelax (server copies of the clients' models on disk, the learned graph rebuilt after
-the resume; under graph=loss the clients' choices and when each measured) and clustered FL
-(cluster models; the clients' loss-based choices, or under
+the resume; under graph=loss the clients' choices and when each measured; under relax-warmup
+the warm model, checkpointed at the warm-up's last round, every client's start after it) and
+clustered FL (cluster models; the clients' loss-based choices, or under
 k-means the assignment re-clustered after the resume; under num-clusters=0 the K the warm-up
 chose)."""
 
 
 @pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedadam", "feddyn", "fedcm",
-                                    "fedrelax", "fedrelax-loss", "clustered",
+                                    "fedrelax", "fedrelax-loss", "fedrelax-warm", "clustered",
                                     "clustered-kmeans", "clustered-auto"])
 def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) -> None:
     """Guards the checkpoint of every kind of server state (SCAFFOLD's c, Adam's moments,

@@ -9,7 +9,7 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -225,3 +225,18 @@ def serverapp_without_patches(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(app_module, "install",
                         lambda kind, *, grid, simulation=False: SimpleNamespace(grid=grid))
+
+
+@pytest.fixture(scope="session")
+def another_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A fresh interpreter's split digest, regimes and label digest (tests/another_process.py)
+    for tests/test_local_split.py's RUN and tests/test_regimes.py's PERMUTED, computed once per
+    session: under pytest-xdist the workers' temporary folders share a parent of this
+    session's own."""
+    from tests.another_process import shared
+    from tests.test_local_split import RUN
+    from tests.test_regimes import PERMUTED
+
+    base = tmp_path_factory.getbasetemp()
+    return shared(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base,
+                  RUN, PERMUTED)

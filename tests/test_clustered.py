@@ -141,7 +141,7 @@ def test_loss_assignment_puts_each_client_with_its_regime_and_reaches_its_least_
     assert cast(ClusteredState, f.strategy.state).assignment[0].tolist() == want
     lines = [json.loads(x) for x in (tmp_path / "clusters.jsonl").read_text().splitlines()]
     assert lines[-1] == {"round": 2, "assignment": want}
-    f.run(60)
+    f.run(25)  # within tolerance after 8 more rounds, at float32's floor after 15 (2026-12-04)
     state = cast(ClusteredState, f.strategy.state)
     assert state.assignment[0].tolist() == want  # stable labels: nobody moved again
     for members, c in ((range(4), plus), (range(4, 8), 1 - plus)):
@@ -285,6 +285,13 @@ def continued(f: Federation, **raw: object) -> Federation:
     return g
 
 
+REACH_ROUNDS = 35
+"""Full-participation rounds after which three_regimes' cluster models are checked against
+their pooled least squares: from the warm-up's, the newcomers' or the split's starts they
+were within tolerance after 16-22 rounds and at float32's floor (1/2000 of it) after 35-40
+(measured 2026-12-04); 35 leaves a factor of 200 or more."""
+
+
 def check_regimes_reached(f: Federation, p: Problem, regime: list[int]) -> None:
     """Every client sits with its regime alone, and each regime's cluster model is its
     pooled least squares (numpy's lstsq of its clients' stacked examples)."""
@@ -328,7 +335,7 @@ def test_warmup_clusters_its_clients_and_newcomers_probe_their_way_to_their_regi
         newcomers -= set(trained)
     assert not newcomers
     g = continued(f, **{"fraction-train": 1.0})
-    g.run(60)
+    g.run(REACH_ROUNDS)
     check_regimes_reached(g, p, regime)
 
 
@@ -349,7 +356,9 @@ def test_a_merged_cluster_splits_into_the_empty_one_and_both_regimes_reach_their
         stale = np.full(4, 10.0)  # an emptied cluster's old model: it fits nobody
         models = [np.stack([np.zeros(4), v_model, stale]).astype(np.float32)]
         f.strategy.state = dataclasses.replace(st, models=models, assignment=[merged])
-        f.run(60)
+        # the split rule splits cluster 0 in the first round: 10 rounds without it show that
+        # the merge stays
+        f.run(REACH_ROUNDS if split == 0.0 else 10)
         outcome[split] = f
     a = cast(ClusteredState, outcome[-1.0].strategy.state).assignment[0]
     assert len({int(a[i]) for i in range(8)}) == 1  # no split: +U and -U stay merged
@@ -466,7 +475,7 @@ def test_num_clusters_0_chooses_three_for_three_regimes_and_each_reaches_its_lst
     assert first["tried"]["3"] == first["assignment"]  # the chosen k's is the one used
     assert all(len(set(first["tried"][j])) == int(j) for j in first["tried"])
     g = continued(f, **{"fraction-train": 1.0})
-    g.run(60)
+    g.run(REACH_ROUNDS)
     check_regimes_reached(g, p, regime)
 
 

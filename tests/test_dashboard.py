@@ -25,6 +25,8 @@ from server_app.status import STATUS_FILE
 from task.config import RunConfig
 from tests.test_fleet import SMALL, ChangingGrid
 
+pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots
+
 FAILING_ROUND, DROPPED_ROUND = 2, 3
 
 

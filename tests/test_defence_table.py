@@ -27,6 +27,8 @@ from methods.scaffold import DELTA_C
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 
+pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots
+
 
 def flat(w: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([a.astype(np.float64).ravel() for a in w])

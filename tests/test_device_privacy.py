@@ -54,6 +54,8 @@ from store.privacy_ledger import LEDGER_NAME, PrivacyLedger
 from task.config import RunConfig
 from tests.deploy_helpers import rounds, run_dir
 
+pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots
+
 NODE = 7
 RUN: dict[str, Any] = {"num-clients": 4, "train-limit": 400, "batch-size": 50,
                        "local-epochs": 1, "weighting": "uniform", "dp": "local",

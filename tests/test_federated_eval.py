@@ -26,6 +26,8 @@ from task.evaluation import evaluate
 from task.models import get_weights, initial_model
 from tests.device_data import FMNIST_CLASSES, skewed_fmnist_folders, write_image_folder
 
+pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots
+
 FMNIST = load_dataset("fashion-mnist", str(default_data_dir("fashion-mnist")))
 DEVICE = {"dataset": "device", "device-classes": ",".join(FMNIST_CLASSES),
           "device-mean": "0.2860", "device-std": "0.3530", "max-examples-per-client": 500,

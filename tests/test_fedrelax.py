@@ -87,7 +87,7 @@ def test_fedrelax_reaches_the_gtvmin_closed_form(edges: Edges, alpha: float,
     n = 1 + max(max(i, j) for i, j, _ in edges)
     p = regression(n)
     f = fedrelax(p, write_graph(tmp_path, edges), alpha)
-    f.run(40)
+    f.run(25)  # within 2e-5 after 15-18 rounds, at float32's floor (under 1/200 of it) from 24
     oracle = gtvmin_closed_form(p, edges, alpha)
     assert rel_gap(own_models(f), oracle) < 2e-5
     # and the answer is not one a graph-blind method would give
@@ -112,9 +112,9 @@ def test_large_alpha_tends_to_the_pooled_least_squares(tmp_path: Path) -> None:
     gaps = [rel_gap(gtvmin_closed_form(p, CHAIN, a), pooled[None]) for a in (0.1, 10, 1e4)]
     assert gaps[0] > gaps[1] > gaps[2] and gaps[2] < 1e-3, gaps
     graph = write_graph(tmp_path, CHAIN)
-    ended = [rel_gap(_run_own(fedrelax(p, graph, a, lr=0.1), 40), pooled[None])
+    ended = [rel_gap(_run_own(fedrelax(p, graph, a, lr=0.1), 15), pooled[None])
              for a in (0.1, 2.0)]
-    assert ended[1] < 0.5 * ended[0], ended
+    assert ended[1] < 0.5 * ended[0], ended  # 1.34 and 4.45 (at 40 rounds: 1.32 and 4.45)
 
 
 def _run_own(f: Federation, rounds: int) -> np.ndarray:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -197,27 +199,43 @@ def test_finished_cells_are_skipped_and_stale_runs_set_aside(
     assert (cells_dir / todo.id / ".stale" / "run-partial" / "rounds.jsonl").exists()
 
 
-def test_a_sweep_with_every_cell_finished_runs_nothing(tmp_path: Path) -> None:
+@pytest.fixture()
+def sweep_main() -> Iterator[Callable[[list[str]], int]]:
+    """cli.sweep's ``main`` in this process (a fresh interpreter cost about 3 s of CPU: torch,
+    Flower), with the SIGTERM handler it installs put back afterwards. The ``-m cli.sweep``
+    entry itself runs in test_two_cell_sweep_end_to_end (slow)."""
+    from cli import sweep
+
+    before = signal.getsignal(signal.SIGTERM)
+    yield sweep.main
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_a_sweep_with_every_cell_finished_runs_nothing(
+        tmp_path: Path, sweep_main: Callable[[list[str]], int],
+        capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli import report
+
+    monkeypatch.setattr(report, "plot_curves", lambda *_: [])  # figures: tested below
     path = write(tmp_path, "grid:\n  beta: [0.0, 0.1]\n")
     grid = load_plan(path)
     for cell in grid.cells:
         fake_run(tmp_path / "out" / "cells" / cell.id, cell, [0.4, 0.5])
-    proc = subprocess.run([sys.executable, "-m", "cli.sweep", str(path),
-                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 already finished, 0 to run" in proc.stdout
-    assert "start |" not in proc.stdout and "simulate" not in proc.stdout
+    code = sweep_main([str(path), "--out", str(tmp_path / "out")])
+    out = capfd.readouterr().out  # file-descriptor level: a started run's output counts too
+    assert code == 0, out
+    assert "2 already finished, 0 to run" in out
+    assert "start |" not in out and "simulate" not in out
     assert (tmp_path / "out" / "results.md").exists()
 
 
-def test_bad_grid_fails_before_running_anything(tmp_path: Path) -> None:
+def test_bad_grid_fails_before_running_anything(
+        tmp_path: Path, sweep_main: Callable[[list[str]], int],
+        capfd: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path, "grid:\n  beta: [0.0, 2.0]\n")
-    proc = subprocess.run([sys.executable, "-m", "cli.sweep", str(path),
-                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.startswith(f"sweep: {path}:2: grid.beta[1]: run config: beta=2.0")
+    assert sweep_main([str(path), "--out", str(tmp_path / "out")]) == 2
+    assert capfd.readouterr().err.startswith(
+        f"sweep: {path}:2: grid.beta[1]: run config: beta=2.0")
     assert not (tmp_path / "out").exists()
 
 

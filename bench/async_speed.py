@@ -8,15 +8,24 @@ other. Printed per (speeds, method, mode), mean over ``--seeds``: simulated seco
 of the three modes' final ``sim-time`` for that speeds/method/seed, so every mode is measured
 inside its run), final accuracy after the same number of accepted client updates (rounds x m
 = flushes x buffer-size), and the speed-up of async and over-select against sync. Every run's
-rows go to ``--out`` (JSON), and ``--plot`` draws accuracy against simulated time.
+rows go to ``--out`` (JSON), every evaluated point to ``--csv``, and ``--plot`` draws
+accuracy against simulated time.
+
+The gap to sync after the same updates (issue 32): ``last-5`` is the mean of a run's last
+five evaluations (one evaluation swings by several points at Dirichlet 0.1); each run's
+line names who its updates came from (``participation``); ``--modes`` adds the async
+variants of ``REMEDIES``, and ``--task-time task`` is the scenario where a task's simulated
+time is its device's alone (speeds labelled ``SPEC/task``).
 
     .venv/bin/python -m bench.async_speed [--clients 100] [--rounds 30] [--seeds 0]
         [--train-limit 12000] [--target 0.7] [--plot docs/img/async_speed.png]
+        [--modes sync async async-balanced ...] [--task-time task] [--csv points.csv]
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import tempfile
@@ -120,7 +129,7 @@ def table(results: dict[str, Any], target: float) -> str:
     for key, seeds in results.items():
         speeds, method = key.split("|")
         cells = [cell(runs, target) for runs in seeds.values()]
-        sync_t = mean([c["sync"]["to-target"] for c in cells])
+        sync_t = mean([c["sync"]["to-target"] if "sync" in c else math.nan for c in cells])
         for mode in dict.fromkeys(m for c in cells for m in c):
             if not all(mode in c for c in cells):
                 continue
@@ -269,25 +278,28 @@ CSV_HEAD = ("device-speeds", "method", "seed", "mode", "round", "sim-time", "tes
 
 
 def write_csv(results: dict[str, Any], path: Path) -> None:
-    """Every evaluated point of every run, one line each (``CSV_HEAD``)."""
-    lines = [",".join(CSV_HEAD)]
-    for key, seeds in results.items():
-        speeds, method = key.split("|")
-        for seed, runs in seeds.items():
-            for mode, rows in runs.items():
-                lines += [f"{speeds},{method},{seed},{mode},{r['round']},{r['sim-time']:.4f},"
-                          f"{r['test-acc']:.4f}" for r in rows if r["test-acc"] is not None]
-    path.write_text("\n".join(lines) + "\n")
+    """Every evaluated point of every run, one line each (``CSV_HEAD``; csv's CRLF lines)."""
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(CSV_HEAD)
+        for key, seeds in results.items():
+            speeds, method = key.split("|")
+            for seed, runs in seeds.items():
+                for mode, rows in runs.items():
+                    out.writerows([speeds, method, seed, mode, r["round"],
+                                   f"{r['sim-time']:.4f}", f"{r['test-acc']:.4f}"]
+                                  for r in rows if r["test-acc"] is not None)
 
 
 def csv_rows(path: Path) -> dict[str, Any]:
     """What ``write_csv`` wrote, as saved rows (the evaluated rows only)."""
     out: dict[str, Any] = {}
-    head, *lines = path.read_text().splitlines()
-    if tuple(head.split(",")) != CSV_HEAD:
-        raise SystemExit(f"--rows {path}: header {head!r} is not {','.join(CSV_HEAD)}")
-    for line in lines:
-        speeds, method, seed, mode, rnd, sim, acc = line.split(",")
+    with path.open(newline="") as f:
+        head, *lines = list(csv.reader(f))
+    if tuple(head) != CSV_HEAD:
+        raise SystemExit(f"--rows {path}: header {','.join(head)!r} is not "
+                         f"{','.join(CSV_HEAD)}")
+    for speeds, method, seed, mode, rnd, sim, acc in lines:
         out.setdefault(f"{speeds}|{method}", {}).setdefault(seed, {}).setdefault(
             mode, []).append({"round": int(rnd), "sim-time": float(sim),
                               "test-acc": float(acc)})

@@ -1,7 +1,8 @@
 """``refill=balanced``: a freed slot goes to an idle client sent the fewest tasks so far (ties:
 the seeded draw). Checked by hand on ``choose``, against an event simulation of the virtual
-clock written here (who trains in each flush, in arrival order), and through a kill and a
-resume (the counts are loop state: the resumed run chooses as the uninterrupted one)."""
+clock written here (who trains in each flush, in arrival order) with the model against
+FedBuff worked out over those replies, and through a kill and a resume (the counts are loop
+state: the resumed run chooses as the uninterrupted one)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from server_app.virtual_clock import VirtualClock
 from task.config import RunConfig
 from task.config_checks import ConfigError
 from tests.test_async_resume import SIMULATED, KilledGrid, config, final_model, rows, same
+from tests.test_async_rounds import HeldGrid, fedbuff_by_hand, first_model
+from tests.test_fedavg_reference import max_diff
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")
 
@@ -89,10 +92,17 @@ def simulated_flushes(cfg: RunConfig) -> list[list[int]]:
 
 
 def test_the_loop_chooses_as_the_simulation_written_here(tmp_path: Path) -> None:
-    cfg = config(tmp_path, SPEEDS, **OVER, refill="balanced")
-    run_async_experiment(InProcessGrid(5, cfg.to_dict()), cfg, tmp_path / "run")
+    """Who trains, against the simulation; the model, against FedBuff worked out here over
+    the replies in the order the loop took them (s = (1 + tau)^-0.5, example weights)."""
+    cfg = config(tmp_path, SPEEDS, **OVER, refill="balanced", beta=0.0)
+    grid = HeldGrid(cfg.to_dict(), slow=-1, release=0)  # holds nothing back: records pulls
+    run_async_experiment(grid, cfg, tmp_path / "run")
     got = [[c for c, *_ in r["buffered"]] for r in rows(tmp_path / "run")]
     assert got == simulated_flushes(cfg)
+    s = {t: (1.0 + t) ** -0.5 for t in range(10)}
+    want, taus, _ = fedbuff_by_hand(grid, first_model(grid), 2, 8, s)
+    assert max_diff(final_model(tmp_path / "run"), want) < 1e-6
+    assert [sorted(t for *_, t, _ in r["buffered"]) for r in rows(tmp_path / "run")] == taus
     random_cfg = config(tmp_path, SPEEDS, **OVER)
     run_async_experiment(InProcessGrid(5, random_cfg.to_dict()), random_cfg,
                          tmp_path / "random")

@@ -5,8 +5,8 @@ Why not a round: under ``rounds=sync`` every round waits for its slowest sampled
 (``MethodStrategy.decode`` and the norm filter, against the model version that client was
 sent), its update Delta_i is buffered with the version it started from, and every
 ``buffer-size`` accepted replies ``methods.fedbuff.FedBuff`` applies the staleness-weighted
-step. A freed slot is refilled at once with a seeded choice of the idle connected clients,
-sent the newest model. Each flush is one row of rounds.jsonl (``round`` is the new version).
+step. A freed slot is refilled at once with a seeded choice of the idle connected clients
+(``refill=balanced``: among those sent the fewest tasks), sent the newest model. Each flush is one row of rounds.jsonl (``round`` is the new version).
 
 A task that never ends (its node died mid-task) is given up after ``round-timeout``; one the
 SuperLink answers with its own error (``Node Unavailable`` once the node missed its
@@ -225,7 +225,7 @@ def choose(idle: set[int], benched: set[int], free: int, rng: np.random.Generato
     list, as before benching existed (the same seed picks the same clients). With
     ``sent_count`` (``refill=balanced``) each draw is among the clients of the pool sent the
     fewest tasks so far (counting those chosen in this call), so fast devices cannot take
-    most of the slots: participation stays as even as a sync round's sampling makes it."""
+    most of the slots (docs/algorithms.md, FedBuff: Refill)."""
     chosen = []
     counts = dict(sent_count) if sent_count is not None else None
     for pool in (sorted(idle - benched), sorted(idle & benched)):

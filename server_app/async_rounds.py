@@ -6,7 +6,8 @@ Why not a round: under ``rounds=sync`` every round waits for its slowest sampled
 sent), its update Delta_i is buffered with the version it started from, and every
 ``buffer-size`` accepted replies ``methods.fedbuff.FedBuff`` applies the staleness-weighted
 step. A freed slot is refilled at once with a seeded choice of the idle connected clients
-(``refill=balanced``: among those sent the fewest tasks), sent the newest model. Each flush is one row of rounds.jsonl (``round`` is the new version).
+(``refill=balanced``: among those sent the fewest tasks), sent the newest model. Each flush
+is one row of rounds.jsonl (``round`` is the new version).
 
 A task that never ends (its node died mid-task) is given up after ``round-timeout``; one the
 SuperLink answers with its own error (``Node Unavailable`` once the node missed its

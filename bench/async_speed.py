@@ -8,15 +8,24 @@ other. Printed per (speeds, method, mode), mean over ``--seeds``: simulated seco
 of the three modes' final ``sim-time`` for that speeds/method/seed, so every mode is measured
 inside its run), final accuracy after the same number of accepted client updates (rounds x m
 = flushes x buffer-size), and the speed-up of async and over-select against sync. Every run's
-rows go to ``--out`` (JSON), and ``--plot`` draws accuracy against simulated time.
+rows go to ``--out`` (JSON), every evaluated point to ``--csv``, and ``--plot`` draws
+accuracy against simulated time.
+
+The gap to sync after the same updates (issue 32): ``last-5`` is the mean of a run's last
+five evaluations (one evaluation swings by several points at Dirichlet 0.1); each run's
+line names who its updates came from (``participation``); ``--modes`` adds the async
+variants of ``REMEDIES``, and ``--task-time task`` is the scenario where a task's simulated
+time is its device's alone (speeds labelled ``SPEC/task``).
 
     .venv/bin/python -m bench.async_speed [--clients 100] [--rounds 30] [--seeds 0]
         [--train-limit 12000] [--target 0.7] [--plot docs/img/async_speed.png]
+        [--modes sync async async-balanced ...] [--task-time task] [--csv points.csv]
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import tempfile
@@ -31,9 +40,19 @@ from cli.inprocess_grid import InProcessGrid
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
 from task.config import RunConfig
+from task.device_speeds import slowdowns
+from task.federated_data import partition_sizes
 
 METHODS = {"fedavg": {"beta": 0.0}, "fedinit": {"beta": 0.1}}
 MODES = {"sync": {}, "over-select": {"over-select": 0.3}, "async": {"rounds": "async"}}
+REMEDIES = {"async-balanced": {"rounds": "async", "refill": "balanced"},
+            "async-constant": {"rounds": "async", "staleness": "constant"},
+            "async-half": {"rounds": "async"}}
+"""Async variants measured against the gap to sync after the same updates (``--modes``);
+not among the modes whose earliest end fixes the time T of ``acc@T``. ``async-half``:
+concurrency m/2 with buffer-size m (set in ``main``), so about half the replies of a flush
+started from the newest version (with concurrency = buffer-size nearly every reply is a
+version stale)."""
 SPEEDS = ("slow:0.2:5", "slow:0.5:5", "lognormal:1")
 
 
@@ -43,6 +62,25 @@ def one_run(base: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     run = run_async_experiment if cfg.schedule.rounds == "async" else run_experiment
     run(InProcessGrid(cfg.num_clients, cfg.to_dict()), cfg, out_dir=out / "run")
     return [json.loads(x) for x in (out / "run" / "rounds.jsonl").read_text().splitlines()]
+
+
+def participation(rows: list[dict[str, Any]], base: dict[str, Any], seed: int,
+                  speeds: str) -> str:
+    """Who the run's updates came from: examples per update (the partitions' sizes), the
+    share of updates from the slowed devices (s_i > 1), the largest count of one client, and
+    the mean staleness (0 under sync): the factors the gap to sync could come from."""
+    cfg = RunConfig.parse({**base, "seed": seed, "device-speeds": speeds})
+    sizes = np.asarray(partition_sizes(cfg))
+    slow = slowdowns(speeds, cfg.num_clients, seed)
+    clients = [c for r in rows for c in r["clients-trained"]]
+    count = np.bincount(clients, minlength=cfg.num_clients)
+    share = float(count[slow > 1].sum() / count.sum()) if slow is not None else math.nan
+    tau = [r["staleness-mean"] for r in rows if r.get("staleness-mean") is not None]
+    return (f"updates {count.sum()}, examples/update {(count * sizes).sum() / count.sum():.1f} "
+            f"(all clients' mean {sizes.mean():.1f}), slowed devices' share {share:.2f} "
+            f"(of the clients {float((slow > 1).mean()) if slow is not None else 0:.2f}), "
+            f"most updates of one client {count.max()}, mean staleness "
+            f"{float(np.mean(tau)) if tau else 0.0:.2f}")
 
 
 def evaluated(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
@@ -66,8 +104,16 @@ def cell(runs: dict[str, list[dict[str, Any]]], target: float) -> dict[str, dict
     fixed = min((p[-1][0] for m, p in points.items() if m in MODES),
                 default=min(p[-1][0] for p in points.values()))
     return {m: {"to-target": time_to(p, target), "acc-at-fixed": acc_at(p, fixed),
-                "fixed": fixed, "final": p[-1][1], "end": p[-1][0]}
+                "fixed": fixed, "final": p[-1][1], "last-5": last_mean(runs[m]),
+                "end": p[-1][0]}
             for m, p in points.items()}
+
+
+def last_mean(rows: list[dict[str, Any]], count: int = 5) -> float:
+    """The mean of the run's last ``count`` evaluations: its final accuracy with less of one
+    evaluation's noise (Dir-0.1 curves swing by several points from one to the next)."""
+    acc = [r["test-acc"] for r in rows if r["test-acc"] is not None]
+    return float(np.mean(acc[-count:])) if acc else math.nan
 
 
 def mean(values: list[float]) -> float:
@@ -78,12 +124,12 @@ def mean(values: list[float]) -> float:
 def table(results: dict[str, Any], target: float) -> str:
     """The printed table: one line per speeds/method/mode, means over seeds."""
     head = (f"{'speeds':<12} {'method':<8} {'mode':<12} {'t->' + format(target, '.0%'):>9} "
-            f"{'speed-up':>8} {'acc@T':>6} {'T':>7} {'final':>6} {'sim end':>8}")
+            f"{'speed-up':>8} {'acc@T':>6} {'T':>7} {'final':>6} {'last-5':>6} {'sim end':>8}")
     lines = [head]
     for key, seeds in results.items():
         speeds, method = key.split("|")
         cells = [cell(runs, target) for runs in seeds.values()]
-        sync_t = mean([c["sync"]["to-target"] for c in cells])
+        sync_t = mean([c["sync"]["to-target"] if "sync" in c else math.nan for c in cells])
         for mode in dict.fromkeys(m for c in cells for m in c):
             if not all(mode in c for c in cells):
                 continue
@@ -94,6 +140,7 @@ def table(results: dict[str, Any], target: float) -> str:
                 f"{fmt(100 * mean([c[mode]['acc-at-fixed'] for c in cells]), '.2f'):>6} "
                 f"{fmt(mean([c[mode]['fixed'] for c in cells]), '.1f'):>7} "
                 f"{fmt(100 * mean([c[mode]['final'] for c in cells]), '.2f'):>6} "
+                f"{fmt(100 * mean([c[mode]['last-5'] for c in cells]), '.2f'):>6} "
                 f"{fmt(mean([c[mode]['end'] for c in cells]), '.1f'):>8}")
     return "\n".join(lines)
 
@@ -111,7 +158,8 @@ def plot(results: dict[str, Any], path: Path, target: float, label: str) -> None
 
     speeds = list(dict.fromkeys(k.split("|")[0] for k in results))
     fig, axes = plt.subplots(1, len(speeds), figsize=(5 * len(speeds), 3.8), squeeze=False)
-    styles = {"sync": "-", "over-select": "--", "async": ":", "async-long": "-."}
+    styles = {"sync": "-", "over-select": "--", "async": ":", "async-long": "-.",
+              "async-balanced": (0, (5, 1, 1, 1)), "async-half": (0, (1, 3))}
     colours = {"fedavg": "tab:blue", "fedinit": "tab:red"}
     for ax, sp in zip(axes[0], speeds, strict=True):
         for key, seeds in results.items():
@@ -152,22 +200,30 @@ def main() -> None:
     ap.add_argument("--async-rounds", type=int, default=0,
                     help="also run async for this many flushes (mode async-long): its time "
                          "to the target when the equal-update async run stops short of it")
-    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--modes", nargs="*", default=list(MODES),
+                    choices=[*MODES, *REMEDIES])
+    ap.add_argument("--task-time", default="steps", choices=["steps", "task"],
+                    help="the clock's duration model (task-time): task is a separate "
+                         "scenario, its speeds labelled SPEC/task")
     ap.add_argument("--rows", type=Path, nargs="+", default=None,
-                    help="only print/plot saved --out files (their seeds merged)")
+                    help="only print/plot saved --out files or --csv files (seeds merged)")
+    ap.add_argument("--csv", type=Path, default=None,
+                    help="write every evaluated point (speeds, method, seed, mode, round, "
+                         "sim-time, test-acc) here")
     a = ap.parse_args()
     torch.set_num_threads(1)
     base = {"num-clients": a.clients, "fraction-train": a.fraction,
             "num-server-rounds": a.rounds, "partition": "dirichlet", "dirichlet-alpha": 0.1,
             "train-limit": a.train_limit, "eval-every": a.eval_every, "local-epochs": 1,
-            "personal-eval-every": 0, "tracking": "off"}
+            "personal-eval-every": 0, "tracking": "off", "task-time": a.task_time}
     label = (f"Fashion-MNIST Dir-0.1, {a.clients} clients, m={round(a.fraction * a.clients)}, "
              f"{a.rounds} rounds/flushes, train-limit {a.train_limit}, seeds {a.seeds}")
     results: dict[str, Any]
     if a.rows is not None:
         results = {}
         for path in a.rows:
-            for key, seeds in json.loads(path.read_text()).items():
+            saved = csv_rows(path) if path.suffix == ".csv" else json.loads(path.read_text())
+            for key, seeds in saved.items():
                 for seed, runs in seeds.items():
                     results.setdefault(key, {}).setdefault(seed, {}).update(runs)
         label = f"{label.split(', seeds')[0]}, seeds {sorted(next(iter(results.values())))}"
@@ -177,9 +233,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for sp in a.speeds:
                 for method in a.methods:
-                    key = f"{sp}|{method}"
+                    key = f"{sp}{'/task' if a.task_time == 'task' else ''}|{method}"
                     for seed in a.seeds:
-                        modes = {m: MODES[m] for m in a.modes}
+                        modes = {m: {**MODES, **REMEDIES}[m] for m in a.modes}
+                        if "async-half" in modes:
+                            m_round = max(1, round(a.fraction * a.clients))
+                            modes["async-half"] = {**modes["async-half"],
+                                                   "concurrency": max(1, m_round // 2),
+                                                   "buffer-size": m_round}
                         if a.async_rounds:
                             modes["async-long"] = {"rounds": "async",
                                                    "num-server-rounds": a.async_rounds}
@@ -191,13 +252,58 @@ def main() -> None:
                             results.setdefault(key, {}).setdefault(str(seed), {})[mode] = rows
                             print(f"# {key} seed {seed} {mode}: final acc "
                                   f"{rows[-1]['test-acc']:.4f} sim {rows[-1]['sim-time']:.1f}s "
-                                  f"({time.monotonic() - t0:.0f}s wall so far)", flush=True)
+                                  f"({time.monotonic() - t0:.0f}s wall so far); "
+                                  f"{participation(rows, base, seed, sp)}", flush=True)
                     if a.out is not None:
                         a.out.write_text(json.dumps(results))
+    if a.rows is not None:  # the saved --out files carry who trained (a --csv file does not)
+        for key, seeds in results.items():
+            sp, method = key.split("|")
+            task = {"task-time": "task"} if sp.endswith("/task") else {}
+            for seed, runs in seeds.items():
+                for mode, rows in runs.items():
+                    if rows and "clients-trained" in rows[0]:
+                        who = participation(rows, {**base, **task}, int(seed),
+                                            sp.removesuffix("/task"))
+                        print(f"# {key} seed {seed} {mode}: {who}")
     print(label)
     print(table(results, a.target))
     if a.plot is not None:
         plot(results, a.plot, a.target, label)
+    if a.csv is not None:
+        write_csv(results, a.csv)
+
+
+CSV_HEAD = ("device-speeds", "method", "seed", "mode", "round", "sim-time", "test-acc")
+
+
+def write_csv(results: dict[str, Any], path: Path) -> None:
+    """Every evaluated point of every run, one line each (``CSV_HEAD``; csv's CRLF lines)."""
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(CSV_HEAD)
+        for key, seeds in results.items():
+            speeds, method = key.split("|")
+            for seed, runs in seeds.items():
+                for mode, rows in runs.items():
+                    out.writerows([speeds, method, seed, mode, r["round"],
+                                   f"{r['sim-time']:.4f}", f"{r['test-acc']:.4f}"]
+                                  for r in rows if r["test-acc"] is not None)
+
+
+def csv_rows(path: Path) -> dict[str, Any]:
+    """What ``write_csv`` wrote, as saved rows (the evaluated rows only)."""
+    out: dict[str, Any] = {}
+    with path.open(newline="") as f:
+        head, *lines = list(csv.reader(f))
+    if tuple(head) != CSV_HEAD:
+        raise SystemExit(f"--rows {path}: header {','.join(head)!r} is not "
+                         f"{','.join(CSV_HEAD)}")
+    for speeds, method, seed, mode, rnd, sim, acc in lines:
+        out.setdefault(f"{speeds}|{method}", {}).setdefault(seed, {}).setdefault(
+            mode, []).append({"round": int(rnd), "sim-time": float(sim),
+                              "test-acc": float(acc)})
+    return out
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ record of each task in flight saved by dispatch number (``task-<seq>/<name>``): 
 task carries its m_i as sent, not one rebuilt from the checkpoint's models.
 
 What else. The seeded generator of the client choice (its bit generator's state), the
-clock's ``now``, the dispatch count, each client's last round number, the method's server
+clock's ``now``, the dispatch count, each client's last round number and count of tasks
+(``refill=balanced`` chooses by it), the method's server
 state (FedAdam's moments, the norm history) and the rows of versions 1..k. Not saved: the
 bench of clients whose last task was lost (it is timed on the wall clock, so a resumed run
 starts with none benched).
@@ -37,7 +38,7 @@ aggregated (``server_app.async_rounds.AsyncLoop.take``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,16 @@ class LoopState:
     dispatched: int
     last_round: dict[int, int]
     in_flight: tuple[InFlight, ...]
+    sent_count: dict[int, int] = field(default_factory=dict)
+    """Tasks each client was chosen for (``refill=balanced``'s order); a checkpoint written
+    before it was kept reads as none."""
 
     def to_meta(self) -> dict[str, Any]:
         return {"version": self.version, "rng": self.rng, "clock-now": self.clock_now,
                 "dispatched": self.dispatched,
                 "last-round": {str(p): r for p, r in sorted(self.last_round.items())},
-                "in-flight": [[getattr(t, f) for f in TASK_FIELDS] for t in self.in_flight]}
+                "in-flight": [[getattr(t, f) for f in TASK_FIELDS] for t in self.in_flight],
+                "sent-count": {str(p): n for p, n in sorted(self.sent_count.items())}}
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> LoopState:
@@ -95,7 +100,8 @@ class LoopState:
             raise TypeError(f"rng is a {type(rng).__name__}, not an object")
         return cls(int(meta["version"]), rng, None if clock is None else float(clock),
                    int(meta["dispatched"]),
-                   {int(p): int(r) for p, r in dict(meta["last-round"]).items()}, tuple(tasks))
+                   {int(p): int(r) for p, r in dict(meta["last-round"]).items()}, tuple(tasks),
+                   {int(p): int(n) for p, n in dict(meta.get("sent-count", {})).items()})
 
     def versions(self) -> list[int]:
         """The versions the tasks in flight were sent, older than the checkpoint's model."""

@@ -5,8 +5,9 @@ Why not a round: under ``rounds=sync`` every round waits for its slowest sampled
 (``MethodStrategy.decode`` and the norm filter, against the model version that client was
 sent), its update Delta_i is buffered with the version it started from, and every
 ``buffer-size`` accepted replies ``methods.fedbuff.FedBuff`` applies the staleness-weighted
-step. A freed slot is refilled at once with a seeded choice of the idle connected clients,
-sent the newest model. Each flush is one row of rounds.jsonl (``round`` is the new version).
+step. A freed slot is refilled at once with a seeded choice of the idle connected clients
+(``refill=balanced``: among those sent the fewest tasks), sent the newest model. Each flush
+is one row of rounds.jsonl (``round`` is the new version).
 
 A task that never ends (its node died mid-task) is given up after ``round-timeout``; one the
 SuperLink answers with its own error (``Node Unavailable`` once the node missed its
@@ -218,15 +219,26 @@ class Bench:
         return {pid for pid, t in self.until.items() if t > now}
 
 
-def choose(idle: set[int], benched: set[int], free: int,
-           rng: np.random.Generator) -> list[int]:
+def choose(idle: set[int], benched: set[int], free: int, rng: np.random.Generator,
+           sent_count: Mapping[int, int] | None = None) -> list[int]:
     """Up to ``free`` of the ``idle`` clients, a seeded choice; a benched one only for a slot
     that no other can take. Without benched clients: one draw per slot from the sorted idle
-    list, as before benching existed (the same seed picks the same clients)."""
+    list, as before benching existed (the same seed picks the same clients). With
+    ``sent_count`` (``refill=balanced``) each draw is among the clients of the pool sent the
+    fewest tasks so far (counting those chosen in this call), so fast devices cannot take
+    most of the slots (docs/algorithms.md, FedBuff: Refill)."""
     chosen = []
+    counts = dict(sent_count) if sent_count is not None else None
     for pool in (sorted(idle - benched), sorted(idle & benched)):
         while free > 0 and pool:
-            chosen.append(pool.pop(int(rng.integers(len(pool)))))
+            if counts is None:
+                chosen.append(pool.pop(int(rng.integers(len(pool)))))
+            else:
+                least = min(counts.get(p, 0) for p in pool)
+                ties = [j for j, p in enumerate(pool) if counts.get(p, 0) == least]
+                pid = pool.pop(ties[int(rng.integers(len(ties)))])
+                counts[pid] = least + 1
+                chosen.append(pid)
             free -= 1
     return chosen
 
@@ -252,6 +264,9 @@ class AsyncLoop:
         self.rng = np.random.default_rng([cfg.seed, 32])
         """The seeded choice of idle clients (issue 32's stream)."""
         self.tasks: dict[str, Task] = {}
+        self.sent_count: dict[int, int] = {}
+        """Tasks each client was chosen for so far (re-sends after a resume not counted
+        again): ``refill=balanced`` prefers the lowest."""
         self.last_round: dict[int, int] = {}
         """Each client's last ``rk.ROUND``: it rises with every task, so the client's state
         store (versions by round) sees each participation after the one before."""
@@ -307,9 +322,12 @@ class AsyncLoop:
             idle = set(self.windowed.available_at(self.windowed.now, idle))
         chosen = choose(idle,
                         self.bench.benched(time.monotonic()),
-                        self.cfg.async_concurrency - len(self.tasks), self.rng)
+                        self.cfg.async_concurrency - len(self.tasks), self.rng,
+                        self.sent_count if self.cfg.schedule.refill == "balanced" else None)
         if not chosen:
             return
+        for pid in chosen:
+            self.sent_count[pid] = self.sent_count.get(pid, 0) + 1
         version = self.buffer.version
         self.strategy.chosen = chosen
         arrays = pack(weights)
@@ -414,7 +432,8 @@ class AsyncLoop:
         self.accounted_pins = self.accounted_at_checkpoint()
         return LoopState(self.buffer.version, dict(self.rng.bit_generator.state),
                          None if self.clock is None else self.clock.now,
-                         self.counts.dispatched, dict(self.last_round), in_flight)
+                         self.counts.dispatched, dict(self.last_round), in_flight,
+                         dict(self.sent_count))
 
     def sent(self) -> dict[int, Weights]:
         """The model version each task in flight carries, by version."""
@@ -441,6 +460,7 @@ class AsyncLoop:
             self.clock.now = state.clock_now
         self.counts.dispatched = state.dispatched
         self.last_round = dict(state.last_round)
+        self.sent_count = dict(state.sent_count)
         self.redo, self.sent_versions = state.in_flight, sent
         self.sent_downs = dict(downs or {})
         self.sent_contents = dict(contents or {})

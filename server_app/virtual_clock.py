@@ -60,7 +60,7 @@ class VirtualClock:
         if slow is None:
             return None
         return cls(durations(slow, partition_sizes(cfg), cfg.train.local_epochs,
-                             cfg.train.batch_size), now, windows)
+                             cfg.train.batch_size, cfg.schedule.task_time), now, windows)
 
     def spans(self, pid: int) -> Sequence[tuple[float, float]] | None:
         """Client ``pid``'s windows (None: always available)."""

@@ -17,6 +17,13 @@ ROUNDS: tuple[str, ...] = ("sync", "async")
 at once, every buffer-size replies are aggregated; server_app/async_rounds.py)."""
 STALENESS_KINDS: tuple[str, ...] = ("constant", "poly", "hinge")
 """``staleness`` under ``rounds=async`` (methods/fedbuff.py: s(tau))."""
+TASK_TIMES: tuple[str, ...] = ("steps", "task")
+"""``task-time``: a simulated task (``device-speeds``) lasts s_i x its own steps | s_i x the
+clients' mean steps (the device's speed alone decides; ``task.device_speeds.durations``)."""
+REFILLS: tuple[str, ...] = ("random", "balanced")
+"""``refill`` under ``rounds=async``: which idle client takes a freed slot: a seeded uniform
+choice (FedBuff's) | one of those sent the fewest tasks so far, ties a seeded choice
+(``server_app.async_rounds.choose``)."""
 ASYNC_METHODS: tuple[str, ...] = ("fedavg", "fedprox", "fedsam", "ditto", "fedadam",
                                   "scaffold", "fedcm", "fedrelax")
 """Methods ``rounds=async`` runs (fedavg with beta != 0 is FedInit): FedAvg's server rule on

@@ -88,9 +88,9 @@ EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
     "over-select",
     # asynchronous rounds (FedBuff): when and how replies are aggregated
     "rounds", "concurrency", "buffer-size", "staleness", "staleness-a", "staleness-b",
-    "max-staleness",
+    "max-staleness", "refill",
     # the virtual clock: which replies over-select and async aggregate, and in what order
-    "device-speeds",
+    "device-speeds", "task-time",
     # differential privacy: what is clipped and how much noise is added
     "dp", "dp-clip", "dp-clip-extra", "dp-noise-multiplier", "dp-delta",
     # secure aggregation: the sum is of clipped, quantised uploads, and who may drop

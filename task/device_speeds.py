@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from task.choices import TASK_TIMES
 from task.config_checks import ConfigError, bad_value
 
 KEY = "device-speeds"
@@ -184,8 +185,15 @@ def slowdowns(spec: str, num_clients: int, seed: int) -> np.ndarray | None:
 
 
 def durations(slow: Sequence[float] | np.ndarray, examples: Sequence[int], local_epochs: int,
-              batch_size: int) -> np.ndarray:
-    """d_i = s_i x epochs x ceil(n_i / B) x STEP_SECONDS: client i's task, simulated."""
+              batch_size: int, task_time: str = "steps") -> np.ndarray:
+    """d_i = s_i x epochs x ceil(n_i / B) x STEP_SECONDS: client i's task, simulated
+    (``task-time=steps``); under ``task`` the steps are every client's mean, so a task's
+    time is its device's alone, not its partition's size."""
     steps = np.asarray([local_epochs * math.ceil(n / batch_size) for n in examples],
                        dtype=np.float64)
+    if task_time == "task":
+        steps = np.full_like(steps, steps.mean())
+    elif task_time != "steps":
+        raise ValueError(f"task-time={task_time!r} is not allowed; allowed: "
+                         f"{' | '.join(TASK_TIMES)}")
     return np.asarray(slow, dtype=np.float64) * steps * STEP_SECONDS

@@ -21,6 +21,7 @@ from methods import wire as rk
 from server_app import async_rounds
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
+from server_app.virtual_clock import VirtualClock
 from task.config import ConfigError, RunConfig
 from task.device_speeds import STEP_SECONDS, durations, slowdowns
 from task.federated_data import client_examples
@@ -92,6 +93,29 @@ def test_duration_is_slowdown_times_local_steps_times_the_unit() -> None:
     # 2 epochs; 50 examples at B=50 is 1 step, 120 is 3 (the last partial batch counts)
     got = durations([1.0, 2.0], [50, 120], local_epochs=2, batch_size=50)
     assert got.tolist() == pytest.approx([2 * 1 * STEP_SECONDS, 2 * 2 * 3 * STEP_SECONDS])
+
+
+def test_task_time_task_is_the_slowdown_times_the_mean_steps() -> None:
+    # steps 2 x 1 and 2 x 3: mean 4; a task of either client lasts s_i x 4 steps
+    got = durations([1.0, 2.0], [50, 120], local_epochs=2, batch_size=50, task_time="task")
+    assert got.tolist() == pytest.approx([4 * STEP_SECONDS, 2 * 4 * STEP_SECONDS])
+    with pytest.raises(ValueError, match="task-time='step' is not allowed; allowed: steps"):
+        durations([1.0], [50], local_epochs=1, batch_size=50, task_time="step")
+    with pytest.raises(ConfigError, match=r"task-time='tasks' is not allowed.*steps \| task"):
+        RunConfig.parse({"task-time": "tasks"})
+
+
+def test_the_run_clock_takes_task_time_from_the_config(tmp_path: Path) -> None:
+    slow = [1.0, 3.0, 2.0]
+    raw = {**BASE, "num-clients": 3, "train-limit": 500, "partition": "dirichlet",
+           "dirichlet-alpha": 0.5, "device-speeds": speeds_file(tmp_path, slow)}
+    steps = VirtualClock.for_run(RunConfig.parse(raw))
+    task = VirtualClock.for_run(RunConfig.parse({**raw, "task-time": "task"}))
+    assert steps is not None and task is not None
+    d = hand_durations(RunConfig.parse(raw), slow)
+    assert steps.task_seconds.tolist() == pytest.approx(d)
+    mean_steps = np.mean([x / s for x, s in zip(d, slow, strict=True)])
+    assert task.task_seconds.tolist() == pytest.approx([s * mean_steps for s in slow])
 
 
 def hand_durations(cfg: RunConfig, slow: list[float]) -> list[float]:

@@ -15,10 +15,12 @@ from methods.registry import AGGREGATIONS, METHOD_NAMES, RI_AGGREGATIONS, WEIGHT
 from task.choices import (
     MODEL_NAMES,
     PARTITION_NAMES,
+    REFILLS,
     REGIME_KINDS,
     ROUNDS,
     SECURE_AGGREGATIONS,
     STALENESS_KINDS,
+    TASK_TIMES,
     TRACKINGS,
 )
 from task.config import cross, data, evaluation, fleet, privacy, robust, schedule, train
@@ -92,6 +94,8 @@ def _check_choices(c: RunConfig) -> None:
         "tracking": (f.tracking, TRACKINGS),
         "rounds": (c.schedule.rounds, ROUNDS),
         "staleness": (c.schedule.staleness, STALENESS_KINDS),
+        "refill": (c.schedule.refill, REFILLS),
+        "task-time": (c.schedule.task_time, TASK_TIMES),
         "secure-aggregation": (c.privacy.secure_aggregation, SECURE_AGGREGATIONS),
     }
     for key, (value, allowed) in choices.items():

@@ -19,7 +19,9 @@ class ScheduleConfig:
     staleness_a: float
     staleness_b: float
     max_staleness: int
+    refill: str
     device_speeds: str
+    task_time: str
 
 
 def check_async_keys(s: ScheduleConfig, num_clients: int) -> None:

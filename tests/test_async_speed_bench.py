@@ -1,0 +1,31 @@
+"""bench/async_speed.py's bookkeeping: the points it writes read back as the rows it printed
+from, and ``last-5`` is the mean of the last five evaluations (rows without one skipped)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.async_speed import csv_rows, last_mean, table, write_csv
+
+
+def test_the_csv_reads_back_as_the_evaluated_rows(tmp_path: Path) -> None:
+    rows = [{"round": r, "sim-time": 1.5 * r, "test-acc": None if r % 2 else r / 10}
+            for r in range(1, 9)]
+    results = {"slow:0.2:5/task|fedinit": {"0": {"sync": rows, "async": rows[:4]}}}
+    write_csv(results, tmp_path / "p.csv")
+    back = csv_rows(tmp_path / "p.csv")
+    want = [r for r in rows if r["test-acc"] is not None]
+    assert back == {"slow:0.2:5/task|fedinit": {"0": {"sync": want, "async": want[:2]}}}
+    assert table(back, 0.5) == table(results, 0.5)
+    (tmp_path / "bad.csv").write_text("speeds,method\n")
+    with pytest.raises(SystemExit, match="header 'speeds,method' is not device-speeds"):
+        csv_rows(tmp_path / "bad.csv")
+
+
+def test_last_five_is_the_mean_of_the_last_five_evaluations() -> None:
+    accs = [0.1, None, 0.2, 0.3, None, 0.4, 0.5, 0.9]
+    rows = [{"round": i, "test-acc": a} for i, a in enumerate(accs)]
+    assert last_mean(rows) == pytest.approx((0.2 + 0.3 + 0.4 + 0.5 + 0.9) / 5)
+    assert last_mean(rows[:3], count=5) == pytest.approx(0.15)

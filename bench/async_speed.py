@@ -254,8 +254,8 @@ def main() -> None:
                                   f"{rows[-1]['test-acc']:.4f} sim {rows[-1]['sim-time']:.1f}s "
                                   f"({time.monotonic() - t0:.0f}s wall so far); "
                                   f"{participation(rows, base, seed, sp)}", flush=True)
-                    if a.out is not None:
-                        a.out.write_text(json.dumps(results))
+                            if a.out is not None:  # after every run: a killed bench keeps
+                                a.out.write_text(json.dumps(results))  # the finished ones
     if a.rows is not None:  # the saved --out files carry who trained (a --csv file does not)
         for key, seeds in results.items():
             sp, method = key.split("|")

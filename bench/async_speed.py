@@ -171,8 +171,9 @@ def plot(results: dict[str, Any], path: Path, target: float, label: str) -> None
                 if mode == "async" and "async-long" in runs:
                     continue  # the long run's first flushes are this run, bit for bit
                 pts = evaluated(rows)
-                ax.plot([t for t, _ in pts], [100 * a for _, a in pts], styles[mode],
-                        color=colours[method], label=f"{method} {mode}")
+                ax.plot([t for t, _ in pts], [100 * a for _, a in pts],
+                        linestyle=styles.get(mode, "-"), color=colours[method],
+                        label=f"{method} {mode}")  # a dash tuple is no format string
         ax.axhline(100 * target, color="grey", lw=0.5)
         ax.set_title(f"device-speeds={sp}")
         ax.set_xlabel("simulated time (s)")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.async_speed import csv_rows, last_mean, table, write_csv
+from bench.async_speed import csv_rows, last_mean, plot, table, write_csv
 
 
 def test_the_csv_reads_back_as_the_evaluated_rows(tmp_path: Path) -> None:
@@ -29,3 +29,13 @@ def test_last_five_is_the_mean_of_the_last_five_evaluations() -> None:
     rows = [{"round": i, "test-acc": a} for i, a in enumerate(accs)]
     assert last_mean(rows) == pytest.approx((0.2 + 0.3 + 0.4 + 0.5 + 0.9) / 5)
     assert last_mean(rows[:3], count=5) == pytest.approx(0.15)
+
+
+def test_the_plot_draws_every_mode_the_bench_runs(tmp_path: Path) -> None:
+    # async-balanced and async-half have dash tuples: passed as a format string they made
+    # matplotlib read them as data ("could not be cast to an at-least-1D array").
+    rows = [{"round": r, "sim-time": 1.0 * r, "test-acc": r / 10} for r in range(1, 5)]
+    modes = ("sync", "over-select", "async", "async-balanced", "async-half", "async-constant")
+    results = {"slow:0.2:5|fedinit": {"0": {m: rows for m in modes}}}
+    plot(results, tmp_path / "p.png", 0.7, "test")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -56,6 +56,15 @@ def neighbourhood(own: dict[int, np.ndarray], pid: int) -> tuple[np.ndarray, flo
     return sum(a * own[j] for j, a in NBRS[pid]) / d, d
 
 
+def gtvmin_message(got: dict[str, list[np.ndarray]], own: dict[int, np.ndarray],
+                   pid: int) -> tuple[np.ndarray, float]:
+    """(m_i, d_i) after checking a GTVMin round's message carries m_i, not the warm-up flag."""
+    m_i, d = neighbourhood(own, pid)
+    np.testing.assert_allclose(got["model"][0], m_i, atol=1e-5)
+    assert got["warmup"][0][0] == 0.0
+    return m_i, d
+
+
 def warm_federation(p: Problem, tmp_path: Path, warmup: int, **raw: object) -> Federation:
     return fedrelax(p, write_graph(tmp_path, TWO_CLUSTERS), ALPHA,
                     **{"lr": LR, "local-epochs": EPOCHS, "relax-warmup": warmup, **raw})
@@ -96,9 +105,7 @@ def test_warmup_is_fedavg_then_gtvmin_starts_every_client_from_the_warm_model(
         msgs = sent_by_client(f)
         new = {}
         for pid, got in msgs.items():
-            m_i, d = neighbourhood(own, pid)
-            np.testing.assert_allclose(got["model"][0], m_i, atol=1e-5)
-            assert got["warmup"][0][0] == 0.0
+            m_i, d = gtvmin_message(got, own, pid)
             if rnd == 0:  # no upload since the warm-up: the warm model to start from
                 assert len(got["start"]) == 1
                 np.testing.assert_allclose(got["start"][0][0], warm, atol=1e-6)
@@ -129,8 +136,7 @@ def test_a_client_first_sampled_after_the_warmup_starts_from_the_warm_model(
         msgs = sent_by_client(f)
         new = {}
         for pid, got in msgs.items():
-            m_i, d = neighbourhood(own, pid)
-            np.testing.assert_allclose(got["model"][0], m_i, atol=1e-5)
+            m_i, d = gtvmin_message(got, own, pid)
             assert len(got["start"]) == (0 if pid in uploaded else 1)
             if pid not in uploaded:
                 np.testing.assert_allclose(got["start"][0][0], warm, atol=1e-6)

@@ -69,10 +69,16 @@ NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-liste
 """The ports every Ray node binds; each node on this machine gets its own."""
 
 
-def start_node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """`ray start ... --block` with its own free ports, in its own process group."""
-    names = NODE_PORTS + (("ray-client-server-port",) if "--head" in args else ())
-    ports = free_ports(len(names))
+HEAD_PORTS = NODE_PORTS + ("ray-client-server-port",)
+"""The head binds one more: Ray Client's server."""
+
+
+def start_node(args: list[str], env: dict[str, str], log: Path,
+               ports: list[int] | None = None) -> subprocess.Popen[bytes]:
+    """`ray start ... --block` with its own free ports (``ports``, or chosen here), in its own
+    process group."""
+    names = HEAD_PORTS if "--head" in args else NODE_PORTS
+    ports = ports if ports is not None else free_ports(len(names))
     with log.open("w") as out:
         return subprocess.Popen(
             [RAY, "start", "--block", *args, "--node-ip-address=127.0.0.1",
@@ -108,13 +114,16 @@ def ray_cluster(request: pytest.FixtureRequest, tmp_path: Path
     the cluster's temp dir)."""
     count = getattr(request, "param", 1)
     temp_dir = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))  # Ray's socket paths are short
-    (gcs,) = free_ports(1)
+    # The GCS port and the head's other ports in one choice: chosen in two calls, the second
+    # could hand out the first's port again (CI, 2026-12-04: "gcs_server is trying to use a
+    # port number 45001 that is used by other components", the object manager's).
+    gcs, *head_ports = free_ports(1 + len(HEAD_PORTS))
     env = flower_env(tmp_path / "flwr-home", RAY_ADDRESS=f"127.0.0.1:{gcs}",
                      RAY_USAGE_STATS_ENABLED="0")
     cpus = 2 if count == 1 else 1
     nodes = [(start_node(["--head", f"--port={gcs}", f"--num-cpus={cpus}",
                           "--include-dashboard=false", f"--temp-dir={temp_dir}"],
-                         env, tmp_path / "ray-head.log"), tmp_path / "ray-head.log")]
+                         env, tmp_path / "ray-head.log", head_ports), tmp_path / "ray-head.log")]
     try:
         wait_for_nodes(nodes, env, 1)
         for i in range(1, count):  # worker nodes join the head's session (and its temp dir)

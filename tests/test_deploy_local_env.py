@@ -16,24 +16,22 @@ import pytest
 from cli.deploy_local import REPO, Deployment, Proc, Watcher
 
 
-def test_nodes_get_the_repo_then_the_callers_pythonpath(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", "/opt/site-a" + os.pathsep + "/opt/site-b")
+@pytest.mark.parametrize(("callers", "want"), [
+    ("/opt/site-a" + os.pathsep + "/opt/site-b", [str(REPO), "/opt/site-a", "/opt/site-b"]),
+    (None, [str(REPO)]),
+])
+def test_nodes_get_the_repo_then_the_callers_pythonpath(
+        callers: str | None, want: list[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if callers is None:
+        monkeypatch.delenv("PYTHONPATH", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONPATH", callers)
     dep = Deployment(tmp_path, num_nodes=1, insecure=True)
     seen: dict[str, str] = {}
     monkeypatch.setattr(dep, "start", lambda name, cmd, env: seen.update(env))
     dep.start_node(0, cmd=["true"])
-    assert seen["PYTHONPATH"].split(os.pathsep) == [str(REPO), "/opt/site-a", "/opt/site-b"]
-
-
-def test_nodes_get_the_repo_alone_without_a_callers_path(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PYTHONPATH", raising=False)
-    dep = Deployment(tmp_path, num_nodes=1, insecure=True)
-    seen: dict[str, str] = {}
-    monkeypatch.setattr(dep, "start", lambda name, cmd, env: seen.update(env))
-    dep.start_node(0, cmd=["true"])
-    assert seen["PYTHONPATH"] == str(REPO)
+    assert seen["PYTHONPATH"].split(os.pathsep) == want
 
 
 def test_watcher_names_the_process_that_died(tmp_path: Path) -> None:

@@ -28,7 +28,10 @@ last choice was made from, is also sent up to
 ``graph-candidates`` other clients' latest models (the server's copies), reports the mean loss
 of each on its own training data (one float per candidate) before it trains, and is linked to
 its ``graph-k`` lowest, none past the widest gap among its 2k lowest (A = 1; the union of the
-clients' choices). The graph in use is written
+clients' choices). Under ``relax-warmup`` the loss graph also keeps each warm-up reply's upload
+(w_iK, trained from the shared model on the client's data: the server received it anyway) as
+that client's candidate model until it uploads after the warm-up, so the first measurements
+come in round R+1 and score every client the warm-up trained. The graph in use is written
 to the run directory (``graph.json``, ``graph.png``) each time it changes.
 
 Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
@@ -147,6 +150,10 @@ class FedRelaxState(ServerState):
     """[int64 (N,)]: how many candidates each client's last measurement scored (loss graph)."""
     clock: Weights
     """[int64 (1,)]: the rounds completed (which round the next messages are for)."""
+    probe: Weights
+    """[int64 (N,)]: the warm-up round whose upload (the client's local model w_iK, trained
+    from the shared model) is its candidate model until it uploads after the warm-up (0:
+    none; ``graph=loss`` with ``relax-warmup``)."""
 
 
 class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
@@ -195,7 +202,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                              chosen=[np.zeros((0, self.params.graph_k), dtype=np.int64)],
                              measured=[np.zeros(0, dtype=np.int64)],
                              pool=[np.zeros(0, dtype=np.int64)],
-                             clock=[np.zeros(1, dtype=np.int64)])
+                             clock=[np.zeros(1, dtype=np.int64)],
+                             probe=[np.zeros(0, dtype=np.int64)])
 
     def model_of(self, state: FedRelaxState, pid: int) -> Weights:
         """The server's copy of client ``pid``'s current model (w_0 before its first upload)."""
@@ -204,6 +212,23 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             return state.w0
         assert self.models is not None
         return self.models.read(pid, int(version[pid]))
+
+    def candidate_model(self, state: FedRelaxState, pid: int) -> Weights:
+        """The model client ``pid`` is scored by (``graph=loss``): its latest upload after
+        the warm-up, else its last warm-up upload (``probe``), else its server copy."""
+        version, probe = state.version[0], state.probe[0]
+        if (pid >= len(version) or version[pid] == 0) and pid < len(probe) and probe[pid] > 0:
+            assert self.models is not None
+            return self.models.read(pid, int(probe[pid]))
+        return self.model_of(state, pid)
+
+    @staticmethod
+    def scoreable(state: FedRelaxState) -> np.ndarray:
+        """[int64 (N,)], > 0 where a client has a model to be scored by: an upload after the
+        warm-up or a warm-up upload kept as its candidate model."""
+        version, probe = state.version[0], state.probe[0]
+        n = max(len(version), len(probe))
+        return np.maximum(gr.grown_rows(version, n), gr.grown_rows(probe, n))
 
     def term(self, state: FedRelaxState, pid: int) -> tuple[Weights, float]:
         """(m_i, d_i): the A-weighted mean of client ``pid``'s neighbours' models and its
@@ -222,13 +247,14 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         """The clients whose models ``pid`` scores in its next message (none unless
         ``graph=loss`` and its measurement is due)."""
         upcoming = int(state.clock[0][0]) + 1
+        have = self.scoreable(state)
         if self.params.graph != gl.SOURCE or not gl.due(
                 state.measured[0], state.pool[0], pid, upcoming,
                 self.params.graph_refresh_every,
-                gl.available(pid, state.version[0], self.params.graph_candidates)):
+                gl.available(pid, have, self.params.graph_candidates)):
             return np.zeros(0, dtype=np.int64)
-        return gl.candidates(pid, state.version[0], state.chosen[0],
-                             self.params.graph_candidates, upcoming)
+        return gl.candidates(pid, have, state.chosen[0], self.params.graph_candidates,
+                             upcoming)
 
     def warming(self, state: FedRelaxState) -> bool:
         """Whether the next round is one of the ``relax-warmup`` rounds of FedAvg."""
@@ -248,7 +274,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         mean, degree = self.term(state, partition_id)
         ids = self.candidates_for(state, partition_id)
         self.sent[partition_id] = ids
-        models = gl.stacked([self.model_of(state, int(j)) for j in ids], state.w0)
+        models = gl.stacked([self.candidate_model(state, int(j)) for j in ids], state.w0)
         version = state.version[0]
         fresh = self.params.relax_warmup > 0 and (
             partition_id >= len(version) or version[partition_id] == 0)
@@ -283,6 +309,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         chosen = gl.grown_choice(state.chosen[0], n) if by_loss else state.chosen[0]
         measured = gr.grown_rows(state.measured[0], n) if by_loss else state.measured[0]
         pool = gr.grown_rows(state.pool[0], n) if by_loss else state.pool[0]
+        probe = gr.grown_rows(state.probe[0], n)
         remeasured = False
         moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
         # rounds=async: a client may reply twice before a flush; its later model replaces
@@ -292,8 +319,11 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             old = self.model_of(state, pid)
             move = [new.astype(np.float64) - o.astype(np.float64)
                     for new, o in zip(u.upload, old, strict=True)]
-            self.models.write(pid, rnd.server_round, u.upload, int(version[pid]))
+            # keep the file the last checkpoint names: the previous upload or the warm-up's
+            self.models.write(pid, rnd.server_round, u.upload,
+                              int(version[pid]) if version[pid] > 0 else int(probe[pid]))
             version[pid] = rnd.server_round
+            probe[pid] = 0  # scored by its own model from now on
             for acc, m in zip(moved, move, strict=True):
                 acc += m
             if self.params.graph == "knn":
@@ -322,15 +352,26 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         return w_next, dataclasses.replace(
             state, version=[version], graph=graph, sketch=[sketch], chosen=[chosen],
             measured=[measured], pool=[pool],
-            clock=[np.asarray([rnd.server_round], dtype=np.int64)])
+            clock=[np.asarray([rnd.server_round], dtype=np.int64)], probe=[probe])
 
     def warm_update(self, state: FedRelaxState, w_t: Weights,
                     rnd: RoundInput) -> tuple[Weights, FedRelaxState]:
         """A warm-up round: FedAvg's step w_t + eta_g D on the shared model; no client model
         is stored. After the last one its model becomes every client's w^(i) (``w0``), and
-        the knn graph is built from the warm-up's moves (each from the shared model)."""
+        the knn graph is built from the warm-up's moves (each from the shared model). Under
+        ``graph=loss`` each reply's upload (w_iK, trained from the shared model on the
+        client's data only) is kept as that client's candidate model (``probe``), so the first
+        measurements, in round R+1, score every client the warm-up trained."""
+        assert self.models is not None
         n = rnd.num_clients
         w_next = apply_step(w_t, rnd.aggregate, rnd.server_lr)
+        probe = state.probe[0]
+        if self.params.graph == gl.SOURCE:
+            probe = gr.grown_rows(probe, n)
+            for u in rnd.updates:
+                pid = u.partition_id
+                self.models.write(pid, rnd.server_round, u.upload, int(probe[pid]))
+                probe[pid] = rnd.server_round
         sketch = state.sketch[0]
         if self.params.graph == "knn":
             sketch = gr.grown_rows(sketch, n)
@@ -346,7 +387,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             self.report(graph, n, rnd.server_round)
         return w_next, dataclasses.replace(
             state, w0=[a.copy() for a in w_next] if last else state.w0, graph=graph,
-            sketch=[sketch], clock=[np.asarray([rnd.server_round], dtype=np.int64)])
+            sketch=[sketch], clock=[np.asarray([rnd.server_round], dtype=np.int64)],
+            probe=[probe])
 
     def report(self, graph: list[np.ndarray], n: int, server_round: int) -> None:
         """``graph.json`` (the edge list in use, from which round) and ``graph.png``."""

@@ -10,7 +10,8 @@ lowest losses (its choice), and links i and j (A_ij =
 1) when either chose the other: the union, as the knn graph. Candidates: every other client
 with a stored model when there are at most ``graph-candidates``, else the client's current
 choice plus a sample of the others, seeded by the round and the client (so the choice can
-only improve or follow changed models). Pure numpy.
+only improve or follow changed models); under FedRelax's warm start a client's model here is
+its last warm-up upload until it uploads after the warm-up. Pure numpy.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def due(measured: np.ndarray, pool: np.ndarray, pid: int, upcoming: int, every: 
 
 
 def available(pid: int, version: np.ndarray, limit: int) -> int:
-    """How many candidates ``pid`` would score now: the other clients with a model, at most
-    ``limit``."""
+    """How many candidates ``pid`` would score now: the other clients with a model (``version``
+    > 0), at most ``limit``."""
     have = int(np.count_nonzero(version > 0)) - int(pid < len(version) and version[pid] > 0)
     return min(have, limit)
 

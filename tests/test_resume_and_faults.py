@@ -63,20 +63,24 @@ PER_CLIENT = {"fedrelax": {"beta": 0.0, "graph-refresh-every": 2, "graph-k": 1},
                                 "graph-k": 1},
               "fedrelax-warm": {"beta": 0.0, "relax-warmup": 2, "graph-refresh-every": 2,
                                 "graph-k": 1},
+              "fedrelax-warm-loss": {"beta": 0.0, "graph": "loss", "relax-warmup": 2,
+                                     "graph-refresh-every": 2, "graph-k": 1},
               "clustered": {"beta": 0.0, "cluster-every": 2},
               "clustered-kmeans": {"beta": 0.0, "cluster-every": 2, "cluster-assign": "kmeans"},
               "clustered-auto": {"beta": 0.0, "num-clusters": 0, "cluster-warmup": 2,
                                  "num-regimes": 2, "regime-kind": "permute-labels"}}
 """FedRelax (server copies of the clients' models on disk, the learned graph rebuilt after
 the resume; under graph=loss the clients' choices and when each measured; under relax-warmup
-the warm model, checkpointed at the warm-up's last round, every client's start after it) and
+the warm model, checkpointed at the warm-up's last round, every client's start after it; with
+graph=loss too, the warm-up's uploads kept as the candidate models round 3 scores) and
 clustered FL (cluster models; the clients' loss-based choices, or under
 k-means the assignment re-clustered after the resume; under num-clusters=0 the K the warm-up
 chose)."""
 
 
 @pytest.mark.parametrize("method", ["fedavg", "scaffold", "fedadam", "feddyn", "fedcm",
-                                    "fedrelax", "fedrelax-loss", "fedrelax-warm", "clustered",
+                                    "fedrelax", "fedrelax-loss", "fedrelax-warm",
+                                    "fedrelax-warm-loss", "clustered",
                                     "clustered-kmeans", "clustered-auto"])
 def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) -> None:
     """Guards the checkpoint of every kind of server state (SCAFFOLD's c, Adam's moments,
@@ -112,12 +116,15 @@ def test_killed_and_resumed_run_ends_bit_identical(tmp_path: Path, method: str) 
         assert own and any(np.any(a != 0) for k in own for a in want_state[k])
 
 
+@pytest.mark.parametrize("method", ["fedrelax", "fedrelax-warm-loss"])
 def test_fedrelax_killed_after_writing_its_client_models_resumes_bit_identical(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
     """The server dies after round 3 stored the replies' models (server-models/) but before
     its checkpoint: the resumed run reads the versions round 2's checkpoint names, not the
-    newer files, and ends as the uninterrupted run, server copies and graph included."""
-    over = {"method": "fedrelax", **PER_CLIENT["fedrelax"]}
+    newer files, and ends as the uninterrupted run, server copies and graph included. Under
+    relax-warmup=2 with graph=loss round 3 is the first to score candidates, the warm-up's
+    uploads, which its writes keep beside the new files for the resumed round 3 to read."""
+    over = {"method": "fedrelax", **PER_CLIENT[method]}
     ref_cfg = config(tmp_path / "ref", **over)
     run_experiment(InProcessGrid(4, ref_cfg.to_dict()), ref_cfg, out_dir=tmp_path / "ref-run")
 

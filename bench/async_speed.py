@@ -47,13 +47,36 @@ METHODS = {"fedavg": {"beta": 0.0}, "fedinit": {"beta": 0.1}}
 MODES = {"sync": {}, "over-select": {"over-select": 0.3}, "async": {"rounds": "async"}}
 REMEDIES = {"async-balanced": {"rounds": "async", "refill": "balanced"},
             "async-constant": {"rounds": "async", "staleness": "constant"},
-            "async-half": {"rounds": "async"}}
+            "async-half": {"rounds": "async"},
+            "async-dc": {"rounds": "async", "stale-correction": "dc"},
+            "async-conc": {"rounds": "async"}}
 """Async variants measured against the gap to sync after the same updates (``--modes``);
 not among the modes whose earliest end fixes the time T of ``acc@T``. ``async-half``:
 concurrency m/2 with buffer-size m (set in ``main``), so about half the replies of a flush
 started from the newest version (with concurrency = buffer-size nearly every reply is a
-version stale)."""
+version stale). ``async-dc``: delay compensation, one mode ``async-dcL`` per
+``--dc-lambdas`` value L; ``async-conc``: one mode ``async-cC`` per ``--concurrencies``
+value C, with buffer-size m (``expand``)."""
 SPEEDS = ("slow:0.2:5", "slow:0.5:5", "lognormal:1")
+
+
+def expand(modes: list[str], m_round: int, dc_lambdas: list[float],
+           concurrencies: list[int]) -> dict[str, dict[str, Any]]:
+    """The run-config overrides of each named mode, ``async-dc`` and ``async-conc`` expanded
+    into one mode per lambda / concurrency (buffer-size m: the trade-off's points)."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        over = {**MODES, **REMEDIES}[mode]
+        if mode == "async-half":
+            out[mode] = {**over, "concurrency": max(1, m_round // 2), "buffer-size": m_round}
+        elif mode == "async-dc":
+            out.update({f"async-dc{lam:g}": {**over, "dc-lambda": lam} for lam in dc_lambdas})
+        elif mode == "async-conc":
+            out.update({f"async-c{c}": {**over, "concurrency": c, "buffer-size": m_round}
+                        for c in concurrencies})
+        else:
+            out[mode] = over
+    return out
 
 
 def one_run(base: dict[str, Any], out: Path) -> list[dict[str, Any]]:
@@ -203,6 +226,11 @@ def main() -> None:
                          "to the target when the equal-update async run stops short of it")
     ap.add_argument("--modes", nargs="*", default=list(MODES),
                     choices=[*MODES, *REMEDIES])
+    ap.add_argument("--dc-lambdas", type=float, nargs="+", default=[0.5],
+                    help="mode async-dc: one run per dc-lambda (modes async-dcL)")
+    ap.add_argument("--concurrencies", type=int, nargs="+", default=[7, 8],
+                    help="mode async-conc: one run per concurrency, buffer-size m "
+                         "(modes async-cC)")
     ap.add_argument("--task-time", default="steps", choices=["steps", "task"],
                     help="the clock's duration model (task-time): task is a separate "
                          "scenario, its speeds labelled SPEC/task")
@@ -236,12 +264,8 @@ def main() -> None:
                 for method in a.methods:
                     key = f"{sp}{'/task' if a.task_time == 'task' else ''}|{method}"
                     for seed in a.seeds:
-                        modes = {m: {**MODES, **REMEDIES}[m] for m in a.modes}
-                        if "async-half" in modes:
-                            m_round = max(1, round(a.fraction * a.clients))
-                            modes["async-half"] = {**modes["async-half"],
-                                                   "concurrency": max(1, m_round // 2),
-                                                   "buffer-size": m_round}
+                        modes = expand(a.modes, max(1, round(a.fraction * a.clients)),
+                                       a.dc_lambdas, a.concurrencies)
                         if a.async_rounds:
                             modes["async-long"] = {"rounds": "async",
                                                    "num-server-rounds": a.async_rounds}

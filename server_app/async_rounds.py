@@ -76,6 +76,7 @@ from methods.fedbuff import (
 )
 from methods.method import ClientUpdate, RoundInput
 from methods.packed_arrays import pack, unpack
+from methods.stale_correction import delay_compensated
 from methods.weights import Weights
 from server_app.async_privacy import (
     ASYNC_DP_CONVENTIONS,
@@ -308,6 +309,9 @@ class AsyncLoop:
         """``dp=central`` (set by ``run_async_experiment``): each flush one counted release."""
         self.stopped = False
         """Set when ``dp-target-epsilon`` allows no further flush: the loop ends."""
+        self.newest: Weights = []
+        """The model the next flush steps from (``run`` keeps it): w_now of
+        ``stale-correction=dc``."""
 
     def busy(self) -> set[int]:
         return {t.pid for t in self.tasks.values()}
@@ -520,6 +524,9 @@ class AsyncLoop:
         replaces = self.strategy.rule.replaces_models  # the upload is the client's model
         delta = (decoded.upload if replaces else
                  delta_of(decoded.upload, task.weights, self.cfg.train.ri_aggregation))
+        s = self.cfg.schedule
+        if s.stale_correction == "dc" and task.version < version:  # tau 0: nothing to move
+            delta = delay_compensated(delta, task.weights, self.newest, s.dc_lambda)
         if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.pid)):
             self.losses.append((weight, decoded.train_loss))
             self.accepted.append((decoded if replaces else replace(decoded, upload=delta),
@@ -580,6 +587,7 @@ class AsyncLoop:
         """Keep ``concurrency`` clients busy and flush every K accepted replies."""
         n = self.cfg.train.num_server_rounds
         idle_since = time.monotonic()
+        self.newest = weights
         self.stopped = self.privacy is not None and self.privacy.spent(self.buffer.version)
         while self.buffer.version < n and not self.stopped:
             self.fill(weights)
@@ -602,7 +610,7 @@ class AsyncLoop:
                     if self.privacy is not None:  # counted before the flush exists
                         self.privacy.count(self.buffer.version + 1)
                     flush = self.buffer.flush(weights, self.apply)
-                    weights = flush.weights
+                    weights = self.newest = flush.weights
                     on_flush(flush, self.row_facts(flush))
                     if self.buffer.version >= n:
                         break

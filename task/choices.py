@@ -20,6 +20,9 @@ STALENESS_KINDS: tuple[str, ...] = ("constant", "poly", "hinge")
 TASK_TIMES: tuple[str, ...] = ("steps", "task")
 """``task-time``: a simulated task (``device-speeds``) lasts s_i x its own steps | s_i x the
 clients' mean steps (the device's speed alone decides; ``task.device_speeds.durations``)."""
+STALE_CORRECTIONS: tuple[str, ...] = ("off", "dc")
+"""``stale-correction`` under ``rounds=async``: a reply's Delta as computed | delay-compensated
+towards the newest model (``methods.stale_correction``)."""
 REFILLS: tuple[str, ...] = ("random", "balanced")
 """``refill`` under ``rounds=async``: which idle client takes a freed slot: a seeded uniform
 choice (FedBuff's) | one of those sent the fewest tasks so far, ties a seeded choice

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.async_speed import csv_rows, last_mean, plot, table, write_csv
+from bench.async_speed import csv_rows, expand, last_mean, plot, table, write_csv
 
 
 def test_the_csv_reads_back_as_the_evaluated_rows(tmp_path: Path) -> None:
@@ -39,3 +39,13 @@ def test_the_plot_draws_every_mode_the_bench_runs(tmp_path: Path) -> None:
     results = {"slow:0.2:5|fedinit": {"0": {m: rows for m in modes}}}
     plot(results, tmp_path / "p.png", 0.7, "test")
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_dc_and_concurrency_modes_expand_to_one_run_each() -> None:
+    modes = expand(["async", "async-half", "async-dc", "async-conc"], 10, [0.25, 1.0], [7, 8])
+    assert list(modes) == ["async", "async-half", "async-dc0.25", "async-dc1", "async-c7",
+                           "async-c8"]
+    assert modes["async-half"] == {"rounds": "async", "concurrency": 5, "buffer-size": 10}
+    assert modes["async-dc1"] == {"rounds": "async", "stale-correction": "dc", "dc-lambda": 1.0}
+    assert modes["async-c7"] == {"rounds": "async", "concurrency": 7, "buffer-size": 10}
+    assert modes["async"] == {"rounds": "async"}

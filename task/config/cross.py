@@ -143,6 +143,13 @@ def check_async(c: RunConfig) -> None:
          f"constant with method={c.method!r}",
          "a reply replaces its client's model at the flush: no step for s(tau) to weight; "
          "max-staleness still drops a staler reply"),
+        ("stale-correction", s.stale_correction, s.stale_correction == "off" or dp == "off",
+         "off with dp=" + repr(dp), "the correction depends on the clipped Delta, so a "
+         "corrected reply's norm is no longer bounded by dp-clip"),
+        ("stale-correction", s.stale_correction,
+         s.stale_correction == "off" or not rule.replaces_models,
+         f"off with method={c.method!r}", "a reply replaces its client's model at the flush: "
+         "no step to correct"),
         ("evaluation", e.evaluation, c.eval_source == "central", "auto or central",
          "federated evaluation beside in-flight training is not built yet"),
         ("personal-eval-every", e.personal_eval_every, e.personal_eval_every == 0, "0",

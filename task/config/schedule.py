@@ -19,6 +19,8 @@ class ScheduleConfig:
     staleness_a: float
     staleness_b: float
     max_staleness: int
+    stale_correction: str
+    dc_lambda: float
     refill: str
     device_speeds: str
     task_time: str
@@ -33,6 +35,7 @@ def check_async_keys(s: ScheduleConfig, num_clients: int) -> None:
                              ("max-staleness", s.max_staleness, "no limit")):
         if value < 0:
             raise bad_value(key, value, f"an integer >= 0 (0 = {zero})")
-    for key, fvalue in (("staleness-a", s.staleness_a), ("staleness-b", s.staleness_b)):
+    for key, fvalue in (("staleness-a", s.staleness_a), ("staleness-b", s.staleness_b),
+                        ("dc-lambda", s.dc_lambda)):
         if fvalue < 0.0:
             raise bad_value(key, fvalue, "a number >= 0")

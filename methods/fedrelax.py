@@ -155,6 +155,14 @@ class FedRelaxState(ServerState):
     from the shared model) is its candidate model until it uploads after the warm-up (0:
     none; ``graph=loss`` with ``relax-warmup``)."""
 
+    @classmethod
+    def from_arrays(cls, saved: Mapping[str, Weights]) -> ServerState:
+        """As ``ServerState``'s, and a checkpoint written before ``probe`` existed resumes with
+        none (what that code kept: no warm-up upload as a candidate model)."""
+        if "probe" not in saved:
+            saved = {**saved, "probe": [np.zeros(0, dtype=np.int64)]}
+        return super().from_arrays(saved)
+
 
 class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
     """Stores the uploads, sends each client its neighbourhood term, learns the graph."""

@@ -187,3 +187,26 @@ def test_the_warmup_stores_its_uploads_only_under_graph_loss(tmp_path: Path) -> 
     assert all(files(pid) == ["r1.npz", "r2.npz"] for pid in range(8))
     f.run(2)  # the first upload keeps the warm-up's file, the second drops it
     assert all(files(pid) == ["r3.npz", "r4.npz"] for pid in range(8))
+
+
+def test_a_checkpoint_from_before_probe_resumes_with_none() -> None:
+    """A FedRelax checkpoint written before ``probe`` existed loads with an empty one (that
+    code kept no warm-up upload as a candidate), every other field as saved; a checkpoint
+    with a field FedRelaxState does not know is still refused."""
+    f = warm_loss()
+    f.run(WARMUP + 1)
+    saved = state_of(f).arrays()
+    assert state_of(f).probe[0].size > 0  # this run kept warm-up uploads
+    old = {k: v for k, v in saved.items() if k != "probe"}
+    loaded = cast(FedRelaxState, FedRelaxState.from_arrays(old))
+    assert loaded.probe[0].size == 0 and loaded.probe[0].dtype == np.int64
+    for name, arrays in old.items():
+        got = getattr(loaded, name)
+        assert len(got) == len(arrays)
+        assert all(np.array_equal(a, b) for a, b in zip(got, arrays, strict=True)), name
+    try:
+        FedRelaxState.from_arrays({**saved, "stranger": [np.zeros(1)]})
+    except ValueError as err:
+        assert "stranger" in str(err)
+    else:
+        raise AssertionError("an unknown state field was accepted")

@@ -40,9 +40,12 @@ def _digest(paths: list[Path]) -> dict[str, str]:
             for p in paths if p.is_file()}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not STAMP.is_file(), reason="scripts/setup.sh has not run in this checkout")
 def test_second_setup_changes_nothing_and_is_fast() -> None:
-    """What .ci/run and the quick start rely on: setup can be run again at no cost."""
+    """What .ci/run and the quick start rely on: setup can be run again at no cost. Slow: it
+    runs scripts/setup.sh (pip into this checkout's venv, whichever checkout that venv was
+    installed from) twice, end to end."""
     subprocess.run([str(SETUP)], check=True, capture_output=True, timeout=600)
     watched = [STAMP, REPO / ".venv" / "bin" / "activate", REPO / ".flwr" / "config.toml"]
     before = _digest(watched)

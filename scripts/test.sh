@@ -14,12 +14,13 @@ if [ "$(id -u)" -eq 0 ] && [ -w "$reserved" ]; then
   now="$(cat "$reserved")"
   case ",$now," in *",39000-44999,"*) ;; *) echo "${now:+$now,}39000-44999" > "$reserved" || true ;; esac
 fi
-# The slow suite on SLOW_TEST_WORKERS workers (default 2; 0 or 1: serially): it is mostly
-# waiting (process starts, round timeouts, Docker), so two workers overlap the waits. Each
+# The slow suite on SLOW_TEST_WORKERS workers (default 3; 0 or 1: serially): it is mostly
+# waiting (process starts, round timeouts, Docker: 21 min of CPU in 28 min of wall time on two
+# workers), so three workers on two cores overlap the waits (docs/testing.md). Each
 # module's tests join its xdist group (tests/slow_groups.py: modules sharing ports or Docker
 # share a group, which loadgroup runs on one worker, one test at a time). Then the modules
 # marked `alone` (wall-clock bounds a busy neighbour breaks) run serially.
-slow_workers="${SLOW_TEST_WORKERS:-2}"
+slow_workers="${SLOW_TEST_WORKERS:-3}"
 case "$slow_workers" in
   ''|*[!0-9]*) echo "test.sh: SLOW_TEST_WORKERS=$slow_workers is not allowed: a whole number (0 or 1: serially)" >&2; exit 2 ;;
 esac

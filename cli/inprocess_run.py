@@ -17,6 +17,7 @@ import torch
 
 from cli.inprocess_grid import InProcessGrid
 from cli.simulate import parse_overrides
+from node.launch import plain_logs_off_terminal
 from server_app.experiment import run_experiment
 from task.config import ConfigError, RunConfig
 
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inprocess_run: {err}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
+    plain_logs_off_terminal()  # a sweep's sweep.log is a file: no colour codes in it
     run_experiment(InProcessGrid(cfg.num_clients, raw), cfg)
     return 0
 

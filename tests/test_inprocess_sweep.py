@@ -25,3 +25,30 @@ def test_inprocess_run_refuses_a_bad_value(capsys: pytest.CaptureFixture[str]) -
     assert inprocess_run.main(["ditto-lambda=-1"]) == 2
     err = capsys.readouterr().err
     assert "ditto-lambda=-1.0" in err and err.count("\n") == 1
+
+
+def test_inprocess_runs_log_without_colour_codes_off_a_terminal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep captures each cell's output into its sweep.log (a file): Flower's console
+    handler must not write ANSI colour codes there."""
+    import logging
+    import sys
+
+    from flwr.supercore.logger import FLOWER_LOGGER, ConsoleHandler
+
+    handlers = [h for h in FLOWER_LOGGER.handlers if isinstance(h, ConsoleHandler)]
+    assert handlers
+    for h in handlers:  # restored after the test: the handler is process-wide
+        monkeypatch.setattr(h, "colored", True)
+        monkeypatch.setattr(h, "timestamps", False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    lines: list[str] = []
+
+    def fake_run(grid: object, cfg: object) -> None:
+        record = logging.LogRecord("flwr", logging.INFO, __file__, 1, "round 1", None, None)
+        lines.extend(h.format(record) for h in handlers)
+
+    monkeypatch.setattr(inprocess_run, "run_experiment", fake_run)
+    monkeypatch.setattr(inprocess_run, "InProcessGrid", lambda n, raw: None)
+    assert inprocess_run.main(["num-clients=2"]) == 0
+    assert lines and all("\033[" not in line and "round 1" in line for line in lines), lines

@@ -71,9 +71,17 @@ def _project_files() -> list[Path]:
 
 
 def _exists(ref: str, mentioned_in: Path) -> bool:
+    """Exists, and not only in this checkout: a path .gitignore covers (``outputs/``, a
+    build folder) is absent from a clean clone, so a pointer to one fails in CI."""
     if ref.startswith("flwr/"):
         return (FLOWER_ROOT / ref).exists()
-    return (REPO / ref).exists() or (mentioned_in.parent / ref).exists()
+    patterns = _ignore_patterns()
+    for candidate in (REPO / ref, mentioned_in.parent / ref):
+        resolved = candidate.resolve()
+        if (resolved.exists() and resolved.is_relative_to(REPO)
+                and not _ignored(resolved.relative_to(REPO), patterns)):
+            return True
+    return False
 
 
 def test_every_mentioned_path_exists() -> None:
@@ -125,3 +133,20 @@ def test_ignored_paths_follow_gitignore() -> None:
     assert _ignored(Path("deploy/.build/x.yml"), patterns)
     assert not _ignored(Path("deploy/compose.yml"), patterns)
     assert not _ignored(Path("docs/algorithms.md"), patterns)
+
+
+def test_a_pointer_into_an_ignored_folder_counts_as_missing(tmp_path: Path) -> None:
+    """A file under ``outputs/`` exists here but not in CI's clean clone: a pointer to it
+    must fail here too."""
+    folder = REPO / "outputs"
+    made = not folder.exists()
+    folder.mkdir(exist_ok=True)
+    probe = folder / f"doc-pointer-probe-{os.getpid()}.yaml"
+    try:
+        probe.write_text("x: 1\n")
+        assert not _exists(f"outputs/{probe.name}", tmp_path / "x.md")
+        assert _exists("docs/algorithms.md", tmp_path / "x.md")
+    finally:
+        probe.unlink(missing_ok=True)
+        if made:
+            folder.rmdir()

@@ -40,6 +40,7 @@ from cli.flower_env import REPO, flower_env
 from cli.run_files import read_json, run_of
 from cli.simulate import RUN_ID, parse_overrides, run_status, toml_line
 from flower_compat.app_source import staged_app
+from node.launch import repo_first_pythonpath
 from task.config import ConfigError, RunConfig
 
 MAKE_CERTS = REPO / "deploy" / "make_certs.sh"
@@ -292,10 +293,9 @@ class Deployment:
     def start_node(self, i: int, cmd: list[str] | None = None, name: str = "") -> Proc:
         """SuperNode ``i`` with its own FLWR_HOME and a fixed torch thread count."""
         threads = str(self.threads_per_node)
-        # The repo first, then the caller's path (where flwr may live outside the venv).
-        path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
         env = flower_env(self.work_dir / f"node-{i}", OMP_NUM_THREADS=threads,
-                         MKL_NUM_THREADS=threads, PYTHONPATH=path)
+                         MKL_NUM_THREADS=threads,
+                         PYTHONPATH=repo_first_pythonpath(dict(os.environ)))
         return self.start(name or f"supernode-{i}", cmd or self.node_command(i), env)
 
     def up(self, start: list[int] | None = None) -> None:

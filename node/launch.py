@@ -51,6 +51,7 @@ DEFAULT_IDLE_POLL = 3.0
 DEFAULT_ACTIVE_WINDOW = 30.0
 """Seconds after a message that the node counts as active."""
 LOOPBACK = "127.0.0.1"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -240,6 +241,12 @@ def plain_logs_off_terminal() -> None:
         update_console_handler(colored=False, timestamps=True)
 
 
+def repo_first_pythonpath(env: dict[str, str]) -> str:
+    """A child's PYTHONPATH: this checkout first (its packages, not an installed copy), then
+    ``env``'s own (where flwr may live outside the venv)."""
+    return os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+
+
 def main(argv: list[str] | None = None) -> None:
     args, node_args = parse_args(sys.argv[1:] if argv is None else argv)
     plain_logs_off_terminal()
@@ -247,8 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     allowlist = device_allowlist(node_args)
     check_slowdown(node_args)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = repo_first_pythonpath(env)
     from flower_compat import guard, install, supernode_waits
 
     args.executor = chosen_executor(args.executor)

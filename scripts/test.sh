@@ -24,9 +24,10 @@ slow_workers="${SLOW_TEST_WORKERS:-3}"
 case "$slow_workers" in
   ''|*[!0-9]*) echo "test.sh: SLOW_TEST_WORKERS=$slow_workers is not allowed: a whole number (0 or 1: serially)" >&2; exit 2 ;;
 esac
+# Each slow run ends with its ten longest tests (where CI's time goes, in its log).
 if [ "$slow_workers" -gt 1 ]; then
-  .venv/bin/python -m pytest -m "slow and not alone" -n "$slow_workers" --dist loadgroup "$@"
+  .venv/bin/python -m pytest -m "slow and not alone" -n "$slow_workers" --dist loadgroup --durations=10 "$@"
 else
-  .venv/bin/python -m pytest -m "slow and not alone" "$@"
+  .venv/bin/python -m pytest -m "slow and not alone" --durations=10 "$@"
 fi
-.venv/bin/python -m pytest -m "slow and alone" "$@"
+.venv/bin/python -m pytest -m "slow and alone" --durations=10 "$@"

@@ -1,9 +1,10 @@
 """Which slow modules share what, so the slow suite can run on pytest-xdist workers.
 
-`scripts/test.sh` runs ``pytest -m "slow and not alone" -n 2 --dist loadgroup``: every test of
-a module below is marked ``xdist_group(group)``, and conftest's scheduler (xdist's own
-loadgroup does not group under pytest 9.2; tests/conftest.py says why) runs a group on one
-worker, one test at a time. Modules that share a resource share a group; the rest get
+`scripts/test.sh` runs ``pytest -m "slow and not alone" -n 3 --dist loadgroup`` (3 is
+``SLOW_TEST_WORKERS``' default): every test of a module below is marked
+``xdist_group(group)``, and conftest's scheduler (xdist's own loadgroup does not group
+under pytest 9.2; tests/conftest.py says why) runs a group on one worker, one test at a
+time. Modules that share a resource share a group; the rest get
 a group of their own (a module's tests often reuse its ports, one after another). Modules
 marked ``alone`` assert wall-clock bounds a busy neighbour can break; test.sh runs them
 afterwards, serially. tests/test_slow_groups.py checks the table against the modules' source.

@@ -295,7 +295,7 @@ class Deployment:
         threads = str(self.threads_per_node)
         env = flower_env(self.work_dir / f"node-{i}", OMP_NUM_THREADS=threads,
                          MKL_NUM_THREADS=threads,
-                         PYTHONPATH=repo_first_pythonpath(dict(os.environ)))
+                         PYTHONPATH=repo_first_pythonpath(os.environ))
         return self.start(name or f"supernode-{i}", cmd or self.node_command(i), env)
 
     def up(self, start: list[int] | None = None) -> None:

@@ -37,6 +37,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -241,7 +242,7 @@ def plain_logs_off_terminal() -> None:
         update_console_handler(colored=False, timestamps=True)
 
 
-def repo_first_pythonpath(env: dict[str, str]) -> str:
+def repo_first_pythonpath(env: Mapping[str, str]) -> str:
     """A child's PYTHONPATH: this checkout first (its packages, not an installed copy), then
     ``env``'s own (where flwr may live outside the venv)."""
     return os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])

@@ -15,6 +15,8 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 
 import flwr
@@ -27,13 +29,15 @@ PATH = re.compile(r"(?<![\w./~$<{-])((?:[A-Za-z_][\w-]*/)+[\w-]+\.(?:py|md|toml|
 BARE_MD = re.compile(r"(?<![\w./-])([A-Z][A-Z0-9_-]*\.md)\b")  # README.md, not results.md
 
 
-def _ignore_patterns() -> list[str]:
-    """The repository's .gitignore lines (the files a release archive does not hold)."""
+@cache
+def _ignore_patterns() -> tuple[str, ...]:
+    """The repository's .gitignore lines (the files a release archive does not hold), read
+    once: every pointer checks against them."""
     lines = (REPO / ".gitignore").read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return tuple(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
 
-def _ignored(rel: Path, patterns: list[str]) -> bool:
+def _ignored(rel: Path, patterns: Sequence[str]) -> bool:
     """Whether .gitignore's simple patterns (``name/``, ``dir/sub/``, ``*.ext``, ``name``)
     cover ``rel``."""
     for pattern in patterns:

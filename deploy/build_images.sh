@@ -91,6 +91,15 @@ done
 
 log() { echo "build_images: [$((SECONDS))s] $*"; }
 docker info >/dev/null 2>&1 || { echo "build_images: no docker engine (start dockerd)" >&2; exit 1; }
+# One build at a time per checkout: two at once (the tests' two Docker modules on two
+# workers) would debootstrap the same base and download into the same wheel folders; the
+# second waits here, then finds its images up to date.
+mkdir -p "$build"
+exec 9>"$build/.lock"
+if command -v flock >/dev/null && ! flock -n 9; then
+  log "another build holds $build/.lock: waiting"
+  flock 9
+fi
 
 # ------------------------------------------------------------------ 1. base image
 debian_mirror() {

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cli.flower_env import flower_env
-from tests.slow_groups import SIM_PORT_BASE, SLOW_MODULES, sim_ports
+from tests.slow_groups import SIM_PORT_BASE, SLOW_MODULES, group_seconds, sim_ports
 
 if TYPE_CHECKING:
     from task.config import RunConfig
@@ -98,6 +98,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     class SlowGroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return slow_group_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            """The longest group waiting first (xdist orders them by test count): a long
+            group started last would run alone at the end."""
+            longest = max(self.workqueue, key=group_seconds)  # ties: xdist's order
+            self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
 
     return SlowGroupScheduling(config, log)  # type: ignore[arg-type]
 

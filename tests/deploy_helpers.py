@@ -3,9 +3,12 @@ environment, and a Docker engine that the tests install and start themselves whe
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -82,25 +85,74 @@ def stop_local_superlink(home: Path) -> None:
 DOCKER_PACKAGES = ["docker.io", "docker-compose", "debootstrap"]
 
 
+ENGINE_STATE = Path("/tmp/fedinit-test-dockerd.json")
+"""The dockerd the tests started and the test processes using it (pids): two modules on two
+xdist workers share one engine, and the last one out stops it (ENGINE_STATE + ".lock")."""
+
+
+def process_alive(pid: int) -> bool:
+    """``pid`` runs and is not a zombie (a dockerd another worker started, killed by this one,
+    stays a zombie of that worker until it reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def is_dockerd(pid: int) -> bool:
+    """``pid`` is a live dockerd (a recorded pid may since belong to another program)."""
+    try:
+        name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return False
+    return name.endswith(b"dockerd") and process_alive(pid)
+
+
+@contextlib.contextmanager
+def engine_state() -> Iterator[dict[str, Any]]:
+    """ENGINE_STATE read and written back under an exclusive lock, its dead users dropped:
+    {"pid": the dockerd the tests started (0: none, the engine was already there or is
+    down), "users": [test processes]}."""
+    with open(f"{ENGINE_STATE}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            state = json.loads(ENGINE_STATE.read_text())
+        except (OSError, ValueError):
+            state = {}
+        state = {"pid": int(state.get("pid", 0)),
+                 "users": [u for u in state.get("users", []) if process_alive(int(u))]}
+        yield state
+        ENGINE_STATE.write_text(json.dumps(state))
+
+
 class DockerEngine:
     """docker + docker-compose + debootstrap installed with apt and dockerd running.
 
     CI machines start without any of them; as root the tests install the Debian packages and
-    start dockerd, and stop the dockerd they started at the end. ``skip_reason`` is set when
-    that is impossible (not root and no engine)."""
+    start dockerd, and the last test process using a dockerd the tests started stops it
+    (ENGINE_STATE). ``skip_reason`` is set when that is impossible (not root and no engine)."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
-        self.started: subprocess.Popen[bytes] | None = None
+        self.joined = False
         self.skip_reason = ""
 
     def ensure(self) -> None:
-        if self._engine_up():
-            return
-        if os.geteuid() != 0:
-            self.skip_reason = ("no running Docker engine, and installing docker.io/"
-                                "docker-compose and starting dockerd needs root")
-            return
+        with engine_state() as state:
+            if not self._engine_up():
+                if os.geteuid() != 0:
+                    self.skip_reason = ("no running Docker engine, and installing docker.io/"
+                                        "docker-compose and starting dockerd needs root")
+                    return
+                state["pid"] = self._start()
+            elif not is_dockerd(state["pid"]):
+                state["pid"] = 0  # up, but not the one recorded: not ours to stop
+            state["users"].append(os.getpid())
+            self.joined = True
+
+    def _start(self) -> int:
+        """Install the packages when missing, start dockerd, wait for it; its pid."""
         if not all(shutil.which(t) for t in ("dockerd", "docker-compose", "debootstrap")):
             env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
             subprocess.run(["apt-get", "update", "-qq"], env=env, check=False,
@@ -109,13 +161,13 @@ class DockerEngine:
                                   env=env, check=False, capture_output=True, text=True)
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         log = (self.log_dir / "dockerd.log").open("wb")
-        self.started = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        started = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self._engine_up():
-                return
-            if self.started.poll() is not None:
+                return started.pid
+            if started.poll() is not None:
                 break
             time.sleep(1)
         raise AssertionError("dockerd did not start: "
@@ -129,12 +181,25 @@ class DockerEngine:
                               timeout=30).returncode == 0
 
     def stop(self) -> None:
-        if self.started is not None and self.started.poll() is None:
-            self.started.terminate()
-            try:
-                self.started.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.started.kill()
+        """Leave the engine; the last user stops a dockerd the tests started (SIGTERM, then
+        SIGKILL after 30 s), never one that ran before."""
+        if not self.joined:
+            return
+        self.joined = False
+        with engine_state() as state:
+            state["users"].remove(os.getpid())  # one entry: this process may hold two
+            pid = state["pid"]
+            if state["users"] or not pid:
+                return
+            state["pid"] = 0
+            if not is_dockerd(pid):
+                return
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while process_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def sh(*cmd: str, timeout: float = 120, env: dict[str, str] | None = None,
@@ -147,7 +212,8 @@ def sh(*cmd: str, timeout: float = 120, env: dict[str, str] | None = None,
 def docker_session(log_dir: Path, project: str) -> Iterator[DockerEngine]:
     """A module's Docker engine (skip when impossible); at the end, the containers named after
     ``project`` that are left (probes whose `docker run` client timed out live on) are
-    removed, and a dockerd this module started is stopped."""
+    removed, and the module leaves the engine (DockerEngine.stop: the last user stops a
+    dockerd the tests started)."""
     import pytest
 
     engine = DockerEngine(log_dir)

@@ -16,8 +16,10 @@ Shared resources and how each is kept apart:
 - conftest's local SuperLink ports (SIM_HTTP_PORT/SIM_CONTROL_PORT) move by
   ``SIM_PORT_STEP`` per worker (gw0 +0, gw1 +10, ...), so `flwr run` tests on two workers
   never join each other's SuperLink;
-- Docker (one engine that a module may start and stop, the images and deploy/.build): one
-  group;
+- Docker: one engine for every module that uses it (tests/deploy_helpers.py's ENGINE_STATE:
+  the last module out stops a dockerd the tests started), one image build at a time
+  (deploy/build_images.sh's lock), and each module's own compose projects, container names
+  and subnets: the two Docker modules are two groups;
 - Ray: each simulation starts its own local instance on free ports (test_ray_cluster's
   cluster records its address in its own temp dir, where no other ``ray.init()`` looks).
 """
@@ -33,18 +35,21 @@ SIM_PORT_STEP = 10
 MAX_WORKERS = 10
 """Workers the per-worker SIM ports leave room for (up to 39283, below 39291)."""
 
-DOCKER = "docker"
 
 
 @dataclass(frozen=True)
 class Slow:
-    """A slow module's xdist group, its fixed port ranges (inclusive) and whether it must run
-    with no neighbour."""
+    """A slow module's xdist group, its fixed port ranges (inclusive), whether it must run
+    with no neighbour, and how long its tests took."""
 
     group: str
     ports: tuple[tuple[int, int], ...] = ()
     alone: str = ""
     """Why the module runs alone (empty: it shares the workers)."""
+    seconds: int = 0
+    """Its tests' time summed (`--durations=0`, four slow workers, images cached, 2026-12-04):
+    conftest's scheduler starts the longest groups first, so none is left to run by itself
+    at the end."""
 
 
 def deployment(base: int, nodes: int) -> tuple[int, int]:
@@ -52,32 +57,33 @@ def deployment(base: int, nodes: int) -> tuple[int, int]:
     return (base, base + 10 + nodes - 1)
 
 
-def own(module: str, *ports: tuple[int, int], alone: str = "") -> Slow:
+def own(module: str, *ports: tuple[int, int], alone: str = "", seconds: int = 0) -> Slow:
     """A group of the module's own."""
-    return Slow(module, ports, alone)
+    return Slow(module, ports, alone, seconds)
 
 
 SLOW_MODULES: dict[str, Slow] = {
-    # Docker: one engine, one image set, deploy/.build.
-    "test_deploy_compose": Slow(DOCKER),
-    "test_deploy_images": Slow(DOCKER, ((29961, 29963),)),  # + its host simulation's link
+    # Docker: the shared engine, own compose projects and subnets.
+    "test_deploy_compose": own("test_deploy_compose", seconds=346),
+    "test_deploy_images": own("test_deploy_images", (29961, 29963),  # + its host simulation
+                              seconds=959),
     # Process deployments on fixed ports.
-    "test_deploy_allowlist": own("test_deploy_allowlist", deployment(29870, 2)),
-    "test_deploy_async": own("test_deploy_async", deployment(43000, 4)),
+    "test_deploy_allowlist": own("test_deploy_allowlist", deployment(29870, 2), seconds=248),
+    "test_deploy_async": own("test_deploy_async", deployment(43000, 4), seconds=96),
     "test_deploy_dashboard": own("test_deploy_dashboard", deployment(44000, 4),
-                                 (44050, 44050)),  # + the page
-    "test_deploy_device_data": own("test_deploy_device_data", deployment(39620, 4)),
-    "test_deploy_divergence": own("test_deploy_divergence", deployment(42550, 3)),
-    "test_deploy_dp": own("test_deploy_dp", deployment(41100, 3)),
-    "test_deploy_fedrelax": own("test_deploy_fedrelax", deployment(42400, 3)),
+                                 (44050, 44050), seconds=187),  # + the page
+    "test_deploy_device_data": own("test_deploy_device_data", deployment(39620, 4), seconds=81),
+    "test_deploy_divergence": own("test_deploy_divergence", deployment(42550, 3), seconds=77),
+    "test_deploy_dp": own("test_deploy_dp", deployment(41100, 3), seconds=74),
+    "test_deploy_fedrelax": own("test_deploy_fedrelax", deployment(42400, 3), seconds=100),
     "test_deploy_process": own("test_deploy_process", deployment(29500, 3),
                                deployment(29540, 3), deployment(29560, 3),
-                               (39291, 39293)),  # + deploy_helpers' simulation link
-    "test_deploy_regimes": own("test_deploy_regimes", deployment(42500, 3)),
-    "test_deploy_secagg": own("test_deploy_secagg", deployment(42650, 4)),
-    "test_device_privacy": own("test_device_privacy", deployment(43770, 3)),
+                               (39291, 39293), seconds=390),  # + deploy_helpers' simulation link
+    "test_deploy_regimes": own("test_deploy_regimes", deployment(42500, 3), seconds=101),
+    "test_deploy_secagg": own("test_deploy_secagg", deployment(42650, 4), seconds=95),
+    "test_device_privacy": own("test_device_privacy", deployment(43770, 3), seconds=71),
     "test_superlink_crash": own("test_superlink_crash", deployment(39800, 3),
-                                deployment(39850, 5)),
+                                deployment(39850, 5), seconds=367),
     "test_deploy_faults": own(
         "test_deploy_faults", deployment(29700, 3), deployment(29750, 3),
         deployment(39400, 5),
@@ -89,27 +95,32 @@ SLOW_MODULES: dict[str, Slow] = {
         "test_warm_executor", deployment(29600, 3),
         alone="a round < 30 s and a hung round within 10 s of its deadline"),
     # `flwr run` simulations on their own local SuperLink ports.
-    "test_ray_cluster": own("test_ray_cluster", (39591, 39593)),
-    "test_ray_loopback": own("test_ray_loopback", (39891, 39893)),
-    "test_sweep": own("test_sweep", (39391, 39393)),
-    "test_screenshots": own("test_screenshots", (44060, 44061)),
+    "test_ray_cluster": own("test_ray_cluster", (39591, 39593), seconds=298),
+    "test_ray_loopback": own("test_ray_loopback", (39891, 39893), seconds=79),
+    "test_sweep": own("test_sweep", (39391, 39393), seconds=169),
+    "test_screenshots": own("test_screenshots", (44060, 44061), seconds=34),
     # `flwr run` on conftest's per-worker SIM ports, or free ports: nothing shared.
-    "test_async_resume": own("test_async_resume"),
-    "test_example_app": own("test_example_app"),
-    "test_first_hour": own("test_first_hour"),
-    "test_resume_simulation": own("test_resume_simulation"),
-    "test_simulation_e2e": own("test_simulation_e2e"),
+    "test_async_resume": own("test_async_resume", seconds=290),
+    "test_example_app": own("test_example_app", seconds=279),
+    "test_first_hour": own("test_first_hour", seconds=65),
+    "test_resume_simulation": own("test_resume_simulation", seconds=509),
+    "test_simulation_e2e": own("test_simulation_e2e", seconds=152),
     "test_plain_flwr_run": own(
         "test_plain_flwr_run",
         alone="a refusal within 5 s of a fresh interpreter's start, and a run within 90 s"),
     # In-process runs, a browser on port 0, data sets: nothing shared.
     "test_async_rounds": own("test_async_rounds"),
-    "test_dashboard_browser": own("test_dashboard_browser"),
-    "test_methods_state": own("test_methods_state"),
-    "test_node_fast_paths": own("test_node_fast_paths"),
+    "test_dashboard_browser": own("test_dashboard_browser", seconds=23),
+    "test_methods_state": own("test_methods_state", seconds=45),
+    "test_node_fast_paths": own("test_node_fast_paths", seconds=17),
     "test_personal_eval": own("test_personal_eval"),
     "test_task_datasets": own("test_task_datasets"),
 }
+
+
+def group_seconds(group: str) -> int:
+    """A group's measured test time (0 for a scope that is no slow group: a single test)."""
+    return sum(slow.seconds for slow in SLOW_MODULES.values() if slow.group == group)
 
 
 def sim_ports(worker: str, base: tuple[int, int] = SIM_PORT_BASE) -> tuple[int, int]:

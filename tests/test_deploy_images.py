@@ -45,7 +45,7 @@ PREFIX, TAG, ARM_TAG = "local/fedinit", "flwr1.39.0", "flwr1.39.0-arm64"
 CUDA_IMAGE = f"{PREFIX}-client-cuda:{TAG}"
 ARM_IMAGE = f"{PREFIX}-client-cpu:{ARM_TAG}"
 PROJECT = f"fedinit-img-{os.getpid()}"
-EXPERIMENT = ["num-server-rounds=3", "fraction-train=1.0", "train-limit=3000", "seed=0"]
+EXPERIMENT = ["num-server-rounds=2", "fraction-train=1.0", "train-limit=3000", "seed=0"]
 # The host simulation's local SuperLink, on ports no other test uses.
 SIM_PORTS = {"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "29961",
              "FLWR_LOCAL_CONTROL_API_PORT": "29963"}
@@ -246,12 +246,14 @@ def test_arm64_edge_node_beside_x86_nodes(arm64_image: tuple[float, str],
     assert probe(ARM_IMAGE, NO_SECRETS, "--platform", "linux/arm64").stdout.strip() == "[]"
 
     work, project, subnet = tmp_path / "arm64", f"{PROJECT}-arm64", "172.31.241"
-    # Tiny rounds: the emulated node is ~10x slower; it joins later, so wait longer for it.
+    # Tiny rounds (100 examples, one epoch): the emulated node is ~10x slower (a round of 200
+    # examples x 2 epochs took 60 s of the test's 200 s, quiet); it joins later, so wait
+    # longer for it. Two rounds: the second task runs on the node's warm worker.
     run_wall, run = compose_run(
         work, project, subnet, "--edge-node", "2", "--edge-image", ARM_IMAGE,
         "--edge-platform", "linux/arm64", "--edge-memory", "2g", "--keep",
-        "num-server-rounds=2", "fraction-train=1.0", "train-limit=600", "batch-size=32",
-        "node-wait-timeout=900", "round-timeout=900")
+        "num-server-rounds=2", "fraction-train=1.0", "train-limit=300", "local-epochs=1",
+        "batch-size=32", "node-wait-timeout=900", "round-timeout=900")
     try:
         machine = sh("docker", "exec", f"{project}-edge-2", "uname", "-m").stdout.strip()
     finally:

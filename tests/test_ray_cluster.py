@@ -86,16 +86,31 @@ def start_node(args: list[str], env: dict[str, str], log: Path,
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+RAY_STARTUP_TIMEOUT = "timed out during startup"
+"""What `ray start` says when its raylet did not register with the GCS within Ray's fixed 30 s
+(`Node.__init__` in Ray 2.55, no setting moves it): on a busy machine (CI, 2026-12-05, beside the
+Docker images' builds and an emulated arm64 node) a head that is fine but slow."""
+START_TRIES = 3
+"""Cluster starts tried when a node times out so; any other failure fails at once."""
+
+
+class NodeStartTimedOut(Exception):
+    """A `ray start` gave up waiting for its own raylet (RAY_STARTUP_TIMEOUT)."""
+
+
 def wait_for_nodes(nodes: list[tuple[subprocess.Popen[bytes], Path]], env: dict[str, str],
                    count: int) -> None:
     """Until the cluster answers with ``count`` live nodes; a node that exited fails at once
-    with its log (before: a dead head meant a 120 s wait)."""
+    with its log (before: a dead head meant a 120 s wait), or raises NodeStartTimedOut when
+    Ray's own start-up wait ran out."""
     deadline = time.monotonic() + 180
     while True:
         for proc, log in nodes:
             if proc.poll() is not None:
-                pytest.fail(f"ray start exited ({log.name}): "
-                            + log.read_text(errors="replace")[-2000:])
+                tail = log.read_text(errors="replace")[-2000:]
+                if RAY_STARTUP_TIMEOUT in tail:
+                    raise NodeStartTimedOut(f"{log.name}: {tail[-600:]}")
+                pytest.fail(f"ray start exited ({log.name}): {tail}")
         try:
             if cluster_info(env)["nodes"] == count:
                 return
@@ -106,13 +121,26 @@ def wait_for_nodes(nodes: list[tuple[subprocess.Popen[bytes], Path]], env: dict[
         time.sleep(2)
 
 
-@pytest.fixture
-def ray_cluster(request: pytest.FixtureRequest, tmp_path: Path
-                ) -> Iterator[tuple[str, dict[str, str], Path]]:
-    """A Ray cluster on this machine, on private ports: ``request.param`` nodes (default 1,
-    a head with 2 CPUs; 2: a head and a worker node with 1 CPU each); yields (address, env,
-    the cluster's temp dir)."""
-    count = getattr(request, "param", 1)
+def stop_cluster(nodes: list[tuple[subprocess.Popen[bytes], Path]], temp_dir: Path) -> None:
+    """Each `ray start` by its process group, then whatever it left behind, by pid (never
+    `ray stop`, which would stop every Ray instance on a shared machine)."""
+    for proc, _ in reversed(nodes):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+    for pid in processes_under(temp_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def start_cluster(count: int, tmp_path: Path, attempt: int
+                  ) -> tuple[list[tuple[subprocess.Popen[bytes], Path]], str, dict[str, str],
+                             Path]:
+    """One try at a cluster of ``count`` nodes, on fresh ports and a fresh temp dir; returns
+    (nodes, address, env, temp dir) once every node is live, stopping what it started when
+    it fails."""
     temp_dir = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))  # Ray's socket paths are short
     # The GCS port and the head's other ports in one choice: chosen in two calls, the second
     # could hand out the first's port again (CI, 2026-12-04: "gcs_server is trying to use a
@@ -121,27 +149,43 @@ def ray_cluster(request: pytest.FixtureRequest, tmp_path: Path
     env = flower_env(tmp_path / "flwr-home", RAY_ADDRESS=f"127.0.0.1:{gcs}",
                      RAY_USAGE_STATS_ENABLED="0")
     cpus = 2 if count == 1 else 1
+    head_log = tmp_path / f"ray-head-{attempt}.log"
     nodes = [(start_node(["--head", f"--port={gcs}", f"--num-cpus={cpus}",
                           "--include-dashboard=false", f"--temp-dir={temp_dir}"],
-                         env, tmp_path / "ray-head.log", head_ports), tmp_path / "ray-head.log")]
+                         env, head_log, head_ports), head_log)]
     try:
         wait_for_nodes(nodes, env, 1)
         for i in range(1, count):  # worker nodes join the head's session (and its temp dir)
-            log = tmp_path / f"ray-worker-{i}.log"
+            log = tmp_path / f"ray-worker-{i}-{attempt}.log"
             nodes.append((start_node([f"--address=127.0.0.1:{gcs}", f"--num-cpus={cpus}"],
                                      env, log), log))
         wait_for_nodes(nodes, env, count)
-        yield f"127.0.0.1:{gcs}", env, temp_dir
+    except BaseException:
+        stop_cluster(nodes, temp_dir)
+        raise
+    return nodes, f"127.0.0.1:{gcs}", env, temp_dir
+
+
+@pytest.fixture
+def ray_cluster(request: pytest.FixtureRequest, tmp_path: Path
+                ) -> Iterator[tuple[str, dict[str, str], Path]]:
+    """A Ray cluster on this machine, on private ports: ``request.param`` nodes (default 1,
+    a head with 2 CPUs; 2: a head and a worker node with 1 CPU each); yields (address, env,
+    the cluster's temp dir)."""
+    count = getattr(request, "param", 1)
+    for attempt in range(1, START_TRIES + 1):
+        try:
+            nodes, address, env, temp_dir = start_cluster(count, tmp_path, attempt)
+            break
+        except NodeStartTimedOut as slow:
+            if attempt == START_TRIES:
+                pytest.fail(f"ray start timed out {START_TRIES} times; last: {slow}")
+            print(f"\nray start timed out (try {attempt} of {START_TRIES}), starting again: "
+                  f"{str(slow)[:200]}")
+    try:
+        yield address, env, temp_dir
     finally:
-        for proc, _ in reversed(nodes):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(60)
-        for pid in processes_under(temp_dir):  # anything `ray start` left behind, by pid
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        stop_cluster(nodes, temp_dir)
 
 
 def simulate(env: dict[str, str], out: Path, num_clients: int, fraction: float) -> None:
@@ -211,3 +255,20 @@ def test_simulation_spans_two_ray_nodes_and_matches_one_machine(
     actors_after = [cls for _node, cls in cluster_info(env)["actors"]]
     assert actors_after.count("ClientAppActor") == 2, "the one-machine run used the cluster"
     assert final_model(spanned) == final_model(alone)
+
+
+def test_a_ray_start_that_timed_out_is_told_apart_from_one_that_failed(tmp_path: Path) -> None:
+    """The fixture starts the cluster again only after Ray's own 30 s start-up wait ran out."""
+    env = dict(os.environ)
+    timed_out, failed = tmp_path / "timed-out.log", tmp_path / "failed.log"
+    timed_out.write_text("Exception: The current node timed out during startup. This could ...")
+    failed.write_text("ValueError: gcs_server is trying to use a port number 45001 ...")
+    for log in (timed_out, failed):
+        proc = subprocess.Popen(["true"])
+        proc.wait()
+        if log is timed_out:
+            with pytest.raises(NodeStartTimedOut, match="timed-out.log"):
+                wait_for_nodes([(proc, log)], env, 1)
+        else:
+            with pytest.raises(pytest.fail.Exception, match="ray start exited .failed.log"):
+                wait_for_nodes([(proc, log)], env, 1)

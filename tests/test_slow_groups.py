@@ -1,6 +1,7 @@
 """The slow suite's xdist groups (tests/slow_groups.py) against the slow modules' own source:
-every slow module has a group, Docker modules share one, no two groups' fixed ports overlap,
-and every port a module names lies in the ranges it declared."""
+every slow module has a group, the Docker modules' own networks differ, no two groups' fixed
+ports overlap, every port a module names lies in the ranges it declared, and the longest
+group starts first."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ import pytest
 
 from tests import conftest
 from tests.slow_groups import (
-    DOCKER,
     MAX_WORKERS,
     SIM_PORT_BASE,
     SIM_PORT_STEP,
     SLOW_MODULES,
     deployment,
+    group_seconds,
     sim_ports,
 )
 
@@ -48,10 +49,21 @@ def test_every_slow_module_has_a_group_and_no_other_module_does() -> None:
     assert sorted(slow_modules()) == sorted(SLOW_MODULES)
 
 
-def test_docker_modules_share_one_group() -> None:
-    docker = {m for m, text in slow_modules().items() if "docker_session" in text}
-    assert docker == {"test_deploy_compose", "test_deploy_images"}
-    assert {m for m, s in SLOW_MODULES.items() if s.group == DOCKER} == docker
+SUBNET = re.compile(r"172\.3[01]\.(\d+)")
+"""The third octet of a compose network the tests ask for (172.30.x fleet, 172.31.x control)."""
+
+
+def test_the_docker_modules_run_apart_on_their_own_networks() -> None:
+    """Two groups on two workers share one engine: their compose stacks must never ask for
+    the same subnet (test_deploy_compose runs docker-compose.yml's defaults)."""
+    sources = slow_modules()
+    docker = sorted(m for m, text in sources.items() if "docker_session" in text)
+    assert docker == ["test_deploy_compose", "test_deploy_images"]
+    assert len({SLOW_MODULES[m].group for m in docker}) == 2
+    defaults = set(SUBNET.findall((TESTS.parent / "docker-compose.yml").read_text()))
+    compose = set(SUBNET.findall(sources["test_deploy_compose"])) | defaults
+    images = set(SUBNET.findall(sources["test_deploy_images"]))
+    assert images and compose and not images & compose, (images, compose)
 
 
 def test_every_port_a_module_names_is_in_its_declared_ranges() -> None:
@@ -101,16 +113,42 @@ def test_collection_marks_a_modules_tests_with_its_group_and_alone() -> None:
         conftest.pytest_itemcollected(each)  # type: ignore[arg-type]
     assert [(m.name, m.args) for m in faults.marks] == [
         ("xdist_group", ("test_deploy_faults",)), ("alone", ())]
-    assert [(m.name, m.args) for m in compose.marks] == [("xdist_group", (DOCKER,))]
+    assert [(m.name, m.args) for m in compose.marks] == [
+        ("xdist_group", ("test_deploy_compose",))]
     assert fast.marks == []
 
 
 def test_loadgroup_schedules_by_the_table() -> None:
     """xdist's own loadgroup does not group under pytest 9.2 (conftest says why): the
     scheduler conftest installs takes each test's scope from the table instead."""
-    assert conftest.slow_group_of("tests/test_deploy_images.py::test_x[a]") == DOCKER
-    assert conftest.slow_group_of("tests/test_deploy_compose.py::test_y") == DOCKER
+    assert conftest.slow_group_of("tests/test_deploy_images.py::test_x[a]") == \
+        "test_deploy_images"
     assert conftest.slow_group_of("tests/test_deploy_dp.py::test_z") == "test_deploy_dp"
     assert conftest.slow_group_of("tests/test_fleet.py::test_w") == "tests/test_fleet.py::test_w"
     load = SimpleNamespace(getvalue=lambda key: "load")
     assert conftest.pytest_xdist_make_scheduler(load, None) is None  # type: ignore[arg-type]
+
+
+def test_the_longest_waiting_group_is_assigned_first() -> None:
+    """xdist orders groups by test count; the table's measured seconds decide instead."""
+    config = SimpleNamespace(getvalue=lambda key: {"dist": "loadgroup", "tx": ["popen"],
+                                                  "numprocesses": 3}.get(key))
+    sched = conftest.pytest_xdist_make_scheduler(config, None)  # type: ignore[arg-type]
+    sent: list[list[int]] = []
+
+    class Worker:  # xdist's WorkerController, as far as the scheduler uses it
+        def send_runtest_some(self, indices: list[int]) -> None:
+            sent.append(indices)
+
+    node = Worker()
+    ids = ["tests/test_fleet.py::test_a", "tests/test_deploy_dp.py::test_b",
+           "tests/test_deploy_images.py::test_c", "tests/test_deploy_images.py::test_d"]
+    sched.registered_collections[node] = ids  # type: ignore[union-attr]
+    for scope in ("tests/test_fleet.py::test_a", "test_deploy_dp", "test_deploy_images"):
+        sched.workqueue[scope] = {i: False for i in ids  # type: ignore[union-attr]
+                                  if conftest.slow_group_of(i) == scope}
+    assert group_seconds("test_deploy_images") > group_seconds("test_deploy_dp") > 0
+    assert group_seconds("tests/test_fleet.py::test_a") == 0
+    for _ in range(3):
+        sched._assign_work_unit(node)  # type: ignore[union-attr]
+    assert sent == [[2, 3], [1], [0]]

@@ -14,13 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cli.flower_env import flower_env
-from tests.slow_groups import (
-    SIM_PORT_BASE,
-    SLOW_MODULES,
-    group_seconds,
-    port_slot,
-    sim_ports,
-)
+from tests.slow_groups import SIM_PORT_BASE, SLOW_MODULES, group_seconds, sim_ports
 
 if TYPE_CHECKING:
     from task.config import RunConfig
@@ -28,9 +22,8 @@ if TYPE_CHECKING:
 
 # Private local SuperLink ports for the tests' `flwr run`s; FEDINIT_TEST_*_PORT move them when
 # several checkouts test on one machine, and each pytest-xdist worker adds its own offset
-# (tests/slow_groups.py) so that two workers' `flwr run`s never share a SuperLink; the
-# `alone` run that scripts/test.sh starts beside them takes the last slot.
-_SIM_PORTS = sim_ports(port_slot(os.environ),
+# (tests/slow_groups.py) so that two workers' `flwr run`s never share a SuperLink.
+_SIM_PORTS = sim_ports(os.environ.get("PYTEST_XDIST_WORKER", ""),
                        (int(os.environ.get("FEDINIT_TEST_HTTP_PORT", SIM_PORT_BASE[0])),
                         int(os.environ.get("FEDINIT_TEST_CONTROL_PORT", SIM_PORT_BASE[1]))))
 SIM_HTTP_PORT, SIM_CONTROL_PORT = (str(p) for p in _SIM_PORTS)

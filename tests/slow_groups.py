@@ -4,12 +4,10 @@
 ``SLOW_TEST_WORKERS``' default): every test of a module below is marked
 ``xdist_group(group)``, and conftest's scheduler (xdist's own loadgroup does not group
 under pytest 9.2; tests/conftest.py says why) runs a group on one worker, one test at a
-time, the longest groups (``seconds``) first. Modules that share a resource share a group;
-the rest get a group of their own (a module's tests often reuse its ports, one after
-another). Modules marked ``alone`` assert wall-clock bounds a busy neighbour can break:
-test.sh runs them serially in a pytest of their own at normal priority, beside the slow
-workers, which run at the lowest (nice 19). tests/test_slow_groups.py checks the table
-against the modules' source.
+time. Modules that share a resource share a group; the rest get
+a group of their own (a module's tests often reuse its ports, one after another). Modules
+marked ``alone`` assert wall-clock bounds a busy neighbour can break; test.sh runs them
+afterwards, serially. tests/test_slow_groups.py checks the table against the modules' source.
 
 Shared resources and how each is kept apart:
 - fixed 127.0.0.1 ports (defaults; each module's FEDINIT_TEST_* variable moves them): a
@@ -28,7 +26,6 @@ Shared resources and how each is kept apart:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 SIM_PORT_BASE = (39191, 39193)
@@ -36,12 +33,7 @@ SIM_PORT_BASE = (39191, 39193)
 SIM_PORT_STEP = 10
 """What each further worker adds to them."""
 MAX_WORKERS = 10
-"""Port slots the per-worker SIM ports leave room for (up to 39283, below 39291): the slow
-run's workers take the first ones, the `alone` run the last (ALONE_RUN_ENV)."""
-ALONE_RUN_ENV = "FEDINIT_TEST_ALONE_RUN"
-"""Set to 1 by scripts/test.sh for its `alone` run, which goes beside the slow run's workers
-(those at the lowest CPU priority): its SIM ports are the last slot's, so the slow run may
-have at most MAX_WORKERS - 1 workers."""
+"""Workers the per-worker SIM ports leave room for (up to 39283, below 39291)."""
 
 
 
@@ -129,15 +121,6 @@ SLOW_MODULES: dict[str, Slow] = {
 def group_seconds(group: str) -> int:
     """A group's measured test time (0 for a scope that is no slow group: a single test)."""
     return sum(slow.seconds for slow in SLOW_MODULES.values() if slow.group == group)
-
-
-def port_slot(environ: Mapping[str, str]) -> str:
-    """This pytest process's SIM-port slot: its xdist worker ("gw1"), the last slot for
-    test.sh's `alone` run, or "" (the base ports) for a plain pytest."""
-    worker = environ.get("PYTEST_XDIST_WORKER", "")
-    if worker or environ.get(ALONE_RUN_ENV) != "1":
-        return worker
-    return f"gw{MAX_WORKERS - 1}"
 
 
 def sim_ports(worker: str, base: tuple[int, int] = SIM_PORT_BASE) -> tuple[int, int]:

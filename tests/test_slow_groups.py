@@ -14,14 +14,12 @@ import pytest
 
 from tests import conftest
 from tests.slow_groups import (
-    ALONE_RUN_ENV,
     MAX_WORKERS,
     SIM_PORT_BASE,
     SIM_PORT_STEP,
     SLOW_MODULES,
     deployment,
     group_seconds,
-    port_slot,
     sim_ports,
 )
 
@@ -103,14 +101,6 @@ def test_each_worker_gets_its_own_local_superlink_ports() -> None:
         sim_ports(f"gw{MAX_WORKERS}")
     with pytest.raises(ValueError, match=r"'main' is not gwN"):
         sim_ports("main")
-
-
-def test_the_alone_run_beside_the_workers_takes_the_last_port_slot() -> None:
-    assert port_slot({}) == "" and port_slot({"PYTEST_XDIST_WORKER": "gw2"}) == "gw2"
-    alone = port_slot({ALONE_RUN_ENV: "1"})
-    workers = {sim_ports(f"gw{n}") for n in range(MAX_WORKERS - 1)}
-    assert alone == f"gw{MAX_WORKERS - 1}" and sim_ports(alone) not in workers
-    assert sim_ports(alone)[1] < 39291  # deploy_helpers' simulation link stays apart
 
 
 def test_collection_marks_a_modules_tests_with_its_group_and_alone() -> None:

@@ -19,7 +19,7 @@ fi
 # workers), so three workers on two cores overlap the waits (docs/testing.md). Each
 # module's tests join its xdist group (tests/slow_groups.py: modules sharing ports or Docker
 # share a group, which loadgroup runs on one worker, one test at a time). Then the modules
-# marked `alone` (wall-clock bounds a busy neighbour breaks) run serially.
+# marked `alone` (wall-clock bounds a busy neighbour breaks).
 slow_workers="${SLOW_TEST_WORKERS:-3}"
 case "$slow_workers" in
   ''|*[!0-9]*) echo "test.sh: SLOW_TEST_WORKERS=$slow_workers is not allowed: a whole number (0 or 1: serially)" >&2; exit 2 ;;
@@ -30,4 +30,7 @@ if [ "$slow_workers" -gt 1 ]; then
 else
   .venv/bin/python -m pytest -m "slow and not alone" --durations=10 "$@"
 fi
-.venv/bin/python -m pytest -m "slow and alone" --durations=10 "$@"
+# The alone modules, two at a time: each mostly waits (heartbeats, round timeouts), so one
+# neighbour of its kind leaves its bounds intact; then the solitary ones by themselves.
+.venv/bin/python -m pytest -m "slow and alone and not solitary" -n 2 --dist loadgroup --durations=10 "$@"
+.venv/bin/python -m pytest -m "slow and solitary" --durations=10 "$@"

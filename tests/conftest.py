@@ -68,13 +68,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Each slow module's tests join its xdist group (tests/slow_groups.py: tests sharing a
     port range or Docker never run at once under ``--dist loadgroup``), and those of a module
-    that must run alone are marked ``alone``. At collection, before any
+    that must run alone are marked ``alone`` (and ``solitary``). At collection, before any
     ``pytest_collection_modifyitems`` (xdist's reads the groups, ``-m`` the marks)."""
     slow = SLOW_MODULES.get(item.path.stem)
     if slow is not None:
         item.add_marker(pytest.mark.xdist_group(slow.group))
         if slow.alone:
             item.add_marker(pytest.mark.alone)
+        if slow.solitary:
+            item.add_marker(pytest.mark.solitary)
 
 
 def slow_group_of(nodeid: str) -> str:

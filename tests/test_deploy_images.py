@@ -45,7 +45,7 @@ PREFIX, TAG, ARM_TAG = "local/fedinit", "flwr1.39.0", "flwr1.39.0-arm64"
 CUDA_IMAGE = f"{PREFIX}-client-cuda:{TAG}"
 ARM_IMAGE = f"{PREFIX}-client-cpu:{ARM_TAG}"
 PROJECT = f"fedinit-img-{os.getpid()}"
-EXPERIMENT = ["num-server-rounds=2", "fraction-train=1.0", "train-limit=3000", "seed=0"]
+EXPERIMENT = ["num-server-rounds=2", "fraction-train=1.0", "train-limit=1500", "seed=0"]
 # The host simulation's local SuperLink, on ports no other test uses.
 SIM_PORTS = {"FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "29961",
              "FLWR_LOCAL_CONTROL_API_PORT": "29963"}

@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,19 +37,29 @@ EXPERIMENT = ["num-server-rounds=3", "fraction-train=1.0", "train-limit=3000", "
 TOLERANCE = {"test-acc": 5e-4, "test-loss": 1e-5, "divergence": 1e-5, "train-loss": 1e-5}
 
 
-@pytest.fixture
-def sim_home(tmp_path: Path) -> Iterator[Path]:
-    home = tmp_path / "sim-home"
-    yield home
-    stop_local_superlink(home)
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[tuple[list[dict[str, Any]], float]]:
+    """The simulation of EXPERIMENT, run once for both executors: (its rounds, seconds)."""
+    home, out = tmp_path_factory.mktemp("sim-home"), tmp_path_factory.mktemp("sim-out")
+    try:
+        t0 = time.monotonic()
+        sim = subprocess.run([*SIMULATE, "num-clients=3", *EXPERIMENT, f"output-dir={out}"],
+                             env=sim_env(home), capture_output=True, text=True, timeout=600,
+                             check=False)
+        wall = time.monotonic() - t0
+        assert sim.returncode == 0, sim.stdout[-4000:] + sim.stderr[-3000:]
+        yield rounds(run_dir(out)), wall
+    finally:
+        stop_local_superlink(home)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", ["warm", "flower"])
 def test_tls_auth_deployment_completes_and_equals_simulation(
-        tmp_path: Path, sim_home: Path, executor: str) -> None:
+        tmp_path: Path, simulated: tuple[list[dict[str, Any]], float], executor: str) -> None:
     """With the warm executor and with Flower's own (a process per message) alike."""
-    work, dep_out, sim_out = tmp_path / "deploy", tmp_path / "dep-out", tmp_path / "sim-out"
+    work, dep_out = tmp_path / "deploy", tmp_path / "dep-out"
     t0 = time.monotonic()
     dep = subprocess.run(
         [*DEPLOY_LOCAL, "--num-nodes", "3", "--work-dir", str(work), "--base-port", "29500",
@@ -68,14 +79,8 @@ def test_tls_auth_deployment_completes_and_equals_simulation(
     for i in range(3):  # each node mirrored its client's state to its own state-dir
         assert list((work / f"node-{i}" / "client-state").rglob(f"client-{i}/r*.npz")), i
 
-    t0 = time.monotonic()
-    sim = subprocess.run([*SIMULATE, "num-clients=3", *EXPERIMENT, f"output-dir={sim_out}"],
-                         env=sim_env(sim_home), capture_output=True, text=True, timeout=600,
-                         check=False)
-    sim_wall = time.monotonic() - t0
-    assert sim.returncode == 0, sim.stdout[-4000:] + sim.stderr[-3000:]
-
-    dep_rows, sim_rows = rounds(run), rounds(run_dir(sim_out))
+    sim_rows, sim_wall = simulated
+    dep_rows = rounds(run)
     diff = diffs(dep_rows, sim_rows)
     print(f"\n{executor} executor: deployment vs simulation over {len(dep_rows)} rounds: "
           "max relative diff "

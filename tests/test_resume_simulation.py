@@ -32,17 +32,27 @@ def simulation_pids() -> list[int]:
     return [int(p) for p in out.split()]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(sim_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+                  ) -> list[np.ndarray]:
+    """The final model of the run never killed, client state in its run directory: one run
+    for both tests (where a client's state lives must not change the model)."""
+    out = tmp_path_factory.mktemp("ref")
+    ref = subprocess.run([*SIMULATE, *CONFIG, f"output-dir={out}"], env=sim_env,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert ref.returncode == 0, ref.stdout[-2000:]
+    (ref_dir,) = list(out.iterdir())
+    return final_model(ref_dir)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("state_dir", ["", "state"])
 def test_server_killed_mid_run_resumes_to_the_same_model(
-        sim_env: dict[str, str], tmp_path: Path, state_dir: str) -> None:
+        sim_env: dict[str, str], uninterrupted: list[np.ndarray], tmp_path: Path,
+        state_dir: str) -> None:
     """The clients' state is in files (the default): in client-state-dir when it is set,
     else in the run directory, where the resumed run finds it."""
     state = [f"client-state-dir={tmp_path / state_dir}"] if state_dir else []
-    ref = subprocess.run([*SIMULATE, *CONFIG, f"output-dir={tmp_path / 'ref'}", *state],
-                         env=sim_env, capture_output=True, text=True, timeout=600, check=False)
-    assert ref.returncode == 0, ref.stdout[-2000:]
-    (ref_dir,) = list((tmp_path / "ref").iterdir())
 
     out = tmp_path / "crash"
     proc = subprocess.Popen([*SIMULATE, *CONFIG, f"output-dir={out}", *state], env=sim_env,
@@ -73,8 +83,8 @@ def test_server_killed_mid_run_resumes_to_the_same_model(
                              check=False)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "resuming after round" in resumed.stdout
-    got, want = final_model(run_dir), final_model(ref_dir)
-    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want, strict=True))
+    got = final_model(run_dir)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, uninterrupted, strict=True))
     rows = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
     files = (tmp_path / state_dir if state_dir else run_dir / "client-state") / run_dir.name

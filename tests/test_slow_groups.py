@@ -109,10 +109,12 @@ def test_collection_marks_a_modules_tests_with_its_group_and_alone() -> None:
         return SimpleNamespace(path=TESTS / f"{stem}.py", marks=marks, add_marker=marks.append)
 
     faults, compose, fast = item("test_deploy_faults"), item("test_deploy_compose"), item("test_x")
-    for each in (faults, compose, fast):
+    plain = item("test_plain_flwr_run")
+    for each in (faults, compose, fast, plain):
         conftest.pytest_itemcollected(each)  # type: ignore[arg-type]
     assert [(m.name, m.args) for m in faults.marks] == [
         ("xdist_group", ("test_deploy_faults",)), ("alone", ())]
+    assert [m.name for m in plain.marks] == ["xdist_group", "alone", "solitary"]
     assert [(m.name, m.args) for m in compose.marks] == [
         ("xdist_group", ("test_deploy_compose",))]
     assert fast.marks == []
@@ -152,3 +154,7 @@ def test_the_longest_waiting_group_is_assigned_first() -> None:
     for _ in range(3):
         sched._assign_work_unit(node)  # type: ignore[union-attr]
     assert sent == [[2, 3], [1], [0]]
+
+
+def test_only_an_alone_module_is_solitary() -> None:
+    assert all(slow.alone for slow in SLOW_MODULES.values() if slow.solitary)

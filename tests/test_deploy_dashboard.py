@@ -12,11 +12,11 @@ process on 127.0.0.1; Debian's headless chromium (Playwright, tests/browser_page
 the page.
 
 Each event is shown as such on the page within EVENT_SECONDS of the test first seeing it in
-the run's files or log; the accuracy curve grows one point per round; every request the
-browser makes goes to 127.0.0.1. About 2-3 minutes on a loaded 2-core machine, most of it
-the late node's start-up and the killed node's heartbeat lapse. ``FEDINIT_SCREENSHOTS=1``
-writes the page as docs/img/fleet-page.png once all of it is on the page (never in CI: the
-tree stays as it is).
+the run's files or log, and so is every round written, as a point of the accuracy curve;
+every request the browser makes goes to 127.0.0.1. About 2-3 minutes on a loaded 2-core
+machine, most of it the late node's start-up and the killed node's heartbeat lapse.
+``FEDINIT_SCREENSHOTS=1`` writes the page as docs/img/fleet-page.png once all of it is on the
+page (never in CI: the tree stays as it is).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
     server = None
     urls: list[str] = []
     away: list[str] = []
-    seen: list[tuple[int, int]] = []  # (points on the page, rows on disk just after)
+    seen: list[tuple[int, int, float]] = []  # (points on the page, rows on disk just after, when)
     on_file: dict[str, float] = {}  # event -> when the test first saw it in the files/log
     on_page: dict[str, float] = {}  # event -> when the page first showed it
     first_look: dict[str, dict[str, Any]] = {}
@@ -174,7 +174,7 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
                 ]
                 return (
                     f"stalled ({what}): on the page {sorted(on_page)}, in the files "
-                    f"{sorted(on_file)}, {seen[-1:] or 'no look'} (points, rows); the "
+                    f"{sorted(on_file)}, {seen[-1:] or 'no look'} (points, rows, when); the "
                     f"killed node's row {nodes.get(killed)} (at the kill {at_kill}); "
                     f"(round, trained, missing, rejected) {table}\n" + tails(dep, run)
                 )
@@ -196,7 +196,7 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
                 for event in (e for e, yes in shown.items() if yes):
                     on_page.setdefault(event, time.monotonic())
                 points = int(look["points"])
-                seen.append((points, len(rows_of(run_dir))))
+                seen.append((points, len(rows_of(run_dir)), time.monotonic()))
                 trained_late = [
                     r["round"] for r in rows_of(run_dir) if LATE in r["clients-trained"]
                 ]
@@ -216,7 +216,7 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
             for look in tab.looks(FLEET_LOOK, KILL_WAIT_SECONDS, before=read_files):
                 nodes = look["nodes"]
                 points = int(look["points"])
-                seen.append((points, len(rows_of(run_dir))))
+                seen.append((points, len(rows_of(run_dir)), time.monotonic()))
                 if nodes[killed]["connected"] == "no" and not gone:
                     on_page.setdefault("killed", time.monotonic())
                     gone = {"points": points, "nodes": nodes}
@@ -243,7 +243,7 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
         stop_pids(pids_mentioning(str(tmp_path)))
     rows = rows_of(run_dir)
     lag = {e: round(on_page[e] - on_file[e], 2) for e in on_file if e in on_page}
-    counts = [p for p, _ in seen]
+    counts = [p for p, _, _ in seen]
     after = [(r["round"], r["clients-trained"]) for r in rows[at_kill["rows"] :]]
     print(
         json.dumps(
@@ -276,7 +276,12 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
     assert len(after) >= 2 and KILLED not in after[-1][1], after
     assert {HUNG, LATE} <= set(after[-1][1]), after
     assert counts == sorted(counts), counts  # the curve only grows
-    assert all(p <= n for p, n in seen)  # a point is a written row
-    assert sorted(set(counts)) == list(range(min(counts), max(counts) + 1)), counts
+    assert all(p <= n for p, n, _ in seen)  # a point is a written row
+    # Every written row is on the page within EVENT_SECONDS (two rounds that end within one
+    # refresh arrive together: the curve may step by two, CI 2026-12-05).
+    behind = [(p, n, round(t - when, 1)) for p, _, t in seen for _, n, when in seen
+              if when <= t - EVENT_SECONDS and p < n]
+    assert not behind, behind[:5]  # (points shown, rows written earlier, seconds earlier)
+    assert len(set(counts)) >= 4, counts  # the curve grew while the page was watched
     assert max(counts) >= HANG_ROUND + 1
     assert urls and not away, away

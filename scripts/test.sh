@@ -3,8 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
-# The fast suite on two workers (pytest-xdist): its tests share no ports or files.
-.venv/bin/python -m pytest -n "${FAST_TEST_WORKERS:-2}" "$@"
+# The fast suite on three workers (pytest-xdist; its tests share no ports or files): on two
+# cores a third worker fills the waits of subprocesses and collection (docs/testing.md).
+.venv/bin/python -m pytest -n "${FAST_TEST_WORKERS:-3}" "$@"
 # The slow tests listen on fixed 127.0.0.1 ports, many inside Linux's ephemeral range
 # (32768-60999), where any outgoing connection may take one as its local port: a deployment
 # then fails its start with "ports [...] are in use". As root, reserve the tests' block

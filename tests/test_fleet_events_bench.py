@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +62,21 @@ def test_hang_when_told_hangs_only_the_named_client_in_the_ordered_round(tmp_pat
     order.write_text("3")
     assert scope["train"](2, 0) == "served"  # another round
     assert scope["train"](3, 1) == "served"  # another client
-    script = code + textwrap.dedent("""
-        import sys
-        print("start", flush=True)
-        train(3, 0)
-        """)
+    # Run it in a process of its own: once its child is up, it must still be running a
+    # second later (it sleeps forever), where waiting out a 5 s timeout idled a test worker.
+    task = subprocess.Popen([sys.executable, "-c", code + "train(3, 0)\n"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        with pytest.raises(subprocess.TimeoutExpired):
-            subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=5,
-                           check=False)
-        assert child.exists(), "the hung task did not start its child process"
+        deadline = time.monotonic() + 30
+        while not (child.exists() and child.read_text()):
+            assert task.poll() is None, f"the task ended (exit {task.returncode}), not hung"
+            assert time.monotonic() < deadline, "the hung task did not start its child process"
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert task.poll() is None, "the task returned after starting its child: no hang"
     finally:
-        if child.exists():
+        task.kill()
+        task.wait()
+        if child.exists() and child.read_text():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(child.read_text()), signal.SIGKILL)

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,9 +86,10 @@ def stop_local_superlink(home: Path) -> None:
 DOCKER_PACKAGES = ["docker.io", "docker-compose", "debootstrap"]
 
 
-ENGINE_STATE = Path("/tmp/fedinit-test-dockerd.json")
+ENGINE_STATE = Path(tempfile.gettempdir()) / "fedinit-test-dockerd.json"
 """The dockerd the tests started and the test processes using it (pids): two modules on two
-xdist workers share one engine, and the last one out stops it (ENGINE_STATE + ".lock")."""
+xdist workers share one engine, and the last one out stops it (ENGINE_STATE + ".lock").
+In the system's temp folder, not the checkout: a machine has one dockerd for every checkout."""
 
 
 def process_alive(pid: int) -> bool:

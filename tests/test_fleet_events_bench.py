@@ -77,6 +77,6 @@ def test_hang_when_told_hangs_only_the_named_client_in_the_ordered_round(tmp_pat
     finally:
         task.kill()
         task.wait()
-        if child.exists() and child.read_text():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(child.read_text()), signal.SIGKILL)
+        grandchild = child.read_text() if child.exists() else ""
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(grandchild), signal.SIGKILL)

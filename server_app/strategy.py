@@ -168,8 +168,8 @@ class MethodStrategy(Strategy):
     def summary(self) -> None:
         c = self.cfg
         log(20, "%s: %d clients, %d per round, beta=%s (%s aggregation), server lr %s",
-            c.spec.label, c.num_clients, c.clients_per_round, c.train.beta, c.train.ri_aggregation,
-            c.train.server_lr)
+            c.spec.label_with(c.train.beta), c.num_clients, c.clients_per_round, c.train.beta,
+            c.train.ri_aggregation, c.train.server_lr)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -32,6 +32,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from methods import wire as rk
 from methods.packed_arrays import unpack
 from server_app.strategy import MethodStrategy
+from strategies.client_half_check import ClientHalfCheck
 from strategies.wire import method_config
 from task.config import ConfigError, RunConfig
 from task.config_checks import bad_value
@@ -40,6 +41,8 @@ ANY_FEDERATION = 1_000_000
 """The client count the constructor checks with, before the federation is known: checks
 that depend on it (e.g. min_replies <= clients per round) only get stricter for fewer
 clients, so they pass here and run again with the real count at ``start()``."""
+BUFFER_NAMES = frozenset({"running_mean", "running_var", "num_batches_tracked"})
+"""The last name component of torch's normalisation buffers in a state dict."""
 ANY_LR = 1e-9
 """The learning rate the constructor checks with when ``lr`` comes from ``train_config``
 at ``start()``: lr-dependent checks (lr x alpha < 2) pass here and run there."""
@@ -73,15 +76,19 @@ class MethodAdapter(Strategy):
                  lr: float | None = None, lr_decay: float = 1.0, weighting: str = "examples",
                  server_lr: float = 0.0, aggregation: str = "mean", trim_fraction: float = 0.1,
                  byzantine_f: int = 1, min_replies: int = 1, max_update_norm_ratio: float = 20.0,
-                 max_examples_per_client: int = 0, seed: int = 0) -> None:
+                 max_examples_per_client: int = 0, seed: int = 0,
+                 stop_after_foreign_rounds: int = 2) -> None:
         """``own``: the method's arguments, {argument: (run-config key, value)}.
 
         ``lr`` is the local learning rate the server sends each round (``config["lr"]``,
         decayed by ``lr_decay`` per round); None takes ``train_config["lr"]`` given to
         ``start()``, as Flower's quickstarts pass it. ``max_examples_per_client`` > 0 caps
         the example count a reply may claim (its weight); 0: no cap (the server cannot see
-        a user's data). The other shared settings are the run config's keys of the same
-        names (README, Configuration).
+        a user's data). ``stop_after_foreign_rounds``: the run stops, naming
+        ``strategies.client.method_train``, after this many rounds in a row whose replies
+        all came from a ClientApp without the client half (``strategies/client_half_check.py``).
+        The other shared settings are the run config's keys of the same names (README,
+        Configuration).
         """
         given = {"fraction_train": fraction_train, "lr": lr, "lr_decay": lr_decay,
                  "weighting": weighting, "server_lr": server_lr, "aggregation": aggregation,
@@ -112,6 +119,11 @@ class MethodAdapter(Strategy):
         self.client_of: dict[int, int] = {}
         """Node id -> client id, from ``start()`` on."""
         self._keys_of_arrays: list[str] = []
+        try:
+            self.client_half = ClientHalfCheck(type(self).__name__, stop_after_foreign_rounds)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        """Stops a run whose nodes do not run ``method_train``."""
 
     # ---------------------------------------------------------------- checks
     def parse(self, num_clients: int, lr: float, fraction_train: float) -> RunConfig:
@@ -141,6 +153,7 @@ class MethodAdapter(Strategy):
                 train_config: ConfigRecord | None) -> MethodStrategy:
         """Wait for ``min_available_nodes`` nodes, number them (module docstring), check the
         settings for their count and build the project's strategy for them."""
+        self.check_initial(initial_arrays)
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
         node_ids = sorted(int(n) for n in nodes)
         n = len(node_ids)
@@ -161,6 +174,19 @@ class MethodAdapter(Strategy):
         log(INFO, "%s: %d nodes as clients 0..%d (by ascending node id), %d per round",
             type(self).__name__, n, n - 1, cfg.clients_per_round)
         return self.inner
+
+    def check_initial(self, initial_arrays: ArrayRecord) -> None:
+        """Refuse a model with running buffers before any node is asked: the methods keep
+        parameter-shaped state (w_prev_i, c_i, h_i), so BatchNorm's statistics would be
+        averaged as if they were weights. Recognised by the state dict's names, as
+        ``ArrayRecord(model.state_dict())`` keeps them."""
+        buffers = [k for k in initial_arrays if k.rsplit(".", 1)[-1] in BUFFER_NAMES]
+        if buffers:
+            shown = ", ".join(repr(k) for k in buffers[:3]) + (" ..." if len(buffers) > 3 else "")
+            raise ConfigError(f"{type(self).__name__}: initial_arrays holds {len(buffers)} "
+                              f"running buffers ({shown}); allowed: parameters only (the "
+                              "methods keep parameter-shaped state): use GroupNorm or "
+                              "LayerNorm in place of BatchNorm")
 
     def _lr(self, train_config: ConfigRecord | None) -> float:
         """The constructor's ``lr``, else ``train_config["lr"]``; one of them, or both equal."""
@@ -225,7 +251,11 @@ class MethodAdapter(Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message],
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The project's checks and update; the model comes back under the user's keys."""
+        """The project's checks and update; the model comes back under the user's keys.
+        Replies that did not come from the client half are named (and stop the run after
+        ``stop_after_foreign_rounds`` rounds of nothing else)."""
+        replies = list(replies)
+        self.client_half.check(server_round, replies)
         arrays, metrics = self._built().aggregate_train(server_round, replies)
         if arrays is None:
             return None, metrics
@@ -249,4 +279,4 @@ class MethodAdapter(Strategy):
         return self.evaluation.aggregate_evaluate(server_round, replies)
 
 
-__all__ = ["ANY_FEDERATION", "ANY_LR", "COMMON_ARGS", "MethodAdapter"]
+__all__ = ["ANY_FEDERATION", "ANY_LR", "BUFFER_NAMES", "COMMON_ARGS", "MethodAdapter"]

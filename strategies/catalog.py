@@ -6,7 +6,9 @@ and the rules are the method's module in ``methods/``. Every class takes the sha
 settings of ``MethodAdapter`` as keywords (``fraction_train``, ``min_train_nodes``,
 ``min_available_nodes``, ``fraction_evaluate``, ``lr``, ...). The RI coefficient ``beta``
 is FedInit's relaxed start, s_i = w_t + beta (w_t - w_prev_i), and composes with every
-method but FedRelax and clustered FL.
+method but FedRelax and clustered FL. ``-1 < beta < 1``: a negative beta (a start pulled
+towards the client's last model) is allowed because the paper's own ablation (its Figure 1b)
+runs beta = -0.1 and -0.2; it lowers accuracy there and here (docs/reproduction.md).
 """
 
 from __future__ import annotations
@@ -42,13 +44,15 @@ class FedInit(FedAvg):
 
 
 class FedProx(MethodAdapter):
-    """FedProx: the local objective adds (mu / 2) ||w - s_i||^2."""
+    """FedProx: the local objective adds (proximal_mu / 2) ||w - s_i||^2 (Flower's FedProx
+    names the coefficient ``proximal_mu`` too)."""
 
     method = "fedprox"
 
-    def __init__(self, *, mu: float = 0.1, beta: float = 0.0, ri_aggregation: str = "auto",
-                 **settings: Any) -> None:
-        super().__init__({"mu": ("prox-mu", mu), **_ri(beta, ri_aggregation)}, **settings)
+    def __init__(self, *, proximal_mu: float = 0.1, beta: float = 0.0,
+                 ri_aggregation: str = "auto", **settings: Any) -> None:
+        super().__init__({"proximal_mu": ("prox-mu", proximal_mu), **_ri(beta, ri_aggregation)},
+                         **settings)
 
 
 class FedAdam(MethodAdapter):

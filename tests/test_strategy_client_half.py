@@ -1,0 +1,161 @@
+"""A Flower user's misused strategy stops with its fix, before or while it runs.
+
+A fleet of plain Flower ClientApps (no ``method_train``) under a ``strategies`` class: the
+run stops after ``stop_after_foreign_rounds`` rounds with one line naming
+``strategies.client.method_train`` (it used to end "successfully" with the starting model);
+one wrong node among good ones is rejected and named but does not stop the run; a model with
+BatchNorm buffers is refused at ``start()`` before any node is asked; FedProx takes Flower's
+``proximal_mu``; FedInit's summary names FedInit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import FLOWER_LOGGER
+from torch import nn
+
+from methods import wire as rk
+from methods.packed_arrays import unpack
+from strategies import FedDyn, FedInit, FedProx, Scaffold
+from strategies.client_half_check import ClientHalfMissing, is_foreign
+from task.config import ConfigError
+from tests.test_strategies import D, N, UserGrid
+
+pytestmark = pytest.mark.usefixtures("quick_runs")
+
+
+class PlainGrid(UserGrid):
+    """``UserGrid`` where the nodes in ``plain`` run a plain Flower ClientApp: they train
+    nothing of the method and reply ``arrays`` + ``metrics``, as Flower's quickstarts do."""
+
+    def __init__(self, node_ids: Iterable[int], plain: Iterable[int]) -> None:
+        super().__init__(node_ids)
+        self.plain = set(plain)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        messages = list(messages)
+        good = [m for m in messages if m.metadata.dst_node_id not in self.plain
+                or m.metadata.message_type != MessageType.TRAIN]
+        out = list(super().send_and_receive(good, timeout=timeout))
+        for msg in messages:
+            if msg.metadata.dst_node_id in self.plain and \
+                    msg.metadata.message_type == MessageType.TRAIN:
+                arrays = msg.content.array_records[rk.ARRAYS]
+                out.append(Message(RecordDict({
+                    "arrays": arrays,
+                    "metrics": MetricRecord({"num-examples": N, "train_loss": 0.5})}),
+                    reply_to=msg))
+        return out
+
+
+@pytest.fixture
+def flower_log() -> Iterator[list[str]]:
+    """Flower's log lines of the test (its logger does not propagate to pytest's)."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Keep(level=logging.INFO)
+    FLOWER_LOGGER.addHandler(handler)
+    yield lines
+    FLOWER_LOGGER.removeHandler(handler)
+
+
+def linear() -> ArrayRecord:
+    torch.manual_seed(0)
+    return ArrayRecord(nn.Linear(D, 1, bias=False).state_dict())
+
+
+@pytest.mark.parametrize("cls", [FedInit, Scaffold, FedDyn], ids=lambda c: c.__name__)
+def test_a_fleet_of_plain_clientapps_stops_naming_method_train(
+        cls: type, flower_log: list[str]) -> None:
+    grid = PlainGrid([10, 20, 30, 40], plain=[10, 20, 30, 40])
+    strategy = cls(fraction_train=0.5, min_available_nodes=4, fraction_evaluate=0.0, lr=0.05)
+    with pytest.raises(ClientHalfMissing) as caught:
+        strategy.start(grid, linear(), num_rounds=5)
+    line = str(caught.value)
+    assert "\n" not in line
+    assert line.startswith(f"{cls.__name__}: every reply of rounds 1-2 came from a ClientApp")
+    assert "strategies.client.method_train" in line
+    warned = [m for m in flower_log if "did not come from strategies.client.method_train" in m]
+    assert [m.split(":")[0] for m in warned] == [f"{cls.__name__} round 1",
+                                                 f"{cls.__name__} round 2"]
+
+
+def test_stop_after_one_round_stops_at_round_one() -> None:
+    grid = PlainGrid([10, 20], plain=[10, 20])
+    strategy = FedInit(min_available_nodes=2, fraction_evaluate=0.0, lr=0.05,
+                       stop_after_foreign_rounds=1)
+    with pytest.raises(ClientHalfMissing, match=r"every reply of round 1 came"):
+        strategy.start(grid, linear(), num_rounds=3)
+
+
+def test_one_wrong_node_among_good_ones_is_rejected_and_the_run_goes_on(
+        flower_log: list[str]) -> None:
+    grid = PlainGrid([10, 20, 30, 40], plain=[30])
+    before = unpack(linear())[0].copy()
+    result = FedInit(fraction_train=1.0, min_available_nodes=4, fraction_evaluate=0.0,
+                     lr=0.05).start(grid, linear(), num_rounds=3)
+    rounds = list(result.train_metrics_clientapp.values())
+    assert [(m[rk.NUM_REPLIES], m[rk.NUM_REJECTED]) for m in rounds] == [(3, 1)] * 3
+    assert not np.array_equal(unpack(result.arrays)[0], before)
+    warned = [m for m in flower_log if "did not come from strategies.client.method_train" in m]
+    assert len(warned) == 3 and all("1 of 4 replies" in m and "[30]" in m for m in warned)
+
+
+def test_the_client_halfs_reply_is_not_foreign_and_a_plain_one_is() -> None:
+    grid = UserGrid([10, 20])
+    strategy = FedInit(min_available_nodes=2, fraction_evaluate=0.0, lr=0.05)
+    strategy.prepare(grid, linear(), None)
+    msgs = list(strategy.configure_train(1, linear(), ConfigRecord(), grid))
+    replies = list(grid.send_and_receive(msgs))
+    assert [is_foreign(r) for r in replies] == [False, False]
+    plain = Message(RecordDict({"arrays": linear(), "metrics": MetricRecord({"n": 1})}),
+                    reply_to=msgs[0])
+    assert is_foreign(plain)
+
+
+class NoNodes(UserGrid):
+    def get_node_ids(self) -> Iterable[int]:
+        raise AssertionError("a node was asked for before the model was checked")
+
+
+def test_a_model_with_batchnorm_buffers_is_refused_at_start_before_any_node() -> None:
+    model = nn.Sequential(nn.Linear(D, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    with pytest.raises(ConfigError) as caught:
+        FedInit(lr=0.05).start(NoNodes([1, 2]), ArrayRecord(model.state_dict()), num_rounds=1)
+    line = str(caught.value)
+    assert "\n" not in line
+    assert line.startswith("FedInit: initial_arrays holds 3 running buffers ('1.running_mean'")
+    assert "GroupNorm" in line
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_a_bad_stop_after_is_refused_in_one_line(bad: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^FedInit: stop_after_foreign_rounds={bad!r} is "
+                                          r"not allowed; allowed: an integer >= 1$"):
+        FedInit(stop_after_foreign_rounds=bad)  # type: ignore[arg-type]
+
+
+def test_fedprox_takes_flowers_proximal_mu() -> None:
+    assert FedProx(proximal_mu=0.3).keys["prox-mu"] == 0.3
+    with pytest.raises(TypeError, match="mu"):
+        FedProx(mu=0.3)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"^FedProx: proximal_mu=-1"):
+        FedProx(proximal_mu=-1.0)
+
+
+def test_fedinit_names_itself_in_the_run_log(flower_log: list[str]) -> None:
+    strategy = FedInit(min_available_nodes=2, fraction_evaluate=0.0, lr=0.05)
+    strategy.prepare(UserGrid([1, 2]), linear(), None)
+    strategy.summary()
+    assert any(m.startswith("FedInit: 2 clients") for m in flower_log), flower_log

@@ -33,6 +33,7 @@ from methods import wire as rk
 from methods.packed_arrays import unpack
 from server_app.strategy import MethodStrategy
 from strategies.client_half_check import ClientHalfCheck
+from strategies.flower_args import FlowerArgError, FlowerArgs, MetricsAggr
 from strategies.wire import method_config
 from task.config import ConfigError, RunConfig
 from task.config_checks import bad_value
@@ -77,7 +78,11 @@ class MethodAdapter(Strategy):
                  server_lr: float = 0.0, aggregation: str = "mean", trim_fraction: float = 0.1,
                  byzantine_f: int = 1, min_replies: int = 1, max_update_norm_ratio: float = 20.0,
                  max_examples_per_client: int = 0, seed: int = 0,
-                 stop_after_foreign_rounds: int = 2) -> None:
+                 stop_after_foreign_rounds: int = 2,
+                 weighted_by_key: str = "num-examples", arrayrecord_key: str = "arrays",
+                 configrecord_key: str = "config",
+                 train_metrics_aggr_fn: MetricsAggr | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggr | None = None) -> None:
         """``own``: the method's arguments, {argument: (run-config key, value)}.
 
         ``lr`` is the local learning rate the server sends each round (``config["lr"]``,
@@ -87,8 +92,10 @@ class MethodAdapter(Strategy):
         a user's data). ``stop_after_foreign_rounds``: the run stops, naming
         ``strategies.client.method_train``, after this many rounds in a row whose replies
         all came from a ClientApp without the client half (``strategies/client_half_check.py``).
-        The other shared settings are the run config's keys of the same names (README,
-        Configuration).
+        ``weighted_by_key``, ``arrayrecord_key``, ``configrecord_key``,
+        ``train_metrics_aggr_fn``, ``evaluate_metrics_aggr_fn``: Flower's ``FedAvg``
+        arguments, with their meaning there (``strategies/flower_args.py``). The other
+        shared settings are the run config's keys of the same names (README, Configuration).
         """
         given = {"fraction_train": fraction_train, "lr": lr, "lr_decay": lr_decay,
                  "weighting": weighting, "server_lr": server_lr, "aggregation": aggregation,
@@ -100,6 +107,12 @@ class MethodAdapter(Strategy):
         self.keys: dict[str, Any] = {COMMON_ARGS[a]: v for a, v in given.items() if v is not None}
         self.keys.update({key: value for key, value in own.values()})
         self.keys.update({"method": self.method, "personal-eval-every": 0})
+        try:
+            self.flower = FlowerArgs(weighted_by_key, arrayrecord_key, configrecord_key,
+                                     train_metrics_aggr_fn, evaluate_metrics_aggr_fn)
+        except FlowerArgError as err:
+            raise ConfigError(f"{type(self).__name__}: {err}") from None
+        """Flower's own FedAvg arguments."""
         self.min_train_nodes = self._count("min_train_nodes", min_train_nodes)
         self.min_available_nodes = self._count("min_available_nodes", min_available_nodes)
         if (isinstance(fraction_evaluate, bool) or not isinstance(fraction_evaluate, int | float)
@@ -109,7 +122,9 @@ class MethodAdapter(Strategy):
         self.evaluation = FedAvg(fraction_train=1.0, fraction_evaluate=fraction_evaluate,
                                  min_evaluate_nodes=self._count("min_evaluate_nodes",
                                                                 min_evaluate_nodes),
-                                 min_available_nodes=min_available_nodes)
+                                 min_available_nodes=min_available_nodes,
+                                 weighted_by_key=weighted_by_key,
+                                 evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
         """Flower's own federated evaluation of the global model (the user's evaluate)."""
         self.checked = self.parse(ANY_FEDERATION, ANY_LR if lr is None else lr,
                                   fraction_train)
@@ -253,13 +268,18 @@ class MethodAdapter(Strategy):
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The project's checks and update; the model comes back under the user's keys.
         Replies that did not come from the client half are named (and stop the run after
-        ``stop_after_foreign_rounds`` rounds of nothing else)."""
+        ``stop_after_foreign_rounds`` rounds of nothing else). The metrics: the user's, by
+        ``train_metrics_aggr_fn`` over the accepted replies, then the project's round
+        figures (counts, ``train-loss``, ``divergence``), which win a name both use."""
         replies = list(replies)
         self.client_half.check(server_round, replies)
-        arrays, metrics = self._built().aggregate_train(server_round, replies)
+        inner = self._built()
+        arrays, metrics = inner.aggregate_train(server_round, replies)
+        user = self.flower.train_metrics(replies, inner.last_rejections)
+        merged = MetricRecord({**dict(user), **dict(metrics or {})})
         if arrays is None:
-            return None, metrics
-        return self.user_record(unpack(arrays)), metrics
+            return None, merged
+        return self.user_record(unpack(arrays)), merged
 
     def user_record(self, weights: list[Any]) -> ArrayRecord:
         """``weights`` as an ArrayRecord with the keys of the initial one (a state dict's

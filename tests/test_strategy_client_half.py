@@ -159,3 +159,87 @@ def test_fedinit_names_itself_in_the_run_log(flower_log: list[str]) -> None:
     strategy.prepare(UserGrid([1, 2]), linear(), None)
     strategy.summary()
     assert any(m.startswith("FedInit: 2 clients") for m in flower_log), flower_log
+
+
+# ------------------------------------------------------------------ Flower's FedAvg arguments
+class MetricGrid(PlainGrid):
+    """``PlainGrid`` whose client-half replies also carry a user metric ``acc`` = node / 100
+    and whose nodes answer evaluate messages with ``acc`` = node / 1000 over node examples."""
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        messages = list(messages)
+        train = [m for m in messages if m.metadata.message_type == MessageType.TRAIN]
+        out = list(super().send_and_receive(train, timeout=timeout))
+        for reply in out:
+            node = reply.metadata.src_node_id
+            reply.content.metric_records[rk.METRICS]["acc"] = node / 100
+            if node in self.plain:
+                reply.content.metric_records["metrics"]["acc"] = 9.0
+        for msg in messages:
+            if msg.metadata.message_type == MessageType.EVALUATE:
+                node = msg.metadata.dst_node_id
+                out.append(Message(RecordDict({"metrics": MetricRecord(
+                    {"acc": node / 1000, "num-examples": node})}), reply_to=msg))
+        return out
+
+
+def test_every_argument_of_flowers_fedavg_is_taken() -> None:
+    import inspect
+
+    from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+    ours = set(inspect.signature(FedInit.__init__).parameters) | set(
+        inspect.signature(FedInit.__mro__[2].__init__).parameters)
+    flowers = set(inspect.signature(FlowerFedAvg.__init__).parameters)
+    assert flowers - ours == set()
+
+
+def test_the_users_train_metrics_are_averaged_over_the_accepted_replies_only() -> None:
+    grid = MetricGrid([10, 20, 30, 40], plain=[30])
+    result = FedInit(fraction_train=1.0, min_available_nodes=4, fraction_evaluate=0.0,
+                     lr=0.05).start(grid, linear(), num_rounds=2)
+    for m in result.train_metrics_clientapp.values():
+        # nodes 10, 20, 40 accepted, N examples each: (0.1 + 0.2 + 0.4) / 3; node 30's 9.0
+        # (a rejected reply) is not in it
+        assert m["acc"] == pytest.approx((0.1 + 0.2 + 0.4) / 3)
+        assert (m[rk.NUM_REPLIES], m[rk.NUM_REJECTED]) == (3, 1)
+
+
+def test_a_users_train_and_evaluate_aggregation_functions_are_called() -> None:
+    seen: list[tuple[int, str]] = []
+
+    def count(records: list[RecordDict], key: str) -> MetricRecord:
+        seen.append((len(records), key))
+        return MetricRecord({"replies-seen": len(records)})
+
+    def best(records: list[RecordDict], key: str) -> MetricRecord:
+        return MetricRecord({"best": max(float(r["metrics"]["acc"]) for r in records)})
+
+    grid = MetricGrid([10, 20, 30, 40], plain=[30])
+    result = FedInit(fraction_train=1.0, fraction_evaluate=1.0, min_available_nodes=4,
+                     min_evaluate_nodes=4, lr=0.05, train_metrics_aggr_fn=count,
+                     evaluate_metrics_aggr_fn=best).start(grid, linear(), num_rounds=2)
+    assert seen == [(3, "num-examples"), (3, "num-examples")]
+    assert [m["replies-seen"] for m in result.train_metrics_clientapp.values()] == [3, 3]
+    assert [m["best"] for m in result.evaluate_metrics_clientapp.values()] == [0.04, 0.04]
+
+
+def test_flowers_weighted_by_key_weighs_the_evaluate_metrics() -> None:
+    grid = MetricGrid([10, 20, 30, 40], plain=[])
+    result = FedInit(fraction_train=1.0, fraction_evaluate=1.0, min_available_nodes=4,
+                     min_evaluate_nodes=4, lr=0.05, weighted_by_key="num-examples",
+                     ).start(grid, linear(), num_rounds=1)
+    want = sum(n * n / 1000 for n in (10, 20, 30, 40)) / 100  # acc weighted by node examples
+    assert result.evaluate_metrics_clientapp[1]["acc"] == pytest.approx(want)
+
+
+@pytest.mark.parametrize(("arg", "value", "allowed"), [
+    ("arrayrecord_key", "weights", "'arrays'"), ("configrecord_key", "cfg", "'config'"),
+    ("weighted_by_key", "", "a non-empty metric name"),
+    ("train_metrics_aggr_fn", 3, "None or a function")])
+def test_a_flower_argument_the_client_half_cannot_honour_is_refused(
+        arg: str, value: object, allowed: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Scaffold(**{arg: value})
+    assert str(caught.value).startswith(f"Scaffold: {arg}={value!r} is not allowed; "
+                                        f"allowed: {allowed}")

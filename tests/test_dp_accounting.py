@@ -335,6 +335,12 @@ def test_every_message_of_round_t_leaves_after_round_t_is_counted(
     assert [r["dp-epsilon"] for r in rows] == pytest.approx([b.epsilon(t) for t in (1, 2, 3, 4)])
     assert [r["dp-epsilon-add-remove"] for r in rows] == pytest.approx(
         [b.epsilon_add_remove(t) for t in (1, 2, 3, 4)])
+    # the rows against the library itself: N = 3, m = round(0.67 * 3) = 2, z = 2, one channel
+    delta = RunConfig.parse({**SMALL, "output-dir": "/tmp/unused"}).privacy.dp_delta
+    library = [library_epsilons(3, 2, 2.0, t, delta) for t in (1, 2, 3, 4)]
+    assert [r["dp-epsilon"] for r in rows] == pytest.approx([e for e, _ in library], rel=1e-9)
+    assert [r["dp-epsilon-add-remove"] for r in rows] == pytest.approx(
+        [e for _, e in library], rel=1e-9)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["dp-epsilon"] == pytest.approx(b.epsilon(4))
     assert summary["dp-epsilon-add-remove"] == pytest.approx(b.epsilon_add_remove(4))

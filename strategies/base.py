@@ -34,7 +34,7 @@ from methods.packed_arrays import unpack
 from server_app.strategy import MethodStrategy
 from strategies.client_half_check import ClientHalfCheck
 from strategies.flower_args import FlowerArgError, FlowerArgs, MetricsAggr
-from strategies.wire import method_config
+from strategies.wire import INITIAL, method_config
 from task.config import ConfigError, RunConfig
 from task.config_checks import bad_value
 
@@ -134,6 +134,7 @@ class MethodAdapter(Strategy):
         self.client_of: dict[int, int] = {}
         """Node id -> client id, from ``start()`` on."""
         self._keys_of_arrays: list[str] = []
+        self._initial = ArrayRecord()
         try:
             self.client_half = ClientHalfCheck(type(self).__name__, stop_after_foreign_rounds)
         except ValueError as err:
@@ -184,6 +185,7 @@ class MethodAdapter(Strategy):
             return [cid for cid, node in node_of.items() if node in online]
 
         self._keys_of_arrays = list(initial_arrays.keys())
+        self._initial = ArrayRecord([a.copy() for a in unpack(initial_arrays)])
         self.inner = MethodStrategy(cfg, node_of, unpack(initial_arrays), examples=None,
                                     available=available)
         log(INFO, "%s: %d nodes as clients 0..%d (by ascending node id), %d per round",
@@ -262,7 +264,20 @@ class MethodAdapter(Strategy):
         inner = self._built()
         named = ConfigRecord({**dict(config),
                               **method_config(inner.cfg.method, inner.cfg.params)})
-        return inner.configure_train(server_round, arrays, named, grid)
+        messages = list(inner.configure_train(server_round, arrays, named, grid))
+        if inner.cfg.train.beta != 0.0:
+            for msg in messages:
+                self.add_initial(msg)
+        return messages
+
+    def add_initial(self, msg: Message) -> None:
+        """w_0 (``strategies.wire.INITIAL``) into a train message whose client has no
+        aggregated round yet: RI's w_prev before a first participation is the run's w_0,
+        which the client half then needs no copy of (one extra model download per client,
+        until its first reply is aggregated)."""
+        conf = msg.content.config_records.get(rk.CONFIG)
+        if conf is not None and int(conf.get(rk.ACCOUNTED_ROUND, 0)) == 0:  # type: ignore[arg-type]
+            msg.content.array_records[INITIAL] = self._initial
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message],
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -12,11 +12,12 @@ method's correction (SCAFFOLD's c - c_i, FedDyn's alpha (w - s_i) + alpha h_i, .
 gradient clipping -> the optimizer's step (SGD at the round's lr by default).
 
 The state is the project client's, in the same places and under the same names
-(``store.client_store``): RI's w_prev (the last local model; ``initial()``, the run's w_0,
-before the first participation), SCAFFOLD's c_i, FedDyn's h_i and Ditto's v_i, kept in
-``context.state`` and, with ``state_dir``, also in versioned files that survive a node
-restart. The accounted-round rule holds: c_i and h_i start from the version of the client's
-last reply the server aggregated, which the server names in each message.
+(``store.client_store``): RI's w_prev (the last local model; before the first
+participation the run's w_0: ``initial()``, else the w_0 a ``strategies`` server sends),
+SCAFFOLD's c_i, FedDyn's h_i and Ditto's v_i, kept in ``context.state`` and, with
+``state_dir``, also in versioned files that survive a node restart. The accounted-round
+rule holds: c_i and h_i start from the version of the client's last reply the server
+aggregated, which the server names in each message.
 
 The rules themselves are ``methods/`` (``ClientRule.train``, ``ri.relaxed_start``,
 ``ri.upload_vector``); ``participate`` is one participation around them, free of Flower's
@@ -53,7 +54,7 @@ from methods.ri import relaxed_start, upload_vector
 from methods.weights import Weights
 from store.client_store import W_PREV, ClientStore
 from store.state_dir import StateDir
-from strategies.wire import client_rule
+from strategies.wire import INITIAL, client_rule
 from task.models import get_weights, set_weights
 from task.sgd_step import sgd_step
 
@@ -245,12 +246,22 @@ def method_train(msg: Message, context: Context, model: nn.Module,
     """Train ``model`` on ``trainloader`` as the method the server names, and reply.
 
     ``num_examples`` (the reply's weight) defaults to ``len(trainloader.dataset)``;
-    ``initial`` gives the run's w_0 (module docstring); ``state_dir`` adds the files. A train
+    ``initial`` gives the run's w_0 (module docstring); None takes the w_0 a ``strategies``
+    server sends a client before its first aggregated reply (``strategies.wire.INITIAL``),
+    else the received model; ``state_dir`` adds the files. A train
     message of a secure-aggregation round is refused in one line (``SECAGG_REFUSAL``): this
     client half sends plain arrays, which must never leave under SecAgg+.
     """
     if SECAGG in msg.content.config_records:
         raise ValueError(SECAGG_REFUSAL)
+    if initial is not None and not callable(initial):
+        raise ValueError(f"initial= a {type(initial).__name__} is not allowed; allowed: None "
+                         "(a strategies server sends w_0) or a function () -> the run's w_0 "
+                         "arrays")
+    sent = msg.content.array_records.get(INITIAL)
+    if initial is None and sent is not None:
+        w_0 = unpack(sent)
+        initial = lambda: w_0  # noqa: E731 - the server's w_0, for a client without w_prev
     conf = msg.content.config_records[rk.CONFIG]
     _, rule = client_rule(conf)
     check_model(model)

@@ -18,6 +18,10 @@ from methods.registry import METHOD_NAMES, METHODS
 
 METHOD = "method"
 """Train-config key: the registry name of the method the server runs (``methods.registry``)."""
+INITIAL = "w-initial"
+"""ArrayRecord of a train message: the run's w_0, sent (under RI) to a client whose
+accounted round is 0, so its client half starts RI from the server's own w_0 without a copy
+of it (a client that already holds a w_prev ignores it)."""
 
 
 def method_config(method: str, params: Params) -> dict[str, Any]:

@@ -243,3 +243,52 @@ def test_a_flower_argument_the_client_half_cannot_honour_is_refused(
         Scaffold(**{arg: value})
     assert str(caught.value).startswith(f"Scaffold: {arg}={value!r} is not allowed; "
                                         f"allowed: {allowed}")
+
+
+# ------------------------------------------------------------------ w_0 from the server
+def test_the_server_sends_w0_until_a_clients_first_aggregated_reply() -> None:
+    """Under RI each train message to a client with accounted round 0 carries the run's w_0
+    (and only those): the client half needs no copy of the server's initial model."""
+    from methods.packed_arrays import unpack as arrays_of
+    from strategies.wire import INITIAL
+
+    grid = UserGrid([10, 20, 30, 40])
+    strategy = FedInit(fraction_train=0.5, min_available_nodes=4, fraction_evaluate=0.0,
+                       lr=0.05)
+    w_0 = arrays_of(linear())
+    strategy.prepare(grid, linear(), None)
+    arrays = linear()
+    for server_round in (1, 2, 3):
+        msgs = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        for msg in msgs:
+            conf = msg.content.config_records[rk.CONFIG]
+            first = int(conf[rk.ACCOUNTED_ROUND]) == 0  # type: ignore[arg-type]
+            assert (INITIAL in msg.content.array_records) == first
+            if first:
+                assert np.array_equal(arrays_of(msg.content.array_records[INITIAL])[0], w_0[0])
+        arrays, _ = strategy.aggregate_train(server_round, grid.send_and_receive(msgs))
+        assert arrays is not None
+    assert not np.array_equal(arrays_of(arrays)[0], w_0[0])
+
+
+def test_without_initial_the_client_half_starts_ri_from_the_servers_w0() -> None:
+    """A first participation in round 3: start = w_3 + beta (w_3 - w_0), with the w_0 the
+    message carries, computed by hand."""
+    from strategies.wire import INITIAL
+    from tests.test_strategies import message, node, problem, user_train
+
+    g = np.random.default_rng(5)
+    w_0, w_3 = g.normal(size=D), g.normal(size=D)
+    msg = message("fedavg", {}, w_3, 3, beta=0.1)
+    msg.content.array_records[INITIAL] = ArrayRecord([w_0.reshape(1, D).astype(np.float32)])
+    _, seen = user_train(msg, node(), *problem(0), 1)
+    w0_32, w3_32 = w_0.astype(np.float32), w_3.astype(np.float32)
+    assert np.allclose(seen[0], w3_32 + np.float32(0.1) * (w3_32 - w0_32), atol=1e-6)
+
+
+def test_an_initial_that_is_not_a_function_is_refused_in_one_line() -> None:
+    from tests.test_strategies import message, node, problem, user_train
+
+    with pytest.raises(ValueError, match=r"^initial= a list is not allowed; allowed: None"):
+        user_train(message("fedavg", {}, np.zeros(D), 1, beta=0.1), node(), *problem(0), 1,
+                   initial=[np.zeros((1, D))])

@@ -42,7 +42,8 @@ def initial_model() -> MLP:
 
 
 def initial_weights() -> list[np.ndarray]:
-    """w_0 as arrays (a client's RI w_prev before its first participation)."""
+    """w_0 as arrays (what the server sends a client under RI until its first reply is
+    aggregated: the client's w_prev before its first participation)."""
     return [p.detach().numpy().copy() for p in initial_model().parameters()]
 
 
@@ -71,10 +72,10 @@ def trainloader(context: Context) -> DataLoader:
 
 
 def keep_state(context: Context) -> dict[str, Any]:
-    """What the method's client half keeps between rounds: RI's w_prev starts as w_0, and
-    the state also goes to files when the run config names a ``state-dir``."""
-    return {"initial": initial_weights,
-            "state_dir": str(context.run_config["state-dir"]) or None}
+    """Where the method's client half keeps its state between rounds: ``context.state``,
+    and files too when the run config names a ``state-dir``. (RI's w_prev before a first
+    participation is the run's w_0, which the server sends: no copy of it here.)"""
+    return {"state_dir": str(context.run_config["state-dir"]) or None}
 
 
 def plain_train(msg: Message, net: nn.Module, loader: DataLoader, epochs: int) -> Message:

@@ -243,8 +243,13 @@ class MethodAdapter(Strategy):
 
     def _built(self) -> MethodStrategy:
         if self.inner is None:
-            raise RuntimeError(f"{type(self).__name__}: call start() (or prepare()) first: "
-                               "the clients are numbered once the nodes are known")
+            name = type(self).__name__
+            raise RuntimeError(
+                f"{name}: a round ran before {name}.start() (or prepare()) numbered the "
+                "nodes as clients; allowed: run it by its own start(), not inside a wrapper "
+                "such as Flower's DifferentialPrivacy*FixedClipping (those clip each reply's "
+                "arrays as a model, which a method's Delta_i or Delta_c_i is not; central DP "
+                "is the project's run config key dp=central)")
         return self.inner
 
     # ---------------------------------------------------------------- Flower Strategy API

@@ -292,3 +292,17 @@ def test_an_initial_that_is_not_a_function_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match=r"^initial= a list is not allowed; allowed: None"):
         user_train(message("fedavg", {}, np.zeros(D), 1, beta=0.1), node(), *problem(0), 1,
                    initial=[np.zeros((1, D))])
+
+
+def test_flowers_dp_wrapper_around_a_strategy_is_refused_in_one_line() -> None:
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+
+    wrapped = DifferentialPrivacyServerSideFixedClipping(
+        FedInit(min_available_nodes=2, fraction_evaluate=0.0, lr=0.05), noise_multiplier=1.0,
+        clipping_norm=0.1, num_sampled_clients=2)
+    with pytest.raises(RuntimeError) as caught:
+        wrapped.start(UserGrid([1, 2]), linear(), num_rounds=1)
+    line = str(caught.value)
+    assert "\n" not in line
+    assert line.startswith("FedInit: a round ran before FedInit.start()")
+    assert "DifferentialPrivacy*FixedClipping" in line and "dp=central" in line

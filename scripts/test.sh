@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 # The fast suite on three workers (pytest-xdist; its tests share no ports or files): on two
 # cores a third worker fills the waits of subprocesses and collection (docs/testing.md).
-.venv/bin/python -m pytest -n "${FAST_TEST_WORKERS:-3}" "$@"
+.venv/bin/python -m pytest -rs -n "${FAST_TEST_WORKERS:-3}" "$@"
 # The slow tests listen on fixed 127.0.0.1 ports, many inside Linux's ephemeral range
 # (32768-60999), where any outgoing connection may take one as its local port: a deployment
 # then fails its start with "ports [...] are in use". As root, reserve the tests' block
@@ -27,11 +27,11 @@ case "$slow_workers" in
 esac
 # Each slow run ends with its ten longest tests (where CI's time goes, in its log).
 if [ "$slow_workers" -gt 1 ]; then
-  .venv/bin/python -m pytest -m "slow and not alone" -n "$slow_workers" --dist loadgroup --durations=10 "$@"
+  .venv/bin/python -m pytest -rs -m "slow and not alone" -n "$slow_workers" --dist loadgroup --durations=10 "$@"
 else
-  .venv/bin/python -m pytest -m "slow and not alone" --durations=10 "$@"
+  .venv/bin/python -m pytest -rs -m "slow and not alone" --durations=10 "$@"
 fi
 # The alone modules, two at a time: each mostly waits (heartbeats, round timeouts), so one
 # neighbour of its kind leaves its bounds intact; then the solitary ones by themselves.
-.venv/bin/python -m pytest -m "slow and alone and not solitary" -n 2 --dist loadgroup --durations=10 "$@"
-.venv/bin/python -m pytest -m "slow and solitary" --durations=10 "$@"
+.venv/bin/python -m pytest -rs -m "slow and alone and not solitary" -n 2 --dist loadgroup --durations=10 "$@"
+.venv/bin/python -m pytest -rs -m "slow and solitary" --durations=10 "$@"

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDict
 
 from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
@@ -227,27 +227,65 @@ def corrupt(kind: str, victim: int):  # noqa: ANN201 - returns a reply filter
 
 
 FIVE = {"num-clients": 5, "fraction-train": 0.6, "num-server-rounds": 3}
+VICTIM = 1000 + 2
+
+
+class VictimCrashGrid(InProcessGrid):
+    """The victim's ClientApp crashes on every train message: its reply is the error the
+    grid makes of a client's exception, and it trains nothing."""
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+        out: list[Message] = []
+        for msg in messages:
+            if (msg.metadata.dst_node_id == VICTIM
+                    and msg.metadata.message_type == MessageType.TRAIN):
+                self.sent.append(msg)
+                reply = Message(Error(code=1, reason="crashed"), reply_to=msg)
+                self.replies.append(reply)
+                out.append(reply)
+            else:
+                out.extend(super().send_and_receive([msg], timeout=timeout))
+        return out
+
+
+def victim_rounds(grid: InProcessGrid) -> set[int]:
+    """The rounds whose train message went to the victim."""
+    return {int(m.content.config_records[rk.CONFIG][rk.ROUND])  # type: ignore[arg-type]
+            for m in grid.sent if m.metadata.dst_node_id == VICTIM
+            and m.metadata.message_type == MessageType.TRAIN}
 
 
 @pytest.fixture(scope="module")
-def clean_acc(tmp_path_factory: pytest.TempPathFactory, quick_runs: None) -> float:
-    tmp = tmp_path_factory.mktemp("clean")
+def crashed_run(tmp_path_factory: pytest.TempPathFactory,
+                quick_runs: None) -> tuple[list[dict[str, Any]], list[np.ndarray], set[int]]:
+    """The same run with the victim crashing instead of replying: its rows, its final model
+    and the rounds that sampled the victim."""
+    tmp = tmp_path_factory.mktemp("crashed")
     cfg = config(tmp, **FIVE)
-    run_experiment(InProcessGrid(5, cfg.to_dict()), cfg, out_dir=tmp / "run")
-    return float(rows(tmp / "run")[-1]["test-acc"])
+    grid = VictimCrashGrid(5, cfg.to_dict())
+    run_experiment(grid, cfg, out_dir=tmp / "run")
+    return rows(tmp / "run"), final_model(tmp / "run"), victim_rounds(grid)
 
 
 @pytest.mark.parametrize("kind", ["nan", "shape", "scaled", "dtype", "missing"])
-def test_bad_reply_is_rejected_and_counted(tmp_path: Path, kind: str, clean_acc: float) -> None:
-    over = FIVE
-    cfg = config(tmp_path / "bad", **over)
+def test_bad_reply_is_rejected_and_counted(
+        tmp_path: Path, kind: str,
+        crashed_run: tuple[list[dict[str, Any]], list[np.ndarray], set[int]]) -> None:
+    """A rejection in exactly the rounds that sampled the bad client (one in each), and the
+    model bit for bit that of the run where that client crashed: the bad reply never got in."""
+    cfg = config(tmp_path / "bad", **FIVE)
     grid = InProcessGrid(5, cfg.to_dict())
-    grid.reply_filter = corrupt(kind, victim=1000 + 2)
+    grid.reply_filter = corrupt(kind, victim=VICTIM)
     run_experiment(grid, cfg, out_dir=tmp_path / "bad-run")
     got = rows(tmp_path / "bad-run")
-    assert sum(r["num-rejected"] for r in got) >= 1
-    assert all(np.isfinite(w).all() for w in final_model(tmp_path / "bad-run"))
-    assert abs(got[-1]["test-acc"] - clean_acc) < 0.1
+    crashed_rows, crashed_model, crashed_rounds = crashed_run
+    sampled = victim_rounds(grid)
+    assert sampled == crashed_rounds and 0 < len(sampled) < len(got)  # both kinds of round
+    assert {r["round"]: r["num-rejected"] for r in got} == {
+        r["round"]: int(r["round"] in sampled) for r in got}
+    assert [r["num-rejected"] for r in got] == [r["num-rejected"] for r in crashed_rows]
+    assert [r["num-replies"] for r in got] == [r["num-replies"] for r in crashed_rows]
+    assert bitwise_equal(final_model(tmp_path / "bad-run"), crashed_model)
 
 
 @pytest.mark.parametrize("aggregation", ["median", "trimmed-mean"])

@@ -25,58 +25,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from cli.run_files import json_objects, read_json
+from cli.run_dirs import ROWS_FILE, find_runs, read_rows
+from cli.run_files import read_json
 from server_app.status import STATUS_FILE
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-ROWS_FILE = "rounds.jsonl"
 SERVED = (STATUS_FILE, ROWS_FILE)
 """The only files the page serves, per run."""
 METRICS_PATH = "/metrics"
 """With ``--metrics``: the Prometheus text of every run (exactly this path)."""
-MARKERS = (STATUS_FILE, ROWS_FILE, "config.json")
-"""A directory holding one of these is a run directory."""
-MAX_DEPTH = 3
-"""How deep under the given directory runs are looked for (a sweep: OUT/cells/<cell>/<run>)."""
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; " \
       "form-action 'none'; frame-ancestors 'none'"
 
 
 # ---------------------------------------------------------------- reading a run
-def find_runs(root: Path) -> dict[str, Path]:
-    """{key: run directory} under ``root`` ('' when root itself is a run)."""
-    if any((root / m).is_file() for m in MARKERS):
-        return {"": root}
-    runs: dict[str, Path] = {}
-    level = [root]
-    for _ in range(MAX_DEPTH):
-        nxt = []
-        for d in level:
-            try:
-                subs = sorted(p for p in d.iterdir() if p.is_dir() and not p.is_symlink()
-                              and not p.name.startswith("."))
-            except OSError:
-                continue
-            for p in subs:
-                if any((p / m).is_file() for m in MARKERS):
-                    runs[p.relative_to(root).as_posix()] = p
-                else:
-                    nxt.append(p)
-        level = nxt
-    return runs
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows written so far; a line being written (no newline yet) is skipped."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return []
-    return json_objects(text.splitlines())
-
-
 def run_facts(run: Path) -> dict[str, Any]:
     """What the page says about one run: its status (if the server wrote one), rows, config."""
     status = read_json(run / STATUS_FILE) or {}

@@ -29,7 +29,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from cli.dashboard import ROWS_FILE, find_runs, read_rows
+from cli.run_dirs import ROWS_FILE, find_runs, read_rows
 from cli.run_files import read_json
 from server_app.status import STATUS_FILE
 

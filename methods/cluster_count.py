@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from methods.kmeans import kmeans
+
 K_CAP = 8
 """The largest k tried (and never more than half the clients: two clients a cluster on
 average, or a silhouette is mostly singletons')."""
@@ -62,8 +64,6 @@ class CountChoice:
 def choose_k(points: np.ndarray, seed: int, restarts: int) -> CountChoice:
     """The k of the best silhouette over k = 2..``k_cap`` (ties: the smaller k), or 1 when
     none reaches ``SILHOUETTE_MIN`` or fewer than ``MIN_CLIENTS`` points are given."""
-    from methods.clustered import kmeans
-
     best = CountChoice(1, np.zeros(len(points), dtype=np.int64), {})
     scores: dict[int, float] = {}
     tried: dict[int, np.ndarray] = {}

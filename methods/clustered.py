@@ -66,6 +66,7 @@ import numpy as np
 
 from methods import cluster_count as cc
 from methods import graph as gr
+from methods.kmeans import kmeans
 from methods.method import (
     ClientDown,
     ClientRule,
@@ -84,7 +85,6 @@ from methods.method import (
 from methods.weights import Weights
 
 CLUSTERS_FILE = "clusters.jsonl"
-KMEANS_ITER = 20
 KMEANS_RESTARTS = 10
 """k-means runs (seeds) per clustering; the one with the least within-cluster sum of squares
 and no empty cluster wins (one k-means++ start merges two regimes now and then)."""
@@ -172,30 +172,6 @@ class ClusteredState(ServerState):
     centroids: Weights
     """[float32 (K, SKETCH_DIM)]: each warm-up cluster's unit mean unit sketch (zero rows
     until the warm-up clusters)."""
-
-
-def kmeans(points: np.ndarray, k: int, seed: int, restarts: int = 1) -> np.ndarray:
-    """Cluster labels of ``points`` by scipy's k-means (k-means++ start, seeded); with
-    ``restarts`` > 1 the best of that many starts: no empty cluster first, then the least
-    within-cluster sum of squares (ties: the first start)."""
-    import warnings
-
-    from scipy.cluster.vq import kmeans2
-
-    x = points.astype(np.float64)
-    best: tuple[int, float] | None = None
-    chosen = np.zeros(len(x), dtype=np.int64)
-    for start in range(restarts):
-        rng = np.random.default_rng(seed if restarts == 1 else [seed, start])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # an empty cluster: counted below
-            centroids, labels = kmeans2(x, k, iter=KMEANS_ITER, minit="++", seed=rng,
-                                        missing="warn")
-        labels = np.asarray(labels, dtype=np.int64)
-        score = (k - len(np.unique(labels)), float(((x - centroids[labels]) ** 2).sum()))
-        if best is None or score < best:
-            best, chosen = score, labels
-    return chosen
 
 
 def tried_assignment(assignment: np.ndarray, known: np.ndarray, labels: np.ndarray) -> list[int]:

@@ -28,8 +28,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from cli.dashboard import find_runs, make_server
+from cli.dashboard import make_server
 from cli.flower_env import REPO
+from cli.run_dirs import find_runs
 from scripts.headless import BrowserError, LocalPage, open_browser
 
 RUN_PAGE, SWEEP_PAGE, TENSORBOARD = (

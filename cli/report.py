@@ -6,6 +6,10 @@ accuracy). Only finished cells count; a cell is finished when its run directory 
 summary.json whose config matches the cell (so a changed grid never reports stale runs).
 
     .venv/bin/fedinit-report experiments/fmnist-table6.yaml --out DIR
+    .venv/bin/fedinit-report paired RESULTS.csv --by mode --a sync --b async --metric test-acc
+
+``paired``: two modes on the same seeds, the mean difference and its 95% interval
+(``cli/paired.py``).
 """
 
 from __future__ import annotations
@@ -403,6 +407,11 @@ def write_report(plan: SweepPlan, results: Sequence[CellResult], out: Path, comm
 
 @refuses("report")
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["paired"]:
+        from cli import paired
+
+        return paired.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("grid", type=Path)

@@ -1,0 +1,147 @@
+"""Paired comparisons of two modes over seeds: the difference's mean and its 95% interval.
+
+Seeds differ by several points at the sizes these machines run (docs/reproduction.md), so
+two modes are compared on the SAME seeds (same split, initial model and device speeds) and
+the per-seed differences are what is summarised: d_s = metric(B, s) - metric(A, s), their
+mean and the two-sided Student-t interval mean +- t_{0.975, n-1} * sd / sqrt(n). A seed
+that only one mode has is left out and named (never paired with another seed).
+
+    .venv/bin/fedinit-report paired RESULTS.csv --by mode --a sync --b async \
+        --metric test-acc [--where round=40 --where method=fedinit] [--pair-on seed]
+
+A row is one run's figure: the CSV holds every seed (e.g. ``bench/async_speed.py --csv``
+or a sweep's ``results.csv``); ``--where`` keeps the rows whose column equals the value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from scipy import stats
+
+from cli.refusals import refuses, refusing
+
+CONFIDENCE = 0.95
+
+
+class PairError(ValueError):
+    """A paired comparison that cannot be made; one line naming the value."""
+
+
+@dataclass(frozen=True)
+class Paired:
+    """B - A over the seeds both have."""
+
+    keys: tuple[str, ...]
+    """The pairing key of each difference (e.g. the seed), in the order of ``diffs``."""
+    diffs: tuple[float, ...]
+    unpaired: tuple[str, ...]
+    """Pairing keys only one mode has (left out)."""
+
+    @property
+    def n(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.diffs)
+
+    def interval(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
+        """The two-sided Student-t interval of the mean difference (needs n >= 2)."""
+        if self.n < 2:
+            raise PairError(f"{self.n} paired seed(s) is not allowed for an interval; "
+                            "allowed: at least 2")
+        half = stats.t.ppf(0.5 + confidence / 2, self.n - 1) * statistics.stdev(self.diffs) \
+            / math.sqrt(self.n)
+        return self.mean - half, self.mean + half
+
+
+def pair(rows: Iterable[Mapping[str, str]], by: str, a: str, b: str, metric: str,
+         pair_on: Sequence[str] = ("seed",)) -> Paired:
+    """B - A of ``metric`` for each value of ``pair_on`` both modes (column ``by``) have;
+    two rows of one mode with the same key are refused (the grid is ambiguous)."""
+    side: dict[str, dict[tuple[str, ...], float]] = {a: {}, b: {}}
+    for row in rows:
+        mode = row.get(by)
+        if mode not in side:
+            continue
+        missing = [c for c in (metric, *pair_on) if c not in row]
+        if missing:
+            raise PairError(f"column {missing[0]!r} is not in the rows; allowed: "
+                            f"{', '.join(sorted(row))}")
+        key = tuple(str(row[c]) for c in pair_on)
+        if key in side[mode]:
+            raise PairError(f"{by}={mode!r} has two rows for {'/'.join(pair_on)}={key}; "
+                            "allowed: one per seed (narrow it with --where)")
+        side[mode][key] = float(row[metric])
+    both = sorted(set(side[a]) & set(side[b]), key=_natural)
+    return Paired(keys=tuple("/".join(k) for k in both),
+                  diffs=tuple(side[b][k] - side[a][k] for k in both),
+                  unpaired=tuple("/".join(k) for k in sorted(set(side[a]) ^ set(side[b]),
+                                                              key=_natural)))
+
+
+def _natural(key: tuple[str, ...]) -> tuple[tuple[int, float | str], ...]:
+    """Seeds in numeric order (2 before 10)."""
+    out: list[tuple[int, float | str]] = []
+    for part in key:
+        try:
+            out.append((0, float(part)))
+        except ValueError:
+            out.append((1, part))
+    return tuple(out)
+
+
+def where(rows: Iterable[Mapping[str, str]], conditions: Sequence[str]) -> list[dict[str, str]]:
+    """The rows whose columns equal every ``COLUMN=VALUE`` condition."""
+    wanted: list[tuple[str, str]] = []
+    for cond in conditions:
+        column, sep, value = cond.partition("=")
+        if not sep or not column:
+            raise PairError(f"--where {cond!r} is not allowed; allowed: COLUMN=VALUE")
+        wanted.append((column, value))
+    return [dict(r) for r in rows if all(r.get(c) == v for c, v in wanted)]
+
+
+def report(p: Paired, a: str, b: str, metric: str) -> str:
+    """The comparison as a person reads it: one line per seed, then the summary."""
+    lines = [f"{metric}: {b} - {a}, paired by seed"]
+    lines += [f"  {k:>8}  {d:+.4f}" for k, d in zip(p.keys, p.diffs, strict=True)]
+    if p.unpaired:
+        lines.append(f"  left out (only one mode has them): {', '.join(p.unpaired)}")
+    low, high = p.interval()
+    lines.append(f"mean {p.mean:+.4f}, {CONFIDENCE:.0%} interval [{low:+.4f}, {high:+.4f}] "
+                 f"over {p.n} seeds")
+    return "\n".join(lines)
+
+
+@refuses("fedinit-report paired")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="fedinit-report paired", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", type=Path)
+    ap.add_argument("--by", required=True, help="the column naming the mode")
+    ap.add_argument("--a", required=True, help="the baseline mode")
+    ap.add_argument("--b", required=True, help="the mode compared to it (B - A)")
+    ap.add_argument("--metric", required=True)
+    ap.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE")
+    ap.add_argument("--pair-on", action="append", metavar="COLUMN",
+                    help="what pairs two rows (default: seed)")
+    args = ap.parse_args(argv)
+    with refusing(PairError, OSError):
+        with args.csv.open(newline="") as f:
+            rows = where(csv.DictReader(f), args.where)
+        print(report(pair(rows, args.by, args.a, args.b, args.metric,
+                          tuple(args.pair_on or ("seed",))), args.a, args.b, args.metric))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,13 +10,14 @@ With ``dataset=device`` the client's data is what its node holds (node config ``
 data that does not meet the run's schema fails the task with one line naming the file.
 Privacy is the device's (``device_privacy.py``): its node config sets a local-DP floor that
 no run config lowers; under local DP it answers no evaluate message and reports no train
-metric, and counts each release in its own ledger.
+metric, and counts each release in its own ledger. Its disk is its own too
+(``state_place.py``): a task that would name a place on it, or lead outside its state
+directory, is refused before any work.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +45,7 @@ from client_app.personal_accuracy import personal_evaluation
 from client_app.round import client_round
 from client_app.secagg_trust import TrustError, fresh_round, trust_of
 from client_app.secure_upload import SECAGG, mask_upload, secagg_step
+from client_app.state_place import state_dir_of
 from flower_compat import install
 from methods import wire as rk
 from methods.packed_arrays import shapes, unpack
@@ -51,8 +53,8 @@ from node import slowdown
 from secure_aggregation import SecAggInputError, Stage
 from secure_aggregation import wire as sw
 from store.client_store import ClientStore
+from store.path_names import PathError
 from store.simulated_state import STATE_ROOT
-from store.state_dir import StateDir
 from task.config import RunConfig
 from task.evaluation import evaluate as evaluate_model
 from task.models import set_weights
@@ -116,18 +118,16 @@ def data_dir_of(context: Context) -> str:
 def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
                  sim_root: str = "") -> ClientStore:
     """This client's store: memory is ``context.state``; disk is the node's state directory
-    (node config ``state-dir``, else run config ``client-state-dir``), or none when neither
-    is set or the server names no experiment. A simulated client (the server names its state
-    directory, ``sim_root``) keeps its state on disk only, so the simulation process holds
-    nothing of it between participations (store/simulated_state.py), and writes it without
-    an fsync of its own: the server makes a round's files durable at once before its
-    checkpoint (``server_app.experiment``)."""
-    node_root = str(context.node_config.get("state-dir", ""))
-    if sim_root and experiment and not node_root:
-        return ClientStore(memory=None,
-                           disk=StateDir(Path(sim_root), experiment, pid, sync=False))
-    root = node_root or cfg.fleet.client_state_dir
-    disk = StateDir(Path(root), experiment, pid) if root and experiment else None
+    (node config ``state-dir``, else, for a client the server hosts, run config
+    ``client-state-dir``), or none when neither is set or the server names no experiment
+    (``state_place.state_dir_of``: PathError when the place is not the device's). A
+    simulated client (the server names its state directory, ``sim_root``) keeps its state
+    on disk only, so the simulation process holds nothing of it between participations
+    (store/simulated_state.py), and writes it without an fsync of its own: the server makes
+    a round's files durable at once before its checkpoint (``server_app.experiment``)."""
+    disk = state_dir_of(context.node_config, cfg, experiment, pid, sim_root)
+    if disk is not None and not disk.sync:
+        return ClientStore(memory=None, disk=disk)
     return ClientStore(memory=context.state, disk=disk)
 
 
@@ -146,20 +146,26 @@ def train_reply(msg: Message, context: Context, timed: Callable[[float], None]) 
     """The train reply. A run below the device's privacy floor is refused before anything is
     read. Under local DP the release is counted in the device's ledger before the reply
     leaves, and a task that fails says only that it failed (its error's text may tell of
-    the data)."""
+    the data). A place on disk that is not the device's is refused (``PathError``: its
+    line names only the server's value, or a path relative to the state directory)."""
     cfg = run_config_of(context)
     floor, refused = device_floor(context, cfg, msg, "train message")
     if refused is not None:
         return refused
-    if not local_dp(cfg, floor):
-        return Message(content=train_content(msg, context, cfg, floor, timed), reply_to=msg)
     try:
+        if not local_dp(cfg, floor):
+            return Message(content=train_content(msg, context, cfg, floor, timed),
+                           reply_to=msg)
         spent = floor.budget_spent(cfg)
         if spent is not None:
             return refusal(msg, "train message", spent)
         return Message(content=train_content(msg, context, cfg, floor, timed), reply_to=msg)
-    except Exception as err:  # noqa: BLE001 - under local DP its text stays on the device
-        return private_failure(msg, "train message", err)
+    except PathError as err:
+        return refusal(msg, "train message", str(err))
+    except Exception as err:
+        if not local_dp(cfg, floor):
+            raise
+        return private_failure(msg, "train message", err)  # its text stays on the device
 
 
 def train_content(msg: Message, context: Context, cfg: RunConfig,
@@ -263,26 +269,32 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     if conf is not None and conf.get(rk.FEDERATED_EVAL):
         return Message(content=RecordDict({rk.METRICS: federated_evaluation(
             cfg, msg, client_test_tensors(cfg, pid, data_dir))}), reply_to=msg)
-    if conf is not None and conf.get(rk.DIVERGENCE_EVAL):
-        snapshot = client_store(context, cfg, str(conf.get(rk.EXPERIMENT, "")), pid,
-                                str(conf.get(STATE_ROOT, ""))).snapshot()
-        metrics = divergence_to_global(msg.content, snapshot, lambda: initial_weights(cfg))
-        return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
-    if conf is not None and conf.get(rk.PERSONAL_EVAL):
-        experiment = str(conf.get(rk.EXPERIMENT, ""))
-        snapshot = client_store(context, cfg, experiment, pid,
-                                str(conf.get(STATE_ROOT, ""))).snapshot()
-        metrics = personal_evaluation(cfg, cfg.spec.client(cfg.params), msg.content, snapshot,
-                                      cached_model(cfg), client_tensors(cfg, pid, data_dir),
-                                      client_test_tensors(cfg, pid, data_dir),
-                                      partition_id=pid)
-        return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
+    if conf is not None and (conf.get(rk.DIVERGENCE_EVAL) or conf.get(rk.PERSONAL_EVAL)):
+        try:
+            return Message(content=RecordDict({rk.METRICS: state_evaluation(
+                cfg, msg, context, conf, pid)}), reply_to=msg)
+        except PathError as err:
+            return refusal(msg, task, str(err))
     model = cached_model(cfg)
     set_weights(model, unpack(msg.content.array_records[rk.ARRAYS]))
     x, y = client_tensors(cfg, pid, data_dir)
     loss, acc = evaluate_model(model, x, y)
     metrics = MetricRecord({rk.EVAL_LOSS: loss, rk.EVAL_ACC: acc, rk.NUM_EXAMPLES: len(y)})
     return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
+
+
+def state_evaluation(cfg: RunConfig, msg: Message, context: Context, conf: ConfigRecord,
+                     pid: int) -> MetricRecord:
+    """Divergence or personalized evaluation: both read the client's stored state, from the
+    device's own place only (PathError otherwise)."""
+    snapshot = client_store(context, cfg, str(conf.get(rk.EXPERIMENT, "")), pid,
+                            str(conf.get(STATE_ROOT, ""))).snapshot()
+    if conf.get(rk.DIVERGENCE_EVAL):
+        return divergence_to_global(msg.content, snapshot, lambda: initial_weights(cfg))
+    data_dir = data_dir_of(context)
+    return personal_evaluation(cfg, cfg.spec.client(cfg.params), msg.content, snapshot,
+                               cached_model(cfg), client_tensors(cfg, pid, data_dir),
+                               client_test_tensors(cfg, pid, data_dir), partition_id=pid)
 
 
 def device_floor(context: Context, cfg: RunConfig, msg: Message,

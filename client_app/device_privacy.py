@@ -45,6 +45,7 @@ from methods import wire as rk
 from store.client_store import ClientStore
 from store.privacy_ledger import LEDGER_NAME, PrivacyLedger
 from task.config import RunConfig
+from task.shown import shown
 
 FLOOR = "dp-floor"
 MAX_CLIP = "dp-max-clip"
@@ -155,18 +156,18 @@ class DeviceFloor:
             bounds.append(("dp-clip-extra", cfg.privacy.dp_clip_extra or cfg.privacy.dp_clip))
         for key, bound in bounds:
             if bound > self.max_clip:
-                return (f"run config {key}={bound:g} > this device's {MAX_CLIP}="
-                        f"{self.max_clip:g}")
+                run, own = shown(bound, self.max_clip)
+                return f"run config {key}={run} > this device's {MAX_CLIP}={own}"
         z = device_multiplier(cfg)
         if cfg.privacy.dp == "distributed" and z < self.min_noise:
+            run, own = shown(z, self.min_noise, least=4)
             return (f"run config dp='distributed' gives this device noise multiplier "
                     f"dp-noise-multiplier / sqrt(min-replies) = "
-                    f"{cfg.privacy.dp_noise_multiplier:g} / "
-                    f"sqrt({cfg.fleet.min_replies}) = {z:.4g} < this device's {MIN_NOISE}="
-                    f"{self.min_noise:g}")
+                    f"{shown(cfg.privacy.dp_noise_multiplier)[0]} / "
+                    f"sqrt({cfg.fleet.min_replies}) = {run} < this device's {MIN_NOISE}={own}")
         if z < self.min_noise:
-            return (f"run config dp-noise-multiplier={cfg.privacy.dp_noise_multiplier:g} < this "
-                    f"device's {MIN_NOISE}={self.min_noise:g}")
+            run, own = shown(z, self.min_noise)
+            return f"run config dp-noise-multiplier={run} < this device's {MIN_NOISE}={own}"
         return None
 
 
@@ -180,9 +181,9 @@ class DeviceFloor:
         eps = PrivacyLedger.at(self.ledger, self.delta).epsilon_after(z, channels)
         if eps <= self.max_epsilon:
             return None
-        return (f"one more release at noise multiplier {z:g} would take this device's "
-                f"epsilon to {eps:.4g} > {MAX_EPSILON}={self.max_epsilon:g} (delta "
-                f"{self.delta:g})")
+        after, most = shown(eps, self.max_epsilon, least=4)
+        return (f"one more release at noise multiplier {shown(z)[0]} would take this "
+                f"device's epsilon to {after} > {MAX_EPSILON}={most} (delta {self.delta:g})")
 
 
 DEVICE_MODES = ("local", "distributed")
@@ -231,7 +232,8 @@ def ledger_for(floor: DeviceFloor, context: Context, store: ClientStore) -> Priv
     if floor.ledger is not None:
         return PrivacyLedger.at(floor.ledger, floor.delta)
     if store.disk is not None:  # written as the client's state is (a simulation: no fsync)
-        return PrivacyLedger.at(store.disk.client_dir / LEDGER_NAME, floor.delta,
+        return PrivacyLedger.at(store.disk.inside(store.disk.client_dir / LEDGER_NAME),
+                                floor.delta,
                                 sync=store.disk.sync)
     return PrivacyLedger.in_state(context.state, floor.delta)
 

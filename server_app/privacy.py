@@ -24,6 +24,7 @@ from server_app.checkpoint import CheckpointError
 from server_app.strategy import MethodStrategy
 from store.files import atomic_write_text
 from task.config import ConfigError, RunConfig
+from task.shown import shown
 
 LEDGER_FILE = "privacy_ledger.json"
 """In the run directory: ``{"rounds-counted": k, "last-round": t}``, rewritten (atomically,
@@ -90,12 +91,13 @@ def budget_spent(budget: Budget, cfg: RunConfig, server_round: int, counted: int
     eps = budget.epsilon(counted)
     if eps <= target:
         return False
+    after, most = shown(eps, target, least=4)
     if counted == 1:
         raise ConfigError(f"run config: dp-target-epsilon={target!r} is not allowed; allowed: "
-                          f"at least round 1's epsilon {eps:.4g} at "
+                          f"at least round 1's epsilon {after} at "
                           f"dp-delta={cfg.privacy.dp_delta:g} "
                           f"(or raise dp-noise-multiplier, or 0 for no limit)")
-    log(WARNING, "dp: stopped before round %d, which would take epsilon to %.4g > "
-        "dp-target-epsilon=%g at dp-delta=%g; round %d's checkpoint in %s is kept",
-        server_round, eps, target, cfg.privacy.dp_delta, server_round - 1, out)
+    log(WARNING, "dp: stopped before round %d, which would take epsilon to %s > "
+        "dp-target-epsilon=%s at dp-delta=%g; round %d's checkpoint in %s is kept",
+        server_round, after, most, cfg.privacy.dp_delta, server_round - 1, out)
     return True

@@ -11,6 +11,11 @@ client's files in one directory (the layout before, ``<experiment>/client-<pid>-
 each participation listed the whole federation's files, which grows with the number of
 clients. Files in that layout are still read: a client moves its own into its directory the
 first time it looks (one rename each, atomic), so a run started before resumes unchanged.
+
+The experiment id comes from the server: it must be one plain name (``store.path_names``), and
+every path is resolved before it is read, written, renamed or deleted: nothing outside
+``<root>`` is touched, a symbolic link that leads out included (``PathError``, not StateError:
+the task is refused, no file is set aside as damaged).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from store.files import RecordError, expect_counts, read_record, write_record
+from store.path_names import inside, path_name
 
 KEEP_VERSIONS = 2
 
@@ -62,7 +68,13 @@ class StateDir:
                  sync: bool = True) -> None:
         """``sync=False``: versions are written without their own fsync; the writer's owner
         makes them durable in a batch (a simulation's server, ``store.files.sync_filesystem``,
-        before each checkpoint)."""
+        before each checkpoint). PathError when ``experiment`` is not one plain name."""
+        path_name(experiment, "experiment-id")
+        if isinstance(partition_id, bool) or not isinstance(partition_id, int) \
+                or partition_id < 0:
+            raise ValueError(f"partition id {partition_id!r} is not allowed; allowed: an "
+                             "integer >= 0")
+        self.root = root
         self.dir = root / experiment
         self.sync = sync
         self.client_dir = self.dir / f"client-{partition_id}"
@@ -74,14 +86,30 @@ class StateDir:
         """Where this client's state of ``server_round`` is (or would be) kept."""
         return self.client_dir / f"r{server_round:06d}.npz"
 
-    def _files(self) -> list[tuple[int, Path]]:
-        """This client's versions, oldest first."""
-        self._move_flat_files()
+    def inside(self, path: Path) -> Path:
+        """``path`` when it resolves inside the root; PathError otherwise."""
+        return inside(self.root, path, "client state path")
+
+    def check(self) -> None:
+        """Refuse (PathError) before any work when this client's directories or any entry
+        in its own directory lead outside the root."""
+        self.inside(self.dir)
+        self.inside(self.client_dir)
         try:
             names = os.listdir(self.client_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for name in names:
+            self.inside(self.client_dir / name)
+
+    def _files(self) -> list[tuple[int, Path]]:
+        """This client's versions, oldest first (each checked to lie inside the root)."""
+        self._move_flat_files()
+        try:
+            names = os.listdir(self.inside(self.client_dir))
         except FileNotFoundError:
             return []
-        return sorted((int(m.group(1)), self.client_dir / name) for name in names
+        return sorted((int(m.group(1)), self.inside(self.client_dir / name)) for name in names
                       if (m := VERSION_NAME.fullmatch(name)))
 
     def _move_flat_files(self) -> None:
@@ -89,19 +117,20 @@ class StateDir:
         if self._moved_flat or self.dir in _no_flat_files:
             return
         try:
-            names = os.listdir(self.dir)
+            names = os.listdir(self.inside(self.dir))
         except FileNotFoundError:
             names = []
         flat = [m for name in names if (m := FLAT_NAME.fullmatch(name))]
         for m in flat:
             if int(m.group(1)) != self.pid:
                 continue
-            self.client_dir.mkdir(parents=True, exist_ok=True)
-            target = self.version_path(int(m.group(2)))
+            self.inside(self.client_dir).mkdir(parents=True, exist_ok=True)
+            source = self.inside(self.dir / m.group(0))
+            target = self.inside(self.version_path(int(m.group(2))))
             if target.exists():  # the same round in both layouts: the directory's is newer
-                (self.dir / m.group(0)).unlink(missing_ok=True)
+                source.unlink(missing_ok=True)
             else:
-                os.replace(self.dir / m.group(0), target)
+                os.replace(source, target)
         if not flat:
             _no_flat_files.add(self.dir)
         self._moved_flat = True
@@ -114,10 +143,11 @@ class StateDir:
         the state its task in flight started from, the state it last accounted)."""
         pins = {pin} if isinstance(pin, int) else set(pin)
         self._move_flat_files()
-        self.client_dir.mkdir(parents=True, exist_ok=True)
+        self.inside(self.client_dir).mkdir(parents=True, exist_ok=True)
         meta = {"experiment": self.experiment, "partition-id": self.pid, "round": server_round,
                 "entries": {k: len(v) for k, v in entries.items()}}
-        write_record(self.version_path(server_round), entries, meta, sync=self.sync)
+        write_record(self.inside(self.version_path(server_round)), entries, meta,
+                     sync=self.sync)
         for saved_round, old in self._files()[:-KEEP_VERSIONS]:
             if saved_round != keep and saved_round not in pins:
                 old.unlink(missing_ok=True)
@@ -125,7 +155,7 @@ class StateDir:
     def load_version(self, server_round: int, model: Sequence[Shaped]) -> Entries:
         """The state saved in ``server_round`` exactly, checked against ``model``;
         StateError when it is missing or unusable (left in place: it is not the newest)."""
-        path = self.version_path(server_round)
+        path = self.inside(self.version_path(server_round))
         if not path.exists():
             raise StateError(path, "is missing")
         entries = self._read(path)
@@ -161,6 +191,7 @@ class StateDir:
 
     def _read(self, path: Path) -> Entries:
         """One state file's entries; StateError if it is unreadable or not this client's."""
+        self.inside(path)
         try:
             groups, meta = read_record(path)
             counts = meta.get("entries")

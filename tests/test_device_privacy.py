@@ -398,10 +398,11 @@ def test_a_device_stops_before_its_epsilon_passes_its_own_limit(
     with caplog.at_level(logging.INFO, logger="flwr"):
         replies = [train_fn(train_message(cfg, rnd), ctx) for rnd in (1, 2, 3)]
     assert [r.has_error() for r in replies] == [False, False, True]
+    after = _reference_epsilon(1.2, 3, 1e-5)
     want = (f"device privacy: refused the train message of round 3: one more release at "
             f"noise multiplier 1.2 would take this device's epsilon to "
-            f"{_reference_epsilon(1.2, 3, 1e-5):.4g} > dp-max-epsilon={limit:g} "
-            "(delta 1e-05)")
+            f"{after:.4g} > dp-max-epsilon={limit:.4g} (delta 1e-05)")
+    assert float(f"{after:.4g}") > float(f"{limit:.4g}")  # the line reads as true as it is
     assert replies[2].error.reason == want and privacy_lines(caplog)[-1] == want
     assert json.loads((tmp_path / LEDGER_NAME).read_text())["participations"] == 2
 

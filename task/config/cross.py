@@ -12,6 +12,7 @@ from task.choices import ASYNC_METHODS, ASYNC_REFUSALS, SECAGG_REFUSALS, check_m
 from task.config.run_config import RunConfig
 from task.config_checks import ConfigError, bad_value
 from task.data_sets import spec_of
+from task.shown import shown
 
 
 def check_device_cap(c: RunConfig) -> None:
@@ -170,7 +171,8 @@ def check_over_select(c: RunConfig) -> None:
         return
     k = c.sampled_per_round
     if k > c.num_clients:
-        raise bad_value("over-select", o, f"at most {c.num_clients / c.clients_per_round - 1:g} "
+        most = shown(c.num_clients / c.clients_per_round - 1, o)[0]
+        raise bad_value("over-select", o, f"at most {most} "
                         f"(ceil(m (1 + o)) = {k} clients > num-clients={c.num_clients})")
     for key, value, ok, allowed, why in (
         ("dp", c.privacy.dp, c.privacy.dp == "off", "off",
@@ -258,7 +260,8 @@ def check_distributed_dp(c: RunConfig) -> None:
     clip, name = ((p.dp_clip_extra, "dp-clip-extra") if extra else (p.dp_clip, "dp-clip"))
     low = min_secagg_clip(clip, p.dp_noise_multiplier, t_min)
     if p.secagg_clip < low:
-        raise bad_value("secagg-clip", p.secagg_clip, f">= {low:.4g} with dp='distributed' "
+        least = shown(low, p.secagg_clip, least=4)[0]
+        raise bad_value("secagg-clip", p.secagg_clip, f">= {least} with dp='distributed' "
                         f"({name} + {CLIP_SIGMAS:g} device noise stds z {name} / "
                         f"sqrt(min-replies), so a noised coordinate is almost never clipped at "
                         f"secagg-clip)")

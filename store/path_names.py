@@ -3,7 +3,8 @@
 A device's disk layout is the device's: a value from a message or a run config (an
 experiment id, a run name) may name at most one plain entry inside a directory the device
 chose, never a place of its own. ``path_name`` accepts one path component from a small
-alphabet; ``inside`` resolves a path (symbolic links included) and accepts it only within
+alphabet (``+`` too: a run name holds ``1e+06`` for a Dirichlet alpha of a million);
+``inside`` resolves a path (symbolic links included) and accepts it only within
 its root, so a link inside the device's state directory that points out is never followed
 for reading, writing or deleting. Both refuse with one line naming the value and what is
 allowed.
@@ -15,8 +16,8 @@ import re
 from pathlib import Path
 
 MAX_LENGTH = 128
-NAME = re.compile(r"[A-Za-z0-9._-]+")
-ALLOWED = (f"one plain name of 1 to {MAX_LENGTH} characters from A-Z a-z 0-9 . _ -, "
+NAME = re.compile(r"[A-Za-z0-9._+-]+")
+ALLOWED = (f"one plain name of 1 to {MAX_LENGTH} characters from A-Z a-z 0-9 . _ - +, "
            "not '.' or '..'")
 
 

@@ -104,6 +104,7 @@ from server_app.experiment import (
     run_name,
     state_fallbacks,
 )
+from server_app.public_rows import withheld
 from server_app.results import AGGREGATED, DP_FIELDS, DP_LEFT_OUT, Recorder
 from server_app.round_stages.combine import RobustMean
 from server_app.round_stages.replies import RoundReplies
@@ -788,7 +789,9 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
                    rows=resume[1].rows if resume else None,
                    extra_fields=(fields + (CLOCK_FIELDS if loop.clock else ())
                                  + (DP_FIELDS if privacy else ())),
-                   left_out=DP_LEFT_OUT if privacy else (), tracking=cfg.fleet.tracking)
+                   left_out=DP_LEFT_OUT if privacy else (), tracking=cfg.fleet.tracking,
+                   withheld=withheld(cfg.privacy.dp, eval_source="central",
+                                     release_client_metrics=cfg.privacy.dp_release_client_metrics))
     n = cfg.train.num_server_rounds
     last = [time.monotonic()]
 

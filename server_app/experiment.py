@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from datetime import datetime
-from logging import INFO
+from logging import DEBUG, INFO
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from server_app.over_select import OVER_SELECT_FIELDS, collect_first
 from server_app.personal_round import personal_round
 from server_app.personal_summary import KINDS
 from server_app.privacy import COUNTED, Ledger, budget_spent, privacy_budget
+from server_app.public_rows import withheld
 from server_app.regime_files import CENTRAL_TEST, write_regimes
 from server_app.results import AGGREGATED, DP_CONVENTIONS, DP_FIELDS, DP_LEFT_OUT, Recorder
 from server_app.status import StatusWriter
@@ -159,7 +160,9 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                    extra_fields=((DP_FIELDS if budget else
                                   OVER_SELECT_FIELDS if cfg.fleet.over_select > 0.0 else ())
                                  + (CLOCK_FIELDS if clock else ())),
-                   left_out=DP_LEFT_OUT if budget else (), tracking=cfg.fleet.tracking)
+                   left_out=DP_LEFT_OUT if budget else (), tracking=cfg.fleet.tracking,
+                   withheld=withheld(cfg.privacy.dp, eval_source=cfg.eval_source,
+                                     release_client_metrics=cfg.privacy.dp_release_client_metrics))
     if clock is not None and rec.rows:  # a resumed run's clock goes on from its last row
         clock.now = float(rec.rows[-1].get("sim-time") or 0.0)
     windowed = clock if clock is not None and clock.windows is not None else None
@@ -237,7 +240,10 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         status.add_round(row, messages, replies, strategy.sent_to)
         save_checkpoint(out, Checkpoint(rnd, weights,
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
-        log(INFO, "%s", _progress_line(row, n, len(messages), cfg.privacy.dp_delta))
+        log(INFO, "%s", _progress_line(rec.public_row(row), n, len(messages),
+                                       cfg.privacy.dp_delta))
+        if rec.public != rec.fields:  # the operator's own line, with what the files withhold
+            log(DEBUG, "%s", _progress_line(row, n, len(messages), cfg.privacy.dp_delta))
         if failed >= cfg.fleet.max_failed_rounds:
             raise TooFewReplies(
                 f"{failed} rounds in a row had fewer than "
@@ -331,20 +337,33 @@ def state_fallbacks(replies: list[Message]) -> int:
 
 
 def _progress_line(row: dict[str, Any], n: int, sent: int, delta: float = 0.0) -> str:
-    """'[round 3/60] acc 71.20% loss 0.8123 div 1.23e-02 ...' for the live log."""
-    acc = "  -   " if row["test-acc"] is None else f"{100 * row['test-acc']:5.2f}%"
-    loss = "  -   " if row["test-loss"] is None else f"{row['test-loss']:.4f}"
-    div = row.get("divergence")
-    div_s = "-" if div is None else f"{div:.3e}"
-    for name, key in (("all", "divergence-all"), ("sample", "divergence-sample")):
-        if row.get(key) is not None:
-            div_s += f" (div-{name} {row[key]:.3e}, {row.get('divergence-clients')} clients)"
-    tl = row.get("train-loss")
-    tl_s = "-" if tl is None else f"{tl:.4f}"
-    return (f"[round {row['round']}/{n}] acc {acc} loss {loss} div {div_s} train-loss {tl_s} "
-            f"replies {row.get('num-replies', 0)}/{sent} rejected {row.get('num-rejected', 0)} "
-            f"{_personal_part(row)}| {row['round-seconds']:.1f}s, "
-            f"elapsed {row['elapsed-seconds']:.0f}s{_epsilon_part(row, delta)}")
+    """'[round 3/60] acc 71.20% loss 0.8123 div 1.23e-02 ...' for the live log: each part
+    whose field is in ``row`` (a column the public files withhold is not)."""
+    parts = [f"[round {row['round']}/{n}]"]
+    if "test-acc" in row:
+        acc = "  -   " if row["test-acc"] is None else f"{100 * row['test-acc']:5.2f}%"
+        loss = "  -   " if row.get("test-loss") is None else f"{row['test-loss']:.4f}"
+        parts.append(f"acc {acc} loss {loss}")
+    if "divergence" in row:
+        div = row["divergence"]
+        div_s = "-" if div is None else f"{div:.3e}"
+        for name, key in (("all", "divergence-all"), ("sample", "divergence-sample")):
+            if row.get(key) is not None:
+                div_s += (f" (div-{name} {row[key]:.3e}, {row.get('divergence-clients')} "
+                          "clients)")
+        parts.append(f"div {div_s}")
+    if "train-loss" in row:
+        tl = row["train-loss"]
+        parts.append(f"train-loss {'-' if tl is None else f'{tl:.4f}'}")
+    if "num-replies" in row:
+        parts.append(f"replies {row['num-replies'] or 0}/{sent} rejected "
+                     f"{row.get('num-rejected') or 0}")
+    personal = _personal_part(row).rstrip()
+    if personal:
+        parts.append(personal)
+    if "round-seconds" in row:
+        parts.append(f"| {row['round-seconds']:.1f}s, elapsed {row['elapsed-seconds']:.0f}s")
+    return " ".join(parts) + _epsilon_part(row, delta)
 
 
 def dp_fields(budget: Budget, counted: int) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
 from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
 from server_app.personal_summary import KINDS
+from server_app.public_rows import TIMING_FIELDS as TIMING_FIELDS  # re-exported
 from server_app.tracking import TensorBoardTracker, client_columns
 from store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
 
@@ -63,10 +64,6 @@ unknown), so no public file lists who a round sampled or who replied, nor counts
 the evaluated clients have trained (with one evaluated client, whether it was ever sampled).
 The per-client file of personalized evaluation (PERSONAL_CLIENTS: an empty ``acc-own`` says
 that client never trained) is not written either."""
-TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
-                           "client-seconds-max", "local-eval-seconds", "fed-eval-seconds",
-                           "divergence-seconds"})
-"""Round fields measured in wall time: they differ between two runs of the same config."""
 PERSONAL_CLIENTS = "personal_clients.csv"
 """Per-client accuracies of the last personalized evaluation."""
 CLIENT_FIELDS = ("round", "partition-id", "num-test",
@@ -101,16 +98,21 @@ class Recorder:
     def __init__(self, out_dir: Path, config: dict[str, Any], keep_rounds: int = 0,
                  rows: list[dict[str, Any]] | None = None,
                  eval_source: str = "central", extra_fields: tuple[str, ...] = (),
-                 left_out: tuple[str, ...] = (), tracking: str = "off") -> None:
+                 left_out: tuple[str, ...] = (), tracking: str = "off",
+                 withheld: frozenset[str] = frozenset()) -> None:
         """Start a run's files; when resuming, keep the rows of rounds 1..``keep_rounds``.
 
         The kept rows are ``rows`` (the copy stored in the checkpoint) when given, else what
         can be read back from rounds.jsonl. Rows beyond the checkpoint (a round that finished
         but was not checkpointed) are dropped, so the files hold each round exactly once.
+        ``withheld`` fields (``server_app.public_rows``) stay in ``rows``, the checkpoint's
+        copy, and out of every public file.
         """
         self.fields = (*(f for f in ROUND_FIELDS if f not in left_out), *extra_fields)
         """The row's columns: ROUND_FIELDS but ``left_out`` (DP_LEFT_OUT under DP), then
         e.g. DP_FIELDS."""
+        self.public = tuple(f for f in self.fields if f not in withheld)
+        """The columns of the public files: ``fields`` but the ``withheld`` ones."""
         self.dir = out_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
@@ -118,17 +120,18 @@ class Recorder:
         kept = rows if rows is not None else self._earlier_rows(keep_rounds)
         self.rows = [{k: r.get(k) for k in self.fields} for r in kept
                      if 0 < r.get("round", 0) <= keep_rounds]
-        self.t0 = time.monotonic() - (self.rows[-1]["elapsed-seconds"] if self.rows else 0.0)
-        lines = "".join(json.dumps(r) + "\n" for r in self.rows)
+        self.t0 = time.monotonic() - ((self.rows[-1]["elapsed-seconds"] or 0.0)
+                                      if self.rows else 0.0)
+        lines = "".join(json.dumps(r) + "\n" for r in self.public_rows())
         atomic_write_text(self.dir / "rounds.jsonl", lines)
         text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=self.fields)
+        writer = csv.DictWriter(text, fieldnames=self.public)
         writer.writeheader()
-        writer.writerows(self.rows)
+        writer.writerows(self.public_rows())
         atomic_write_text(self.dir / "rounds.csv", text.getvalue())
         self._jsonl = (self.dir / "rounds.jsonl").open("a")
         self._csv_file = (self.dir / "rounds.csv").open("a", newline="")
-        self._csv = csv.DictWriter(self._csv_file, fieldnames=self.fields)
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=self.public)
         atomic_write_text(self.dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
         self.tracker = (TensorBoardTracker(self.dir, config, first_round=keep_rounds + 1)
                         if tracking == "tensorboard" else None)
@@ -153,17 +156,25 @@ class Recorder:
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
+    def public_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The row as the public files carry it: the ``public`` columns."""
+        return {k: row.get(k) for k in self.public}
+
+    def public_rows(self) -> list[dict[str, Any]]:
+        return [self.public_row(r) for r in self.rows]
+
     def add_round(self, row: dict[str, Any]) -> None:
         """Append one round's row to both files and flush them to disk."""
         full = {k: row.get(k) for k in self.fields}
         self.rows.append(full)
-        self._jsonl.write(json.dumps(full) + "\n")
-        self._csv.writerow(full)
+        public = self.public_row(full)
+        self._jsonl.write(json.dumps(public) + "\n")
+        self._csv.writerow(public)
         for f in (self._jsonl, self._csv_file):
             f.flush()
             os.fsync(f.fileno())
         if self.tracker is not None:
-            self.tracker.add_round(full)
+            self.tracker.add_round(public)
 
     def write_personal_clients(self, rows: list[dict[str, Any]]) -> None:
         """Replace the per-client file with the latest personalized evaluation's rows."""
@@ -182,11 +193,14 @@ class Recorder:
         return sum(1 for r in self.rows if was_aggregated(r))
 
     def accuracies(self) -> list[float]:
-        return [r["test-acc"] for r in self.rows if r["test-acc"] is not None]
+        """The public rows' test accuracies (none where ``test-acc`` is withheld)."""
+        return [r["test-acc"] for r in self.public_rows() if r.get("test-acc") is not None]
 
     def finish(self, final_weights: list[np.ndarray], extra: dict[str, Any]) -> dict[str, Any]:
-        """Write summary.json, the plots and the final model; return the summary."""
+        """Write summary.json, the plots and the final model; return the summary (public:
+        a withheld column gives no total either)."""
         accs = self.accuracies()
+        public = self.public_rows()
         summary = {
             "config": self.config,
             "rounds": len(self.rows),
@@ -194,9 +208,10 @@ class Recorder:
             "best-test-acc": max(accs) if accs else None,
             "smoothed-peak-acc": smoothed_peak(accs) if accs else None,
             "wall-seconds": self.elapsed(),
-            "state-fallbacks": sum(r.get("state-fallbacks") or 0 for r in self.rows),
-            "mean-round-seconds": float(np.mean([r["round-seconds"] for r in self.rows]))
-            if self.rows else None,
+            **({"state-fallbacks": sum(r.get("state-fallbacks") or 0 for r in public)}
+               if "state-fallbacks" in self.public else {}),
+            **({"mean-round-seconds": float(np.mean([r["round-seconds"] for r in public]))
+                if public else None} if "round-seconds" in self.public else {}),
             **extra,
         }
         atomic_write_text(self.dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
@@ -216,14 +231,15 @@ class Recorder:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        rounds = [r["round"] for r in self.rows]
+        rows = self.public_rows()
+        rounds = [r["round"] for r in rows]
         title = method_label(self.config)
         for key, fname, label, scale in (
                 ("test-acc", "accuracy.png",
                  f"{ACCURACY_LABEL}, {EVAL_SOURCE_LABELS[self.eval_source]}", 100.0),
                 ("divergence", "divergence.png", DIVERGENCE_LABEL, 1.0)):
-            pts = [(x, scale * r[key]) for x, r in zip(rounds, self.rows, strict=True)
-                   if r[key] is not None]
+            pts = [(x, scale * r[key]) for x, r in zip(rounds, rows, strict=True)
+                   if r.get(key) is not None]
             fig, ax = plt.subplots(figsize=(6, 4))
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="." if len(pts) < 60 else None)
@@ -236,15 +252,15 @@ class Recorder:
             fig.tight_layout()
             atomic_write(self.dir / fname, lambda f, fig=fig: fig.savefig(f, format="png", dpi=100))
             plt.close(fig)
-        if any(r.get("local-global-mean") is not None for r in self.rows):
-            self.plot_personal(plt, title)
+        if any(r.get("local-global-mean") is not None for r in rows):
+            self.plot_personal(plt, title, rows)
 
-    def plot_personal(self, plt: Any, title: str) -> None:
+    def plot_personal(self, plt: Any, title: str, rows: list[dict[str, Any]]) -> None:
         """personal.png: the three mean local accuracies against rounds; personal_cdf.png:
         the distribution of per-client accuracy at the last personalized evaluation."""
         fig, ax = plt.subplots(figsize=(6, 4))
         for kind, label in KIND_LABELS.items():
-            pts = [(r["round"], 100 * r[f"local-{kind}-mean"]) for r in self.rows
+            pts = [(r["round"], 100 * r[f"local-{kind}-mean"]) for r in rows
                    if r.get(f"local-{kind}-mean") is not None]
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker=".", label=label)

@@ -21,18 +21,17 @@ from methods import wire as rk
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
 from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
+from server_app.public_rows import TIMING_FIELDS
 from task.config_checks import ConfigError
 
 EVENTS_DIR = "tensorboard"
 """The run directory's sub-directory that holds the event files."""
-TIMING = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds", "client-seconds-max",
-                    "local-eval-seconds", "fed-eval-seconds", "divergence-seconds"})
 _GROUPS: tuple[tuple[str, frozenset[str]], ...] = (
     ("eval", frozenset({"test-acc", "test-loss"})),
-    ("personal", frozenset(PERSONAL_FIELDS) - TIMING),
-    ("federated", frozenset(FEDERATED_FIELDS) - TIMING),
-    ("divergence", frozenset({rk.DIVERGENCE, *DIVERGENCE_FIELDS}) - TIMING),
-    ("time", TIMING),
+    ("personal", frozenset(PERSONAL_FIELDS) - TIMING_FIELDS),
+    ("federated", frozenset(FEDERATED_FIELDS) - TIMING_FIELDS),
+    ("divergence", frozenset({rk.DIVERGENCE, *DIVERGENCE_FIELDS}) - TIMING_FIELDS),
+    ("time", TIMING_FIELDS),
 )
 HPARAM_METRICS = ("eval/test-acc", "eval/test-loss")
 """The scalars TensorBoard's HParams view lists beside each run's config."""

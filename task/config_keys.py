@@ -50,6 +50,9 @@ SPECIAL: dict[str, KeyRole] = {
                                                      "results are bit-identical, but a resumed run "
                                                      "must find the state where the first run "
                                                      "left it"),
+    "dp-release-client-metrics": KeyRole(False, True, "which of the clients' figures the public "
+                                                      "files carry under DP; every round "
+                                                      "computes the same"),
     # How long to wait, when to give up: the rounds that complete are the same experiment.
     "round-timeout": KeyRole(False, True, "how long a round waits for replies"),
     "node-wait-timeout": KeyRole(False, True, "how long the start waits for the SuperNodes"),

@@ -47,6 +47,7 @@ from methods import wire as rk
 from methods.dp import Mechanism, norm
 from methods.packed_arrays import unpack
 from methods.scaffold import DELTA_C
+from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
 from store.client_store import ClientStore
@@ -506,8 +507,7 @@ def test_a_run_under_device_floors_completes_without_data_dependent_fields(
         ctx = grid.context_of(pid)
         ctx.node_config.update({**FLOOR, "state-dir": str(tmp_path / f"node{pid}")})
     summary = run_experiment(grid, cfg, out_dir=tmp_path / "run")
-    rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text()
-            .splitlines()]
+    rows = load_checkpoint(tmp_path / "run").rows  # the server's own rows, withheld ones too
     assert [r["num-replies"] for r in rows] == [3, 3]
     assert all(r["train-loss"] is None and r["client-seconds-max"] is None for r in rows)
     assert all(r.get("divergence-clients") == 0 and r.get("local-eval-clients") == 0
@@ -575,8 +575,7 @@ def test_a_floored_device_leaves_a_distributed_run_that_goes_on_and_one_meeting_
                                            "state-dir": str(tmp_path / "node2")})
     with caplog.at_level(logging.WARNING, logger="flwr"):
         run_experiment(grid, cfg, out_dir=tmp_path / "run")
-    rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text()
-            .splitlines()]
+    rows = load_checkpoint(tmp_path / "run").rows  # the server's own rows, withheld ones too
     assert [r["num-replies"] for r in rows] == [3, 3]
     z_dev = 0.7 / math.sqrt(3)
     lines = [ln for ln in privacy_lines(caplog) if ln.startswith("device privacy:")]
@@ -621,9 +620,10 @@ def test_a_deployed_device_refuses_a_run_below_its_floor_file(tmp_path: Path) ->
         capture_output=True, text=True, timeout=400, check=False)
     assert dep.returncode == 0, dep.stdout[-4000:] + dep.stderr[-3000:]
     assert "status finished:completed" in dep.stdout
-    rows = rounds(run_dir(out))
+    rows = load_checkpoint(run_dir(out)).rows  # the server's own rows, withheld ones too
     assert [(r["num-replies"], r["num-rejected"], r["train-loss"]) for r in rows] == [
         (2, 1, None), (2, 1, None)]
+    assert all("train-loss" not in r for r in rounds(run_dir(out)))
     for i in (0, 1):
         ledger = json.loads((work / f"node-{i}" / "client-state" / LEDGER_NAME).read_text())
         assert ledger["participations"] == 2

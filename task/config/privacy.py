@@ -20,6 +20,7 @@ class PrivacyConfig:
     dp_noise_multiplier: float
     dp_delta: float
     dp_target_epsilon: float
+    dp_release_client_metrics: bool
     secure_aggregation: str
     secagg_num_shares: int
     secagg_threshold: int

@@ -154,11 +154,11 @@ ORDER: tuple[str, ...] = (
     "task_deadline", "min_clients", "min_replies", "over_select", "max_failed_rounds",
     "aggregation", "trim_fraction", "byzantine_f", "max_update_norm_ratio",
     "max_examples_per_client", "dp", "dp_clip", "dp_clip_extra", "dp_noise_multiplier",
-    "dp_delta", "dp_target_epsilon", "secure_aggregation", "secagg_num_shares",
-    "secagg_threshold", "secagg_clip", "secagg_bits", "resume_dir", "client_state_dir",
-    "simulation_client_state", "node_registry", "rounds", "concurrency", "buffer_size",
-    "staleness", "staleness_a", "staleness_b", "max_staleness", "stale_correction",
-    "dc_lambda", "refill", "device_speeds", "task_time",
+    "dp_delta", "dp_target_epsilon", "dp_release_client_metrics", "secure_aggregation",
+    "secagg_num_shares", "secagg_threshold", "secagg_clip", "secagg_bits", "resume_dir",
+    "client_state_dir", "simulation_client_state", "node_registry", "rounds", "concurrency",
+    "buffer_size", "staleness", "staleness_a", "staleness_b", "max_staleness",
+    "stale_correction", "dc_lambda", "refill", "device_speeds", "task_time",
 )
 """Every run-config key's field, in the order keys are coerced (the first wrong type is the
 one reported) and ``to_dict`` lists them (as summaries always have)."""

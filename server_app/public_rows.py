@@ -1,0 +1,50 @@
+"""Which round-row fields the public files carry under DP: the one table.
+
+Under ``dp`` != off the rows the server computes keep every field in the operator-secret
+checkpoint, but the public outputs (``rounds.jsonl``/``rounds.csv``, TensorBoard, summary.json,
+the plots, the per-round INFO line) leave out the ``withheld`` ones, because epsilon covers
+only what the mechanism released (docs/faults.md, "What each DP mode shows, and to whom").
+``CLIENT_FIGURES`` are exact functions of the clients' data (means of their clear train and
+evaluation metrics, distances of their final models): in a round with one reply each is one
+client's exact figure, noiseless and unaccounted, so it is written only when the operator
+accepts that with ``dp-release-client-metrics=true``. With ``evaluation=federated`` the
+round's ``test-acc`` and ``test-loss`` are such means too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from methods import wire as rk
+from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
+from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
+from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
+
+RELEASE_KEY = "dp-release-client-metrics"
+"""The run-config key with which an operator writes CLIENT_FIGURES under DP anyway."""
+TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds",
+                           "client-seconds-max", "local-eval-seconds", "fed-eval-seconds",
+                           "divergence-seconds"})
+"""Round fields measured in wall time: they differ between two runs of the same config."""
+CLIENT_FIGURES = frozenset({rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, rk.NORM_LIMIT_USED,
+                            *PERSONAL_FIELDS, *FEDERATED_FIELDS, *DIVERGENCE_FIELDS}
+                           - TIMING_FIELDS)
+"""Exact figures of the clients' data: withheld under DP unless RELEASE_KEY is true."""
+FEDERATED_EVAL = frozenset({"test-acc", "test-loss"})
+"""With ``evaluation=federated`` these are the clients' example-weighted means too."""
+
+
+def withheld(dp: str, *, release_client_metrics: bool, eval_source: str) -> frozenset[str]:
+    """The round fields kept out of the public files of a run (empty with ``dp`` off)."""
+    if dp == "off":
+        return frozenset()
+    out: set[str] = set()
+    if not release_client_metrics:
+        out |= CLIENT_FIGURES | (FEDERATED_EVAL if eval_source == "federated" else set())
+    return frozenset(out)
+
+
+def public_row(row: Mapping[str, Any], hidden: frozenset[str]) -> dict[str, Any]:
+    """``row`` without the ``hidden`` fields."""
+    return {k: v for k, v in row.items() if k not in hidden}

@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from logging import WARNING
 
 import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
 
 from methods import wire as rk
 from methods.method import ClientUpdate, ServerRule
@@ -26,6 +28,16 @@ NOT_ARRIVED = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_
 """Error codes of a reply that never came from the client (the SuperLink's own): under DP
 only replies that arrived count against ``min-replies``; any other error is the client's
 (its ClientApp raised or crashed, possibly because of its data) and counts as arrived."""
+
+
+def log_silent(replies: RoundReplies, round_timeout: float) -> None:
+    """One warning per node sent a train message that sent nothing back (counted in
+    ``num-missing``): a node on a dead link is named in the log, not only in the count."""
+    answered = {replies.node_of(m) for m in replies.messages}
+    for node in sorted(set(replies.sent_to) - answered):
+        log(WARNING, "round %d: no reply from node %s (partition %s) by the round's end "
+            "(round-timeout=%gs); counted in num-missing", replies.server_round, node,
+            replies.sent_to[node], round_timeout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +77,7 @@ class DecodeReplies:
                 log_rejected(replies, node, decoded)
                 continue
             good.append((node, decoded))
+        log_silent(replies, self.cfg.fleet.round_timeout)
         good.sort(key=lambda item: item[1].partition_id)
         return dataclasses.replace(
             replies, accepted=tuple(good), rejected=rejected, arrived=len(arrived),

@@ -263,3 +263,15 @@ def test_everything_else_is_one_line_naming_it(value: object) -> None:
     with pytest.raises(PathError) as err:
         path_name(value, "experiment-id")
     assert str(err.value) == (f"experiment-id={value!r} is not allowed; allowed: {ALLOWED}")
+
+
+@pytest.mark.parametrize("over", [
+    {}, {"dirichlet-alpha": 1e6, "beta": 1e-5, "partition": "dirichlet-equal", "seed": 12345},
+    {"num-regimes": 2, "regime-kind": "permute-labels", "method": "scaffold", "beta": 0.0}])
+def test_every_run_name_the_server_makes_is_a_plain_name(over: dict[str, Any]) -> None:
+    """The experiment id is the run directory's name: the rule must admit every one the
+    server makes (``1e+06`` for a Dirichlet alpha of a million)."""
+    from server_app.experiment import run_name
+
+    name = run_name(RunConfig.parse(over))
+    assert path_name(name, "experiment-id") == name

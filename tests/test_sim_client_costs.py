@@ -15,11 +15,13 @@ from flwr.app import Context, RecordDict
 import server_app.experiment as experiment
 import store.files as files
 from client_app import app as client_app
+from client_app import state_place
 from client_app.model_cache import _TensorCache
 from flower_compat.sim_window import WindowedSimGrid
 from server_app.engine_facts import in_simulation
 from server_app.experiment import run_experiment
 from store.client_store import W_PREV, ClientStore
+from store.path_names import PathError
 from store.state_dir import StateDir
 from task.config import RunConfig
 from tests.sim_engine import InProcessSimulation
@@ -49,7 +51,11 @@ def test_simulated_client_writes_unsynced_and_server_syncs_each_round(
     ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 4},
                   state=RecordDict(), run_config={})
     cfg = RunConfig.parse(SMALL)
-    assert client_app.client_store(ctx, cfg, "exp", 0, str(tmp_path)).disk.sync is False
+    with pytest.raises(PathError, match="client-state-root="):  # not hosted: a device refuses
+        client_app.client_store(ctx, cfg, "exp", 0, str(tmp_path))
+    with monkeypatch.context() as hosted:  # as Flower's simulation engine calls it
+        hosted.setattr(state_place, "server_hosted", lambda: True)
+        assert client_app.client_store(ctx, cfg, "exp", 0, str(tmp_path)).disk.sync is False
     assert client_app.client_store(ctx, cfg, "exp", 0, "").disk is None  # deployment: memory
     synced: list[Path] = []
     monkeypatch.setattr(experiment, "sync_filesystem", synced.append)

@@ -126,7 +126,7 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
     (store/simulated_state.py), and writes it without an fsync of its own: the server makes
     a round's files durable at once before its checkpoint (``server_app.experiment``)."""
     disk = state_dir_of(context.node_config, cfg, experiment, pid, sim_root)
-    if disk is not None and not disk.sync:
+    if disk is not None and not disk.sync:  # the simulation's state root: disk only
         return ClientStore(memory=None, disk=disk)
     return ClientStore(memory=context.state, disk=disk)
 

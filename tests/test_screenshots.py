@@ -108,16 +108,23 @@ def rgb(css: str) -> tuple[int, ...]:
 
 def affine(points: list[list[float]], rows: list[dict[str, Any]], key: str) -> bool:
     """Whether the points are the rows' (round, value) pairs under one affine map per axis,
-    rounds to the right and larger values up (SVG's y grows down), to the SVG's 0.1 px."""
+    rounds to the right and larger values up (SVG's y grows down), to the SVG's 0.1 px: values
+    that differ at least a pixel apart, one value throughout on one level."""
     pairs = [(r["round"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
     if len(pairs) != len(points) or len(pairs) < 3:
         return False
     for axis, sign in ((0, 1.0), (1, -1.0)):
         data = np.array([p[axis] for p in pairs], dtype=np.float64)
         drawn = np.array([p[axis] for p in points], dtype=np.float64)
+        if np.ptp(data) == 0:  # one value throughout: a flat line
+            if np.ptp(drawn) > 0.5:
+                return False
+            continue
         design = np.vstack([data, np.ones_like(data)]).T
         (slope, offset), *_ = np.linalg.lstsq(design, drawn, rcond=None)
-        if sign * slope <= 0 or np.abs(design @ [slope, offset] - drawn).max() > 0.5:
+        if sign * slope * np.ptp(data) < 1.0:  # values that differ are drawn apart
+            return False
+        if np.abs(design @ [slope, offset] - drawn).max() > 0.5:
             return False
     return True
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import Message, MessageType
+from flwr.app import ArrayRecord, Message, MessageType
 
 from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
@@ -104,7 +104,6 @@ def corrupt_and_lose(reply: Message) -> Message | None:
         arrays = unpack(reply.content[rk.ARRAYS])
         arrays[0] = arrays[0].copy()
         arrays[0].flat[0] = np.nan
-        from flwr.app import ArrayRecord
         reply.content[rk.ARRAYS] = ArrayRecord(arrays)
     return reply
 

@@ -17,7 +17,8 @@ Outside the default grid, for SCAFFOLD only (``--threats flip-mean-dc:1``): ``fl
 issue 35's attack on a selection that scores a reply's uploads concatenated: the move is
 sign-flipped AND Delta_c is replaced by the mean of the round's honest Delta_c (the replies of
 a round all reach the server together, so the hostile reply is rewritten as each honest one
-arrives: a perfect estimate, stronger than one from the broadcast c).
+arrives: a perfect estimate, stronger than one from the broadcast c). ``stall-mean-dc``
+(issue 42): the same Delta_c behind a zero move (the model stalls).
 
 One JSON line per cell goes to ``--out`` (finished cells of the same config are skipped, so a
 stopped grid resumes); the markdown table is printed and written to ``--md``.
@@ -84,9 +85,12 @@ DEFENCES: dict[str, dict[str, Any]] = {
 KINDS = ("sign-flip", "x15", "direction")
 THREATS: list[tuple[str, int]] = [("none", 0)] + [(k, n) for k in KINDS for n in (1, 2)]
 MEAN_DC = "flip-mean-dc"
-EXTRA_THREATS: list[tuple[str, int]] = [(MEAN_DC, 1), (MEAN_DC, 2)]
+STALL_DC = "stall-mean-dc"
+DC_KINDS = (MEAN_DC, STALL_DC)
+"""The attacks that also rewrite Delta_c (the round's mean honest one)."""
+EXTRA_THREATS: list[tuple[str, int]] = [(k, n) for k in DC_KINDS for n in (1, 2)]
 """SCAFFOLD only, run and shown only when ``--threats`` names them."""
-ALLOWED = (*KINDS, MEAN_DC)
+ALLOWED = (*KINDS, *DC_KINDS)
 SCALE = 15.0
 DIRECTION_SEED = 22
 
@@ -104,6 +108,8 @@ def hostile_upload(up: list[np.ndarray], base: list[np.ndarray], kind: str,
     """The upload an attacker sends instead of its honest ``up`` (a move from ``base``)."""
     if kind in ("sign-flip", MEAN_DC):
         return scaled_upload(up, base, -1.0)
+    if kind == STALL_DC:
+        return scaled_upload(up, base, 0.0)
     if kind == "x15":
         return scaled_upload(up, base, SCALE)
     if kind == "direction":
@@ -128,7 +134,7 @@ class FirstK:
         self.delta_c_norms: list[float] = []
         self._direction: list[np.ndarray] | None = None
         self._mean_dc: dict[int, tuple[list[RecordDict], list[list[np.ndarray]]]] = {}
-        """``flip-mean-dc``: round -> (its hostile contents, its honest Delta_c so far)."""
+        """``DC_KINDS``: round -> (its hostile contents, its honest Delta_c so far)."""
 
     def __call__(self, reply: Message) -> Message:
         if reply.has_error() or reply.metadata.message_type != "train":
@@ -152,13 +158,13 @@ class FirstK:
         if self._direction is None:
             self._direction = unit_direction(up)
         c[rk.ARRAYS] = ArrayRecord(hostile_upload(up, base, self.kind, self._direction))
-        if self.kind == MEAN_DC:
+        if self.kind in DC_KINDS:
             self._mean_dc.setdefault(rnd, ([], []))[0].append(c)
         return reply
 
     def _follow_mean_dc(self, rnd: int, delta_c: list[np.ndarray]) -> None:
-        """``flip-mean-dc``: the round's hostile replies upload the mean honest Delta_c."""
-        if self.kind != MEAN_DC or rnd not in self._mean_dc:
+        """``DC_KINDS``: the round's hostile replies upload the mean honest Delta_c."""
+        if self.kind not in DC_KINDS or rnd not in self._mean_dc:
             return
         targets, seen = self._mean_dc[rnd]
         seen.append(delta_c)
@@ -264,10 +270,11 @@ def cells(methods: list[str], defences: list[str], extra: dict[str, Any],
           ) -> list[tuple[str, str, str, int, dict[str, Any]]]:
     """Every cell, in the order they run: per method, first every defence without attacker
     and against one attacker of each kind, then against two (a stopped grid has whole
-    columns); ``flip-mean-dc`` for SCAFFOLD only."""
+    columns); ``DC_KINDS`` for SCAFFOLD only."""
     return [(m, d, kind, k, {**cell_config(m, d), **extra})
             for m in methods for two in (False, True) for d in defences
-            for kind, k in threats if (k == 2) == two and (kind != MEAN_DC or m == "SCAFFOLD")]
+            for kind, k in threats
+            if (k == 2) == two and (kind not in DC_KINDS or m == "SCAFFOLD")]
 
 
 def table(done: dict[str, dict[str, Any]], methods: list[str], defences: list[str],

@@ -145,7 +145,10 @@ class RoundInput:
         """What replaces a method's sum over the replies: the exact float64 sum under ``mean``
         (as before robust rules existed); otherwise m * combine(vectors, uniform weights)
         with m = len(vectors), the sum's scale with the rule's robustness (under Krum and
-        Multi-Krum, m * the uniform mean of the selected replies is again their sum)."""
+        Multi-Krum, m * the uniform mean of the selected replies is again their sum). No
+        vectors (a robust selection screened every extra upload): zeros shaped like D."""
+        if not vectors:
+            return [np.zeros(np.shape(a), dtype=np.float64) for a in self.aggregate]
         if self.aggregation == "mean":
             total = [np.zeros(a.shape, dtype=np.float64) for a in vectors[0]]
             for vec in vectors:

@@ -2,8 +2,9 @@
 a Byzantine-resilient selection of whole replies (Krum, Multi-Krum, Bulyan).
 
 Two steps. ``select`` picks the replies that take part (all of them, except under Krum,
-Multi-Krum and Bulyan), so a reply is in or out as a whole. ``combine`` then folds one vector
-per selected reply into one: the SAME rule for the model upload and for every extra upload
+Multi-Krum and Bulyan), so a reply's move is in or out as a whole (``unaccounted`` may then
+keep a selected reply's extra uploads out, below). ``combine`` then folds one vector per
+selected reply into one: the SAME rule for the model upload and for every extra upload
 (``RoundInput.combine``).
 
 Channels. A reply uploads one or more model-shaped vectors (channels): its model move and a
@@ -14,17 +15,23 @@ that no channel can steer the judgement of another:
   client cannot buy influence by claiming more examples): each coordinate, hence each channel,
   is combined on its own. The trimmed mean is Flower's (``fedtrimmedavg.trim_mean``:
   floor(trim * n) values cut at each end, as scipy's).
-- ``krum``, ``multi-krum``, ``bulyan``: Krum's score (Blanchard et al. 2017: the sum of the
-  squared L2 distances of a reply to its n - f - 2 nearest others) is computed in each channel
-  alone, divided by that channel's median score over the round's replies, and a reply's score
-  is its largest (worst) channel score: a reply must look honest in every channel, and a
-  channel's scale (Delta_c is about 4x the move) cannot outweigh another. With one channel
-  this is Flower's ``select_multikrum`` itself, unchanged. Krum keeps the lowest score
-  (combine: that vector); Multi-Krum the n - f lowest (combine: their UNWEIGHTED mean: the
-  claimed example counts get no say); Bulyan (El Mhamdi et al. 2018, as Flower 1.39) the
-  theta = n - 2f lowest in one pass, then per coordinate the mean of the beta = theta - 2f
-  values closest to the coordinate-wise median (``bulyan.aggregate_n_closest_weights``),
-  unweighted.
+- ``krum``, ``multi-krum``, ``bulyan``: the replies are selected on the MODEL MOVE alone, by
+  Flower's ``select_multikrum`` (Blanchard et al. 2017: Krum's score is the sum of a reply's
+  squared L2 distances to its n - f - 2 nearest others; Krum keeps the lowest score,
+  Multi-Krum the n - f lowest, Bulyan theta = n - 2f lowest), so nothing a reply sends in
+  another upload can promote it or change the model step: a stalling or flipped move is kept
+  exactly as often as on the move alone. An extra upload (SCAFFOLD's Delta_c_i) can only be
+  screened out: where a selected reply's Krum score in that upload alone is above ``SCREEN``
+  x the upload's median score over the round's replies (scale-free), its move still counts
+  but its extra uploads are not summed and its state is not accounted (``unaccounted``: its
+  client's c_i rolls back, so c stays the mean of the c_i). Under Krum a screened pick thus
+  moves the model and leaves c as it was; no other reply is promoted. Combine (the moves,
+  and the extra uploads of the accounted replies): Krum the one vector; Multi-Krum the
+  UNWEIGHTED mean (the claimed example counts get no say); Bulyan (El Mhamdi et al. 2018, as
+  Flower 1.39) per coordinate the mean of the beta = m - 2f values closest to the
+  coordinate-wise median of the m combined (``bulyan.aggregate_n_closest_weights``),
+  unweighted; a Bulyan round whose screen leaves fewer than 2f + 1 accounted sums no extra
+  upload.
 
 n is the number of usable replies and f ``byzantine-f``; Krum and Multi-Krum need n > 2f + 2,
 Bulyan n >= 4f + 3 (``robust_choices.min_replies``).
@@ -41,6 +48,10 @@ from flower_compat.flower_helpers import aggregate_n_closest_weights, select_mul
 from methods.ri import weighted_mean
 from methods.robust_choices import SELECTIONS, min_replies
 from methods.weights import Weights
+
+SCREEN = 10.0
+"""An extra upload whose Krum score is above SCREEN x its round median score is screened out
+(``unaccounted``; docs/algorithms.md says how the figure was chosen)."""
 
 
 def coordinate_median(vectors: Sequence[Weights]) -> Weights:
@@ -102,30 +113,66 @@ def channel_scores(joint: Sequence[Weights], channels: int, f: int) -> np.ndarra
     return out
 
 
+def move_select(moves: Sequence[Weights], kind: str, f: int) -> list[int]:
+    """What Krum, Multi-Krum or Bulyan keeps judging one vector per reply (the model move):
+    Flower's ``select_multikrum``, best first."""
+    n = len(moves)
+    keep = {"krum": 1, "multi-krum": n - f, "bulyan": n - 2 * f}[kind]
+    contents = [RecordDict({"joint": ArrayRecord([np.asarray(a, np.float64) for a in v])})
+                for v in moves]
+    chosen = select_multikrum(contents, num_malicious_nodes=f, num_nodes_to_select=keep)
+    return [next(i for i, c in enumerate(contents) if c is s) for s in chosen]
+
+
+def screened(extras: Sequence[Weights], channels: int, f: int) -> set[int]:
+    """The replies whose extra uploads are screened out: Krum score above ``SCREEN`` x the
+    median score in any of the ``channels`` extra uploads (``channel_scores``)."""
+    if channels < 1:
+        return set()
+    worst = channel_scores(extras, channels, f).max(axis=1)
+    return {int(i) for i in np.flatnonzero(worst > SCREEN)}
+
+
 def select(joint: Sequence[Weights], kind: str, f: int,
            channels: int | None = None) -> list[int] | None:
     """Indices (ascending) of the replies that take part, given each reply's joint vector
-    (all its uploads, as the server sees them, split into ``channels`` equal-shaped uploads;
-    None: ``upload_channels``); None when there are too few replies for ``kind`` with ``f``
-    attackers. Equal scores: the lower index first."""
+    (all its uploads, as the server sees them, split into ``channels`` equal-shaped uploads,
+    the model move first; None: ``upload_channels``); None when there are too few replies
+    for ``kind`` with ``f`` attackers. Only the move decides (module docstring); equal
+    scores: the lower index first."""
     n = len(joint)
     if kind not in SELECTIONS:
         return list(range(n))
     if n < min_replies(kind, f):
         return None
+    per = len(joint[0]) // _channels(joint, channels)
+    return sorted(move_select([v[:per] for v in joint], kind, f))
+
+
+def unaccounted(joint: Sequence[Weights], chosen: Sequence[int], kind: str, f: int,
+                channels: int | None = None) -> list[int]:
+    """The chosen replies whose extra uploads do not count (ascending): those ``screened``,
+    or every chosen one under Bulyan when fewer than 2f + 1 would be left (its combine of
+    the rest needs beta = m - 2f >= 1). Their moves still count; the server neither sums
+    their extra uploads nor accounts their state (module docstring)."""
+    if kind not in SELECTIONS:
+        return []
+    nch = _channels(joint, channels)
+    per = len(joint[0]) // nch
+    out = sorted(set(chosen) & screened([v[per:] for v in joint], nch - 1, f))
+    if kind == "bulyan" and out and len(chosen) - len(out) < 2 * f + 1:
+        return sorted(chosen)
+    return out
+
+
+def _channels(joint: Sequence[Weights], channels: int | None) -> int:
+    """The channel count given or read (``upload_channels``), checked to divide the arrays."""
     nch = upload_channels(joint) if channels is None else channels
     arrays = len(joint[0])
     if nch < 1 or arrays % nch:
         raise ValueError(f"channels={nch} is not allowed; allowed: a divisor of the {arrays} "
                          "arrays of a joint vector")
-    keep = {"krum": 1, "multi-krum": n - f, "bulyan": n - 2 * f}[kind]
-    if nch > 1:
-        worst = channel_scores(joint, nch, f).max(axis=1)
-        return sorted(int(i) for i in np.argsort(worst, kind="stable")[:keep])
-    contents = [RecordDict({"joint": ArrayRecord([np.asarray(a, np.float64) for a in v])})
-                for v in joint]
-    chosen = select_multikrum(contents, num_malicious_nodes=f, num_nodes_to_select=keep)
-    return sorted(next(i for i, c in enumerate(contents) if c is s) for s in chosen)
+    return nch
 
 
 def combine(vectors: Sequence[Weights], weights: Sequence[float], kind: str,

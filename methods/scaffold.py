@@ -6,7 +6,8 @@ uploads Delta_c_i = c_i+ - c_i next to its model. Server: w_{t+1} = w_t + eta_g 
 c <- c + (1/N) * sum_i Delta_c_i over ALL N clients (not the m sampled: the known trap).
 Under a robust ``aggregation`` the sum over the m aggregated replies is replaced by
 m * rule(Delta_c_i) with the rule D was built by (``RoundInput.sum_of``): c <- c + (m/N) *
-median(Delta_c_i) under ``median``; the replies Krum/Bulyan dropped are not in the m.
+median(Delta_c_i) under ``median``; the replies Krum/Bulyan dropped are not in the m, nor
+those whose Delta_c_i their selection screened (``robust.unaccounted``: moves kept).
 Control variates start at zero. Wire: twice FedAvg's bytes in each direction.
 """
 

@@ -1,11 +1,13 @@
-"""Krum, Multi-Krum and Bulyan judge each uploaded vector (channel) on its own scale, and
-Multi-Krum's mean gives a claimed example count no weight (``methods/robust.py``).
+"""Krum, Multi-Krum and Bulyan select on the model move alone; an extra upload (SCAFFOLD's
+Delta_c) judged on its own scale can only screen a selected reply out of c; Multi-Krum's
+mean gives a claimed example count no weight (``methods/robust.py``).
 
 The references below are plain Python (loops over coordinates, ``statistics.median``), not
 the numpy the module uses: Krum's score of a reply in one channel is the sum of its squared
-distances to its n - f - 2 nearest others; a reply's score is the largest over its channels
-of that score over the channel's median score; Krum keeps the lowest, Multi-Krum the n - f
-lowest, Bulyan the n - 2f lowest. One channel: the ranking of Flower's ``select_multikrum``.
+distances to its n - f - 2 nearest others; the selection is Krum's on the move (the lowest,
+Multi-Krum the n - f lowest, Bulyan the n - 2f lowest), and a selected reply is screened
+where its score in an extra channel is above SCREEN x that channel's median score. One
+channel: the ranking of Flower's ``select_multikrum``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from bench.krum_channels import DELTA_CS, MOVES, F, old_select, synthetic_rounds
 from cli.inprocess_grid import set_task_identity
 from methods import wire as rk
 from methods.packed_arrays import unpack
-from methods.robust import combine, select, upload_channels
+from methods.robust import SCREEN, combine, select, unaccounted, upload_channels
 from methods.weights import Weights
 from server_app.strategy import MethodStrategy
 from task.config import RunConfig
@@ -50,16 +53,21 @@ def ref_krum_scores(points: list[list[float]], f: int) -> list[float]:
 
 
 def ref_select(joint: list[Weights], kind: str, f: int, channels: int) -> list[int]:
-    """The rule, recomputed: worst per-channel score over the channel's median score."""
+    """The selection, recomputed: Krum's on the move (the first of ``channels`` uploads)."""
     n, per = len(joint), len(joint[0]) // channels
-    scores = [ref_krum_scores([flat(v[c * per:(c + 1) * per]) for v in joint], f)
-              for c in range(channels)]
-    if channels == 1:
-        worst = scores[0]
-    else:
-        meds = [statistics.median(s) for s in scores]
-        worst = [max(s[i] / m for s, m in zip(scores, meds, strict=True)) for i in range(n)]
-    return sorted(sorted(range(n), key=lambda i: (worst[i], i))[:KEEP[kind](n, f)])
+    scores = ref_krum_scores([flat(v[:per]) for v in joint], f)
+    return sorted(sorted(range(n), key=lambda i: (scores[i], i))[:KEEP[kind](n, f)])
+
+
+def ref_screened(joint: list[Weights], f: int, channels: int) -> set[int]:
+    """Replies with an extra-channel score above SCREEN x that channel's median score."""
+    per = len(joint[0]) // channels
+    out = set()
+    for c in range(1, channels):
+        scores = ref_krum_scores([flat(v[c * per:(c + 1) * per]) for v in joint], f)
+        med = statistics.median(scores)
+        out |= {i for i, s in enumerate(scores) if s > SCREEN * med}
+    return out
 
 
 def random_joint(n: int, channels: int, scales: tuple[float, ...], seed: int) -> list[Weights]:
@@ -85,11 +93,22 @@ def random_joint(n: int, channels: int, scales: tuple[float, ...], seed: int) ->
 def test_selection_is_the_rule_recomputed_by_brute_force(kind: str, n: int, f: int,
                                                          channels: int) -> None:
     """Channels of scales 1, 4 and 1e3 (a SCAFFOLD-like second upload and a far larger
-    third); with one channel this is Flower's Krum (the module calls ``select_multikrum``)."""
+    third); with one channel this is Flower's Krum (the module calls ``select_multikrum``).
+    Reply 1's extra uploads are made 30x (so it is screened wherever it is selected); the
+    screen is the reference's in every case."""
     for seed in range(3):
         joint = random_joint(n, channels, (1.0, 4.0, 1e3), seed)
+        joint[1] = [*joint[1][:len(SHAPES)], *(np.float32(30.0) * a
+                                                for a in joint[1][len(SHAPES):])]
         assert upload_channels(joint) == channels
-        assert select(joint, kind, f) == ref_select(joint, kind, f, channels), seed
+        chosen = select(joint, kind, f)
+        assert chosen == ref_select(joint, kind, f, channels), seed
+        want = sorted(set(chosen) & ref_screened(joint, f, channels))
+        if kind == "bulyan" and len(chosen) - len(want) < 2 * f + 1 and want:
+            want = chosen
+        assert unaccounted(joint, chosen, kind, f) == want, seed
+        if channels > 1 and 1 in chosen:
+            assert 1 in want, seed
 
 
 @pytest.mark.parametrize("kind", ["krum", "multi-krum", "bulyan"])
@@ -114,15 +133,18 @@ def test_a_channels_scale_does_not_change_the_selection(kind: str) -> None:
 
 def test_a_channel_where_most_replies_agree_exactly_divides_by_its_mean() -> None:
     """Median score 0 (most replies equal in the second upload): the channel is scaled by its
-    mean score instead of dividing by 0; all equal: it scores 0 and the first decides."""
-    joint = random_joint(7, 2, (1.0, 1.0), seed=3)
+    mean score instead of dividing by 0; all equal: nothing is screened. One reply of 11 off
+    the others' common point scores n = 11 x that mean (the others score 0): screened."""
+    joint = random_joint(11, 2, (1.0, 1.0), seed=3)
     per = len(SHAPES)
     same = [[*v[:per], *(np.zeros_like(a) for a in v[per:])] for v in joint]
-    assert select(same, "krum", 1) == select([v[:per] for v in joint], "krum", 1)
+    chosen = select(same, "multi-krum", 1)
+    assert chosen is not None and unaccounted(same, chosen, "multi-krum", 1) == []
     odd = [list(v) for v in same]
     odd[4] = [*odd[4][:per], *(np.ones_like(a) for a in odd[4][per:])]
-    got = select(odd, "multi-krum", 1)
-    assert got is not None and 4 not in got
+    assert select(odd, "multi-krum", 1) == chosen
+    assert unaccounted(odd, chosen, "multi-krum", 1) == ([4] if 4 in chosen else [])
+    assert 4 in chosen
 
 
 def test_channels_must_divide_the_arrays() -> None:
@@ -145,30 +167,20 @@ def test_upload_channels_reads_each_models_uploads(model: str) -> None:
 
 # ---------------------------------------------------------------- the SCAFFOLD + Krum attack
 def attack_rounds(rounds: int, n: int, seed: int, r: float = 1.0) -> list[list[Weights]]:
-    """Synthetic SCAFFOLD rounds: honest moves = u + noise, honest Delta_c = 4 (v + noise)
-    (u, v unit true directions, noise of r times the signal's energy: at r = 1 honest moves
-    have cosine about 0.5); reply 0 flips its move and sends the round's mean honest
-    Delta_c."""
-    rng = np.random.default_rng(seed)
-    d = sum(int(np.prod(s)) for s in SHAPES) * 5
-    u, v = rng.standard_normal(d), rng.standard_normal(d)
-    u, v = u / np.linalg.norm(u), v / np.linalg.norm(v)
-    sigma = np.sqrt(r / d)
-    out = []
-    for _ in range(rounds):
-        moves = u + sigma * rng.standard_normal((n, d))
-        dcs = 4.0 * (v + sigma * rng.standard_normal((n, d)))
-        moves[0], dcs[0] = -moves[0], dcs[1:].mean(axis=0)
-        out.append([[moves[i], dcs[i]] for i in range(n)])
-    return out
+    """Synthetic SCAFFOLD rounds (``bench.krum_channels``): honest moves = u + noise, honest
+    Delta_c = 4 (v + noise) (u, v unit true directions in d = 50, noise of r times the
+    signal's energy: at r = 1 honest moves have cosine about 0.5); reply 0 flips its move and
+    sends the round's mean honest Delta_c."""
+    return cast(list[list[Weights]], synthetic_rounds(rounds, seed, -1.0, "mean", n=n,
+                                                      noise=r)[0])
 
 
 def test_the_flipped_move_with_the_mean_delta_c_is_no_longer_picked() -> None:
     """400 rounds (100 for the Multi-Krum and Bulyan sets), 10 replies, f = 2 for Krum and
     Multi-Krum (the defence table's), f = 1 for Bulyan (10 >= 4f + 3). The rule before (one
     concatenated vector, ``channels=1``) picks the attacker in most rounds and keeps it in
-    almost every Multi-Krum and Bulyan set: the oracle that this test can fail. Judged per
-    channel, it is never Krum's pick, in at most 1% of the sets, and Krum's pick moves along
+    almost every Multi-Krum and Bulyan set: the oracle that this test can fail. Selected on
+    the move, it is never Krum's pick, in at most 1% of the sets, and Krum's pick moves along
     the true direction in every round."""
     rounds = attack_rounds(400, 10, seed=35)
     for kind, f, old_least in (("krum", 2, 0.9), ("multi-krum", 2, 0.95), ("bulyan", 1, 0.95)):
@@ -187,7 +199,7 @@ def test_why_not_normalise_each_channel_and_concatenate() -> None:
     """The alternative rule (each upload divided by its round median norm, then one
     concatenated vector) removes the scale but not the trade between channels: with noisy
     honest replies (noise 6x the signal's energy) it still picks the attacker in about half
-    of 200 rounds; the worst-channel rule in at most 5%."""
+    of 200 rounds; selection on the move in at most 5%."""
     rounds = attack_rounds(200, 10, seed=36, r=6.0)
     normed = 0
     for j in rounds:
@@ -196,6 +208,60 @@ def test_why_not_normalise_each_channel_and_concatenate() -> None:
                          channels=1) == [0]
     assert normed / 200 >= 0.4
     assert np.mean([select(j, "krum", 2) == [0] for j in rounds]) <= 0.05
+
+
+def test_a_stalling_move_with_the_mean_delta_c_is_picked_no_more_than_on_the_move_alone(
+        ) -> None:
+    """Issue 42: reply 0 sends a zero move (it stalls the model) with the round's mean honest
+    Delta_c, or its best response (the Delta_c of lowest Krum score). 400 rounds, 10 replies,
+    f = 2. The rule before (worst per-channel score) made it Krum's pick in about 17% of the
+    rounds: the oracle that this test can fail. Now at most 2%, the very rounds Krum on the
+    move alone picks it, and Krum's step keeps at least 0.9 of the honest mean's progress
+    along u (the rule before: about 0.82)."""
+    for delta_c in ("mean", "best"):
+        rounds, u = synthetic_rounds(400, 42, 0.0, delta_c)
+        old = [old_select(j, "krum", 2) for j in rounds]
+        new = [cast(list[int], select(j, "krum", 2)) for j in rounds]
+        alone = [cast(list[int], select([[v[0]] for v in j], "krum", 2)) for j in rounds]
+        assert np.mean([s == [0] for s in old]) >= 0.1, delta_c
+        assert new == alone
+        assert np.mean([s == [0] for s in new]) <= 0.02, delta_c
+        honest = np.mean([np.dot(np.mean([v[0] for v in j[1:]], axis=0), u) for j in rounds])
+        step = np.mean([np.dot(j[s[0]][0], u) for j, s in zip(rounds, new, strict=True)])
+        assert step / honest >= 0.9, delta_c
+
+
+def test_every_cell_of_the_grid_selects_as_the_move_alone() -> None:
+    """The defence table's grid (``bench.krum_channels``: six moves x five Delta_c), 10 rounds
+    a cell: every selection of Krum, Multi-Krum and Bulyan equals the move-alone one, round
+    by round; a 5x Delta_c is screened out of c whenever its reply is selected."""
+    for m, scale in MOVES.items():
+        for delta_c in DELTA_CS:
+            rounds, _ = synthetic_rounds(10, 7, scale, delta_c)
+            for kind, f in F.items():
+                for j in rounds:
+                    got = select(j, kind, f)
+                    assert got == select([[v[0]] for v in j], kind, f), (m, delta_c, kind)
+                    if delta_c == "x5" and got is not None and 0 in got:
+                        assert 0 in unaccounted(j, got, kind, f), (m, kind)
+
+
+def test_the_selection_on_a_hand_built_round() -> None:
+    """5 replies, f = 1, scalar move x and Delta_c d (a second coordinate 0):
+    x = (0, 1, 1.1, 1.3, 0.9), d = (0, 5, 0.1, 0.2, 0.05). Krum's scores on the move (the 2
+    nearest): 1.81, 0.02, 0.05, 0.13, 0.05, so Krum picks 1 and Multi-Krum 1-4; on Delta_c
+    0.0125, 47.05, 0.0125, 0.0325, 0.005 (median 0.0125): reply 1 scores 3764 x the median,
+    over SCREEN, so its Delta_c is screened out and its move still counts. The rule before
+    (worst of both channels over their medians: 36.2, 3764, 1, 2.6, 1) picked 2 and let
+    reply 0's stalling move into Multi-Krum's set in place of 1."""
+    x, d = (0.0, 1.0, 1.1, 1.3, 0.9), (0.0, 5.0, 0.1, 0.2, 0.05)
+    joint = [[np.array([a, 0.0]), np.array([b, 0.0])] for a, b in zip(x, d, strict=True)]
+    assert select(joint, "krum", 1) == [1]
+    assert unaccounted(joint, [1], "krum", 1) == [1]
+    assert select(joint, "multi-krum", 1) == [1, 2, 3, 4]
+    assert unaccounted(joint, [1, 2, 3, 4], "multi-krum", 1) == [1]
+    assert old_select(joint, "krum", 1) == [2]
+    assert old_select(joint, "multi-krum", 1) == [0, 2, 3, 4]
 
 
 # ---------------------------------------------------------------- Multi-Krum's weights

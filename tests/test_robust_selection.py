@@ -182,13 +182,15 @@ def test_scaffold_c_under_median_is_m_over_n_times_the_median_like_the_model() -
     assert max(float(np.abs(a).max()) for a in c) < 10.0
 
 
-def test_scaffold_under_krum_uses_the_picked_reply_whole() -> None:
+def test_scaffold_under_krum_selects_on_the_move_and_screens_an_outlying_delta_c() -> None:
     """5 of 5 sampled, f = 1, every coordinate of client i's move m_i and Delta_c d_i equal:
-    m = (.02, .01, .02, .03, .05), d = (5, .01, .02, .03, .05). Joint squared distance of i, j
-    ~ (m_i - m_j)^2 + (d_i - d_j)^2; scores over the 2 nearest (x 1e-4): client 0 ~ 2.5e5,
-    1: 2 + 8 = 10, 2: 2 + 2 = 4, 3: 2 + 8 = 10, 4: 8 + 18 = 26. Krum picks 2; by the model
-    alone clients 0 and 2 would tie. w_next = w_t + m_2, c = d_2 / N (the sum over the one
-    selected), and only client 2's reply is accounted."""
+    m = (.02, .01, .02, .03, .05), d = (5, .01, .02, .03, .05). Scores on the move over the
+    2 nearest (x 1e-4, per coordinate): 0 + 1, 1 + 1, 0 + 1, 1 + 1, 4 + 9 = 1, 2, 1, 2, 13:
+    clients 0 and 2 tie and Krum picks 0 (the lower index), as Flower's Krum on the moves.
+    On Delta_c client 0 scores about 49 against a median of 5e-4 (1e5 x): screened. So
+    w_next = w_t + m_0, c stays 0 (no Delta_c counted) and no client is accounted: client
+    0's c_i rolls back. (The rule before ranked by the worse of the two uploads and picked
+    client 2: Delta_c decided between equal moves.)"""
     s = scaffold_server("krum", 5, 1.0)
     m = [0.02, 0.01, 0.02, 0.03, 0.05]
     d = [5.0, 0.01, 0.02, 0.03, 0.05]
@@ -199,8 +201,17 @@ def test_scaffold_under_krum_uses_the_picked_reply_whole() -> None:
     w_next, c = out
     for k in range(len(SHAPES)):
         np.testing.assert_allclose(w_next[k], W_T[k] + 0.02, atol=1e-6)
-        np.testing.assert_allclose(c[k], 0.02 / 5, rtol=1e-6)
-    assert s.accounted == {2: 1}  # the others' c_i are not counted: they roll back
+        np.testing.assert_array_equal(c[k], 0.0)
+    assert not s.accounted  # client 0's c_i is not counted: it rolls back
+    # the same round with client 0's Delta_c in line: client 0 is picked and counted
+    s = scaffold_server("krum", 5, 1.0)
+    dcs[0] = [np.full(sh, 0.02, np.float32) for sh in SHAPES]
+    out = scaffold_round(s, moves, dcs)
+    assert out is not None
+    for k in range(len(SHAPES)):
+        np.testing.assert_allclose(out[0][k], W_T[k] + 0.02, atol=1e-6)
+        np.testing.assert_allclose(out[1][k], 0.02 / 5, rtol=1e-6)
+    assert s.accounted == {0: 1}
 
 
 def test_scaffold_krum_does_not_pick_a_flipped_move_behind_the_mean_delta_c() -> None:

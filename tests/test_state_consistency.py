@@ -11,7 +11,7 @@ so the messages, Contexts and state files are the real ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ import pytest
 from flwr.app import Message, MessageType
 
 from methods.feddyn import H_LOCAL
-from methods.scaffold import C_LOCAL
+from methods.packed_arrays import pack, unpack
+from methods.scaffold import C_LOCAL, DELTA_C
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import ACCOUNTED_STATE
@@ -55,13 +56,17 @@ def relative_gap(server: list[np.ndarray], clients: list[np.ndarray]) -> float:
     gap = np.sqrt(sum(float(np.sum((s.astype(np.float64) - c) ** 2))
                       for s, c in zip(server, clients, strict=True)))
     norm = np.sqrt(sum(float(np.sum(s.astype(np.float64) ** 2)) for s in server))
-    return gap / norm
+    return gap / norm if norm else gap  # c is still 0 while no Delta_c was counted
 
 
-def run_with_losses(tmp: Path, method: str, drop: float) -> tuple[list[float], dict[str, int]]:
-    """Run ``method`` dropping a seeded share ``drop`` of the train replies; the relative gap
-    between the server state and the client sum after every round, and reply counts."""
-    overrides: dict[str, Any] = {**BASE, "method": method, "output-dir": str(tmp / "out")}
+def run_with_losses(tmp: Path, method: str, drop: float, over: dict[str, Any] | None = None,
+                    tamper: Callable[[list[Message]], None] | None = None,
+                    ) -> tuple[list[float], dict[str, int]]:
+    """Run ``method`` dropping a seeded share ``drop`` of the train replies (and ``tamper``
+    changing the rest); the relative gap between the server state and the client sum after
+    every round, and reply counts."""
+    overrides: dict[str, Any] = {**BASE, "method": method, "output-dir": str(tmp / "out"),
+                                 **(over or {})}
     cfg = RunConfig.parse(overrides)
     rng = np.random.default_rng(5)
     gaps: list[float] = []
@@ -97,6 +102,8 @@ def run_with_losses(tmp: Path, method: str, drop: float) -> tuple[list[float], d
                 return replies
             kept = [r for r in replies if rng.random() >= drop]
             counts["dropped"] += len(replies) - len(kept)
+            if tamper is not None:
+                tamper(kept)
             return kept
 
         sim.grid.send_and_receive = lossy  # type: ignore[method-assign]
@@ -113,3 +120,28 @@ def test_server_state_equals_the_clients_accounted_state_after_every_round(
     assert counts["dropped"] >= 2 and counts["rejected"] >= 1 and counts["aggregated"] >= 4
     assert len(gaps) == BASE["num-server-rounds"]
     assert max(gaps) < 1e-5, gaps
+
+
+@pytest.mark.parametrize("aggregation", ["krum", "multi-krum"])
+def test_c_stays_the_mean_of_the_c_i_when_the_selection_screens_a_delta_c(
+        tmp_path: Path, aggregation: str, caplog: pytest.LogCaptureFixture) -> None:
+    """SCAFFOLD, all 6 clients a round, f = 1, the norm filter off. In every round the first
+    reply's Delta_c is multiplied by 50 on its way to the server (the client saved its own
+    honest c_i): the screen keeps it out of c wherever that reply is selected, and its client
+    is not accounted, so c = (1/N) sum of the accounted c_i after every round. Counted in c,
+    it would leave a gap of the order of 1 (the oracle: the screen must have fired)."""
+    def tamper(replies: list[Message]) -> None:
+        train = [r for r in replies if not r.has_error() and DELTA_C in r.content]
+        if train:
+            r = train[0]
+            r.content[DELTA_C] = pack([50.0 * a for a in unpack(r.content[DELTA_C])])
+
+    over = {"fraction-train": 1.0, "aggregation": aggregation, "byzantine-f": 1,
+            "max-update-norm-ratio": 0.0}
+    with caplog.at_level("WARNING"):
+        gaps, counts = run_with_losses(tmp_path, "scaffold", drop=0.0, over=over,
+                                       tamper=tamper)
+    assert counts["aggregated"] >= 5 * BASE["num-server-rounds"]
+    assert len(gaps) == BASE["num-server-rounds"]
+    assert max(gaps) < 1e-5, gaps
+    assert "scaffold-delta-c and state do not" in caplog.text

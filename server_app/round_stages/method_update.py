@@ -30,8 +30,11 @@ class MethodUpdate:
         if replies.aggregate is None:
             raise ValueError("the method update needs the round's aggregate: put a Combine "
                              "stage before it")
+        # the moves are in D already; a screened reply's extra uploads are not summed
+        counted = [(u, w) for u, w in zip(replies.contributions, replies.weights, strict=True)
+                   if u.partition_id not in replies.unaccounted]
         rnd = RoundInput(server_round=replies.server_round, aggregate=replies.aggregate,
-                         updates=replies.contributions, weights=list(replies.weights),
+                         updates=[u for u, _ in counted], weights=[w for _, w in counted],
                          variant=c.train.ri_aggregation, num_clients=c.num_clients,
                          lr=c.train.lr_at(replies.server_round), server_lr=c.train.server_lr,
                          combine=self.combine, aggregation=c.robust.aggregation,
@@ -43,9 +46,9 @@ class MethodUpdate:
 
 @dataclasses.dataclass(frozen=True)
 class AccountRound:
-    """Each aggregated client's round, and the round's train loss (example-weighted; none
-    under local DP, where devices report none) and divergence. Nothing for a round whose
-    contribution stands for no client."""
+    """Each accounted client's round (an aggregated reply not screened), and the round's train
+    loss (example-weighted; none under local DP, where devices report none) and divergence.
+    Nothing for a round whose contribution stands for no client."""
 
     accounted: AccountedRounds
     train_loss: bool = True
@@ -54,7 +57,7 @@ class AccountRound:
         if not replies.real or replies.w_next is None:
             return replies
         updates = replies.contributions
-        self.accounted.count((u.partition_id for u in updates), replies.server_round)
+        self.accounted.count((u.partition_id for u in replies.accounted), replies.server_round)
         metrics = {
             **({rk.ROUND_TRAIN_LOSS: float(np.average(
                 [u.train_loss for u in updates], weights=[u.num_examples for u in updates]))}

@@ -53,6 +53,9 @@ class RoundReplies:
     """The largest norm / limit the norm filter saw (0 without a filter)."""
     selected: tuple[ClientUpdate, ...] | None = None
     """What is combined, when a stage narrowed or transformed ``accepted`` (None: all)."""
+    unaccounted: frozenset[int] = frozenset()
+    """Partitions among the contributions whose move counts but whose extra uploads are not
+    summed and whose state is not accounted (a robust selection's screen)."""
     real: bool = True
     """False when the contributions stand for no client (DP's zero contribution)."""
     weights: tuple[float, ...] = ()
@@ -75,6 +78,11 @@ class RoundReplies:
         if self.selected is not None:
             return list(self.selected)
         return [u for _, u in self.accepted]
+
+    @property
+    def accounted(self) -> list[ClientUpdate]:
+        """The contributions whose extra uploads count and whose state the server accounts."""
+        return [u for u in self.contributions if u.partition_id not in self.unaccounted]
 
     def node_of(self, msg: Message) -> int:
         """The node ``msg`` answers for: the one its train message went to, else its source."""

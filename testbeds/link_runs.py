@@ -29,7 +29,7 @@ class Watched:
     log: str = ""
     wall: float = 0.0
     proxy: dict[str, int] = field(default_factory=dict)
-    """The proxies' counters summed at the end (resets, held chunks, bytes black-holed)."""
+    """The proxies' counters over this run (resets, held chunks, bytes black-holed)."""
 
     def seconds_per_round(self, skip_first: bool = True) -> float:
         """Median ``round-seconds`` (round 1 left out: it pays the start-up)."""
@@ -56,6 +56,7 @@ def watch(dep: LinkDeployment, name: str, cfg: dict[str, Any], out: Path,
     ``cut_seconds`` once the row of round ``cut_from_round - 1`` is written (as that round
     starts)."""
     t0 = time.monotonic()
+    before = counters(dep)
     run = FlwrRun(dep, name, {**cfg, "output-dir": str(out)})
     cuts: dict[int, float] = {}
     per_round: list[tuple[int, int]] = []
@@ -84,8 +85,14 @@ def watch(dep: LinkDeployment, name: str, cfg: dict[str, Any], out: Path,
     if len(per_round) < len(rows):
         now = dep.wire_bytes()
         per_round.append((now[0] - last[0], now[1] - last[1]))
+    totals = {k: v - before.get(k, 0) for k, v in counters(dep).items()}
+    return Watched(status, rows, per_round, cuts, run.text(), time.monotonic() - t0, totals)
+
+
+def counters(dep: LinkDeployment) -> dict[str, int]:
+    """The proxies' counters summed (since the deployment came up)."""
     totals: dict[str, int] = {}
     for proxy in dep.proxies.values():
         for key, value in vars(proxy.counters).items():
             totals[key] = totals.get(key, 0) + value
-    return Watched(status, rows, per_round, cuts, run.text(), time.monotonic() - t0, totals)
+    return totals

@@ -34,7 +34,7 @@ def ip(*args: str) -> str:
 def unavailable() -> str:
     """Why this machine cannot make the testbed ('' when it can): root and iproute2."""
     if os.geteuid() != 0:
-        return "network namespaces, veth pairs and tbf need root"
+        return "the link testbed (network namespaces, veth pairs, tbf) runs as root only"
     if not (shutil.which("ip") and shutil.which("tc")):
         return "iproute2 (ip, tc) is not installed: apt-get install -y iproute2"
     return ""

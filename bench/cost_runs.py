@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ import torch
 
 from cli.inprocess_grid import InProcessGrid
 from cli.simulate import parse_overrides
+from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 
@@ -86,5 +86,6 @@ def cost_run(raw: dict[str, Any], timed: Mapping[str, tuple[Any, str]] | None = 
             clocks = {label: patches.enter_context(Timed(owner, name))
                       for label, (owner, name) in (timed or {}).items()}
             summary = run_experiment(grid, cfg, Path(tmp) / "run")
-        rows = [json.loads(line) for line in (Path(tmp) / "run" / "rounds.jsonl").open()]
+        # the operator's rows: under DP the public files withhold the timings a cost is made of
+        rows = load_checkpoint(Path(tmp) / "run").rows
     return CostRun(cfg, grid, summary, rows, {k: c.seconds for k, c in clocks.items()})

@@ -790,8 +790,9 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
                    extra_fields=(fields + (CLOCK_FIELDS if loop.clock else ())
                                  + (DP_FIELDS if privacy else ())),
                    left_out=DP_LEFT_OUT if privacy else (), tracking=cfg.fleet.tracking,
-                   withheld=withheld(cfg.privacy.dp, eval_source="central",
-                                     release_client_metrics=cfg.privacy.dp_release_client_metrics))
+                   withheld=withheld(cfg.privacy.dp, secret_sample=False, eval_source="central",
+                                     release_client_metrics=cfg.privacy.dp_release_client_metrics),
+                   private_log=privacy is not None)
     n = cfg.train.num_server_rounds
     last = [time.monotonic()]
 

@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from datetime import datetime
-from logging import DEBUG, INFO
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from server_app.client_divergence import ClientDivergence
 from server_app.clients import Fleet
 from server_app.engine_facts import client_state_entry
 from server_app.federated_eval import FederatedEvaluator
+from server_app.operator_log import log_line
 from server_app.over_select import OVER_SELECT_FIELDS, collect_first
 from server_app.personal_round import personal_round
 from server_app.personal_summary import KINDS
@@ -161,8 +162,10 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                                   OVER_SELECT_FIELDS if cfg.fleet.over_select > 0.0 else ())
                                  + (CLOCK_FIELDS if clock else ())),
                    left_out=DP_LEFT_OUT if budget else (), tracking=cfg.fleet.tracking,
-                   withheld=withheld(cfg.privacy.dp, eval_source=cfg.eval_source,
-                                     release_client_metrics=cfg.privacy.dp_release_client_metrics))
+                   withheld=withheld(cfg.privacy.dp, secret_sample=True,
+                                     eval_source=cfg.eval_source,
+                                     release_client_metrics=cfg.privacy.dp_release_client_metrics),
+                   private_log=budget is not None)
     if clock is not None and rec.rows:  # a resumed run's clock goes on from its last row
         clock.now = float(rec.rows[-1].get("sim-time") or 0.0)
     windowed = clock if clock is not None and clock.windows is not None else None
@@ -242,8 +245,9 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                                         strategy.server_state(), cfg.to_dict(), rec.rows))
         log(INFO, "%s", _progress_line(rec.public_row(row), n, len(messages),
                                        cfg.privacy.dp_delta))
-        if rec.public != rec.fields:  # the operator's own line, with what the files withhold
-            log(DEBUG, "%s", _progress_line(row, n, len(messages), cfg.privacy.dp_delta))
+        if budget is not None:  # the operator's own line, with what the files withhold
+            log_line(True, INFO, "%s", _progress_line(row, n, len(messages),
+                                                      cfg.privacy.dp_delta))
         if failed >= cfg.fleet.max_failed_rounds:
             raise TooFewReplies(
                 f"{failed} rounds in a row had fewer than "

@@ -9,6 +9,14 @@ evaluation metrics, distances of their final models): in a round with one reply 
 client's exact figure, noiseless and unaccounted, so it is written only when the operator
 accepts that with ``dp-release-client-metrics=true``. With ``evaluation=federated`` the
 round's ``test-acc`` and ``test-loss`` are such means too.
+
+``SAMPLE_FIGURES`` count or time the round's replies: how many of the sampled clients
+answered, were rejected or missing, whether the round aggregated, how long it took (a round
+whose sampled clients are all offline sends nothing and ends at once). With the connected
+clients known, each says how many of them the secret sample held, which amplification by
+sampling assumes no reader of the public files learns: never public while the sample is
+secret (synchronous DP). ``rounds=async`` DP claims no amplification (q = 1), so its rows
+keep them.
 """
 
 from __future__ import annotations
@@ -27,19 +35,25 @@ TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds"
                            "client-seconds-max", "local-eval-seconds", "fed-eval-seconds",
                            "divergence-seconds"})
 """Round fields measured in wall time: they differ between two runs of the same config."""
+SAMPLE_FIGURES = frozenset({rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, "aggregated",
+                            "state-fallbacks", "divergence-sample", "divergence-trained",
+                            *TIMING_FIELDS})
+"""Fields that count or time the round's replies: withheld while the sample is secret."""
 CLIENT_FIGURES = frozenset({rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, rk.NORM_LIMIT_USED,
                             *PERSONAL_FIELDS, *FEDERATED_FIELDS, *DIVERGENCE_FIELDS}
-                           - TIMING_FIELDS)
+                           - SAMPLE_FIGURES)
 """Exact figures of the clients' data: withheld under DP unless RELEASE_KEY is true."""
 FEDERATED_EVAL = frozenset({"test-acc", "test-loss"})
 """With ``evaluation=federated`` these are the clients' example-weighted means too."""
 
 
-def withheld(dp: str, *, release_client_metrics: bool, eval_source: str) -> frozenset[str]:
-    """The round fields kept out of the public files of a run (empty with ``dp`` off)."""
+def withheld(dp: str, *, secret_sample: bool, release_client_metrics: bool,
+             eval_source: str) -> frozenset[str]:
+    """The round fields kept out of the public files of a run (empty with ``dp`` off);
+    ``secret_sample``: the accountant assumes nobody public learns who was sampled."""
     if dp == "off":
         return frozenset()
-    out: set[str] = set()
+    out = set(SAMPLE_FIGURES) if secret_sample else set()
     if not release_client_metrics:
         out |= CLIENT_FIGURES | (FEDERATED_EVAL if eval_source == "federated" else set())
     return frozenset(out)

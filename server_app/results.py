@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from methods import wire as rk
+from server_app import operator_log
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
 from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
@@ -99,14 +100,15 @@ class Recorder:
                  rows: list[dict[str, Any]] | None = None,
                  eval_source: str = "central", extra_fields: tuple[str, ...] = (),
                  left_out: tuple[str, ...] = (), tracking: str = "off",
-                 withheld: frozenset[str] = frozenset()) -> None:
+                 withheld: frozenset[str] = frozenset(), private_log: bool = False) -> None:
         """Start a run's files; when resuming, keep the rows of rounds 1..``keep_rounds``.
 
         The kept rows are ``rows`` (the copy stored in the checkpoint) when given, else what
         can be read back from rounds.jsonl. Rows beyond the checkpoint (a round that finished
         but was not checkpointed) are dropped, so the files hold each round exactly once.
         ``withheld`` fields (``server_app.public_rows``) stay in ``rows``, the checkpoint's
-        copy, and out of every public file.
+        copy, and out of every public file. ``private_log`` (DP): the lines that say who was
+        sampled go to the run's operator.log until ``finish`` (``server_app.operator_log``).
         """
         self.fields = (*(f for f in ROUND_FIELDS if f not in left_out), *extra_fields)
         """The row's columns: ROUND_FIELDS but ``left_out`` (DP_LEFT_OUT under DP), then
@@ -115,6 +117,8 @@ class Recorder:
         """The columns of the public files: ``fields`` but the ``withheld`` ones."""
         self.dir = out_dir
         self.dir.mkdir(parents=True, exist_ok=True)
+        if private_log:
+            operator_log.attach(self.dir)
         self.config = config
         self.eval_source = eval_source
         kept = rows if rows is not None else self._earlier_rows(keep_rounds)
@@ -133,7 +137,8 @@ class Recorder:
         self._csv_file = (self.dir / "rounds.csv").open("a", newline="")
         self._csv = csv.DictWriter(self._csv_file, fieldnames=self.public)
         atomic_write_text(self.dir / "config.json", json.dumps(config, indent=2, sort_keys=True))
-        self.tracker = (TensorBoardTracker(self.dir, config, first_round=keep_rounds + 1)
+        self.tracker = (TensorBoardTracker(self.dir, config, first_round=keep_rounds + 1,
+                                           hide_times="round-seconds" in withheld)
                         if tracking == "tensorboard" else None)
         """TensorBoard event files (``tracking``), written with each row."""
 
@@ -222,6 +227,7 @@ class Recorder:
         self._csv_file.close()
         if self.tracker is not None:
             self.tracker.close()
+        operator_log.detach()
         return summary
 
     def plot(self) -> None:

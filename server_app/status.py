@@ -24,9 +24,12 @@ stays connected until the SuperLink misses its heartbeats (2 x 30 s in Flower 1.
 round has asked since.
 
 Under DP (``dp`` != off) the round's sample is secret (docs/faults.md, "What each DP mode
-shows"): no per-node task count, train time, last task reply or participation is written,
-only the fleet's totals, and rejection reasons are cut to their kind (the text before the
-first digit or colon's detail), so nothing here says which client trained when.
+shows"): no per-node task count, train time, last task reply or participation is written, nor
+which node is connected, nor the fleet's task totals, rejections by reason or round times.
+The file is rewritten every round, so any total is a per-round count to whoever reads it
+twice, and per-round replies and missing beside who is connected say how many connected
+clients the round sampled. What stays is the fleet as identity queries found it (each node's
+state, client and identity answer: none depends on the sample) and the run's progress.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from task.config import RunConfig
 STATUS_FILE = "status.json"
 SCHEMA = 1
 WITHHELD = ("withheld under dp={dp}: the round's sample is secret (docs/faults.md, "
-            "'What each DP mode shows'); fleet totals only")
+            "'What each DP mode shows'); no task counts, totals, round times or connectivity")
 
 
 @dataclass
@@ -173,6 +176,8 @@ class StatusWriter:
                "dp-delta": cfg.privacy.dp_delta if self.private else None,
                "round-seconds": _num(row.get("round-seconds")),
                "collect-seconds": _num(row.get("collect-seconds"))}
+        if self.private:  # each would time the round (public_rows.SAMPLE_FIGURES)
+            run.update(dict.fromkeys(("elapsed-seconds", "round-seconds", "collect-seconds")))
         client_of = {node: client for client, node in self.fleet.node_of.items()}
         pending = set(self.fleet.pending.values())
         nodes = [self._node(node, client_of.get(node), node in pending, now)
@@ -181,9 +186,9 @@ class StatusWriter:
                  "identified": len(self.fleet.node_of),
                  "per-node-tasks": (WITHHELD.format(dp=cfg.privacy.dp) if self.private
                                     else "written"),
-                 "totals": {k: self.totals[k] for k in ("sent", "replied", "rejected",
-                                                        "missing")},
-                 "rejected-by-reason": dict(self.reasons.most_common()),
+                 "totals": {} if self.private else {
+                     k: self.totals[k] for k in ("sent", "replied", "rejected", "missing")},
+                 "rejected-by-reason": {} if self.private else dict(self.reasons.most_common()),
                  "nodes": nodes}
         return {"schema": SCHEMA, "written": now, "run": run, "fleet": fleet}
 
@@ -211,12 +216,13 @@ class StatusWriter:
         out: dict[str, Any] = {
             "node": node, "client": client, "state": state, "reason": reason,
             "registered-client": (f.registry or {}).get(node),
-            "connected": node in f.connected, "last-connected": f.connected_at.get(node),
             "identity-seen": f.seen_at.get(node),
             "waiting-seconds": (time.monotonic() - asked) if state == "waiting-for-identity"
             and asked is not None else None}
-        if self.private:
+        if self.private:  # who is connected beside the rows' counts: the sample (docstring)
             return out
+        out.update({"connected": node in f.connected,
+                    "last-connected": f.connected_at.get(node)})
         t = self.tally.get(node, NodeTally())
         seen = [x for x in (f.seen_at.get(node), t.last_reply) if x is not None]
         out.update({"last-seen": max(seen) if seen else None,

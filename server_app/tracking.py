@@ -11,6 +11,7 @@ that round on, so the step axis holds each round once whatever was written past 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,14 +78,18 @@ def _hparam_value(value: Any) -> int | float | str | bool:
 
 
 class TensorBoardTracker:
-    """One run's event files; ``first_round`` > 1 when the run resumes."""
+    """One run's event files; ``first_round`` > 1 when the run resumes. ``hide_times``: every
+    event carries the tracker's start as its wall time, so the files do not time the rounds
+    (the rows withhold their timings: ``server_app.public_rows``)."""
 
-    def __init__(self, run_dir: Path, config: Mapping[str, Any], first_round: int = 1) -> None:
+    def __init__(self, run_dir: Path, config: Mapping[str, Any], first_round: int = 1,
+                 hide_times: bool = False) -> None:
         check_available("tensorboard")
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
         self.dir = run_dir / EVENTS_DIR
+        self._walltime = time.time() if hide_times else None
         self._writer = SummaryWriter(log_dir=str(self.dir), purge_step=first_round,
                                      flush_secs=3600)
         if first_round == 1:  # a resumed run's hyperparameters are already there
@@ -97,7 +102,8 @@ class TensorBoardTracker:
         """Every number of the row at step ``row['round']``, on disk when this returns."""
         step = int(row["round"])
         for column, value in numeric_columns(row).items():
-            self._writer.add_scalar(tag_of(column), value, global_step=step)
+            self._writer.add_scalar(tag_of(column), value, global_step=step,
+                                    walltime=self._walltime)
         self._writer.flush()
 
     def add_clients(self, server_round: int, by_kind: Mapping[str, Sequence[float]]) -> None:
@@ -106,7 +112,7 @@ class TensorBoardTracker:
             finite = [v for v in values if v is not None and math.isfinite(v)]
             if finite:
                 self._writer.add_histogram(f"clients/{name}", np.asarray(finite),
-                                           global_step=server_round)
+                                           global_step=server_round, walltime=self._walltime)
         self._writer.flush()
 
     def close(self) -> None:

@@ -101,8 +101,8 @@ def expected(run: str, path: Path) -> Series:
     put("fedinit_run_info", 1, state=info["state"], method=info["method"], dp=info["dp"],
         eval_source=info["eval-source"], rounds_mode="sync")
     def put_all(source: dict[str, Any], names: dict[str, str], **labels: Any) -> None:
-        for name, key in names.items():
-            put(name, source[key], **labels)
+        for name, key in names.items():  # a field the file withholds (DP) gives no series
+            put(name, source.get(key), **labels)
 
     put("fedinit_status_written_timestamp_seconds", status["written"])
     put_all(info, {"fedinit_round": "round", "fedinit_rounds_planned": "rounds",
@@ -128,7 +128,8 @@ def expected(run: str, path: Path) -> Series:
         node = {"node": n["node"], "client": n["client"]}
         for state in NODE_STATES:
             put("fedinit_node_state", int(n["state"] == state), **node, state=state)
-        put("fedinit_node_connected", int(n["connected"]), **node)
+        if "connected" in n:  # withheld under DP
+            put("fedinit_node_connected", int(n["connected"]), **node)
         put_all(n, {"fedinit_node_last_connected_timestamp_seconds": "last-connected",
                     "fedinit_node_identity_seen_timestamp_seconds": "identity-seen",
                     "fedinit_node_waiting_seconds": "waiting-seconds"}, **node)
@@ -173,6 +174,12 @@ def test_under_dp_no_per_node_task_series_exist(dp_run: Path) -> None:
         series, _ = scrape(addr)
     assert series == expected("run", dp_run)
     assert not {name for name, _ in series} & set(PER_NODE_TASKS)
+    # nothing that counts or times a round's replies, nor who is connected: with both, how
+    # many connected clients the secret sample held (server_app/public_rows.py)
+    assert not {name for name, _ in series} & {
+        "fedinit_round_replies", "fedinit_round_rejected", "fedinit_round_missing",
+        "fedinit_tasks_total", "fedinit_rejected_replies_total", "fedinit_node_connected",
+        "fedinit_round_seconds", "fedinit_round_collect_seconds"}
     status = status_of(dp_run)
     assert value(series, "fedinit_dp_epsilon", run="run") == status["run"]["dp-epsilon"] > 0
     assert value(series, "fedinit_dp_target_epsilon", run="run") == 500.0
@@ -260,6 +267,6 @@ def test_the_scrape_bench_runs_and_prints_one_line_per_fleet(
     assert main(["--nodes", "3", "5", "--rounds", "2", "--repeat", "1", "--dp", "central"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and lines[2].split()[0] == "3" and lines[3].split()[0] == "5"
-    # two more nodes, nine series each under DP (six states, identity answered, connected,
-    # last connected): no tasks
-    assert int(lines[3].split()[-1]) - int(lines[2].split()[-1]) == 2 * 9
+    # two more nodes, seven series each under DP (six states, identity answered): no tasks,
+    # no connected (server_app/status.py)
+    assert int(lines[3].split()[-1]) - int(lines[2].split()[-1]) == 2 * 7

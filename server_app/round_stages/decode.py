@@ -12,12 +12,12 @@ from logging import WARNING
 import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
-from flwr.common.logger import log
 
 from methods import wire as rk
 from methods.method import ClientUpdate, ServerRule
 from methods.packed_arrays import unpack
 from methods.weights import Weights
+from server_app.operator_log import log_line
 from server_app.round_stages.replies import Accepted, RoundReplies, log_rejected
 from server_app.round_stages.secure_sum import masked_problem
 from task.config import RunConfig
@@ -30,14 +30,15 @@ only replies that arrived count against ``min-replies``; any other error is the 
 (its ClientApp raised or crashed, possibly because of its data) and counts as arrived."""
 
 
-def log_silent(replies: RoundReplies, round_timeout: float) -> None:
+def log_silent(replies: RoundReplies, round_timeout: float, private: bool = False) -> None:
     """One warning per node sent a train message that sent nothing back (counted in
-    ``num-missing``): a node on a dead link is named in the log, not only in the count."""
+    ``num-missing``): a node on a dead link is named in the log, not only in the count
+    (``private``, under DP: to the operator's file, as it names a sampled client)."""
     answered = {replies.node_of(m) for m in replies.messages}
     for node in sorted(set(replies.sent_to) - answered):
-        log(WARNING, "round %d: no reply from node %s (partition %s) by the round's end "
-            "(round-timeout=%gs); counted in num-missing", replies.server_round, node,
-            replies.sent_to[node], round_timeout)
+        log_line(private, WARNING, "round %d: no reply from node %s (partition %s) by the "
+                 "round's end (round-timeout=%gs); counted in num-missing",
+                 replies.server_round, node, replies.sent_to[node], round_timeout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,13 @@ class DecodeReplies:
     placeholders: bool = False
     secure: bool = False
 
+    @property
+    def private(self) -> bool:
+        """Under DP a line naming a sampled client goes to the operator's file, not the
+        ServerApp's log (server_app/operator_log.py; docs/faults.md, "What each DP mode
+        shows")."""
+        return self.cfg.privacy.dp != "off"
+
     def __call__(self, replies: RoundReplies) -> RoundReplies:
         good: list[Accepted] = []
         rejected = 0
@@ -74,10 +82,10 @@ class DecodeReplies:
             if isinstance(decoded, str):
                 rejected += 1
                 reasons.append((node, decoded))
-                log_rejected(replies, node, decoded)
+                log_rejected(replies, node, decoded, self.private)
                 continue
             good.append((node, decoded))
-        log_silent(replies, self.cfg.fleet.round_timeout)
+        log_silent(replies, self.cfg.fleet.round_timeout, self.private)
         good.sort(key=lambda item: item[1].partition_id)
         return dataclasses.replace(
             replies, accepted=tuple(good), rejected=rejected, arrived=len(arrived),

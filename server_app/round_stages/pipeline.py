@@ -5,7 +5,6 @@ denominator, the reply placeholders and the train-loss metric follow from it).""
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from collections.abc import Mapping, Sequence
 
 from methods.dp import Mechanism
@@ -19,7 +18,12 @@ from server_app.round_stages.norm_filter import NormFilter
 from server_app.round_stages.privacy import ClientLevelDp
 from server_app.round_stages.quorum import MinReplies
 from server_app.round_stages.replies import RoundReplies, Stage, run_stages
-from server_app.round_stages.sampling import AvailableSampler, RegisteredSampler, Sampler
+from server_app.round_stages.sampling import (
+    AvailableSampler,
+    RegisteredSampler,
+    Sampler,
+    secret_seed,
+)
 from server_app.round_stages.secure_sum import SecAggRound, SecureSum, params_of, upload_keys
 from server_app.round_stages.selection import RobustSelection
 from task.config import RunConfig
@@ -70,14 +74,14 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
     privacy = Mechanism.from_config(cfg)
     dp = privacy.on
     sampler: Sampler = (
-        RegisteredSampler(secrets.randbits(63), cfg.num_clients, cfg.clients_per_round) if dp
+        RegisteredSampler(secret_seed(), cfg.num_clients, cfg.clients_per_round) if dp
         else AvailableSampler(cfg.seed, cfg.num_clients, cfg.sampled_per_round))
     if cfg.privacy.secure_aggregation != "off":
         # dp=distributed (the only DP mode allowed here): the devices clip and noise, the
         # server adds nothing; the quorum counts the uploads in the sum (t_min = min-replies),
         # the mean divides by the fixed m as central does
         session = SecAggRound(params_of(cfg), timeout=cfg.fleet.round_timeout,
-                              extra_keys=upload_keys(method.rule.up_keys))
+                              extra_keys=upload_keys(method.rule.up_keys), private=dp)
         secure_sum = (SecureSum(session, denominator=privacy.expected_clients,
                                 min_survivors=privacy.noise_shares) if dp
                       else SecureSum(session))

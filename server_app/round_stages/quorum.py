@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from logging import WARNING
 
-from flwr.common.logger import log
-
+from server_app.operator_log import log_line
 from server_app.round_stages.replies import RoundReplies
 
 
@@ -24,6 +23,8 @@ class MinReplies:
                         else (len(replies.accepted), "usable"))
         if usable >= self.min_replies:
             return replies
-        log(WARNING, "round %d: %d %s replies < min-replies=%d; the global model is "
-            "unchanged", replies.server_round, usable, what, self.min_replies)
+        # under DP how many replies arrived is the sample's secret: the operator's file
+        log_line(self.count_arrived, WARNING,
+                 "round %d: %d %s replies < min-replies=%d; the global model is "
+                 "unchanged", replies.server_round, usable, what, self.min_replies)
         return dataclasses.replace(replies, halted=True)

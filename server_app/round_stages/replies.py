@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 from logging import WARNING
 
 from flwr.app import Message
-from flwr.common.logger import log
 
 from methods import wire as rk
 from methods.method import ClientUpdate
 from methods.weights import Weights
+from server_app.operator_log import log_line
 
 Accepted = tuple[int, ClientUpdate]
 """A reply that passed the checks: (source node id, its decoded update)."""
@@ -107,7 +107,8 @@ def run_stages(stages: Sequence[Stage], replies: RoundReplies) -> RoundReplies:
     return replies
 
 
-def log_rejected(replies: RoundReplies, node: int, reason: str) -> None:
-    """One warning per rejected reply, naming its node, client and reason."""
-    log(WARNING, "round %d: rejected reply of node %s (partition %s): %s",
-        replies.server_round, node, replies.sent_to.get(node, "?"), reason)
+def log_rejected(replies: RoundReplies, node: int, reason: str, private: bool = False) -> None:
+    """One warning per rejected reply, naming its node, client and reason (``private``,
+    under DP: to the operator's file, as it names a sampled client)."""
+    log_line(private, WARNING, "round %d: rejected reply of node %s (partition %s): %s",
+             replies.server_round, node, replies.sent_to.get(node, "?"), reason)

@@ -3,9 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import secrets
 from collections.abc import Collection
+from logging import WARNING
+
+from flwr.common.logger import log
 
 from methods.sampling import sample_available, sample_registered
+
+SEED_ENV = "FEDINIT_DP_SAMPLING_SEED"
+"""For tests only: an integer here, in the ServerApp's environment, fixes the secret DP
+sampling seed, so that a test can run two fleets whose samples differ in a known way. The
+environment is the operator's, who sees every sample anyway; no run config or file names it."""
+
+
+def secret_seed() -> int:
+    """The DP sampler's seed: 63 bits of OS entropy, never written anywhere; ``SEED_ENV``
+    when set (logged, without its value)."""
+    fixed = os.environ.get(SEED_ENV, "").strip()
+    if not fixed:
+        return secrets.randbits(63)
+    if not fixed.isdigit():
+        raise ValueError(f"{SEED_ENV}={fixed!r}: a non-negative integer, or unset (the "
+                         "default: a fresh secret seed per run)")
+    log(WARNING, "dp: the secret sampling seed is fixed by %s in the server's environment "
+        "(for tests: runs with the same value draw the same samples)", SEED_ENV)
+    return int(fixed)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from methods import wire as rk
@@ -42,6 +41,7 @@ from methods.weights import Weights
 from secure_aggregation import RoundFailedError, SecAggInputError, SecAggParams, SecAggServer
 from secure_aggregation import wire as sw
 from secure_aggregation.wire import Stage as SecAggStage
+from server_app.operator_log import log_line
 from server_app.round_stages.replies import RoundReplies
 from task.config import RunConfig
 
@@ -101,12 +101,16 @@ class SecAggRound:
     """Client id -> node id of this round's participants."""
     logged: int = 0
     """How many of the server's ``rejected`` replies are logged already."""
+    private: bool = False
+    """Under ``dp=distributed`` the sample is secret: the protocol's lines (which client
+    dropped, how many signed) go to the operator's file (``server_app.operator_log``)."""
 
     def log_rejected(self, server: SecAggServer) -> None:
         """One line per protocol reply the server refused since the last call: that client
         is dropped from the protocol, the round goes on without it."""
         for pid, stage, why in server.rejected[self.logged:]:
-            log(WARNING, "round %d: secure aggregation: client %d (node %s) dropped at %s, "
+            log_line(self.private, WARNING,
+                "round %d: secure aggregation: client %d (node %s) dropped at %s, "
                 "its reply is rejected: %s", self.server_round, pid,
                 self.node_of.get(pid, "?"), stage, why)
         self.logged = len(server.rejected)
@@ -127,7 +131,8 @@ class SecAggRound:
             try:
                 outgoing = server.share_keys_messages(keys)
                 if server.sig:  # the devices' own setting: the server can only relay them
-                    log(INFO, "round %d: secure aggregation: %d of %d clients signed their "
+                    log_line(self.private, INFO,
+                        "round %d: secure aggregation: %d of %d clients signed their "
                         "keys (relayed to their neighbours, who verify them)", server_round,
                         len(server.sig), len(server.stage_clients[SecAggStage.SETUP]))
                 shared = self.exchange(outgoing)
@@ -138,7 +143,8 @@ class SecAggRound:
         except (RoundFailedError, SecAggInputError) as err:
             if server is not None:
                 self.log_rejected(server)
-            log(WARNING, "round %d: secure aggregation: %s; no train message is sent, the "
+            log_line(self.private, WARNING,
+                "round %d: secure aggregation: %s; no train message is sent, the "
                 "global model is unchanged", server_round, err)
             return []
         self.server = server
@@ -157,7 +163,8 @@ class SecAggRound:
         then relay every signature (a verifying device releases nothing without t)."""
         signed = self.exchange(server.check_messages(masked))
         asked = server.unmask_after_check(signed)
-        log(INFO, "round %d: secure aggregation: consistency check: %d of %d survivors signed "
+        log_line(self.private, INFO,
+            "round %d: secure aggregation: consistency check: %d of %d survivors signed "
             "the survivor set", self.server_round,
             len(next(iter(asked.values()), {}).get(sw.SIGNERS, [])),
             len(server.stage_clients[SecAggStage.COLLECT]))
@@ -186,7 +193,8 @@ class SecAggRound:
             else:
                 got[pid] = dict(reply.content.config_records[SECAGG])
                 continue
-            log(WARNING, "round %d: secure aggregation: client %d (node %d) dropped: %s",
+            log_line(self.private, WARNING,
+                "round %d: secure aggregation: client %d (node %d) dropped: %s",
                 self.server_round, pid, node, why)
         return got
 
@@ -211,7 +219,8 @@ class SecureSum:
     def __call__(self, replies: RoundReplies) -> RoundReplies:
         server, self.session.server = self.session.server, None  # one unmask per key exchange
         if server is None:
-            log(WARNING, "round %d: secure aggregation: no key exchange completed; the global "
+            log_line(self.session.private, WARNING,
+                "round %d: secure aggregation: no key exchange completed; the global "
                 "model is unchanged", replies.server_round)
             return dataclasses.replace(replies, halted=True)
         survivors = {node for node, _ in replies.accepted}
@@ -219,7 +228,8 @@ class SecureSum:
                   dict(msg.content.config_records[SECAGG])
                   for msg in replies.messages if msg.metadata.src_node_id in survivors}
         if len(masked) < self.min_survivors:
-            log(WARNING, "round %d: secure aggregation: %d uploads < t_min=%d (min-replies): "
+            log_line(self.session.private, WARNING,
+                "round %d: secure aggregation: %d uploads < t_min=%d (min-replies): "
                 "the sum would carry less than the accounted noise; nothing is unmasked, the "
                 "global model is unchanged", replies.server_round, len(masked),
                 self.min_survivors)
@@ -238,7 +248,8 @@ class SecureSum:
             self.session.log_rejected(server)
         except (RoundFailedError, SecAggInputError) as err:
             self.session.log_rejected(server)
-            log(WARNING, "round %d: secure aggregation: %s; the global model is unchanged",
+            log_line(self.session.private, WARNING,
+                "round %d: secure aggregation: %s; the global model is unchanged",
                 replies.server_round, err)
             return dataclasses.replace(replies, halted=True)
         kept = set(uploaded)

@@ -88,6 +88,8 @@ SLOW_MODULES: dict[str, Slow] = {
                                (39291, 39293), seconds=390),  # + deploy_helpers' simulation link
     "test_deploy_regimes": own("test_deploy_regimes", deployment(42500, 3), seconds=101),
     "test_deploy_secagg": own("test_deploy_secagg", deployment(42650, 4), seconds=95),
+    "test_link_scenarios": own("test_link_scenarios", deployment(44200, 3),
+                               deployment(44250, 3), seconds=230),  # + proxies at base + 5
     "test_device_privacy": own("test_device_privacy", deployment(43770, 3), seconds=71),
     "test_superlink_crash": own("test_superlink_crash", deployment(39800, 3),
                                 deployment(39850, 5), seconds=367),

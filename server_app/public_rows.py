@@ -12,7 +12,9 @@ round's ``test-acc`` and ``test-loss`` are such means too.
 
 ``SAMPLE_FIGURES`` count or time the round's replies: how many of the sampled clients
 answered, were rejected or missing, whether the round aggregated, how long it took (a round
-whose sampled clients are all offline sends nothing and ends at once). With the connected
+whose sampled clients are all offline sends nothing and ends at once; with ``device-speeds``
+a round's simulated time is its slowest sampled client's, whose speed the public seed
+gives). With the connected
 clients known, each says how many of them the secret sample held, which amplification by
 sampling assumes no reader of the public files learns: never public while the sample is
 secret (synchronous DP). ``rounds=async`` DP claims no amplification (q = 1), so its rows
@@ -28,6 +30,7 @@ from methods import wire as rk
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
 from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
+from server_app.virtual_clock import CLOCK_FIELDS
 
 RELEASE_KEY = "dp-release-client-metrics"
 """The run-config key with which an operator writes CLIENT_FIGURES under DP anyway."""
@@ -37,7 +40,7 @@ TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds"
 """Round fields measured in wall time: they differ between two runs of the same config."""
 SAMPLE_FIGURES = frozenset({rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, "aggregated",
                             "state-fallbacks", "divergence-sample", "divergence-trained",
-                            *TIMING_FIELDS})
+                            *TIMING_FIELDS, *CLOCK_FIELDS})
 """Fields that count or time the round's replies: withheld while the sample is secret."""
 CLIENT_FIGURES = frozenset({rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, rk.NORM_LIMIT_USED,
                             *PERSONAL_FIELDS, *FEDERATED_FIELDS, *DIVERGENCE_FIELDS}

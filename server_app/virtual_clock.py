@@ -30,6 +30,7 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
+from server_app.operator_log import log_line
 from server_app.over_select import Collected
 from task.config import RunConfig
 from task.config_checks import ConfigError
@@ -45,9 +46,12 @@ class VirtualClock:
     """Simulated time ``now`` and each client's task duration."""
 
     def __init__(self, task_seconds: Sequence[float] | np.ndarray, now: float = 0.0,
-                 windows: Windows | None = None) -> None:
+                 windows: Windows | None = None, private: bool = False) -> None:
         self.task_seconds = np.asarray(task_seconds, dtype=np.float64)
         self.now = float(now)
+        self.private = private
+        """Under DP the sample is secret: a line naming sampled clients goes to the
+        operator's file (``server_app.operator_log``)."""
         self.windows = windows
         """Per client its availability windows (None: always available); None: no client
         has any, and the clock is exactly the one without windows."""
@@ -60,7 +64,8 @@ class VirtualClock:
         if slow is None:
             return None
         return cls(durations(slow, partition_sizes(cfg), cfg.train.local_epochs,
-                             cfg.train.batch_size, cfg.schedule.task_time), now, windows)
+                             cfg.train.batch_size, cfg.schedule.task_time), now, windows,
+                   private=cfg.privacy.dp != "off")
 
     def spans(self, pid: int) -> Sequence[tuple[float, float]] | None:
         """Client ``pid``'s windows (None: always available)."""
@@ -140,9 +145,9 @@ class VirtualClock:
         """``messages`` without those to the ``lost`` tasks' nodes (logged): never sent (the
         device goes away mid-task and saves nothing), counted missing as a dead node's."""
         if lost:
-            log(INFO, "round %d: lost the tasks of client(s) %s: their availability window "
-                "closes before the task would end", server_round,
-                sorted(sent_to[n] for n in lost if n in sent_to))
+            log_line(self.private, INFO, "round %d: lost the tasks of client(s) %s: their "
+                     "availability window closes before the task would end", server_round,
+                     sorted(sent_to[n] for n in lost if n in sent_to))
         return [m for m in messages if m.metadata.dst_node_id not in lost]
 
     def duration(self, pid: int) -> float:

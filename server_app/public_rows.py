@@ -14,17 +14,13 @@ round's ``test-acc`` and ``test-loss`` are such means too.
 answered, were rejected or missing, whether the round aggregated, how long it took (a round
 whose sampled clients are all offline sends nothing and ends at once; with ``device-speeds``
 a round's simulated time is its slowest sampled client's, whose speed the public seed
-gives). With the connected
-clients known, each says how many of them the secret sample held, which amplification by
-sampling assumes no reader of the public files learns: never public while the sample is
-secret (synchronous DP). ``rounds=async`` DP claims no amplification (q = 1), so its rows
-keep them.
+gives). With the connected clients known, each says how many of them the secret sample
+held, which amplification by sampling assumes no reader of the public files learns: never
+public while the sample is secret (synchronous DP). ``rounds=async`` DP claims no
+amplification (q = 1), so its rows keep them.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 from methods import wire as rk
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
@@ -61,7 +57,3 @@ def withheld(dp: str, *, secret_sample: bool, release_client_metrics: bool,
         out |= CLIENT_FIGURES | (FEDERATED_EVAL if eval_source == "federated" else set())
     return frozenset(out)
 
-
-def public_row(row: Mapping[str, Any], hidden: frozenset[str]) -> dict[str, Any]:
-    """``row`` without the ``hidden`` fields."""
-    return {k: v for k, v in row.items() if k not in hidden}

@@ -1,6 +1,7 @@
 """Seconds and bytes per round of a TLS + node-auth deployment on device links (issue 44).
 
-Every scenario (testbeds/link_scenarios.py) runs the same FedInit config on its own fresh
+Every scenario (testbeds/link_scenarios.py) runs the same config (FedInit, or ``--method
+scaffold``) on its own fresh
 deployment: ``loopback`` (the nodes in the root namespace on 127.0.0.1, no proxy) is the
 baseline; the others put every node in its own namespace behind a tbf-limited veth pair and
 the fault proxy. Seconds are the rows' median ``round-seconds`` after round 1 (data loading,
@@ -8,7 +9,8 @@ the FAB download); bytes are what the proxies forwarded between two rows (TLS re
 every pull, push and heartbeat included; none for loopback, which has no proxy). Needs root.
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.link_rounds [--scenarios loopback,cellular]
-        [--nodes 2] [--rounds 4] [--train-limit 300] [--base-port 44300]
+        [--nodes 2] [--method fedinit|scaffold] [--rounds 4] [--train-limit 300]
+        [--base-port 44300]
 """
 
 from __future__ import annotations
@@ -25,19 +27,21 @@ from testbeds.link_runs import Watched, watch
 from testbeds.link_scenarios import SCENARIOS, Scenario
 from testbeds.links import unavailable
 
-FEDINIT = {"method": "fedavg", "beta": 0.1, "fraction-train": 1.0, "local-epochs": 1,
-           "seed": 0, "personal-eval-every": 0, "node-wait-timeout": 120.0,
-           "round-timeout": 60.0, "tracking": "off"}
+COMMON = {"fraction-train": 1.0, "local-epochs": 1, "seed": 0, "personal-eval-every": 0,
+          "node-wait-timeout": 120.0, "round-timeout": 60.0, "tracking": "off"}
+METHODS: dict[str, dict[str, Any]] = {"fedinit": {"method": "fedavg", "beta": 0.1},
+                                      "scaffold": {"method": "scaffold"}}
 
 
 def measure(sc: Scenario, nodes: int, rounds: int, train_limit: int, base_port: int,
-            subnet: int) -> Watched:
+            subnet: int, method: str = "fedinit") -> Watched:
     with tempfile.TemporaryDirectory(prefix="link-rounds-") as tmp:
         dep = LinkDeployment(Path(tmp) / "deploy", nodes, base_port=base_port,
                              scenarios=[sc] * nodes, subnet=subnet)
         with deployed(dep, Path(tmp)):
-            cfg: dict[str, Any] = {**FEDINIT, "num-clients": nodes, "num-server-rounds": rounds,
-                                   "eval-every": rounds, "train-limit": train_limit,
+            cfg: dict[str, Any] = {**COMMON, **METHODS[method], "num-clients": nodes,
+                                   "num-server-rounds": rounds, "eval-every": rounds,
+                                   "train-limit": train_limit,
                                    "node-registry": str(dep.registry)}
             got = watch(dep, sc.name, cfg, Path(tmp) / "out", timeout=900)
     if got.status != "finished:completed":
@@ -50,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default="loopback,veth,cellular,flaky-wifi")
     ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--method", choices=sorted(METHODS), default="fedinit")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--train-limit", type=int, default=300)
     ap.add_argument("--reset-every", type=float, default=10.0,
@@ -67,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         if sc.reset_every:
             sc = sc.scaled(reset_every=args.reset_every)
         got = measure(sc, args.nodes, args.rounds, args.train_limit,
-                      args.base_port + 20 * k, 210 + k)
+                      args.base_port + 20 * k, 210 + k, args.method)
         up, down, p = *got.bytes_per_round(), got.proxy
         first = got.round_bytes[0] if got.round_bytes else (0, 0)
         secs = ", ".join(f"{float(r['round-seconds']):.1f}" for r in got.rows)

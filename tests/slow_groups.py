@@ -81,7 +81,7 @@ SLOW_MODULES: dict[str, Slow] = {
     "test_deploy_device_data": own("test_deploy_device_data", deployment(39620, 4), seconds=81),
     "test_deploy_divergence": own("test_deploy_divergence", deployment(42550, 3), seconds=77),
     "test_deploy_dp": own("test_deploy_dp", deployment(41100, 3), deployment(41150, 4),
-                          deployment(41170, 4), seconds=120),
+                          deployment(41170, 4), seconds=172),
     "test_deploy_fedrelax": own("test_deploy_fedrelax", deployment(42400, 3), seconds=100),
     "test_deploy_process": own("test_deploy_process", deployment(29500, 3),
                                deployment(29540, 3), deployment(29560, 3),

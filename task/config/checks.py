@@ -10,6 +10,7 @@ import math
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from methods.registry import AGGREGATIONS, METHOD_NAMES, RI_AGGREGATIONS, WEIGHTINGS
 from task.choices import (
@@ -25,10 +26,12 @@ from task.choices import (
     TRACKINGS,
 )
 from task.config import cross, data, evaluation, fleet, privacy, robust, schedule, train
-from task.config.run_config import RunConfig
 from task.config_checks import ConfigError, bad_value, did_you_mean
 from task.data_sets import DATASET_NAMES
 from task.device_speeds import parse_speeds
+
+if TYPE_CHECKING:  # annotations only: run_config imports these checks
+    from task.config.run_config import RunConfig
 
 
 def check_all(c: RunConfig) -> None:

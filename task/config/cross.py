@@ -4,15 +4,19 @@ against everything they cannot run with yet). Each refusal is one line naming on
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from methods.dp import CLIP_SIGMAS, min_secagg_clip
 from methods.dp import refusal as dp_refusal
 from methods.registry import METHOD_NAMES, METHODS
 from methods.robust_choices import min_replies
 from task.choices import ASYNC_METHODS, ASYNC_REFUSALS, SECAGG_REFUSALS, check_model_input
-from task.config.run_config import RunConfig
 from task.config_checks import ConfigError, bad_value
 from task.data_sets import spec_of
 from task.shown import shown
+
+if TYPE_CHECKING:  # annotations only: run_config imports these checks
+    from task.config.run_config import RunConfig
 
 
 def check_device_cap(c: RunConfig) -> None:

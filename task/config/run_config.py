@@ -20,6 +20,7 @@ from typing import Any
 
 from methods.method import MethodSpec, ParamError, Params
 from methods.registry import METHODS, method_param_keys
+from task.config.checks import check_all
 from task.config.data import DataConfig
 from task.config.defaults import load_defaults
 from task.config.evaluation import EvalConfig
@@ -104,8 +105,6 @@ class RunConfig:
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> RunConfig:
         """Validate ``raw`` (defaults filled in from pyproject) or raise ConfigError."""
-        from task.config.checks import check_all  # the checks read RunConfig's properties
-
         defaults = load_defaults()
         unknown = sorted(set(raw) - set(defaults))
         if unknown:

@@ -164,7 +164,7 @@ class StatusWriter:
             self._failed = True
 
     def snapshot(self) -> dict[str, Any]:
-        """The status as a JSON-ready dict (schema: docs/dashboard section in README)."""
+        """The status as a JSON-ready dict (shown as in docs/results.md, "The live fleet page")."""
         cfg, row, now = self.cfg, self.last_row, time.time()
         run = {"name": self.path.parent.name, "state": self.state, "round": self.round,
                "rounds": cfg.train.num_server_rounds, "first-round": self.first_round,

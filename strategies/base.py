@@ -95,7 +95,7 @@ class MethodAdapter(Strategy):
         ``weighted_by_key``, ``arrayrecord_key``, ``configrecord_key``,
         ``train_metrics_aggr_fn``, ``evaluate_metrics_aggr_fn``: Flower's ``FedAvg``
         arguments, with their meaning there (``strategies/flower_args.py``). The other
-        shared settings are the run config's keys of the same names (README, Configuration).
+        shared settings are the run config's keys of the same names (docs/configuration.md).
         """
         given = {"fraction_train": fraction_train, "lr": lr, "lr_decay": lr_decay,
                  "weighting": weighting, "server_lr": server_lr, "aggregation": aggregation,

@@ -1,5 +1,6 @@
-"""Every registered method has its row in the docs: the README's ``method`` row, the table of
-docs/algorithms.md, and pyproject's description. Adding a method without them fails here."""
+"""Every registered method has its row in the docs: the ``method`` row of docs/configuration.md
+(the run-config table), the table of docs/algorithms.md, and pyproject's description. Adding a
+method without them fails here."""
 
 from __future__ import annotations
 
@@ -16,17 +17,17 @@ from task.config import ConfigError, RunConfig
 REPO = Path(__file__).resolve().parents[1]
 
 
-def missing_rows(specs: list[MethodSpec], readme: str, algorithms: str,
+def missing_rows(specs: list[MethodSpec], configuration: str, algorithms: str,
                  description: str) -> list[str]:
     """Where a method is not documented, one line each."""
-    method_row = next((line for line in readme.splitlines() if line.startswith("| `method` |")),
-                      "")
+    method_row = next((line for line in configuration.splitlines()
+                       if line.startswith("| `method` |")), "")
     table = [line for line in algorithms.splitlines() if line.startswith("|")]
     missing = []
     for spec in specs:
         module = spec.client.__module__.rsplit(".", 1)[-1]
         if f"`{spec.name}`" not in method_row:
-            missing.append(f"README.md: the `method` row lacks `{spec.name}`")
+            missing.append(f"docs/configuration.md: the `method` row lacks `{spec.name}`")
         if not any(line.startswith(f"| {spec.label} |") and f"`{module}." in line
                    for line in table):
             missing.append(f"docs/algorithms.md: no table row '| {spec.label} |' naming "
@@ -38,7 +39,8 @@ def missing_rows(specs: list[MethodSpec], readme: str, algorithms: str,
 
 def _docs() -> tuple[str, str, str]:
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return ((REPO / "README.md").read_text(), (REPO / "docs" / "algorithms.md").read_text(),
+    return ((REPO / "docs" / "configuration.md").read_text(),
+            (REPO / "docs" / "algorithms.md").read_text(),
             meta["description"])
 
 

@@ -49,6 +49,7 @@ from client_app.state_place import state_dir_of
 from flower_compat import install
 from methods import wire as rk
 from methods.packed_arrays import shapes, unpack
+from methods.upload_codec import OFF, residual_keys
 from node import slowdown
 from secure_aggregation import SecAggInputError, Stage
 from secure_aggregation import wire as sw
@@ -182,7 +183,9 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
     fell_back = state.restore(experiment, server_round,
                               shapes(msg.content.array_records[rk.ARRAYS]),
                               None if accounted is None else int(accounted),  # type: ignore[arg-type]
-                              cfg.spec.client.accounted_keys)
+                              (*cfg.spec.client.accounted_keys,  # and top-k's residuals
+                               *residual_keys(str(conf.get(rk.COMPRESSION, OFF)),
+                                              cfg.spec.server.up_keys)))
     x, y = client_tensors(cfg, pid, data_dir_of(context))
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            cached_model(cfg), x, y, initial=lambda: initial_weights(cfg),

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import RecordDict
 from torch import nn
 
 from client_app.device_privacy import train_metrics
@@ -20,8 +20,9 @@ from client_app.trainer import LossFn, SgdSettings, sgd_pass, train_losses
 from methods import wire as rk
 from methods.dp import Mechanism
 from methods.method import ClientRule, LocalJob
-from methods.packed_arrays import pack, unpack
+from methods.packed_arrays import unpack
 from methods.ri import relaxed_start, upload_vector
+from methods.upload_codec import OFF, encode_reply
 from store.client_store import W_PREV, ClientStore
 from task.config import RunConfig
 
@@ -81,6 +82,7 @@ def client_round(
         **outcome.metrics})  # the method's own (clustered FL's cluster choice)
     upload, extras = Mechanism.from_config(cfg).release(  # DP: clipped (local: noised)
         upload_vector(final, start, "update" if delta else "model"), outcome.extras)
-    return RecordDict({rk.ARRAYS: pack(upload),
-                       rk.METRICS: metrics, rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: delta}),
-                       **{k: pack(v) for k, v in extras.items()}})
+    records, said = encode_reply(  # then compressed, as the message asks
+        str(conf.get(rk.COMPRESSION, OFF)), upload, extras, w_t=w_t, delta=delta, state=state,
+        seed=cfg.seed, server_round=server_round, client_id=partition_id)
+    return RecordDict({**records, rk.METRICS: metrics, rk.CONFIG: said})

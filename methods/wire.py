@@ -28,6 +28,9 @@ KEEP_ROUND = "keep-round"  # int, per client, rounds=async only: the round of th
 KEEP_ACCOUNTED = "keep-accounted"  # int, per client, rounds=async only, methods with server-summed
 # state: the client's accounted round at the server's last checkpoint; kept on disk too, since
 # its accounted round may move on before the next checkpoint and a resume names this one again
+COMPRESSION = "compression"  # str: the codec of the uploads (``methods.compression``), in a
+# train message when the run compresses (absent: off) and in the reply's CONFIG record, which
+# the server checks against the run's (``methods.upload_codec``)
 CLIENT_ID = "client-id"  # int: the client the message is for (a node without a partition-id
 # trains as this client; one with a partition-id refuses a message naming another)
 
@@ -48,6 +51,7 @@ NUM_REPLIES = "num-replies"  # replies aggregated
 NUM_REJECTED = "num-rejected"  # replies refused by a check or the norm filter
 NUM_MISSING = "num-missing"  # sampled clients that did not answer in time
 NORM_LIMIT_USED = "norm-limit-used"  # the largest upload norm / its limit this round
+BYTES_UP = "bytes-up"  # the encoded upload payload bytes of the round's decoded replies
 DIVERGENCE = "divergence"  # the paper's (1/|S|) sum ||w_iK - w_{t+1}||^2
 ROUND_TRAIN_LOSS = TRAIN_LOSS  # the example-weighted mean of the replies' train-loss
 SHELL_METRICS = (ROUND_TRAIN_LOSS, DIVERGENCE, NUM_REPLIES, NUM_REJECTED, NUM_MISSING,

@@ -11,7 +11,8 @@ accepts that with ``dp-release-client-metrics=true``. With ``evaluation=federate
 round's ``test-acc`` and ``test-loss`` are such means too.
 
 ``SAMPLE_FIGURES`` count or time the round's replies: how many of the sampled clients
-answered, were rejected or missing, whether the round aggregated, how long it took (a round
+answered, were rejected or missing, how many bytes they uploaded (``bytes-up``, a
+multiple of the replies), whether the round aggregated, how long it took (a round
 whose sampled clients are all offline sends nothing and ends at once; with ``device-speeds``
 a round's simulated time is its slowest sampled client's, whose speed the public seed
 gives). With the connected clients known, each says how many of them the secret sample
@@ -34,7 +35,8 @@ TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds"
                            "client-seconds-max", "local-eval-seconds", "fed-eval-seconds",
                            "divergence-seconds"})
 """Round fields measured in wall time: they differ between two runs of the same config."""
-SAMPLE_FIGURES = frozenset({rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, "aggregated",
+SAMPLE_FIGURES = frozenset({rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, rk.BYTES_UP,
+                            "aggregated",
                             "state-fallbacks", "divergence-sample", "divergence-trained",
                             *TIMING_FIELDS, *CLOCK_FIELDS})
 """Fields that count or time the round's replies: withheld while the sample is secret."""

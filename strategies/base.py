@@ -61,6 +61,7 @@ COMMON_ARGS: dict[str, str] = {
     "max_update_norm_ratio": "max-update-norm-ratio",
     "max_examples_per_client": "max-examples-per-client",
     "seed": "seed",
+    "compression": "compression",
 }
 """Constructor argument -> run-config key, for the settings every method shares."""
 
@@ -77,7 +78,7 @@ class MethodAdapter(Strategy):
                  lr: float | None = None, lr_decay: float = 1.0, weighting: str = "examples",
                  server_lr: float = 0.0, aggregation: str = "mean", trim_fraction: float = 0.1,
                  byzantine_f: int = 1, min_replies: int = 1, max_update_norm_ratio: float = 20.0,
-                 max_examples_per_client: int = 0, seed: int = 0,
+                 max_examples_per_client: int = 0, seed: int = 0, compression: str = "off",
                  stop_after_foreign_rounds: int = 2,
                  weighted_by_key: str = "num-examples", arrayrecord_key: str = "arrays",
                  configrecord_key: str = "config",
@@ -101,7 +102,8 @@ class MethodAdapter(Strategy):
                  "weighting": weighting, "server_lr": server_lr, "aggregation": aggregation,
                  "trim_fraction": trim_fraction, "byzantine_f": byzantine_f,
                  "min_replies": min_replies, "max_update_norm_ratio": max_update_norm_ratio,
-                 "max_examples_per_client": max_examples_per_client, "seed": seed}
+                 "max_examples_per_client": max_examples_per_client, "seed": seed,
+                 "compression": compression}
         self.arg_of: dict[str, str] = {key: arg for arg, key in COMMON_ARGS.items()}
         self.arg_of.update({key: arg for arg, (key, _) in own.items()})
         self.keys: dict[str, Any] = {COMMON_ARGS[a]: v for a, v in given.items() if v is not None}

@@ -49,8 +49,10 @@ from methods.method import (
     SgdPass,
     TrainedPass,
 )
-from methods.packed_arrays import pack, shapes, unpack
+from methods.packed_arrays import shapes, unpack
+from methods.registry import METHODS
 from methods.ri import relaxed_start, upload_vector
+from methods.upload_codec import OFF, encode_reply, residual_keys
 from methods.weights import Weights
 from store.client_store import W_PREV, ClientStore
 from store.state_dir import StateDir
@@ -212,9 +214,10 @@ def participate(rule: ClientRule[Any], received: RecordDict, store: ClientStore,
     metrics = MetricRecord({rk.NUM_EXAMPLES: trained.num_examples,
                             rk.TRAIN_LOSS: trained.mean_loss, rk.NUM_STEPS: trained.num_steps,
                             **outcome.metrics})
-    return RecordDict({rk.ARRAYS: pack(upload), rk.METRICS: metrics,
-                       rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: delta}),
-                       **{k: pack(v) for k, v in extras.items()}})
+    records, said = encode_reply(  # compressed as the message asks (methods.upload_codec)
+        str(conf.get(rk.COMPRESSION, OFF)), upload, extras, w_t=w_t, delta=delta, state=store,
+        seed=0, server_round=server_round, client_id=int(conf.get(rk.CLIENT_ID, 0)))  # type: ignore[arg-type]
+    return RecordDict({**records, rk.METRICS: metrics, rk.CONFIG: said})
 
 
 def _same(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
@@ -263,7 +266,7 @@ def method_train(msg: Message, context: Context, model: nn.Module,
         w_0 = unpack(sent)
         initial = lambda: w_0  # noqa: E731 - the server's w_0, for a client without w_prev
     conf = msg.content.config_records[rk.CONFIG]
-    _, rule = client_rule(conf)
+    name, rule = client_rule(conf)
     check_model(model)
     if num_examples is None:
         dataset = getattr(trainloader, "dataset", None)
@@ -278,7 +281,9 @@ def method_train(msg: Message, context: Context, model: nn.Module,
     fell_back = store.restore(experiment, server_round,
                               shapes(msg.content.array_records[rk.ARRAYS]),
                               None if accounted is None else int(accounted),  # type: ignore[arg-type]
-                              rule.accounted_keys)
+                              (*rule.accounted_keys,  # and top-k's residuals
+                               *residual_keys(str(conf.get(rk.COMPRESSION, OFF)),
+                                              METHODS[name].server.up_keys)))
 
     def make_sgd(_: int, lr: float) -> SgdPass:
         return user_pass(model, trainloader, epochs=epochs, lr=lr, step=step,

@@ -98,6 +98,8 @@ EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
     "dp", "dp-clip", "dp-clip-extra", "dp-noise-multiplier", "dp-delta",
     # secure aggregation: the sum is of clipped, quantised uploads, and who may drop
     "secure-aggregation", "secagg-num-shares", "secagg-threshold", "secagg-clip", "secagg-bits",
+    # compressed uploads: what the server aggregates is the decoded (lossy) upload
+    "compression",
 })
 """Identity keys that a resume must keep: they decide what is computed."""
 

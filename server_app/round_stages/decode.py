@@ -14,8 +14,10 @@ from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from methods import wire as rk
+from methods.compression import Compression, CompressionError
 from methods.method import ClientUpdate, ServerRule
 from methods.packed_arrays import unpack
+from methods.upload_codec import channels, codec_problem, decode_channel, payload_bytes
 from methods.weights import Weights
 from server_app.operator_log import log_line
 from server_app.round_stages.replies import Accepted, RoundReplies, log_rejected
@@ -71,6 +73,7 @@ class DecodeReplies:
     def __call__(self, replies: RoundReplies) -> RoundReplies:
         good: list[Accepted] = []
         rejected = 0
+        sizes: dict[int, int] = {}
         reasons: list[tuple[int, str]] = []
         arrived: set[int] = set()
         for msg in replies.messages:
@@ -85,10 +88,14 @@ class DecodeReplies:
                 log_rejected(replies, node, decoded, self.private)
                 continue
             good.append((node, decoded))
+            if not self.secure:
+                sizes[decoded.partition_id] = payload_bytes(msg.content.array_records,
+                                                            channels(self.rule.up_keys))
         log_silent(replies, self.cfg.fleet.round_timeout, self.private)
         good.sort(key=lambda item: item[1].partition_id)
         return dataclasses.replace(
             replies, accepted=tuple(good), rejected=rejected, arrived=len(arrived),
+            upload_bytes=None if self.secure else sizes,
             rejections=(*replies.rejections, *reasons),
             missing=replies.sampled - len(good) - rejected)
 
@@ -112,6 +119,10 @@ class DecodeReplies:
                     f"{'Delta_i' if self.cfg.train.ri_aggregation == 'update' else 'w_iK'}")
         if self.secure:  # only the sum may be learnt: no per-client figure is read
             return self.decode_masked(content, pid, w_t)
+        problem = codec_problem(self.cfg.train.compression,
+                                content.config_records[rk.CONFIG].get(rk.COMPRESSION))
+        if problem is not None:
+            return problem
         local = self.placeholders
         for key in () if local else (rk.NUM_EXAMPLES, rk.TRAIN_LOSS, rk.NUM_STEPS):
             if key not in metrics:
@@ -129,11 +140,16 @@ class DecodeReplies:
             if not isinstance(loss, int | float) or not math.isfinite(float(loss)):
                 return f"train-loss={loss!r} is not finite"
         arrays: dict[str, Weights] = {}
-        for key in (rk.ARRAYS, *self.rule.up_keys):
+        codec = Compression.parse(self.cfg.train.compression)
+        delta = self.cfg.train.ri_aggregation == "update"
+        for key in channels(self.rule.up_keys):
             if key not in content.array_records:
                 return f"missing ArrayRecord {key!r}"
-            try:
-                arrays[key] = unpack(content.array_records[key])
+            try:  # decoded first: every check and stage after sees the decoded vectors
+                arrays[key] = decode_channel(codec, key, unpack(content.array_records[key]),
+                                             w_t, delta)
+            except CompressionError as err:
+                return str(err)
             except ValueError as err:
                 return f"ArrayRecord {key!r}: {err}"
             problem = arrays_problem(key, arrays[key], w_t)

@@ -50,6 +50,9 @@ class RoundReplies:
     arrived: int = 0
     """Sampled nodes whose reply came from the client (an error of the client's counts)."""
     norm_limit_used: float = 0.0
+    upload_bytes: Mapping[int, int] | None = None
+    """{client id: its reply's encoded upload payload bytes} of the replies that passed
+    decoding (None under secure aggregation, whose masked uploads are not measured yet)."""
     """The largest norm / limit the norm filter saw (0 without a filter)."""
     selected: tuple[ClientUpdate, ...] | None = None
     """What is combined, when a stage narrowed or transformed ``accepted`` (None: all)."""
@@ -90,8 +93,12 @@ class RoundReplies:
 
     def counts(self) -> dict[str, int | float]:
         """The round's reply counts, a metric row whether or not it was aggregated."""
-        return {rk.NUM_REPLIES: len(self.accepted), rk.NUM_REJECTED: self.rejected,
-                rk.NUM_MISSING: self.missing, rk.NORM_LIMIT_USED: self.norm_limit_used}
+        counts: dict[str, int | float] = {
+            rk.NUM_REPLIES: len(self.accepted), rk.NUM_REJECTED: self.rejected,
+            rk.NUM_MISSING: self.missing, rk.NORM_LIMIT_USED: self.norm_limit_used}
+        if self.upload_bytes is not None:  # bytes-up: over the replies counted in num-replies
+            counts[rk.BYTES_UP] = sum(self.upload_bytes[u.partition_id] for _, u in self.accepted)
+        return counts
 
 
 Stage = Callable[[RoundReplies], RoundReplies]

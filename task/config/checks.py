@@ -153,6 +153,7 @@ def _check_ranges(c: RunConfig) -> None:
     cross.check_async(c)
     privacy.check_secagg_keys(c.privacy)
     cross.check_secagg(c)
+    train.check_compression(t, c.privacy.secure_aggregation, c.schedule.rounds)
     fleet.check_over_select_value(f)
     cross.check_over_select(c)
     parse_speeds(c.schedule.device_speeds)

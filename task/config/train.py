@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from methods.compression import Compression, CompressionError
 from methods.registry import METHODS
-from task.config_checks import bad_value
+from task.config_checks import ConfigError, bad_value
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class TrainConfig:
     weight_decay: float
     clip_norm: float
     model: str
+    compression: str = "off"
 
     def lr_at(self, server_round: int) -> float:
         """Local learning rate of round t (1-based): lr * lr_decay^(t-1)."""
@@ -47,6 +49,24 @@ def check_server_lr_decay(t: TrainConfig) -> None:
                         f"({server_lr_defaults()})")
     if not 0.0 < t.lr_decay <= 1.0:
         raise bad_value("lr-decay", t.lr_decay, "0 < lr-decay <= 1")
+
+
+def check_compression(t: TrainConfig, secure_aggregation: str, rounds: str) -> None:
+    """``compression``: the codec's one line for a name it does not parse; refused with
+    SecAgg+ (its masked sum is of the field's own quantisation, not yet the codec's) and with
+    ``rounds=async`` (its replies are not yet decoded)."""
+    try:
+        codec = Compression.parse(t.compression)
+    except CompressionError as err:
+        raise ConfigError(f"run config: {err}") from None
+    if codec is None:
+        return
+    for key, value, off in (("secure-aggregation", secure_aggregation, "off"),
+                            ("rounds", rounds, "sync")):
+        if value != off:
+            raise ConfigError(f"run config: compression={t.compression!r} with {key}="
+                              f"{value!r} is not allowed yet; allowed: {key}={off!r}, or "
+                              "compression='off'")
 
 
 def server_lr_defaults() -> str:

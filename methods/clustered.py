@@ -526,4 +526,7 @@ class ClusteredClient(ClientRule[ClusteredParams]):
 
 
 SPEC = MethodSpec(name="clustered", label="Clustered FL", params=ClusteredParams,
-                  server=ClusteredServer, client=ClusteredClient, ri_aggregation="model")
+                  server=ClusteredServer, client=ClusteredClient, ri_aggregation="model",
+                  async_refusal=("it re-clusters the replies of one round; a buffer's replies "
+                                 "started from different versions of each cluster model"),
+                  secagg_refusal="the server clusters the clients' individual updates")

@@ -78,4 +78,5 @@ class DittoClient(ClientRule[DittoParams]):
 
 
 SPEC = MethodSpec(name="ditto", label="Ditto", params=DittoParams, server=DittoServer,
-                  client=DittoClient, ri_aggregation="model")
+                  client=DittoClient, ri_aggregation="model",
+                  async_refusal=None, secagg_refusal=None)

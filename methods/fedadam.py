@@ -73,4 +73,5 @@ class FedAdamClient(ClientRule[FedAdamParams]):
 
 
 SPEC = MethodSpec(name="fedadam", label="FedAdam", params=FedAdamParams, server=FedAdamServer,
-                  client=FedAdamClient, ri_aggregation="update", server_lr=0.1)
+                  client=FedAdamClient, ri_aggregation="update", server_lr=0.1,
+                  async_refusal=None, secagg_refusal=None)

@@ -16,4 +16,5 @@ class FedAvgClient(ClientRule[Params]):
 
 
 SPEC = MethodSpec(name="fedavg", label="FedAvg", ri_label="FedInit", params=Params,
-                  server=FedAvgServer, client=FedAvgClient, ri_aggregation="model")
+                  server=FedAvgServer, client=FedAvgClient, ri_aggregation="model",
+                  async_refusal=None, secagg_refusal=None)

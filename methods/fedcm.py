@@ -109,4 +109,5 @@ class FedCmClient(ClientRule[FedCmParams]):
 
 
 SPEC = MethodSpec(name="fedcm", label="FedCM", params=FedCmParams, server=FedCmServer,
-                  client=FedCmClient, ri_aggregation="update")
+                  client=FedCmClient, ri_aggregation="update",
+                  async_refusal=None, secagg_refusal=None)

@@ -117,4 +117,9 @@ class FedDynClient(ClientRule[FedDynParams]):
 
 
 SPEC = MethodSpec(name="feddyn", label="FedDyn", params=FedDynParams, server=FedDynServer,
-                  client=FedDynClient, ri_aggregation="update")
+                  client=FedDynClient, ri_aggregation="update",
+                  async_refusal=("its correction H / N, added at every flush, diverges once "
+                                 "replies are a version stale (least squares, 4 of 8 clients a "
+                                 "flush: rel. error 5 after 60 flushes, sync 4e-5; "
+                                 "docs/algorithms.md, FedBuff)"),
+                  secagg_refusal=None)

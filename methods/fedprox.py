@@ -53,4 +53,5 @@ class FedProxClient(ClientRule[FedProxParams]):
 
 
 SPEC = MethodSpec(name="fedprox", label="FedProx", params=FedProxParams, server=FedProxServer,
-                  client=FedProxClient, ri_aggregation="model")
+                  client=FedProxClient, ri_aggregation="model",
+                  async_refusal=None, secagg_refusal=None)

@@ -456,4 +456,7 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
 
 
 SPEC = MethodSpec(name="fedrelax", label="FedRelax", params=FedRelaxParams,
-                  server=FedRelaxServer, client=FedRelaxClient, ri_aggregation="model")
+                  server=FedRelaxServer, client=FedRelaxClient, ri_aggregation="model",
+                  async_refusal=None,
+                  secagg_refusal=("the server keeps each client's own model, which needs "
+                                  "each upload"))

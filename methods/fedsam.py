@@ -89,4 +89,5 @@ def sam_gradient(rho: float) -> GradientFn:
 
 
 SPEC = MethodSpec(name="fedsam", label="FedSAM", params=FedSamParams, server=FedSamServer,
-                  client=FedSamClient, ri_aggregation="model")
+                  client=FedSamClient, ri_aggregation="model",
+                  async_refusal=None, secagg_refusal=None)

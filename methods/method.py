@@ -471,6 +471,13 @@ class MethodSpec:
     """What ``server-lr=0`` (the default) means for it."""
     ri_label: str = field(default="")
     """The name of the method with RI (beta != 0); '' means label + '+RI'."""
+    async_refusal: str | None = field(kw_only=True)
+    """Why ``rounds=async`` refuses the method, in one line; None where its server rule runs
+    on a buffer (docs/algorithms.md, FedBuff). No default, so a new method states it. A value
+    of its own keys it cannot run async with is ``ServerRule.async_refusal``'s."""
+    secagg_refusal: str | None = field(kw_only=True)
+    """Why ``secure-aggregation=secagg+`` refuses the method, in one line: its server needs
+    more than the round's sums. None where the sums suffice; no default, as above."""
 
     def label_with(self, beta: float) -> str:
         """The label of this method at RI coefficient ``beta``."""

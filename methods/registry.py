@@ -50,3 +50,15 @@ def composes_with_ri(method: str) -> bool:
     (``ServerRule.per_client_refusal``): their clients train from their own or their
     cluster's model, not a global one."""
     return not METHODS[method].server.per_client_refusal
+
+
+def async_methods() -> tuple[str, ...]:
+    """The methods ``rounds=async`` runs (``MethodSpec.async_refusal`` None), in registry
+    order: the allowed list of the run config's refusal."""
+    return tuple(name for name, spec in METHODS.items() if spec.async_refusal is None)
+
+
+def secagg_methods() -> tuple[str, ...]:
+    """The methods ``secure-aggregation=secagg+`` runs (``MethodSpec.secagg_refusal`` None),
+    in registry order."""
+    return tuple(name for name, spec in METHODS.items() if spec.secagg_refusal is None)

@@ -112,4 +112,5 @@ class ScaffoldClient(ClientRule[Params]):
 
 
 SPEC = MethodSpec(name="scaffold", label="SCAFFOLD", params=Params, server=ScaffoldServer,
-                  client=ScaffoldClient, ri_aggregation="model")
+                  client=ScaffoldClient, ri_aggregation="model",
+                  async_refusal=None, secagg_refusal=None)

@@ -29,8 +29,8 @@ each flush is one release (``server_app/async_privacy.py``: clipped at buffering
 the flush, a rejected reply a zero contribution, one reply per client per flush, counted
 before the flush is computed). A robust ``aggregation`` runs over the buffer
 (``server_app/async_robust.py``). Not built yet (refused by the run config): local and
-distributed DP, federated and personalized evaluation, and the methods listed
-in ``task.choices.ASYNC_REFUSALS`` (FedDyn among them: its rule diverges with stale replies).
+distributed DP, federated and personalized evaluation, and the methods whose spec says
+why (``MethodSpec.async_refusal``; FedDyn's rule diverges with stale replies).
 
 Every flush writes a checkpoint before anything of the new version is sent; ``resume-dir``
 continues from it, re-sending the tasks that were in flight as they were

@@ -27,21 +27,6 @@ REFILLS: tuple[str, ...] = ("random", "balanced")
 """``refill`` under ``rounds=async``: which idle client takes a freed slot: a seeded uniform
 choice (FedBuff's) | one of those sent the fewest tasks so far, ties a seeded choice
 (``server_app.async_rounds.choose``)."""
-ASYNC_METHODS: tuple[str, ...] = ("fedavg", "fedprox", "fedsam", "ditto", "fedadam",
-                                  "scaffold", "fedcm", "fedrelax")
-"""Methods ``rounds=async`` runs (fedavg with beta != 0 is FedInit): FedAvg's server rule on
-the buffered update, FedAdam's optimiser on it, SCAFFOLD's with each buffered reply's
-Delta_c_i added to c once, unweighted, FedCM's momentum d = -D / (K eta) from the buffered
-update, or FedRelax's book eq. (128): each task carries m_i of the neighbours' models held at
-send time, a flush replaces each buffered client's model (docs/algorithms.md, FedBuff)."""
-ASYNC_REFUSALS: dict[str, str] = {
-    "feddyn": "its correction H / N, added at every flush, diverges once replies are a version "
-              "stale (least squares, 4 of 8 clients a flush: rel. error 5 after 60 flushes, "
-              "sync 4e-5; docs/algorithms.md, FedBuff)",
-    "clustered": "it re-clusters the replies of one round; a buffer's replies started from "
-                 "different versions of each cluster model",
-}
-"""Why each other method is refused under ``rounds=async`` (one line each)."""
 SECURE_AGGREGATIONS: tuple[str, ...] = ("off", "secagg+")
 """``secure-aggregation``: off | secagg+ (SecAgg+, ``secure_aggregation/``: the server sees
 only the round's sum of the clients' clipped, quantised uploads;
@@ -49,12 +34,6 @@ only the round's sum of the clients' clipped, quantised uploads;
 SECAGG_MAX_BITS = 24
 """``secagg-bits`` at most this (``secure_aggregation.params.MAX_BITS``; a test holds them
 equal)."""
-SECAGG_REFUSALS: dict[str, str] = {
-    "fedrelax": "the server keeps each client's own model, which needs each upload",
-    "clustered": "the server clusters the clients' individual updates",
-}
-"""Why each method whose server needs more than the round's sum is refused under
-``secure-aggregation=secagg+`` (one line each)."""
 MAX_ROTATIONS = 4
 """Distinct rotations by multiples of 90 degrees: ``rotate`` allows at most this many regimes."""
 

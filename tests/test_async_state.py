@@ -10,6 +10,7 @@ under test.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,12 +21,12 @@ import pytest
 from flwr.app import Message
 
 from methods.fedbuff import Flush
+from methods.registry import METHODS
 from methods.scaffold import C_LOCAL
 from server_app.async_resume import async_checkpoint, loop_state_of
 from server_app.async_rounds import AsyncLoop, BufferedStrategy
 from server_app.checkpoint import load_checkpoint, save_checkpoint
 from store.state_dir import StateDir
-from task import config as task_config
 from task.config import RunConfig
 from testbeds.lsq_async import (
     EXPERIMENT,
@@ -261,14 +262,14 @@ def test_without_keep_accounted_the_resumed_client_loses_its_accounted_state(
 # ---------------------------------------------------------------------------- FedDyn: refused
 def test_feddyn_under_fedbuff_diverges_where_its_sync_round_converges(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Why ``rounds=async`` refuses FedDyn (``task.choices.ASYNC_REFUSALS``). Its rule built
+    """Why ``rounds=async`` refuses FedDyn (its ``MethodSpec.async_refusal``). Its rule built
     as SCAFFOLD's is (H += each buffered move once, unweighted; w <- w + D + H / N per flush)
     on the 8-client problem of tests/test_methods_lsq.py, alpha 1, 4 of 8 clients a flush, all
     equally fast (round robin: after the first flush every reply is one version stale): the
     error to the optimum grows past w_0's, while sync FedDyn with 4 of 8 clients a round
     converges, and so does SCAFFOLD in the same asynchronous schedule."""
-    monkeypatch.setattr(task_config.cross, "ASYNC_METHODS",
-                        (*task_config.cross.ASYNC_METHODS, "feddyn"))
+    monkeypatch.setitem(METHODS, "feddyn",
+                        dataclasses.replace(METHODS["feddyn"], async_refusal=None))
     p = lsq_problem(num_clients=8, dim=5, n=20, seed=0)
     opt = lsq_optimum(p)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from methods.fedbuff import STALENESS_KINDS
-from methods.registry import METHOD_NAMES
+from methods.registry import METHOD_NAMES, METHODS, async_methods
 from task import choices
 from task.config import ConfigError, RunConfig
 
@@ -39,15 +41,28 @@ def test_range_errors_are_one_line(over: dict[str, object], line: str) -> None:
     assert line in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m not in choices.ASYNC_METHODS])
+@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m not in async_methods()])
 def test_each_other_method_is_refused_with_its_reason(method: str) -> None:
     extra = {"beta": 0.0} if method in ("fedrelax", "clustered") else {}
     with pytest.raises(ConfigError) as err:
         RunConfig.parse({**ASYNC, "method": method, **extra})
     text = str(err.value)
-    allowed = " | ".join(choices.ASYNC_METHODS)
+    allowed = " | ".join(async_methods())
     assert f"method={method!r} is not allowed; allowed: {allowed} with rounds='async'" in text
-    assert choices.ASYNC_REFUSALS[method] in text and "\n" not in text
+    assert f"({method}: {METHODS[method].async_refusal})" in text and "\n" not in text
+
+
+def test_a_methods_own_spec_says_whether_it_runs_async(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusal and the allowed list both follow ``MethodSpec.async_refusal``."""
+    assert RunConfig.parse({**ASYNC, "method": "fedsam"}).method == "fedsam"
+    monkeypatch.setitem(METHODS, "fedsam",
+                        dataclasses.replace(METHODS["fedsam"], async_refusal="a reason"))
+    assert "fedsam" not in async_methods() and "fedavg" in async_methods()
+    with pytest.raises(ConfigError) as err:
+        RunConfig.parse({**ASYNC, "method": "fedsam"})
+    assert str(err.value) == (f"run config: method='fedsam' is not allowed; allowed: "
+                              f"{' | '.join(async_methods())} with rounds='async' "
+                              f"(fedsam: a reason)")
 
 
 @pytest.mark.parametrize(("over", "key"), [

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from methods.registry import METHOD_NAMES
+from methods.registry import METHOD_NAMES, METHODS, secagg_methods
 from secure_aggregation.params import MAX_BITS, SecAggParams
 from task import choices
 from task.config import ConfigError, RunConfig
@@ -54,16 +56,27 @@ def test_range_errors_are_one_line_whether_on_or_off(over: dict[str, object], li
         assert line in refusal({**SECAGG, **over})
 
 
-@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m in choices.SECAGG_REFUSALS])
+@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m not in secagg_methods()])
 def test_each_method_that_needs_an_upload_is_refused_with_its_reason(method: str) -> None:
     extra = {"beta": 0.0} if method in ("fedrelax", "clustered") else {}
     text = refusal({**SECAGG, "method": method, **extra})
     assert f"method={method!r} is not allowed; allowed: fedavg | " in text
-    assert f"with secure-aggregation='secagg+' ({method}: {choices.SECAGG_REFUSALS[method]})" \
+    assert f"with secure-aggregation='secagg+' ({method}: {METHODS[method].secagg_refusal})" \
         in text
 
 
-@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m not in choices.SECAGG_REFUSALS])
+def test_a_methods_own_spec_says_whether_it_runs_on_the_sum(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusal and the allowed list both follow ``MethodSpec.secagg_refusal``."""
+    monkeypatch.setitem(METHODS, "fedsam",
+                        dataclasses.replace(METHODS["fedsam"], secagg_refusal="a reason"))
+    assert "fedsam" not in secagg_methods() and "fedavg" in secagg_methods()
+    assert refusal({**SECAGG, "method": "fedsam"}) == (
+        f"run config: method='fedsam' is not allowed; allowed: {' | '.join(secagg_methods())} "
+        f"with secure-aggregation='secagg+' (fedsam: a reason)")
+
+
+@pytest.mark.parametrize("method", [m for m in METHOD_NAMES if m in secagg_methods()])
 def test_each_method_on_the_sum_is_accepted(method: str) -> None:
     assert RunConfig.parse({**SECAGG, "method": method}).privacy.secure_aggregation == "secagg+"
 
@@ -108,7 +121,7 @@ def test_what_needs_one_upload_is_refused_in_one_line(over: dict[str, object],
 @pytest.mark.parametrize("method", ["scaffold", "feddyn"])
 def test_scaffold_and_feddyn_run_on_the_sum(method: str) -> None:
     """Their servers need only sums (SCAFFOLD's of Delta_c_i too): no longer refused."""
-    assert method not in choices.SECAGG_REFUSALS
+    assert METHODS[method].secagg_refusal is None
     assert RunConfig.parse({**SECAGG, "method": method}).method == method
 
 

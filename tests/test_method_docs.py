@@ -51,7 +51,8 @@ def test_every_registered_method_is_documented() -> None:
 def test_a_method_without_docs_is_found() -> None:
     spec = METHODS["fedavg"]
     ghost = MethodSpec(name="fedghost", label="FedGhost", params=spec.params,
-                       server=spec.server, client=spec.client, ri_aggregation="model")
+                       server=spec.server, client=spec.client, ri_aggregation="model",
+                       async_refusal=None, secagg_refusal=None)
     assert len(missing_rows([ghost], *_docs())) == 3
 
 

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from methods.dp import CLIP_SIGMAS, min_secagg_clip
 from methods.dp import refusal as dp_refusal
-from methods.registry import METHOD_NAMES, METHODS
+from methods.registry import METHODS, async_methods, secagg_methods
 from methods.robust_choices import min_replies
-from task.choices import ASYNC_METHODS, ASYNC_REFUSALS, SECAGG_REFUSALS, check_model_input
+from task.choices import check_model_input
 from task.config_checks import ConfigError, bad_value
 from task.data_sets import spec_of
 from task.shown import shown
@@ -110,14 +110,14 @@ def check_dp_refusal(c: RunConfig) -> None:
 
 
 def check_async(c: RunConfig) -> None:
-    """What ``rounds=async`` cannot run yet, each refused with its reason
-    (``task.choices.ASYNC_REFUSALS``)."""
+    """What ``rounds=async`` cannot run yet, each refused with its reason (a method's own:
+    ``MethodSpec.async_refusal``)."""
     if c.schedule.rounds == "sync":
         return
-    if c.method not in ASYNC_METHODS:
-        why = ASYNC_REFUSALS.get(c.method, "not built for buffers yet")
-        raise bad_value("method", c.method, f"{' | '.join(ASYNC_METHODS)} with rounds='async' "
-                        f"({c.method}: {why})")
+    why = METHODS[c.method].async_refusal
+    if why is not None:
+        raise bad_value("method", c.method, f"{' | '.join(async_methods())} with "
+                        f"rounds='async' ({c.method}: {why})")
     dp, s, r, e = c.privacy.dp, c.schedule, c.robust, c.eval
     need = min_replies(r.aggregation, r.byzantine_f)
     rule = METHODS[c.method].server
@@ -201,10 +201,10 @@ def check_secagg(c: RunConfig) -> None:
     if p.secure_aggregation == "off":
         return
     with_it = f"with secure-aggregation={p.secure_aggregation!r}"
-    if c.method in SECAGG_REFUSALS:
-        allowed = " | ".join(m for m in METHOD_NAMES if m not in SECAGG_REFUSALS)
-        raise bad_value("method", c.method, f"{allowed} {with_it} ({c.method}: "
-                        f"{SECAGG_REFUSALS[c.method]})")
+    why = METHODS[c.method].secagg_refusal
+    if why is not None:
+        raise bad_value("method", c.method, f"{' | '.join(secagg_methods())} {with_it} "
+                        f"({c.method}: {why})")
     t, r, e = p.secagg_threshold, c.robust, c.eval
     max_clients = (2**32 - 1) // 2**p.secagg_bits
     for key, value, ok, allowed, why in (

@@ -84,5 +84,6 @@ def client_round(
         upload_vector(final, start, "update" if delta else "model"), outcome.extras)
     records, said = encode_reply(  # then compressed, as the message asks
         str(conf.get(rk.COMPRESSION, OFF)), upload, extras, w_t=w_t, delta=delta, state=state,
-        seed=cfg.seed, server_round=server_round, client_id=partition_id)
+        seed=cfg.seed, server_round=server_round, client_id=partition_id,
+        changes={up: (key, method_state[key]) for up, key in rule.uploaded_changes.items()})
     return RecordDict({**records, rk.METRICS: metrics, rk.CONFIG: said})

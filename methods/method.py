@@ -421,6 +421,10 @@ class ClientRule(Generic[P]):
     server names in each message, so a late, rejected or lost reply cannot make the client's
     state drift from the server's (``store.client_store``). The other keys (RI's w_prev,
     Ditto's v_i) the server never sums: they stay the newest."""
+    uploaded_changes: ClassVar[Mapping[str, str]] = {}
+    """Extra uploads that are the change of an accounted key, {upload: state key} (SCAFFOLD's
+    Delta_c_i of c_i): under a lossy upload codec the key moves by what the server decodes,
+    so the server's sum of the changes stays the sum of the keys (``methods.upload_codec``)."""
     personal_key: ClassVar[str] = ""
     """State key of the client's own personal model (Ditto's v_i), which personalized
     evaluation scores as the client's own; one of ``state_keys``. '' for none: RI's w_prev

@@ -81,6 +81,7 @@ class ScaffoldClient(ClientRule[Params]):
 
     state_keys = (C_LOCAL,)
     accounted_keys = (C_LOCAL,)
+    uploaded_changes = {DELTA_C: C_LOCAL}
     down_keys = (C_GLOBAL,)
 
     def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],

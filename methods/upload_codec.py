@@ -67,11 +67,15 @@ def generator(seed: int, server_round: int, client_id: int, channel: int) -> np.
 
 def encode_reply(text: str, upload: Weights, extras: Mapping[str, Weights], *,
                  w_t: Weights, delta: bool, state: State, seed: int, server_round: int,
-                 client_id: int) -> tuple[dict[str, ArrayRecord], ConfigRecord]:
+                 client_id: int, changes: Mapping[str, tuple[str, Weights]] | None = None,
+                 ) -> tuple[dict[str, ArrayRecord], ConfigRecord]:
     """The reply's upload records (packed) and the CONFIG entries saying how they were made.
 
     ``upload`` is what leaves after DP's release (Delta_i, or w_iK when not ``delta``);
-    ``text`` the codec the train message names. Off: the arrays as they are."""
+    ``text`` the codec the train message names. Off: the arrays as they are. ``changes``:
+    {extra upload: (the accounted state key it changes, that key before this round)}
+    (``ClientRule.uploaded_changes``); compressed, the key is stored as before + what the
+    server will decode, so the server's sum of the decoded changes is the clients' sum."""
     codec = Compression.parse(text)
     said = ConfigRecord({rk.UPLOAD_DELTA: delta})
     if codec is None:
@@ -84,11 +88,15 @@ def encode_reply(text: str, upload: Weights, extras: Mapping[str, Weights], *,
     for i, name in enumerate(channels(sorted(extras))):
         key = residual_key(name)
         residual = state.get(key) if codec.keeps_residual else None
-        wire, _, new_residual = codec.encode(vectors[name],
-                                             generator(seed, server_round, client_id, i),
-                                             residual)
+        wire, decoded, new_residual = codec.encode(vectors[name],
+                                                   generator(seed, server_round, client_id, i),
+                                                   residual)
         if codec.keeps_residual:
             state.put(key, new_residual)
+        if changes and name in changes:
+            changed, before = changes[name]
+            state.put(changed, [(b.astype(np.float64) + d).astype(np.float32)
+                                for b, d in zip(before, decoded, strict=True)])
         records[name] = pack(wire)
     return records, said
 

@@ -216,7 +216,8 @@ def participate(rule: ClientRule[Any], received: RecordDict, store: ClientStore,
                             **outcome.metrics})
     records, said = encode_reply(  # compressed as the message asks (methods.upload_codec)
         str(conf.get(rk.COMPRESSION, OFF)), upload, extras, w_t=w_t, delta=delta, state=store,
-        seed=0, server_round=server_round, client_id=int(conf.get(rk.CLIENT_ID, 0)))  # type: ignore[arg-type]
+        seed=0, server_round=server_round, client_id=int(conf.get(rk.CLIENT_ID, 0)),  # type: ignore[arg-type]
+        changes={up: (key, method_state[key]) for up, key in rule.uploaded_changes.items()})
     return RecordDict({**records, rk.METRICS: metrics, rk.CONFIG: said})
 
 

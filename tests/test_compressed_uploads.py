@@ -249,3 +249,29 @@ def test_bad_compression_settings_are_one_line(over: dict[str, Any], line: str) 
     with pytest.raises(ConfigError) as err:
         RunConfig.parse(over)
     assert line in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("codec", ["q8", "topk:0.5+q8"])
+def test_a_strategies_server_and_method_train_compress_alike(codec: str) -> None:
+    """``compression=`` of a ``strategies`` constructor: the user's ``method_train`` clients
+    encode as the messages ask, the server decodes every reply (none refused) and its
+    ``bytes-up`` is the codec's payload x channels x replies; SCAFFOLD's two channels."""
+    from strategies import Scaffold
+    from tests.test_strategies import UserGrid
+    from tests.test_strategy_client_half import linear
+
+    grid = UserGrid([10, 20, 30, 40])
+    result = Scaffold(fraction_train=1.0, min_available_nodes=4, fraction_evaluate=0.0,
+                      lr=0.05, compression=codec).start(grid, linear(), num_rounds=3)
+    shapes = [a.shape for a in unpack(linear())]
+    per_reply = 2 * Compression.parse(codec).wire_bytes(shapes)  # type: ignore[union-attr]
+    rounds = list(result.train_metrics_clientapp.values())
+    assert [(m[rk.NUM_REPLIES], m[rk.NUM_REJECTED]) for m in rounds] == [(4, 0)] * 3
+    assert all(m[rk.BYTES_UP] == 4 * per_reply for m in rounds), rounds
+
+
+def test_a_strategies_compression_argument_is_checked_in_one_line() -> None:
+    from strategies import FedInit
+
+    with pytest.raises(ConfigError, match="compression='q9' is not allowed; allowed: off"):
+        FedInit(compression="q9")

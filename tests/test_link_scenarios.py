@@ -114,8 +114,8 @@ def test_fedinit_completes_over_cellular_and_flaky_wifi_links(
     cfg = {**COMMON, **FEDINIT, "num-server-rounds": rounds, "eval-every": rounds,
            "round-timeout": 60.0, "node-registry": str(dep.registry)}
     got = watch(dep, "fedinit", cfg, tmp_path / "fedinit")
+    check_rows(got, rounds)  # first: a failed run says why, not that it has no bytes
     print(f"\n{summary('fedinit', got)}")
-    check_rows(got, rounds)
     # Every node stays connected (a reset reconnects within a second), so every train
     # message is accounted for: a reply, or one counted lost (a reset can cut a reply's
     # object push: seen once in 12 flaky-wifi rounds, docs/benchmarks.md).

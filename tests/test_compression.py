@@ -142,3 +142,21 @@ def test_the_settings_parse_as_named() -> None:
     assert Compression.parse("q4/256") == Compression(None, Quantiser(4, 256))
     assert Compression.parse("topk:0.01+q8") == Compression(0.01, Quantiser(8, 0))
 
+
+
+def test_the_wire_bytes_of_the_test_model_worked_out_by_hand() -> None:
+    """SHAPES hold 72, 8, 1152, 16, 4000 and 10 values (5,258 in 6 tensors)."""
+    shapes = [t.shape for t in vector(0)]
+    by_spec = {"q8": 5258 + 4 * 6,  # a byte a value, a float32 scale a tensor
+               "q4": (36 + 4 + 576 + 8 + 2000 + 5) + 4 * 6,  # two values a byte, rounded up
+               "q8/100": 5258 + 4 * (1 + 1 + 12 + 1 + 40 + 1),  # a scale per 100 values
+               # k = ceil(0.01 n) = 1, 1, 12, 1, 40, 1: an int32 index and a float32 value each
+               "topk:0.01": 8 * 56,
+               # the same k, each value a byte, a scale per tensor
+               "topk:0.01+q8": 4 * 56 + 56 + 4 * 6}
+    for spec, want in by_spec.items():
+        codec = Compression.parse(spec)
+        assert codec is not None
+        assert codec.wire_bytes(shapes) == want, spec
+        wire, _, _ = codec.encode(vector(1), np.random.default_rng(0))
+        assert sum(a.nbytes for a in wire) == want, spec

@@ -263,9 +263,8 @@ def method_train(msg: Message, context: Context, model: nn.Module,
                          "(a strategies server sends w_0) or a function () -> the run's w_0 "
                          "arrays")
     sent = msg.content.array_records.get(INITIAL)
-    if initial is None and sent is not None:
-        w_0 = unpack(sent)
-        initial = lambda: w_0  # noqa: E731 - the server's w_0, for a client without w_prev
+    if initial is None and sent is not None:  # decoded only for a client without w_prev
+        initial = partial(unpack, sent)
     conf = msg.content.config_records[rk.CONFIG]
     name, rule = client_rule(conf)
     check_model(model)

@@ -50,10 +50,10 @@ class RoundReplies:
     arrived: int = 0
     """Sampled nodes whose reply came from the client (an error of the client's counts)."""
     norm_limit_used: float = 0.0
+    """The largest norm / limit the norm filter saw (0 without a filter)."""
     upload_bytes: Mapping[int, int] | None = None
     """{client id: its reply's encoded upload payload bytes} of the replies that passed
     decoding (None under secure aggregation, whose masked uploads are not measured yet)."""
-    """The largest norm / limit the norm filter saw (0 without a filter)."""
     selected: tuple[ClientUpdate, ...] | None = None
     """What is combined, when a stage narrowed or transformed ``accepted`` (None: all)."""
     unaccounted: frozenset[int] = frozenset()

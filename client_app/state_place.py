@@ -54,7 +54,8 @@ def state_dir_of(node_config: Mapping[str, Any], cfg: RunConfig, experiment: str
     no root, or the server names no experiment). PathError, before any work, when a
     device is told a server's directory or a name or path would leave its root."""
     node_root = str(node_config.get("state-dir", ""))
-    if not server_hosted():
+    told = sim_root or (cfg.fleet.client_state_dir and not node_root)  # a server's place
+    if told and not server_hosted():  # the stack is walked only when the server names one
         if sim_root:
             raise PathError(f"{STATE_ROOT}={sim_root!r} names a place on this device; "
                             "allowed: only a simulated client takes its state directory "

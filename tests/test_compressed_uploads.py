@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, MessageType
+from flwr.app import ConfigRecord, Message
 
 from methods import wire as rk
 from methods.compression import Compression
@@ -35,7 +34,7 @@ from store.files import read_record
 from store.simulated_state import RUN_SUBDIR
 from task.config import ConfigError, RunConfig
 from tests.sim_engine import InProcessSimulation
-from tests.test_state_consistency import client_sum, relative_gap
+from tests.test_state_consistency import client_sum, lose_train_replies, relative_gap
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 
@@ -83,24 +82,10 @@ def run(tmp: Path, method: str, compression: str) -> dict[str, Any]:
         gaps.append(relative_gap(c, mean))
 
     with InProcessSimulation(cfg.num_clients, overrides) as sim:
-        send = sim.grid.send_and_receive
 
-        def lossy(messages: Iterable[Message], *, timeout: float | None = None
-                  ) -> Iterable[Message]:
-            msgs = list(messages)
-            train = bool(msgs) and msgs[0].metadata.message_type == MessageType.TRAIN
-            if train and (run_dir / "checkpoint.npz").exists():
-                check()
-            replies = list(send(msgs, timeout=timeout))
-            if not train:
-                return replies
+        def record(msgs: list[Message], kept: list[Message]) -> None:
             to = {m.metadata.dst_node_id: m for m in msgs}
-            kept = []
-            for r in replies:
-                if rng.random() < 0.3:
-                    out["dropped"] += 1
-                    continue
-                kept.append(r)
+            for r in kept:
                 if r.has_error():
                     continue
                 asked = to[r.metadata.src_node_id].content
@@ -117,9 +102,8 @@ def run(tmp: Path, method: str, compression: str) -> dict[str, Any]:
                 groups, _ = read_record(run_dir / RUN_SUBDIR / run_dir.name / f"client-{pid}"
                                         / f"r{rnd:06d}.npz")  # pruned in later rounds
                 sent.setdefault(pid, {})[rnd] = (w_t, groups[W_PREV], move)
-            return kept
 
-        sim.grid.send_and_receive = lossy  # type: ignore[method-assign]
+        lose_train_replies(sim.grid, rng, 0.3, run_dir, check, out, record)
         run_experiment(sim.grid, cfg, out_dir=run_dir)
     check()
     rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]

@@ -59,6 +59,33 @@ def relative_gap(server: list[np.ndarray], clients: list[np.ndarray]) -> float:
     return gap / norm if norm else gap  # c is still 0 while no Delta_c was counted
 
 
+def lose_train_replies(grid: Any, rng: np.random.Generator, drop: float, run_dir: Path,
+                       check: Callable[[], None], counts: dict[str, int],
+                       after: Callable[[list[Message], list[Message]], None] | None = None,
+                       ) -> None:
+    """Wrap ``grid.send_and_receive``: before each train round after the first, ``check()``
+    the state after the previous round; drop a seeded share ``drop`` of the train replies
+    (counted in ``counts["dropped"]``), then ``after(sent, kept)`` may change the kept ones."""
+    send = grid.send_and_receive
+
+    def lossy(messages: Iterable[Message], *, timeout: float | None = None
+              ) -> Iterable[Message]:
+        msgs = list(messages)
+        train = bool(msgs) and msgs[0].metadata.message_type == MessageType.TRAIN
+        if train and (run_dir / "checkpoint.npz").exists():
+            check()  # the state after the previous round
+        replies = list(send(msgs, timeout=timeout))
+        if not train:
+            return replies
+        kept = [r for r in replies if rng.random() >= drop]
+        counts["dropped"] += len(replies) - len(kept)
+        if after is not None:
+            after(msgs, kept)
+        return kept
+
+    grid.send_and_receive = lossy
+
+
 def run_with_losses(tmp: Path, method: str, drop: float, over: dict[str, Any] | None = None,
                     tamper: Callable[[list[Message]], None] | None = None,
                     ) -> tuple[list[float], dict[str, int]]:
@@ -89,24 +116,8 @@ def run_with_losses(tmp: Path, method: str, drop: float, over: dict[str, Any] | 
         counts["aggregated"] += int(row.get("num-replies", 0))
 
     with InProcessSimulation(cfg.num_clients, overrides) as sim:
-        send = sim.grid.send_and_receive
-
-        def lossy(messages: Iterable[Message], *, timeout: float | None = None
-                  ) -> Iterable[Message]:
-            msgs = list(messages)
-            train = bool(msgs) and msgs[0].metadata.message_type == MessageType.TRAIN
-            if train and (run_dir / "checkpoint.npz").exists():
-                check()  # the state after the previous round
-            replies = list(send(msgs, timeout=timeout))
-            if not train:
-                return replies
-            kept = [r for r in replies if rng.random() >= drop]
-            counts["dropped"] += len(replies) - len(kept)
-            if tamper is not None:
-                tamper(kept)
-            return kept
-
-        sim.grid.send_and_receive = lossy  # type: ignore[method-assign]
+        lose_train_replies(sim.grid, rng, drop, run_dir, check, counts,
+                           None if tamper is None else lambda _sent, kept: tamper(kept))
         run_experiment(sim.grid, cfg, out_dir=run_dir)
     check()
     return gaps, counts

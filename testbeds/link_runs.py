@@ -4,13 +4,13 @@ status at the end. The slow link tests and ``bench/link_rounds.py`` both drive r
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cli.run_dirs import read_rows
 from testbeds.deployment_runs import FlwrRun
 from testbeds.link_deployment import LinkDeployment
 
@@ -43,11 +43,9 @@ class Watched:
 
 
 def rows_of(out: Path) -> list[dict[str, Any]]:
-    """The rows written so far under ``out`` (none before the run directory exists)."""
-    found = []
-    for f in out.glob("*/rounds.jsonl"):
-        found += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    return found
+    """The rows written so far under ``out`` (none before the run directory exists; a line
+    being written is skipped: cli/run_dirs.py's ``read_rows``)."""
+    return [row for f in out.glob("*/rounds.jsonl") for row in read_rows(f)]
 
 
 def watch(dep: LinkDeployment, name: str, cfg: dict[str, Any], out: Path,

@@ -58,12 +58,9 @@ class Link:
 
 def tbf(dev: str, mbit: float, ns: str = "") -> None:
     """Limit ``dev``'s egress to ``mbit`` Mbit/s (a 16 kB bucket, 400 ms of queue)."""
-    where = ["ip", "netns", "exec", ns] if ns else []
-    cmd = [*where, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
-           "rate", f"{int(mbit * 1000)}kbit", "burst", "16kb", "latency", "400ms"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=30)
-    if proc.returncode != 0:
-        raise LinkError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+    where = ["netns", "exec", ns] if ns else []
+    ip(*where, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+       "rate", f"{int(mbit * 1000)}kbit", "burst", "16kb", "latency", "400ms")
 
 
 @dataclass

@@ -12,13 +12,13 @@ accuracies after a few rounds say the codecs train alike, not their final gap.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from cli.inprocess_grid import InProcessGrid
+from cli.run_dirs import read_rows
 from methods import wire as rk
 from server_app.experiment import run_experiment
 from task.config import RunConfig
@@ -29,8 +29,7 @@ def one_run(raw: dict[str, Any], out: Path) -> dict[str, float]:
     cfg = RunConfig.parse({**raw, "output-dir": str(out)})
     t0 = time.perf_counter()
     run_experiment(InProcessGrid(cfg.num_clients, raw), cfg, out_dir=out / "run")
-    rows = [json.loads(line) for line in (out / "run" / "rounds.jsonl").read_text()
-            .splitlines()]
+    rows = read_rows(out / "run" / "rounds.jsonl")
     return {"bytes-up": float(sum(r[rk.BYTES_UP] for r in rows)),
             "replies": float(sum(r[rk.NUM_REPLIES] for r in rows)),
             "test-acc": float(rows[-1]["test-acc"]), "seconds": time.perf_counter() - t0}

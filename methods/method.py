@@ -94,6 +94,9 @@ class ClientUpdate:
     metrics: Mapping[str, Any] = field(default_factory=dict)
     """The reply's metrics as sent, unchecked: a method's own (clustered FL's cluster choice)
     are checked by its ``ServerRule.reply_problem``."""
+    upload_bytes: int = 0
+    """The upload's encoded payload bytes as received (its wire arrays before decoding,
+    compressed or not); 0 where the decoder did not measure it (a masked upload)."""
 
 
 @dataclass(frozen=True)

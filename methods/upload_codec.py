@@ -19,7 +19,6 @@ reply the server never counted rolls back with it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -28,7 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from methods import wire as rk
 from methods.compression import RESIDUAL, Compression, CompressionError
-from methods.packed_arrays import Layout, pack, shapes
+from methods.packed_arrays import pack
 from methods.weights import Weights
 
 OFF = "off"
@@ -123,18 +122,5 @@ def decode_channel(codec: Compression | None, name: str, arrays: list[np.ndarray
     return [np.asarray(d, dtype=w.dtype) for w, d in zip(w_t, decoded, strict=True)]
 
 
-def payload_bytes(records: Mapping[str, ArrayRecord], keys: Sequence[str]) -> int:
-    """The arrays' bytes (the packed header and padding left out) of the records ``keys``:
-    what the reply's upload weighs on the wire, compressed or not."""
-    total = 0
-    for key in keys:
-        for layout in shapes(records[key]):
-            if isinstance(layout, Layout):
-                total += math.prod(layout.shape) * layout.dtype.itemsize
-            else:  # a plain record (tests and tools that build records by hand)
-                total += int(layout.numpy().nbytes)
-    return total
-
-
 __all__ = ["OFF", "CompressionError", "channels", "codec_problem", "decode_channel",
-           "encode_reply", "generator", "payload_bytes", "residual_key", "residual_keys"]
+           "encode_reply", "generator", "residual_key", "residual_keys"]

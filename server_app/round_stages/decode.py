@@ -17,7 +17,7 @@ from methods import wire as rk
 from methods.compression import Compression, CompressionError
 from methods.method import ClientUpdate, ServerRule
 from methods.packed_arrays import unpack
-from methods.upload_codec import channels, codec_problem, decode_channel, payload_bytes
+from methods.upload_codec import channels, codec_problem, decode_channel
 from methods.weights import Weights
 from server_app.operator_log import log_line
 from server_app.round_stages.replies import Accepted, RoundReplies, log_rejected
@@ -89,8 +89,7 @@ class DecodeReplies:
                 continue
             good.append((node, decoded))
             if not self.secure:
-                sizes[decoded.partition_id] = payload_bytes(msg.content.array_records,
-                                                            channels(self.rule.up_keys))
+                sizes[decoded.partition_id] = decoded.upload_bytes
         log_silent(replies, self.cfg.fleet.round_timeout, self.private)
         good.sort(key=lambda item: item[1].partition_id)
         return dataclasses.replace(
@@ -140,14 +139,16 @@ class DecodeReplies:
             if not isinstance(loss, int | float) or not math.isfinite(float(loss)):
                 return f"train-loss={loss!r} is not finite"
         arrays: dict[str, Weights] = {}
+        upload_bytes = 0
         codec = Compression.parse(self.cfg.train.compression)
         delta = self.cfg.train.ri_aggregation == "update"
         for key in channels(self.rule.up_keys):
             if key not in content.array_records:
                 return f"missing ArrayRecord {key!r}"
             try:  # decoded first: every check and stage after sees the decoded vectors
-                arrays[key] = decode_channel(codec, key, unpack(content.array_records[key]),
-                                             w_t, delta)
+                wire = unpack(content.array_records[key])
+                upload_bytes += sum(a.nbytes for a in wire)
+                arrays[key] = decode_channel(codec, key, wire, w_t, delta)
             except CompressionError as err:
                 return str(err)
             except ValueError as err:
@@ -157,7 +158,7 @@ class DecodeReplies:
                 return problem
         update = ClientUpdate(partition_id=pid, upload=arrays.pop(rk.ARRAYS), extras=arrays,
                               num_examples=n, train_loss=float(loss), num_steps=steps,
-                              metrics=dict(metrics))
+                              metrics=dict(metrics), upload_bytes=upload_bytes)
         problem = self.rule.reply_problem(update, self.expected_steps(pid))
         return update if problem is None else problem
 

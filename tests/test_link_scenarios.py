@@ -33,6 +33,7 @@ from testbeds.link_deployment import LinkDeployment
 from testbeds.link_runs import Watched, watch
 from testbeds.link_scenarios import CELLULAR, CUT, FLAKY_WIFI, NODE_EXPIRY_SECONDS
 from testbeds.links import unavailable
+from tests.deploy_helpers import run_dir
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "root")]
@@ -89,11 +90,6 @@ def c_gap(dep: LinkDeployment, run_dir: Path) -> float:
     scale = max(float(np.abs(a).max()) for a in c)
     assert scale > 0, "c is zero: no reply was aggregated"
     return max(float(np.abs(a - m).max()) for a, m in zip(c, mean, strict=True)) / scale
-
-
-def run_dir(out: Path) -> Path:
-    (found,) = [d for d in out.iterdir() if (d / "rounds.jsonl").exists()]
-    return found
 
 
 def summary(name: str, got: Watched) -> str:

@@ -32,6 +32,7 @@ from server_app.results import DP_FIELDS, DP_LEFT_OUT, ROUND_FIELDS
 from server_app.tracking import EVENTS_DIR, tag_of
 from server_app.virtual_clock import CLOCK_FIELDS
 from task.config import RunConfig
+from tests.flower_log import flower_lines
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 
@@ -65,20 +66,8 @@ def event_tags(run_dir: Path) -> set[str]:
 def dp_run(tmp_path_factory: pytest.TempPathFactory, quick_runs: None) -> tuple[Path, str]:
     """A default DP run (nothing released) and its log at INFO."""
     tmp = tmp_path_factory.mktemp("dp-withheld")
-    logger = logging.getLogger("flwr")
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.levelno >= logging.INFO:
-                lines.append(record.getMessage())
-
-    handler = Keep()
-    logger.addHandler(handler)
-    try:
+    with flower_lines(logging.INFO) as lines:
         run_dir = run(tmp)
-    finally:
-        logger.removeHandler(handler)
     return run_dir, "\n".join(lines)
 
 

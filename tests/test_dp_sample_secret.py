@@ -28,6 +28,7 @@ from server_app.public_rows import SAMPLE_FIGURES, TIMING_FIELDS
 from server_app.round_stages.sampling import SEED_ENV
 from server_app.status import STATUS_FILE
 from task.config import RunConfig
+from tests.flower_log import flower_lines
 from tests.public_files import (
     differences,
     online_counts,
@@ -64,18 +65,8 @@ def run(tmp: Path, name: str, seed: int, monkeypatch: pytest.MonkeyPatch,
     cfg = RunConfig.parse({**RUN, **over, "node-registry": str(registry),
                            "output-dir": str(tmp)})
     monkeypatch.setenv(SEED_ENV, str(seed))
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    handler = Keep(level=logging.DEBUG)
-    logging.getLogger("flwr").addHandler(handler)
-    try:
+    with flower_lines(logging.DEBUG) as lines:
         run_experiment(HalfOnline(cfg.to_dict()), cfg, out_dir=tmp / name)
-    finally:
-        logging.getLogger("flwr").removeHandler(handler)
     return tmp / name, lines
 
 

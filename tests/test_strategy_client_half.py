@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.common.logger import FLOWER_LOGGER
 from torch import nn
 
 from methods import wire as rk
@@ -25,6 +24,7 @@ from methods.packed_arrays import unpack
 from strategies import FedDyn, FedInit, FedProx, Scaffold
 from strategies.client_half_check import ClientHalfMissing, is_foreign
 from task.config import ConfigError
+from tests.flower_log import flower_lines
 from tests.test_strategies import D, N, UserGrid
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
@@ -58,16 +58,8 @@ class PlainGrid(UserGrid):
 @pytest.fixture
 def flower_log() -> Iterator[list[str]]:
     """Flower's log lines of the test (its logger does not propagate to pytest's)."""
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    handler = Keep(level=logging.INFO)
-    FLOWER_LOGGER.addHandler(handler)
-    yield lines
-    FLOWER_LOGGER.removeHandler(handler)
+    with flower_lines(logging.INFO) as lines:
+        yield lines
 
 
 def linear() -> ArrayRecord:

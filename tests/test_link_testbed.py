@@ -20,6 +20,7 @@ from server_app.round_stages.decode import DecodeReplies
 from testbeds.fault_proxy import Faults, ProxyThread
 from testbeds.link_scenarios import CELLULAR, CUT, FLAKY_WIFI, NODE_EXPIRY_SECONDS
 from testbeds.links import Namespaces, unavailable
+from tests.conftest import free_ports
 from tests.test_round_stages import SENT_TO, SIZES, W_T, config, reply
 
 
@@ -55,12 +56,6 @@ def proxies() -> Iterator[ProxyThread]:
     thread.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def round_trip(addr: tuple[str, int], payload: bytes = b"ping",
                sock: socket.socket | None = None) -> float:
     s = sock or socket.create_connection(addr, timeout=5)
@@ -78,7 +73,7 @@ def round_trip(addr: tuple[str, int], payload: bytes = b"ping",
 
 
 def test_latency_is_added_each_way(echo: tuple[str, int], proxies: ProxyThread) -> None:
-    listen = ("127.0.0.1", free_port())
+    listen = ("127.0.0.1", free_ports(1)[0])
     proxies.add(listen, echo, Faults(delay=0.15))
     rtt = round_trip(listen)
     assert 0.3 <= rtt < 0.8, rtt  # 0.15 s up and 0.15 s down
@@ -86,7 +81,7 @@ def test_latency_is_added_each_way(echo: tuple[str, int], proxies: ProxyThread) 
 
 def test_held_back_chunks_wait_and_keep_their_order(echo: tuple[str, int],
                                                     proxies: ProxyThread) -> None:
-    listen = ("127.0.0.1", free_port())
+    listen = ("127.0.0.1", free_ports(1)[0])
     proxy = proxies.add(listen, echo, Faults(hold_fraction=1.0, hold_seconds=0.25))
     with socket.create_connection(listen, timeout=5) as s:
         assert round_trip(listen, b"a" * 1000, s) >= 0.5  # held both ways
@@ -100,7 +95,7 @@ def test_held_back_chunks_wait_and_keep_their_order(echo: tuple[str, int],
 
 
 def test_connections_are_reset_every_period(echo: tuple[str, int], proxies: ProxyThread) -> None:
-    listen = ("127.0.0.1", free_port())
+    listen = ("127.0.0.1", free_ports(1)[0])
     proxy = proxies.add(listen, echo, Faults(reset_every=0.3))
     with socket.create_connection(listen, timeout=5) as s:
         round_trip(listen, b"x", s)
@@ -113,7 +108,7 @@ def test_connections_are_reset_every_period(echo: tuple[str, int], proxies: Prox
 
 def test_a_cut_forwards_nothing_then_resets_and_the_link_comes_back(
         echo: tuple[str, int], proxies: ProxyThread) -> None:
-    listen = ("127.0.0.1", free_port())
+    listen = ("127.0.0.1", free_ports(1)[0])
     proxy = proxies.add(listen, echo, Faults())
     s = socket.create_connection(listen, timeout=5)
     round_trip(listen, b"before", s)

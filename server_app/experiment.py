@@ -36,6 +36,7 @@ from server_app.checkpoint import (
 )
 from server_app.client_divergence import ClientDivergence
 from server_app.clients import Fleet
+from server_app.download_bytes import content_bytes
 from server_app.engine_facts import client_state_entry
 from server_app.federated_eval import FederatedEvaluator
 from server_app.operator_log import log_line
@@ -191,11 +192,12 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         messages = strategy.configure_train(rnd, arrays, round_config, grid)
         if ledger is not None:  # durable before the round's first message: its uploads (local
             ledger.count(rnd)  # DP) and its model (evaluation, next round) are then counted
-        t_send = time.monotonic()
         over: dict[str, int] = {}
         lost = {} if windowed is None else windowed.lost(strategy.sent_to)
         sending = messages if windowed is None else windowed.drop_lost(
             list(messages), lost, strategy.sent_to, rnd)  # a lost task is never sent
+        down = content_bytes(sending)  # bytes-down: the train messages this round sends
+        t_send = time.monotonic()
         if clock is not None and cfg.fleet.over_select > 0.0:  # the first m in simulated order
             got = clock.close_first(
                 list(grid.send_and_receive(sending, timeout=cfg.fleet.round_timeout)),
@@ -235,7 +237,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.train.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
-               **timing, **m, **over, **personal, **evaluated,
+               rk.BYTES_DOWN: down, **timing, **m, **over, **personal, **evaluated,
                "clients-trained": clients_trained(replies, strategy.sent_to),
                **(dp_fields(budget, ledger.counted) if budget and ledger else {}),
                AGGREGATED: new_arrays is not None}

@@ -11,14 +11,15 @@ accepts that with ``dp-release-client-metrics=true``. With ``evaluation=federate
 round's ``test-acc`` and ``test-loss`` are such means too.
 
 ``SAMPLE_FIGURES`` count or time the round's replies: how many of the sampled clients
-answered, were rejected or missing, how many bytes they uploaded (``bytes-up``, a
-multiple of the replies), whether the round aggregated, how long it took (a round
+answered, were rejected or missing, how many bytes they uploaded (``bytes-up``, a multiple
+of the replies) and were sent (``bytes-down``, the model times the messaged clients: under
+DP the sampled that were connected), whether the round aggregated, how long it took (a round
 whose sampled clients are all offline sends nothing and ends at once; with ``device-speeds``
 a round's simulated time is its slowest sampled client's, whose speed the public seed
-gives). With the connected clients known, each says how many of them the secret sample
-held, which amplification by sampling assumes no reader of the public files learns: never
-public while the sample is secret (synchronous DP). ``rounds=async`` DP claims no
-amplification (q = 1), so its rows keep them.
+gives). With the connected clients known, each says how many of them the secret sample held,
+which amplification by sampling assumes no reader of the public files learns: never public
+while the sample is secret (synchronous DP). ``rounds=async`` DP claims no amplification
+(q = 1), so its rows keep them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ TIMING_FIELDS = frozenset({"round-seconds", "elapsed-seconds", "collect-seconds"
                            "divergence-seconds"})
 """Round fields measured in wall time: they differ between two runs of the same config."""
 SAMPLE_FIGURES = frozenset({rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, rk.BYTES_UP,
+                            rk.BYTES_DOWN,
                             "aggregated",
                             "state-fallbacks", "divergence-sample", "divergence-trained",
                             *TIMING_FIELDS, *CLOCK_FIELDS})

@@ -42,7 +42,7 @@ The one mark sync, secure (no train loss, no divergence), personalized and async
 ``Recorder.aggregated_rounds`` counts it, kept rows of a resumed run included."""
 ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, "lr",
                 rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, AGGREGATED, "state-fallbacks",
-                rk.NORM_LIMIT_USED, rk.BYTES_UP, "round-seconds", "elapsed-seconds",
+                rk.NORM_LIMIT_USED, rk.BYTES_UP, rk.BYTES_DOWN, "round-seconds", "elapsed-seconds",
                 "collect-seconds", "client-seconds-max", *PERSONAL_FIELDS, *FEDERATED_FIELDS,
                 *DIVERGENCE_FIELDS, "clients-trained")
 DP_FIELDS = ("dp-epsilon", "dp-epsilon-add-remove", "dp-rounds-counted")

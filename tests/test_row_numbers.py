@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, Message, MessageType
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from cli.inprocess_grid import InProcessGrid
 from methods import wire as rk
@@ -119,6 +120,15 @@ def test_a_real_rows_numbers_against_the_replies_and_the_model(tmp_path: Path) -
               .splitlines()]
     # 5 sampled, 1 NaN reply rejected, 1 lost: 3 aggregated
     assert (row[rk.NUM_REPLIES], row[rk.NUM_REJECTED], row[rk.NUM_MISSING]) == (3, 1, 1)
+    # bytes-down: the 5 train messages sent (the lost reply's too), each every object of its
+    # content as Flower deflates it (tests/test_bytes_down.py works one out by hand): the
+    # CNN's float32 bytes and under 2 kB of headers, config and packing per message
+    sent = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
+    assert len(sent) == 5
+    assert row[rk.BYTES_DOWN] == sum(len(o.deflate()) for m in sent
+                                     for o in get_all_nested_objects(m.content).values())
+    floats = 4 * sum(a.size for a in unpack(sent[0].content[rk.ARRAYS]))
+    assert 5 * floats < row[rk.BYTES_DOWN] < 5 * (floats + 2000)
     good = [r for r in grid.replies if r.metadata.message_type == MessageType.TRAIN
             and r.metadata.src_node_id not in (CORRUPTED, LOST)]
     assert len(good) == 3

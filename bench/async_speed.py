@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import tempfile
@@ -39,9 +40,11 @@ import torch
 from cli.inprocess_grid import InProcessGrid
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
+from server_app.virtual_clock import VirtualClock
 from task.config import RunConfig
 from task.device_speeds import slowdowns
 from task.federated_data import partition_sizes
+from task.models import get_weights, initial_model
 
 METHODS = {"fedavg": {"beta": 0.0}, "fedinit": {"beta": 0.1}}
 MODES = {"sync": {}, "over-select": {"over-select": 0.3}, "async": {"rounds": "async"}}
@@ -79,12 +82,134 @@ def expand(modes: list[str], m_round: int, dc_lambdas: list[float],
     return out
 
 
-def one_run(base: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    """One run in process: its rounds.jsonl rows."""
+def custom_modes(specs: list[str]) -> dict[str, dict[str, Any]]:
+    """``--custom NAME=KEY:VALUE[,KEY:VALUE...]``: a mode of run-config overrides (a value
+    read as JSON when it parses, else as a string), e.g. ``async-m0.5=rounds:async,
+    server-momentum:0.5``."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        name, sep, body = spec.partition("=")
+        pairs = [p.partition(":") for p in body.split(",") if p]
+        if not sep or not name or any(not k or not c for k, c, _ in pairs):
+            raise SystemExit(f"--custom {spec!r} is not allowed; allowed: "
+                             "NAME=KEY:VALUE[,KEY:VALUE...]")
+        out[name] = {k: _value(v) for k, _, v in pairs}
+    return out
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def one_run(base: dict[str, Any], out: Path,
+            stop: Any = None) -> list[dict[str, Any]]:
+    """One run in process: its rounds.jsonl rows (an async run ends early when ``stop``,
+    given its rows so far, says so)."""
     cfg = RunConfig.parse({**base, "output-dir": str(out)})
-    run = run_async_experiment if cfg.schedule.rounds == "async" else run_experiment
-    run(InProcessGrid(cfg.num_clients, cfg.to_dict()), cfg, out_dir=out / "run")
+    if cfg.schedule.rounds == "async":
+        seen: list[dict[str, Any]] = []
+
+        def until(row: dict[str, Any]) -> bool:
+            seen.append(row)
+            return stop is not None and stop(seen)
+
+        run_async_experiment(InProcessGrid(cfg.num_clients, cfg.to_dict()), cfg,
+                             out_dir=out / "run", stop=until)
+    else:
+        run_experiment(InProcessGrid(cfg.num_clients, cfg.to_dict()), cfg, out_dir=out / "run")
     return [json.loads(x) for x in (out / "run" / "rounds.jsonl").read_text().splitlines()]
+
+
+def pairing(raw: dict[str, Any]) -> str:
+    """What a paired comparison assumes the modes of one seed share, hashed: the initial
+    model w_0, every client's partition size (the split) and every client's simulated task
+    seconds (the device speeds). Equal across a seed's modes or the bench stops."""
+    cfg = RunConfig.parse({**raw, "rounds": "sync", "output-dir": "/tmp/unused"})
+    h = hashlib.sha256()
+    for a in get_weights(initial_model(cfg)):
+        h.update(np.ascontiguousarray(a).tobytes())
+    h.update(np.asarray(partition_sizes(cfg), dtype=np.int64).tobytes())
+    clock = VirtualClock.for_run(cfg)
+    if clock is not None:
+        h.update(clock.task_seconds.tobytes())
+    return h.hexdigest()[:12]
+
+
+def reach(rows: list[dict[str, Any]], acc: float, smooth: int = 1) -> int | None:
+    """The first row's ``round`` at which the mean of the last ``smooth`` evaluations is at
+    least ``acc`` (1: the evaluation itself), or None when no row gets there."""
+    seen: list[float] = []
+    for r in rows:
+        if r["test-acc"] is None:
+            continue
+        seen.append(r["test-acc"])
+        if len(seen) >= smooth and float(np.mean(seen[-smooth:])) >= acc - 1e-12:
+            return int(r["round"])
+    return None
+
+
+def sync_stop(sync_rows: list[dict[str, Any]], target: float) -> Any:
+    """``--until-sync``'s stop condition of an async run: once it has reached sync's final
+    accuracy (of the same seed), sync's last-5 mean with its own last-5 mean, and ``target``."""
+    final, five = evaluated(sync_rows)[-1][1], last_mean(sync_rows)
+
+    def stop(rows: list[dict[str, Any]]) -> bool:
+        return (reach(rows, final) is not None and reach(rows, five, 5) is not None
+                and reach(rows, target) is not None)
+
+    return stop
+
+
+PAIRED_HEAD = ("device-speeds", "method", "seed", "mode", "pairing", "updates-per-flush",
+               "sync-updates", "sync-final", "sync-last5", "updates-to-sync-final",
+               "updates-to-sync-last5", "reached", "ratio-to-sync-final",
+               "ratio-to-sync-last5", "t-to-target", "sync-t-to-target", "speed-up",
+               "acc-at-sync-updates", "last5-at-sync-updates", "flushes-run")
+"""``--paired-csv``: one row per (speeds, method, seed, mode) against sync of the same seed:
+the accepted updates a mode needed to reach sync's final accuracy (first evaluation at or
+above it) and sync's last-5 mean (its own last-5 mean at or above it), each also as a ratio
+to sync's updates; ``reached`` 0 means the run ended (its cap) first and the counts are the
+run's whole updates (a lower bound); the simulated time to ``--target`` and sync's over it;
+and the accuracy after the same updates as sync."""
+
+
+def paired_rows(key: str, seed: str, runs: dict[str, list[dict[str, Any]]], target: float,
+                per_flush: dict[str, int], m: int, prints: dict[str, str]) -> list[list[Any]]:
+    """The ``PAIRED_HEAD`` rows of one seed (every mode, sync's own as the reference)."""
+    speeds, method = key.split("|")
+    sync = runs["sync"]
+    s_final, s_five = evaluated(sync)[-1][1], last_mean(sync)
+    s_updates = int(sync[-1]["round"]) * m
+    s_time = time_to(evaluated(sync), target)
+    out = []
+    for mode, rows in runs.items():
+        k = per_flush[mode]
+        to_final, to_five = reach(rows, s_final), reach(rows, s_five, 5)
+        whole = int(rows[-1]["round"]) * k
+        u_final = whole if to_final is None else to_final * k
+        u_five = whole if to_five is None else to_five * k
+        same = [r for r in rows if int(r["round"]) * k <= s_updates]
+        t = time_to(evaluated(rows), target)
+        out.append([speeds, method, seed, mode, prints[mode], k, s_updates,
+                    f"{s_final:.4f}", f"{s_five:.4f}", u_final, u_five,
+                    int(to_final is not None and to_five is not None),
+                    f"{u_final / s_updates:.4f}", f"{u_five / s_updates:.4f}",
+                    f"{t:.4f}", f"{s_time:.4f}", f"{s_time / t:.4f}",
+                    f"{evaluated(same)[-1][1]:.4f}", f"{last_mean(same):.4f}", len(rows)])
+    return out
+
+
+def write_paired(rows: list[list[Any]], path: Path) -> None:
+    """Append ``rows`` to ``path`` (its header first when it is new)."""
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        out = csv.writer(f)
+        if new:
+            out.writerow(PAIRED_HEAD)
+        out.writerows(rows)
 
 
 def participation(rows: list[dict[str, Any]], base: dict[str, Any], seed: int,
@@ -225,7 +350,7 @@ def main() -> None:
                     help="also run async for this many flushes (mode async-long): its time "
                          "to the target when the equal-update async run stops short of it")
     ap.add_argument("--modes", nargs="*", default=list(MODES),
-                    choices=[*MODES, *REMEDIES])
+                    choices=[*MODES, *REMEDIES])  # --custom adds more
     ap.add_argument("--dc-lambdas", type=float, nargs="+", default=[0.5],
                     help="mode async-dc: one run per dc-lambda (modes async-dcL)")
     ap.add_argument("--concurrencies", type=int, nargs="+", default=[7, 8],
@@ -234,6 +359,16 @@ def main() -> None:
     ap.add_argument("--task-time", default="steps", choices=["steps", "task"],
                     help="the clock's duration model (task-time): task is a separate "
                          "scenario, its speeds labelled SPEC/task")
+    ap.add_argument("--custom", nargs="*", default=[], metavar="NAME=KEY:VALUE,...",
+                    help="extra modes of run-config overrides, e.g. "
+                         "async-m0.5=rounds:async,server-momentum:0.5")
+    ap.add_argument("--until-sync", type=int, default=0, metavar="CAP",
+                    help="run every async mode up to CAP flushes, ending it once it has "
+                         "reached sync's final accuracy, sync's last-5 mean (with its own "
+                         "last-5) and --target (sync runs first, same seed)")
+    ap.add_argument("--paired-csv", type=Path, default=None,
+                    help="append one row per (speeds, method, seed, mode) against sync of "
+                         "the same seed (PAIRED_HEAD): updates to reach sync's final, ...")
     ap.add_argument("--rows", type=Path, nargs="+", default=None,
                     help="only print/plot saved --out files or --csv files (seeds merged)")
     ap.add_argument("--csv", type=Path, default=None,
@@ -264,16 +399,32 @@ def main() -> None:
                 for method in a.methods:
                     key = f"{sp}{'/task' if a.task_time == 'task' else ''}|{method}"
                     for seed in a.seeds:
-                        modes = expand(a.modes, max(1, round(a.fraction * a.clients)),
-                                       a.dc_lambdas, a.concurrencies)
+                        m = max(1, round(a.fraction * a.clients))
+                        modes = expand(a.modes, m, a.dc_lambdas, a.concurrencies)
+                        modes.update(custom_modes(a.custom))
                         if a.async_rounds:
                             modes["async-long"] = {"rounds": "async",
                                                    "num-server-rounds": a.async_rounds}
+                        if a.until_sync:  # sync first: its end is the async runs' target
+                            modes = {"sync": {}, **modes}
+                        prints: dict[str, str] = {}
+                        per_flush: dict[str, int] = {}
                         for mode, over in modes.items():
                             raw = {**base, **METHODS[method], **over, "seed": seed,
                                    "device-speeds": sp}
+                            stop = None
+                            if a.until_sync and raw.get("rounds") == "async":
+                                raw["num-server-rounds"] = a.until_sync
+                                stop = sync_stop(results[key][str(seed)]["sync"], a.target)
+                            prints[mode] = pairing(raw)
+                            if prints[mode] != prints[next(iter(prints))]:
+                                raise SystemExit(f"seed {seed}: mode {mode} does not share "
+                                                 f"the split, w_0 and speeds of the others")
+                            cfg = RunConfig.parse({**raw, "output-dir": "/tmp/unused"})
+                            per_flush[mode] = (cfg.async_buffer_size
+                                               if cfg.schedule.rounds == "async" else m)
                             out = Path(tmp) / f"{sp.replace(':', '_')}-{method}-{seed}-{mode}"
-                            rows = one_run(raw, out)
+                            rows = one_run(raw, out, stop)
                             results.setdefault(key, {}).setdefault(str(seed), {})[mode] = rows
                             print(f"# {key} seed {seed} {mode}: final acc "
                                   f"{rows[-1]['test-acc']:.4f} sim {rows[-1]['sim-time']:.1f}s "
@@ -281,6 +432,10 @@ def main() -> None:
                                   f"{participation(rows, base, seed, sp)}", flush=True)
                             if a.out is not None:  # after every run: a killed bench keeps
                                 a.out.write_text(json.dumps(results))  # the finished ones
+                        if a.paired_csv is not None and "sync" in modes:
+                            write_paired(paired_rows(key, str(seed), results[key][str(seed)],
+                                                     a.target, per_flush, m, prints),
+                                         a.paired_csv)
     if a.rows is not None:  # the saved --out files carry who trained (a --csv file does not)
         for key, seeds in results.items():
             sp, method = key.split("|")

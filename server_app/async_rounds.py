@@ -66,6 +66,7 @@ from flwr.serverapp import Grid
 
 from flower_compat.object_pulls import pulls_until
 from methods import wire as rk
+from methods.async_server_opt import expected_staleness, lr_scale
 from methods.fedbuff import (
     BufferedUpdate,
     FedBuff,
@@ -341,10 +342,11 @@ class AsyncLoop:
                                                       self.grid))
         own = {pid: self.content_of(msg) for msg, pid in zip(messages, chosen, strict=True)}
         rounds = {}
-        for msg, pid in zip(messages, chosen, strict=True):
+        for i, (msg, pid) in enumerate(zip(messages, chosen, strict=True)):
             base = self.last_round.get(pid, 0)
             rounds[pid] = (max(version + 1, base + 1), base)
             self.mark(msg, pid, rounds[pid][0])
+            self.scale_lr(msg, len(self.tasks) + i)
             self.last_round[pid] = rounds[pid][0]
         now = time.monotonic()
         sim = self.clock
@@ -370,6 +372,18 @@ class AsyncLoop:
             log(INFO, "version %d: %d lost task(s) re-sent: client(s) %s now train", version,
                 self.counts.refill, chosen[:self.counts.refill])
             self.counts.refill = max(0, self.counts.refill - len(chosen))
+
+    def scale_lr(self, msg: Message, in_flight: int) -> None:
+        """``async-lr-scale`` a > 0: the task's local lr x (1 + tau_hat)^-a, tau_hat its
+        expected staleness from the ``in_flight`` tasks sent before it and the replies
+        buffered now (``methods.async_server_opt``)."""
+        a = self.cfg.schedule.async_lr_scale
+        if not a:
+            return
+        config = msg.content.config_records[rk.CONFIG]
+        tau_hat = expected_staleness(in_flight, len(self.buffer.buffer),
+                                     self.buffer.buffer_size)
+        config[rk.LR] = float(config[rk.LR]) * lr_scale(a, tau_hat)
 
     def content_of(self, msg: Message) -> dict[str, Weights]:
         """What a train message carried, where the method gives each client its own content
@@ -613,7 +627,7 @@ class AsyncLoop:
                     flush = self.buffer.flush(weights, self.apply)
                     weights = self.newest = flush.weights
                     on_flush(flush, self.row_facts(flush))
-                    if self.buffer.version >= n:
+                    if self.buffer.version >= n or self.stopped:
                         break
                     if self.privacy is not None and self.privacy.spent(self.buffer.version):
                         self.stopped = True
@@ -751,11 +765,14 @@ class AsyncLoop:
         return facts
 
 
-def run_async_experiment(grid: Grid, cfg: RunConfig,
-                         out_dir: Path | None = None) -> dict[str, Any]:
+def run_async_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None,
+                         stop: Callable[[dict[str, Any]], bool] | None = None
+                         ) -> dict[str, Any]:
     """The ``rounds=async`` run of ``cfg`` on ``grid``: its results, as ``run_experiment``
     writes them (rounds.jsonl, summary.json, final_model.npz, model.pt, and checkpoint.npz
-    at every flush); with ``resume-dir``, continued from that run's checkpoint."""
+    at every flush); with ``resume-dir``, continued from that run's checkpoint. ``stop``
+    (benchmarks: ``bench/async_speed.py --until-sync``) sees each flush's row once it is
+    written and checkpointed; True ends the run there, before ``num-server-rounds``."""
     resume = resume_point(cfg)
     check_writable("resume-dir" if resume else "output-dir",
                    resume[0] if resume else out_dir or Path(cfg.fleet.output_dir).resolve())
@@ -815,6 +832,10 @@ def run_async_experiment(grid: Grid, cfg: RunConfig,
             "| %.1fs", version, n, "-" if acc is None else f"{100 * acc:.2f}%",
             flush.replies, row["staleness-mean"], row["staleness-max"], flush.dropped,
             row["round-seconds"])
+        if stop is not None and stop(row):
+            log(INFO, "version %d: the caller's stop condition holds; the run ends here",
+                version)
+            loop.stopped = True
 
     final = loop.run(weights, on_flush)
     if rec.aggregated_rounds() == 0:

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from methods import wire as rk
+from methods.async_server_opt import with_server_momentum
 from methods.dp import Mechanism
 from methods.method import ClientUpdate, ServerRule, ServerState
 from methods.packed_arrays import pack, unpack
@@ -70,7 +71,8 @@ class MethodStrategy(Strategy):
         and moved nodes to it between rounds; a fixed dict where the federation is fixed)."""
         self.available = available or (lambda: list(self.node_of_partition))
         """The client ids that may be sampled now (identified, node connected)."""
-        rule: ServerRule = cfg.spec.server(cfg.params)
+        rule: ServerRule = with_server_momentum(cfg.spec.server,
+                                                cfg.train.server_momentum)(cfg.params)
         self.privacy = Mechanism.from_config(cfg)
         """Client-level DP (``dp``): re-clipping, the noise and the fixed denominator."""
         self.method = HeldMethod(rule, rule.init(w0))

@@ -91,7 +91,8 @@ EXPERIMENT: frozenset[str] = method_param_keys() | frozenset({
     "over-select",
     # asynchronous rounds (FedBuff): when and how replies are aggregated
     "rounds", "concurrency", "buffer-size", "staleness", "staleness-a", "staleness-b",
-    "max-staleness", "stale-correction", "dc-lambda", "refill",
+    "max-staleness", "stale-correction", "dc-lambda", "refill", "server-momentum",
+    "async-lr-scale",
     # the virtual clock: which replies over-select and async aggregate, and in what order
     "device-speeds", "task-time",
     # differential privacy: what is clipped and how much noise is added

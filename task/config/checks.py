@@ -150,6 +150,8 @@ def _check_ranges(c: RunConfig) -> None:
     cross.check_dp_refusal(c)
     privacy.check_distributed_needs_secagg(c.privacy)
     schedule.check_async_keys(c.schedule, c.num_clients)
+    schedule.check_lr_scale(c.schedule, c.fleet.resume_dir)
+    train.check_server_momentum(c.train, c.method)
     cross.check_async(c)
     privacy.check_secagg_keys(c.privacy)
     cross.check_secagg(c)

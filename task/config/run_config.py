@@ -158,6 +158,7 @@ ORDER: tuple[str, ...] = (
     "client_state_dir", "simulation_client_state", "node_registry", "rounds", "concurrency",
     "buffer_size", "staleness", "staleness_a", "staleness_b", "max_staleness",
     "stale_correction", "dc_lambda", "refill", "device_speeds", "task_time", "compression",
+    "server_momentum", "async_lr_scale",
 )
 """Every run-config key's field, in the order keys are coerced (the first wrong type is the
 one reported) and ``to_dict`` lists them (as summaries always have)."""

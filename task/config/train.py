@@ -28,6 +28,8 @@ class TrainConfig:
     clip_norm: float
     model: str
     compression: str = "off"
+    server_momentum: float = 0.0
+    """mu of the server's momentum on its step (``methods.async_server_opt``); 0: none."""
 
     def lr_at(self, server_round: int) -> float:
         """Local learning rate of round t (1-based): lr * lr_decay^(t-1)."""
@@ -49,6 +51,19 @@ def check_server_lr_decay(t: TrainConfig) -> None:
                         f"({server_lr_defaults()})")
     if not 0.0 < t.lr_decay <= 1.0:
         raise bad_value("lr-decay", t.lr_decay, "0 < lr-decay <= 1")
+
+
+def check_server_momentum(t: TrainConfig, method: str) -> None:
+    """``server-momentum``: 0 <= mu < 1, and only for a method whose server rule is one
+    step on one model (``methods.async_server_opt.momentum_refusal``)."""
+    from methods.async_server_opt import momentum_refusal
+
+    if not 0.0 <= t.server_momentum < 1.0:
+        raise bad_value("server-momentum", t.server_momentum, "0 <= server-momentum < 1")
+    why = momentum_refusal(method)
+    if t.server_momentum and why is not None:
+        raise bad_value("server-momentum", t.server_momentum,
+                        f"0 with method={method!r} ({why})")
 
 
 def check_compression(t: TrainConfig, secure_aggregation: str, rounds: str) -> None:

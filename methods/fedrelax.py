@@ -34,6 +34,17 @@ that client's candidate model until it uploads after the warm-up, so the first m
 come in round R+1 and score every client the warm-up trained. The graph in use is written
 to the run directory (``graph.json``, ``graph.png``) each time it changes.
 
+Neighbourhoods that learn from every participation (``relax-server-step`` beta > 0; issue 45):
+after each GTVMin round the server moves every client that did not reply and has a neighbour
+toward its neighbours' mean, w^(i) <- w^(i) - beta/d_i sum_i' A_ii' (w^(i) - w^(i')) =
+(1 - beta) w^(i) + beta m_i, all from the models as they stand after the round's replies (one
+Jacobi step): the GTV part of GTVMin's gradient step at step size beta / (2 alpha d_i), which
+needs no data. A client's model then moves whenever its neighbours train, not only when it is
+sampled (6 of 30 a round: 2-4 times in 20 rounds). The stepped models are stored like uploads
+(a new version, the checkpointed one kept) and every message after the warm-up carries the
+server's copy of the client's model (``START``), so the client trains from what the server
+accounted; its stored w^(i) (personal accuracy (c)) is the one of its last participation.
+
 Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
 models the server holds then, and a flush replaces each buffered client's model (its last
 reply): ``replaces_models``; only a ``file:`` graph (``async_refusal``).
@@ -83,8 +94,10 @@ DEGREE = "fedrelax-degree"
 WARMUP = "fedrelax-warmup"
 """Down array: 1.0 in a warm-up round (train the shared model sent, FedAvg's pass), else 0.0."""
 START = "fedrelax-start"
-"""Down arrays: the warm-up's model stacked once, for a client whose w^(i) is still it (none
-uploaded since the warm-up): the client's w^(i) becomes it before training; empty otherwise."""
+"""Down arrays: the server's copy of the client's model stacked once, the client's w^(i)
+becomes it before training: the warm-up's model for a client whose w^(i) is still it (none
+uploaded since the warm-up), and under ``relax-server-step`` every time (the server may have
+stepped it); empty otherwise."""
 GRAPH_FILE = "graph.json"
 GRAPH_PNG = "graph.png"
 DRAW_LIMIT = 500
@@ -108,6 +121,9 @@ class FedRelaxParams(Params):
     """``graph=loss``: the most candidate models one client scores at a measurement."""
     relax_warmup: int
     """Rounds of FedAvg on one shared model before GTVMin starts from it (0: none)."""
+    relax_server_step: float
+    """beta: after each GTVMin round every client that did not reply moves this fraction of
+    the way to its neighbours' mean (0: off)."""
 
     def check(self) -> None:
         check_range("fedrelax-alpha", self.fedrelax_alpha, self.fedrelax_alpha >= 0,
@@ -123,6 +139,9 @@ class FedRelaxParams(Params):
                     f"an integer >= graph-k ({self.graph_k})")
         check_range("relax-warmup", self.relax_warmup, self.relax_warmup >= 0,
                     "an integer >= 0 (rounds of FedAvg before GTVMin; 0 = none)")
+        check_range("relax-server-step", self.relax_server_step,
+                    0.0 <= self.relax_server_step <= 1.0,
+                    "a number in [0, 1] (the move toward the neighbours' mean; 0 = off)")
 
     @property
     def learned(self) -> bool:
@@ -183,6 +202,11 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             return ("relax-warmup", warmup, "0 with method='fedrelax'",
                     "the warm-up's FedAvg rounds and the switch to GTVMin are counted in rounds; "
                     "not built for tasks that outlive a flush")
+        step = values.get("relax-server-step", 0.0)
+        if step != 0.0:
+            return ("relax-server-step", step, "0 with method='fedrelax'",
+                    "the server's neighbourhood steps are taken at a round's end; not built for "
+                    "tasks that outlive a flush")
         graph = values["graph"]
         if graph not in ("knn", gl.SOURCE):
             return None
@@ -286,9 +310,11 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         version = state.version[0]
         fresh = self.params.relax_warmup > 0 and (
             partition_id >= len(version) or version[partition_id] == 0)
+        start = ([self.model_of(state, partition_id)]
+                 if fresh or self.params.relax_server_step > 0 else [])
         return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)],
                                  WARMUP: [np.zeros(1, dtype=np.float64)],
-                                 START: gl.stacked([state.w0] if fresh else [], state.w0),
+                                 START: gl.stacked(start, state.w0),
                                  gl.CANDIDATES: models, gl.CANDIDATE_IDS: [ids]})
 
     def reply_problem(self, update: ClientUpdate, expected_steps: int | None) -> str | None:
@@ -302,8 +328,9 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
     def update(self, state: FedRelaxState, w_t: Weights,
                rnd: RoundInput) -> tuple[Weights, FedRelaxState]:
         """Store each reply's model (a client's last, if it replied twice: a flush under
-        ``rounds=async``); w_{t+1} = the mean of all clients' current models (updated by the
-        replies' moves); rebuild the learned graph when due."""
+        ``rounds=async``); rebuild the learned graph when due; under ``relax-server-step``
+        step every other client toward its neighbours' mean (``server_steps``); w_{t+1} = the
+        mean of all clients' current models (updated by the replies' and the steps' moves)."""
         assert self.models is not None and rnd.variant == "model"
         n = rnd.num_clients
         if rnd.server_round == 1:
@@ -342,8 +369,6 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                 measured[pid] = rnd.server_round
                 pool[pid] = len(sent)
                 remeasured = True
-        w_next = [(w.astype(np.float64) + m / n).astype(w.dtype)
-                  for w, m in zip(w_t, moved, strict=True)]
         graph = state.graph
         rebuild = self.params.graph == "knn" and (
             rnd.server_round == 1 or rnd.server_round % self.params.graph_refresh_every == 0)
@@ -357,10 +382,46 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             graph = gl.union_graph(chosen)
         if rebuild or rnd.server_round == 1:
             self.report(graph, n, rnd.server_round)
+        if self.params.relax_server_step > 0:
+            now = dataclasses.replace(state, version=[version], graph=graph, probe=[probe])
+            for acc, m in zip(moved, self.server_steps(now, set(last), n, rnd.server_round),
+                              strict=True):
+                acc += m
+        w_next = [(w.astype(np.float64) + m / n).astype(w.dtype)
+                  for w, m in zip(w_t, moved, strict=True)]
         return w_next, dataclasses.replace(
             state, version=[version], graph=graph, sketch=[sketch], chosen=[chosen],
             measured=[measured], pool=[pool],
             clock=[np.asarray([rnd.server_round], dtype=np.int64)], probe=[probe])
+
+    def server_steps(self, state: FedRelaxState, replied: set[int], n: int,
+                     server_round: int) -> Weights:
+        """``relax-server-step`` beta: every client not in ``replied`` with degree d_i > 0
+        takes w^(i) <- (1 - beta) w^(i) + beta m_i, m_i from the models in ``state`` (all
+        steps from the same models: Jacobi), stored as version ``server_round`` (``version``
+        and ``probe`` are updated in place, as for an upload). Returns the sum of the moves."""
+        assert self.models is not None
+        beta = self.params.relax_server_step
+        version, probe = state.version[0], state.probe[0]
+        stepped: dict[int, Weights] = {}
+        for pid in range(n):
+            if pid in replied:
+                continue
+            mean, degree = self.term(state, pid)
+            if degree == 0.0:
+                continue
+            stepped[pid] = [(w.astype(np.float64) + beta * (m.astype(np.float64)
+                                                           - w.astype(np.float64))).astype(w.dtype)
+                            for w, m in zip(self.model_of(state, pid), mean, strict=True)]
+        moved = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
+        for pid, new in stepped.items():
+            for acc, a, o in zip(moved, new, self.model_of(state, pid), strict=True):
+                acc += a.astype(np.float64) - o.astype(np.float64)
+            self.models.write(pid, server_round, new,
+                              int(version[pid]) if version[pid] > 0 else int(probe[pid]))
+            version[pid] = server_round
+            probe[pid] = 0
+        return moved
 
     def warm_update(self, state: FedRelaxState, w_t: Weights,
                     rnd: RoundInput) -> tuple[Weights, FedRelaxState]:

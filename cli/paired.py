@@ -7,7 +7,15 @@ mean and the two-sided Student-t interval mean +- t_{0.975, n-1} * sd / sqrt(n).
 that only one mode has is left out and named (never paired with another seed).
 
     .venv/bin/fedinit-report paired RESULTS.csv --by mode --a sync --b async \
-        --metric test-acc [--where round=40 --where method=fedinit] [--pair-on seed]
+        --metric test-acc [--where round=40 --where method=fedinit] [--pair-on seed] \
+        [--stat diff|ratio] [--metric-a COLUMN]
+
+``--stat ratio`` summarises r_s = metric(B, s) / metric_a(A, s) instead (its mean and the
+same t interval over the seeds): e.g. the accepted updates async needed to reach sync's final
+accuracy over sync's own updates (``--metric updates-to-sync-final --metric-a
+sync-updates``, ``bench/async_speed.py --paired-csv``), or sync's time to a target over
+async's (``--a async --b sync --metric t-to-target``). ``--metric-a`` names A's column when
+it is not ``--metric``.
 
 A row is one run's figure: the CSV holds every seed (e.g. ``bench/async_speed.py --csv``
 or a sweep's ``results.csv``); ``--where`` keeps the rows whose column equals the value.
@@ -63,15 +71,27 @@ class Paired:
         return self.mean - half, self.mean + half
 
 
+STATS = ("diff", "ratio")
+"""What one seed's pair becomes: B - A, or B / A."""
+
+
 def pair(rows: Iterable[Mapping[str, str]], by: str, a: str, b: str, metric: str,
-         pair_on: Sequence[str] = ("seed",)) -> Paired:
-    """B - A of ``metric`` for each value of ``pair_on`` both modes (column ``by``) have;
-    two rows of one mode with the same key are refused (the grid is ambiguous)."""
+         pair_on: Sequence[str] = ("seed",), stat: str = "diff",
+         metric_a: str | None = None) -> Paired:
+    """B - A (``stat`` ``ratio``: B / A) of ``metric`` (A's: ``metric_a``, default the same
+    column) for each value of ``pair_on`` both modes (column ``by``) have; two rows of one
+    mode with the same key are refused (the grid is ambiguous), so is a ratio over A = 0."""
+    if stat not in STATS:
+        raise PairError(f"--stat {stat!r} is not allowed; allowed: {' | '.join(STATS)}")
+    if a == b:
+        raise PairError(f"--a and --b are both {a!r}; allowed: two different modes")
+    column = {a: metric_a or metric, b: metric}
     side: dict[str, dict[tuple[str, ...], float]] = {a: {}, b: {}}
     for row in rows:
         mode = row.get(by)
         if mode not in side:
             continue
+        metric = column[mode]
         missing = [c for c in (metric, *pair_on) if c not in row]
         if missing:
             raise PairError(f"column {missing[0]!r} is not in the rows; allowed: "
@@ -82,8 +102,14 @@ def pair(rows: Iterable[Mapping[str, str]], by: str, a: str, b: str, metric: str
                             "allowed: one per seed (narrow it with --where)")
         side[mode][key] = float(row[metric])
     both = sorted(set(side[a]) & set(side[b]), key=_natural)
+    if stat == "ratio":
+        zero = [k for k in both if side[a][k] == 0.0]
+        if zero:
+            raise PairError(f"{by}={a!r} has {column[a]}=0 for {'/'.join(pair_on)}="
+                            f"{'/'.join(zero[0])}; allowed: a non-zero A for --stat ratio")
     return Paired(keys=tuple("/".join(k) for k in both),
-                  diffs=tuple(side[b][k] - side[a][k] for k in both),
+                  diffs=tuple(side[b][k] / side[a][k] if stat == "ratio"
+                              else side[b][k] - side[a][k] for k in both),
                   unpaired=tuple("/".join(k) for k in sorted(set(side[a]) ^ set(side[b]),
                                                               key=_natural)))
 
@@ -110,9 +136,11 @@ def where(rows: Iterable[Mapping[str, str]], conditions: Sequence[str]) -> list[
     return [dict(r) for r in rows if all(r.get(c) == v for c, v in wanted)]
 
 
-def report(p: Paired, a: str, b: str, metric: str) -> str:
+def report(p: Paired, a: str, b: str, metric: str, stat: str = "diff",
+           metric_a: str | None = None) -> str:
     """The comparison as a person reads it: one line per seed, then the summary."""
-    lines = [f"{metric}: {b} - {a}, paired by seed"]
+    of_a = f"{a} ({metric_a})" if metric_a and metric_a != metric else a
+    lines = [f"{metric}: {b} {'/' if stat == 'ratio' else '-'} {of_a}, paired by seed"]
     lines += [f"  {k:>8}  {d:+.4f}" for k, d in zip(p.keys, p.diffs, strict=True)]
     if p.unpaired:
         lines.append(f"  left out (only one mode has them): {', '.join(p.unpaired)}")
@@ -134,12 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--where", action="append", default=[], metavar="COLUMN=VALUE")
     ap.add_argument("--pair-on", action="append", metavar="COLUMN",
                     help="what pairs two rows (default: seed)")
+    ap.add_argument("--stat", default="diff", help="diff (B - A) | ratio (B / A)")
+    ap.add_argument("--metric-a", default=None, metavar="COLUMN",
+                    help="A's column when it is not --metric")
     args = ap.parse_args(argv)
     with refusing(PairError, OSError):
         with args.csv.open(newline="") as f:
             rows = where(csv.DictReader(f), args.where)
         print(report(pair(rows, args.by, args.a, args.b, args.metric,
-                          tuple(args.pair_on or ("seed",))), args.a, args.b, args.metric))
+                          tuple(args.pair_on or ("seed",)), args.stat, args.metric_a),
+                     args.a, args.b, args.metric, args.stat, args.metric_a))
     return 0
 
 

@@ -10,7 +10,11 @@ every pull, push and heartbeat included; none for loopback, which has no proxy).
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.link_rounds [--scenarios loopback,cellular]
         [--nodes 2] [--method fedinit|scaffold] [--rounds 4] [--train-limit 300]
-        [--base-port 44300]
+        [--base-port 44300] [--compression off,q8]
+
+``--compression`` takes a comma-separated list of the run config's ``compression`` values:
+each scenario runs once per value, side by side on fresh deployments (issue 44's goal: a
+cellular round at least 3x shorter with q8 than uncompressed).
 """
 
 from __future__ import annotations
@@ -34,14 +38,14 @@ METHODS: dict[str, dict[str, Any]] = {"fedinit": {"method": "fedavg", "beta": 0.
 
 
 def measure(sc: Scenario, nodes: int, rounds: int, train_limit: int, base_port: int,
-            subnet: int, method: str = "fedinit") -> Watched:
+            subnet: int, method: str = "fedinit", compression: str = "off") -> Watched:
     with tempfile.TemporaryDirectory(prefix="link-rounds-") as tmp:
         dep = LinkDeployment(Path(tmp) / "deploy", nodes, base_port=base_port,
                              scenarios=[sc] * nodes, subnet=subnet)
         with deployed(dep, Path(tmp)):
             cfg: dict[str, Any] = {**COMMON, **METHODS[method], "num-clients": nodes,
                                    "num-server-rounds": rounds, "eval-every": rounds,
-                                   "train-limit": train_limit,
+                                   "train-limit": train_limit, "compression": compression,
                                    "node-registry": str(dep.registry)}
             got = watch(dep, sc.name, cfg, Path(tmp) / "out", timeout=900)
     if got.status != "finished:completed":
@@ -60,24 +64,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reset-every", type=float, default=10.0,
                     help="flaky-wifi's reset period for the run (60 s in the scenario)")
     ap.add_argument("--base-port", type=int, default=44300)
+    ap.add_argument("--compression", default="off",
+                    help="comma-separated compression values, each run per scenario")
     args = ap.parse_args(argv)
+    codecs = args.compression.split(",")
     if why := unavailable():
         print(f"link_rounds: {why}", file=sys.stderr)
         return 2
-    print("| scenario | s/round | each round, s | kB up/round | kB down/round | "
+    print("| scenario | compression | s/round | each round, s | kB up/round | kB down/round | "
           "round 1 kB up/down | rejected, missing | connections, resets, held chunks |")
-    print("|---|---|---|---|---|---|---|---|")
-    for k, name in enumerate(args.scenarios.split(",")):
+    print("|---|---|---|---|---|---|---|---|---|")
+    runs = [(name, codec) for name in args.scenarios.split(",") for codec in codecs]
+    for k, (name, codec) in enumerate(runs):
         sc = SCENARIOS[name]
         if sc.reset_every:
             sc = sc.scaled(reset_every=args.reset_every)
         got = measure(sc, args.nodes, args.rounds, args.train_limit,
-                      args.base_port + 20 * k, 210 + k, args.method)
+                      args.base_port + 20 * k, 210 + k, args.method, codec)
         up, down, p = *got.bytes_per_round(), got.proxy
         first = got.round_bytes[0] if got.round_bytes else (0, 0)
         secs = ", ".join(f"{float(r['round-seconds']):.1f}" for r in got.rows)
-        print(f"| {sc.describe()} | {got.seconds_per_round():.2f} | {secs} | {up / 1e3:.0f} | "
-              f"{down / 1e3:.0f} | {first[0] / 1e3:.0f}/{first[1] / 1e3:.0f} | "
+        print(f"| {sc.describe()} | {codec} | {got.seconds_per_round():.2f} | {secs} | "
+              f"{up / 1e3:.0f} | {down / 1e3:.0f} | {first[0] / 1e3:.0f}/{first[1] / 1e3:.0f} | "
               f"{sum(r['num-rejected'] for r in got.rows)}, "
               f"{sum(r['num-missing'] for r in got.rows)} | {p.get('connections', 0)}, "
               f"{p.get('resets', 0)}, {p.get('held', 0)} |", flush=True)

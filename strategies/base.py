@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
@@ -31,17 +31,36 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from methods import wire as rk
 from methods.packed_arrays import unpack
+from methods.registry import METHODS
 from server_app.strategy import MethodStrategy
 from strategies.client_half_check import ClientHalfCheck
+from strategies.components import (
+    Aggregation,
+    BufferedAsync,
+    Component,
+    ComponentError,
+    OverSelect,
+    Privacy,
+    Rounds,
+    SecAgg,
+    SyncRounds,
+    aggregation_named,
+    taken,
+)
 from strategies.flower_args import FlowerArgError, FlowerArgs, MetricsAggr
 from strategies.wire import INITIAL, method_config
 from task.config import ConfigError, RunConfig
 from task.config_checks import bad_value
 
+if TYPE_CHECKING:
+    from strategies.schedules import FirstReplies
+
 ANY_FEDERATION = 1_000_000
 """The client count the constructor checks with, before the federation is known: checks
 that depend on it (e.g. min_replies <= clients per round) only get stricter for fewer
-clients, so they pass here and run again with the real count at ``start()``."""
+clients, so they pass here and run again with the real count at ``start()``. The one check
+a larger federation makes stricter, SecAgg's quantised sum, gets a count it passes
+(``MethodAdapter._any_federation``)."""
 BUFFER_NAMES = frozenset({"running_mean", "running_var", "num_batches_tracked"})
 """The last name component of torch's normalisation buffers in a state dict."""
 ANY_LR = 1e-9
@@ -54,16 +73,21 @@ COMMON_ARGS: dict[str, str] = {
     "lr_decay": "lr-decay",
     "weighting": "weighting",
     "server_lr": "server-lr",
-    "aggregation": "aggregation",
-    "trim_fraction": "trim-fraction",
-    "byzantine_f": "byzantine-f",
     "min_replies": "min-replies",
     "max_update_norm_ratio": "max-update-norm-ratio",
     "max_examples_per_client": "max-examples-per-client",
     "seed": "seed",
     "compression": "compression",
 }
-"""Constructor argument -> run-config key, for the settings every method shares."""
+"""Constructor argument -> run-config key, for the settings every method shares; the
+capabilities (``privacy=``, ``secure_aggregation=``, ``aggregation=``, ``rounds=``) are
+components that map themselves (``strategies/components.py``)."""
+SYNC_ROUNDS = SyncRounds()
+"""``rounds=``'s default: Flower's own round loop."""
+LEGACY_AGGREGATION: dict[str, str] = {"aggregation": "aggregation",
+                                      "trim-fraction": "trim_fraction",
+                                      "byzantine-f": "byzantine_f"}
+"""How errors name the keys of the string form ``aggregation="krum", byzantine_f=1``."""
 
 
 class MethodAdapter(Strategy):
@@ -76,8 +100,11 @@ class MethodAdapter(Strategy):
                  fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
                  min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
                  lr: float | None = None, lr_decay: float = 1.0, weighting: str = "examples",
-                 server_lr: float = 0.0, aggregation: str = "mean", trim_fraction: float = 0.1,
-                 byzantine_f: int = 1, min_replies: int = 1, max_update_norm_ratio: float = 20.0,
+                 server_lr: float = 0.0, aggregation: Aggregation | str = "mean",
+                 trim_fraction: float | None = None, byzantine_f: int | None = None,
+                 privacy: Privacy | None = None, secure_aggregation: SecAgg | None = None,
+                 rounds: Rounds = SYNC_ROUNDS, min_replies: int = 1,
+                 max_update_norm_ratio: float = 20.0,
                  max_examples_per_client: int = 0, seed: int = 0, compression: str = "off",
                  stop_after_foreign_rounds: int = 2,
                  weighted_by_key: str = "num-examples", arrayrecord_key: str = "arrays",
@@ -97,10 +124,18 @@ class MethodAdapter(Strategy):
         ``train_metrics_aggr_fn``, ``evaluate_metrics_aggr_fn``: Flower's ``FedAvg``
         arguments, with their meaning there (``strategies/flower_args.py``). The other
         shared settings are the run config's keys of the same names (docs/configuration.md).
+
+        The capabilities, components of ``strategies.components``: ``privacy`` (None,
+        ``CentralDP(...)``, ``DistributedDP(...)`` with SecAgg), ``secure_aggregation``
+        (None or ``SecAgg(...)``), ``aggregation`` (``Mean()``, ``Median()``,
+        ``TrimmedMean(...)``, ``Krum(...)``, ``MultiKrum(...)``, ``Bulyan(...)``; the older
+        string form ``"krum"`` with ``trim_fraction``/``byzantine_f`` still works and maps
+        to the same component), ``rounds`` (``SyncRounds()``, ``OverSelect(...)``,
+        ``BufferedAsync(...)``). What the method cannot run is refused here by its own spec
+        (``MethodSpec.async_refusal``, ``secagg_refusal``).
         """
         given = {"fraction_train": fraction_train, "lr": lr, "lr_decay": lr_decay,
-                 "weighting": weighting, "server_lr": server_lr, "aggregation": aggregation,
-                 "trim_fraction": trim_fraction, "byzantine_f": byzantine_f,
+                 "weighting": weighting, "server_lr": server_lr,
                  "min_replies": min_replies, "max_update_norm_ratio": max_update_norm_ratio,
                  "max_examples_per_client": max_examples_per_client, "seed": seed,
                  "compression": compression}
@@ -109,6 +144,14 @@ class MethodAdapter(Strategy):
         self.keys: dict[str, Any] = {COMMON_ARGS[a]: v for a, v in given.items() if v is not None}
         self.keys.update({key: value for key, value in own.values()})
         self.keys.update({"method": self.method, "personal-eval-every": 0})
+        self.components: dict[str, Component] = self._components(
+            privacy, secure_aggregation, aggregation, trim_fraction, byzantine_f, rounds)
+        """The capabilities by argument (None ones left out), mapped into ``keys``."""
+        for component in self.components.values():
+            self.keys.update(component.keys())
+            self.arg_of.update(component.names())
+        if isinstance(aggregation, str):
+            self.arg_of.update(LEGACY_AGGREGATION)
         try:
             self.flower = FlowerArgs(weighted_by_key, arrayrecord_key, configrecord_key,
                                      train_metrics_aggr_fn, evaluate_metrics_aggr_fn)
@@ -128,13 +171,21 @@ class MethodAdapter(Strategy):
                                  weighted_by_key=weighted_by_key,
                                  evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
         """Flower's own federated evaluation of the global model (the user's evaluate)."""
-        self.checked = self.parse(ANY_FEDERATION, ANY_LR if lr is None else lr,
-                                  fraction_train)
+        self._check_over_select(fraction_train)
+        self.checked = self.parse(self._any_federation(fraction_train),
+                                  ANY_LR if lr is None else lr, fraction_train)
         """The settings as the run config holds them, checked before any work."""
+        if self.buffered and fraction_evaluate > 0.0:
+            raise self._error(bad_value("fraction_evaluate", fraction_evaluate,
+                                        "0 with rounds=BufferedAsync(...) (federated "
+                                        "evaluation beside in-flight training is not built "
+                                        "yet; evaluate_fn in start() runs after each flush)"))
         self.inner: MethodStrategy | None = None
         """The project's strategy, built by ``start()`` for the federation it finds."""
         self.client_of: dict[int, int] = {}
         """Node id -> client id, from ``start()`` on."""
+        self.first_replies: FirstReplies | None = None
+        """``OverSelect``: the grid closing each round at m accepted replies (``start()``)."""
         self._keys_of_arrays: list[str] = []
         self._initial = ArrayRecord()
         try:
@@ -144,6 +195,81 @@ class MethodAdapter(Strategy):
         """Stops a run whose nodes do not run ``method_train``."""
 
     # ---------------------------------------------------------------- checks
+    def _components(self, privacy: Any, secure_aggregation: Any, aggregation: Any,
+                    trim_fraction: float | None, byzantine_f: int | None,
+                    rounds: Any) -> dict[str, Component]:
+        """The capability arguments as components, or a one-line ConfigError naming the
+        argument: a wrong type, a component no client half can honour yet
+        (``Component.MISSING``), or one the method's own spec refuses."""
+        name = type(self).__name__
+        try:
+            if isinstance(aggregation, str):
+                aggregation = aggregation_named(
+                    aggregation, 0.1 if trim_fraction is None else trim_fraction,
+                    1 if byzantine_f is None else byzantine_f)
+            else:
+                for arg, value in (("trim_fraction", trim_fraction),
+                                   ("byzantine_f", byzantine_f)):
+                    if value is not None:
+                        raise ComponentError(name, f"{arg}={value!r} is not allowed with "
+                                             f"aggregation={aggregation!r}; allowed: the "
+                                             "component's own field (e.g. Krum(byzantine_f=1))")
+            given = {"privacy": taken("privacy", privacy, optional=True),
+                     "secure_aggregation": taken("secure_aggregation", secure_aggregation,
+                                                 optional=True),
+                     "aggregation": taken("aggregation", aggregation),
+                     "rounds": taken("rounds", rounds)}
+        except ComponentError as err:
+            raise ConfigError(f"{name}: {err.detail}") from None
+        out = {arg: c for arg, c in given.items() if c is not None}
+        spec = METHODS[self.method]
+        for arg, component in out.items():
+            why = component.MISSING
+            if why is None and isinstance(component, BufferedAsync):
+                why = spec.async_refusal
+            if why is None and isinstance(component, SecAgg):
+                why = spec.secagg_refusal
+            if why is not None:
+                raise ConfigError(f"{name}: {arg}={component.shown()} is not allowed "
+                                  f"({why})")
+        if "privacy" in out and isinstance(out["rounds"], BufferedAsync):
+            raise ConfigError(f"{name}: privacy={out['privacy'].shown()} is not allowed with "
+                              "rounds=BufferedAsync(...); allowed: None (the per-flush DP "
+                              "release and its accounting run in the project's experiment "
+                              "only, rounds=async with dp=central; not built for strategies "
+                              "yet)")
+        return out
+
+    def _any_federation(self, fraction_train: float) -> int:
+        """The client count the constructor checks with: ``ANY_FEDERATION``, or under SecAgg
+        the most whose round still fits the quantised sum (``secagg-bits``: at most
+        (2^32 - 1) // 2^bits clients per round), the one check a larger federation makes
+        stricter. Both run again with the nodes found at ``start()``."""
+        secure = self.components.get("secure_aggregation")
+        if not isinstance(secure, SecAgg) or not 0.0 < fraction_train <= 1.0:
+            return ANY_FEDERATION
+        most = (2**32 - 1) // 2**secure.bits
+        n = min(ANY_FEDERATION, max(1, int(most / fraction_train)))
+        while n > 1 and max(1, round(fraction_train * n)) > most:
+            n -= 1
+        return n
+
+    def _check_over_select(self, fraction_train: float) -> None:
+        """``OverSelect``: ceil(m (1 + o)) clients must exist, so fraction_train x (1 + o)
+        must not pass 1 (the exact count is checked at ``start()`` with the nodes found)."""
+        rounds = self.components["rounds"]
+        if (isinstance(rounds, OverSelect) and isinstance(fraction_train, int | float)
+                and fraction_train * (1.0 + rounds.fraction) > 1.0):
+            raise self._error(bad_value(
+                "fraction_train", fraction_train, f"at most {1.0 / (1.0 + rounds.fraction):.4g} "
+                f"with rounds={rounds.shown()} (ceil(m (1 + fraction)) of the N nodes are "
+                "sampled, m = fraction_train x N)"))
+
+    @property
+    def buffered(self) -> bool:
+        """Whether ``rounds=BufferedAsync(...)``: ``start()`` runs FedBuff's loop."""
+        return isinstance(self.components.get("rounds"), BufferedAsync)
+
     def parse(self, num_clients: int, lr: float, fraction_train: float) -> RunConfig:
         """``RunConfig.parse`` of these settings; its ConfigError reworded to name the
         constructor's arguments (``FedDyn: alpha=0.0 is not allowed; ...``)."""
@@ -171,6 +297,16 @@ class MethodAdapter(Strategy):
                 train_config: ConfigRecord | None) -> MethodStrategy:
         """Wait for ``min_available_nodes`` nodes, number them (module docstring), check the
         settings for their count and build the project's strategy for them."""
+        cfg, node_of, available = self.federation(grid, initial_arrays, train_config)
+        self.inner = MethodStrategy(cfg, node_of, unpack(initial_arrays), examples=None,
+                                    available=available)
+        return self.inner
+
+    def federation(self, grid: Grid, initial_arrays: ArrayRecord,
+                   train_config: ConfigRecord | None,
+                   ) -> tuple[RunConfig, dict[int, int], Callable[[], list[int]]]:
+        """(the settings checked for the nodes found, client id -> node id, the client ids
+        connected now), after ``min_available_nodes`` nodes connected (module docstring)."""
         self.check_initial(initial_arrays)
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
         node_ids = sorted(int(n) for n in nodes)
@@ -188,11 +324,9 @@ class MethodAdapter(Strategy):
 
         self._keys_of_arrays = list(initial_arrays.keys())
         self._initial = ArrayRecord([a.copy() for a in unpack(initial_arrays)])
-        self.inner = MethodStrategy(cfg, node_of, unpack(initial_arrays), examples=None,
-                                    available=available)
         log(INFO, "%s: %d nodes as clients 0..%d (by ascending node id), %d per round",
             type(self).__name__, n, n - 1, cfg.clients_per_round)
-        return self.inner
+        return cfg, node_of, available
 
     def check_initial(self, initial_arrays: ArrayRecord) -> None:
         """Refuse a model with running buffers before any node is asked: the methods keep
@@ -237,11 +371,41 @@ class MethodAdapter(Strategy):
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
               ) -> Result:
         """Flower's ``Strategy.start`` once the project's strategy is built for the nodes
-        found; ``Result.arrays`` keeps the keys of ``initial_arrays``."""
-        self.prepare(grid, initial_arrays, train_config)
+        found (``OverSelect``: each round closes at its first m accepted replies); under
+        ``BufferedAsync`` FedBuff's loop instead, ``num_rounds`` flushes (``evaluate_fn``
+        after each). ``Result.arrays`` keeps the keys of ``initial_arrays``."""
+        rounds = self.components["rounds"]
+        if isinstance(rounds, BufferedAsync):
+            return self.start_buffered(grid, initial_arrays, num_rounds, timeout, train_config,
+                                       evaluate_fn)
+        inner = self.prepare(grid, initial_arrays, train_config)
+        if isinstance(rounds, OverSelect):
+            from strategies.schedules import FirstReplies
+
+            grid = self.first_replies = FirstReplies(grid, inner.cfg.clients_per_round,
+                                                     inner.accepts)
         return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
                              train_config=train_config, evaluate_config=evaluate_config,
                              evaluate_fn=evaluate_fn)
+
+    def start_buffered(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int,
+                       timeout: float, train_config: ConfigRecord | None,
+                       evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
+                       ) -> Result:
+        """``rounds=BufferedAsync(...)``: the experiment's FedBuff loop on this grid
+        (``strategies/schedules.py``); its train messages name the method as sync ones do."""
+        from strategies.schedules import async_config, run_buffered
+
+        cfg, node_of, available = self.federation(grid, initial_arrays, train_config)
+        cfg = async_config(cfg, num_rounds, timeout)
+        config = ConfigRecord({**dict(train_config or {}),
+                               **method_config(cfg.method, cfg.params)})
+        log(INFO, "%s: rounds=async, concurrency %d, buffer-size %d, staleness %s",
+            type(self).__name__, cfg.async_concurrency, cfg.async_buffer_size,
+            cfg.schedule.staleness)
+        result, self.inner = run_buffered(grid, cfg, node_of, unpack(initial_arrays),
+                                          available, config, evaluate_fn, self.user_record)
+        return result
 
     def _built(self) -> MethodStrategy:
         if self.inner is None:
@@ -250,8 +414,10 @@ class MethodAdapter(Strategy):
                 f"{name}: a round ran before {name}.start() (or prepare()) numbered the "
                 "nodes as clients; allowed: run it by its own start(), not inside a wrapper "
                 "such as Flower's DifferentialPrivacy*FixedClipping (those clip each reply's "
-                "arrays as a model, which a method's Delta_i or Delta_c_i is not; central DP "
-                "is the project's run config key dp=central)")
+                "arrays as a model, which a method's Delta_i or Delta_c_i is not): central DP "
+                f"is the privacy= argument, {name}(privacy=CentralDP(noise_multiplier=..., "
+                "clipping_norm=...)) from strategies.components (the run config's "
+                "dp=central)")
         return self.inner
 
     # ---------------------------------------------------------------- Flower Strategy API
@@ -298,7 +464,8 @@ class MethodAdapter(Strategy):
         inner = self._built()
         arrays, metrics = inner.aggregate_train(server_round, replies)
         user = self.flower.train_metrics(replies, inner.last_rejections)
-        merged = MetricRecord({**dict(user), **dict(metrics or {})})
+        over = {} if self.first_replies is None else self.first_replies.last
+        merged = MetricRecord({**dict(user), **dict(metrics or {}), **over})
         if arrays is None:
             return None, merged
         return self.user_record(unpack(arrays)), merged

@@ -1,0 +1,112 @@
+"""The ``rounds=`` schedules a strategy's ``start()`` runs on a user's grid, on the project's own
+engines: ``OverSelect`` closes each of Flower's sync rounds at the first m accepted replies
+(``server_app.over_select.collect_first``, the experiment loop's), ``BufferedAsync`` runs the
+FedBuff loop (``server_app.async_rounds.AsyncLoop``, the experiment's) in place of Flower's
+round loop. Loaded only when a strategy uses one of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Iterable, Mapping
+from logging import INFO
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+
+from methods import wire as rk
+from methods.weights import Weights
+from server_app.over_select import collect_first
+from task.config import RunConfig
+
+
+class FirstReplies(Grid):
+    """The user's grid, but a train round's ``send_and_receive`` pushes its messages and
+    returns at the first ``need`` replies ``accepts`` takes (``OverSelect``); every other
+    call goes to the grid as it is."""
+
+    def __init__(self, grid: Grid, need: int, accepts: Callable[[Message], bool]) -> None:
+        self.grid, self.need, self.accepts = grid, need, accepts
+        self.last: dict[str, int] = {}
+        """The last train round's over-select figures (``Collected.fields``)."""
+
+    def set_run(self, run_id: Any) -> None:
+        self.grid.set_run(run_id)
+
+    @property
+    def run(self) -> Any:
+        return self.grid.run
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        return self.grid.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        msgs = list(messages)
+        if not msgs or any(m.metadata.message_type != MessageType.TRAIN for m in msgs):
+            return self.grid.send_and_receive(msgs, timeout=timeout)
+        conf = msgs[0].content.config_records[rk.CONFIG]
+        got = collect_first(self.grid, msgs, self.need, self.accepts,
+                            3600.0 if timeout is None else timeout,
+                            int(conf[rk.ROUND]))  # type: ignore[arg-type]
+        self.last = got.fields(len(msgs))
+        return got.replies
+
+
+def async_config(cfg: RunConfig, num_rounds: int, timeout: float) -> RunConfig:
+    """``cfg`` with Flower's ``num_rounds`` as the flushes to run and ``timeout`` as the
+    time a task may take (``round-timeout``)."""
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, num_server_rounds=num_rounds),
+        fleet=dataclasses.replace(cfg.fleet, round_timeout=float(timeout)))
+
+
+def run_buffered(grid: Grid, cfg: RunConfig, node_of: Mapping[int, int], w0: Weights,
+                 available: Callable[[], Collection[int]], round_config: ConfigRecord,
+                 evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
+                 as_record: Callable[[Weights], ArrayRecord]) -> tuple[Result, Any]:
+    """FedBuff's loop for ``cfg.train.num_server_rounds`` flushes; (Flower's ``Result``: one
+    train MetricRecord per flush, the project's flush figures; the loop's strategy).
+    ``evaluate_fn`` is called before the first flush and after each, as Flower's loop
+    calls it each round."""
+    from server_app.async_rounds import AsyncLoop, BufferedStrategy
+
+    strategy = BufferedStrategy(cfg, node_of, w0, examples=None, available=available)
+    loop = AsyncLoop(grid, cfg, strategy, available, node_of, round_config)
+    result = Result()
+    if evaluate_fn is not None:
+        first = evaluate_fn(0, as_record(w0))
+        if first is not None:
+            result.evaluate_metrics_serverapp[0] = first
+
+    def on_flush(flush: Any, facts: dict[str, Any]) -> None:
+        version = int(flush.version)
+        result.train_metrics_clientapp[version] = MetricRecord(
+            {k: v for k, v in facts.items() if isinstance(v, int | float) and v is not None
+             and not isinstance(v, bool)})
+        log(INFO, "[version %d/%d] replies %d staleness mean %.2f max %d dropped %d", version,
+            cfg.train.num_server_rounds, flush.replies, facts["staleness-mean"],
+            facts["staleness-max"], flush.dropped)
+        if evaluate_fn is not None:
+            got = evaluate_fn(version, as_record(flush.weights))
+            if got is not None:
+                result.evaluate_metrics_serverapp[version] = got
+
+    final = loop.run(w0, on_flush)
+    result.arrays = as_record(final)
+    return result, strategy
+
+
+__all__ = ["FirstReplies", "async_config", "run_buffered"]

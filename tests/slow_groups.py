@@ -125,6 +125,7 @@ SLOW_MODULES: dict[str, Slow] = {
     "test_methods_state": own("test_methods_state", seconds=45),
     "test_node_fast_paths": own("test_node_fast_paths", seconds=17),
     "test_personal_eval": own("test_personal_eval"),
+    "test_strategy_components_runs": own("test_strategy_components_runs", seconds=25),
     "test_task_datasets": own("test_task_datasets"),
 }
 

@@ -151,28 +151,30 @@ def reach(rows: list[dict[str, Any]], acc: float, smooth: int = 1) -> int | None
     return None
 
 
-def sync_stop(sync_rows: list[dict[str, Any]], target: float) -> Any:
+def sync_stop(sync_rows: list[dict[str, Any]], target: float, last5: bool = True) -> Any:
     """``--until-sync``'s stop condition of an async run: once it has reached sync's final
-    accuracy (of the same seed), sync's last-5 mean with its own last-5 mean, and ``target``."""
+    accuracy (of the same seed) and ``target``, and (``last5``) sync's last-5 mean with its
+    own last-5 mean."""
     final, five = evaluated(sync_rows)[-1][1], last_mean(sync_rows)
 
     def stop(rows: list[dict[str, Any]]) -> bool:
-        return (reach(rows, final) is not None and reach(rows, five, 5) is not None
-                and reach(rows, target) is not None)
+        return (reach(rows, final) is not None and reach(rows, target) is not None
+                and (not last5 or reach(rows, five, 5) is not None))
 
     return stop
 
 
 PAIRED_HEAD = ("device-speeds", "method", "seed", "mode", "pairing", "updates-per-flush",
                "sync-updates", "sync-final", "sync-last5", "updates-to-sync-final",
-               "updates-to-sync-last5", "reached", "ratio-to-sync-final",
+               "updates-to-sync-last5", "reached", "reached-last5", "ratio-to-sync-final",
                "ratio-to-sync-last5", "t-to-target", "sync-t-to-target", "speed-up",
                "acc-at-sync-updates", "last5-at-sync-updates", "flushes-run")
 """``--paired-csv``: one row per (speeds, method, seed, mode) against sync of the same seed:
 the accepted updates a mode needed to reach sync's final accuracy (first evaluation at or
 above it) and sync's last-5 mean (its own last-5 mean at or above it), each also as a ratio
 to sync's updates; ``reached`` 0 means the run ended (its cap) first and the counts are the
-run's whole updates (a lower bound); the simulated time to ``--target`` and sync's over it;
+run's whole updates (a lower bound; ``reached-last5`` the same for the last-5 count); the
+simulated time to ``--target`` and sync's over it;
 and the accuracy after the same updates as sync."""
 
 
@@ -195,7 +197,7 @@ def paired_rows(key: str, seed: str, runs: dict[str, list[dict[str, Any]]], targ
         t = time_to(evaluated(rows), target)
         out.append([speeds, method, seed, mode, prints[mode], k, s_updates,
                     f"{s_final:.4f}", f"{s_five:.4f}", u_final, u_five,
-                    int(to_final is not None and to_five is not None),
+                    int(to_final is not None), int(to_five is not None),
                     f"{u_final / s_updates:.4f}", f"{u_five / s_updates:.4f}",
                     f"{t:.4f}", f"{s_time:.4f}", f"{s_time / t:.4f}",
                     f"{evaluated(same)[-1][1]:.4f}", f"{last_mean(same):.4f}", len(rows)])
@@ -366,6 +368,9 @@ def main() -> None:
                     help="run every async mode up to CAP flushes, ending it once it has "
                          "reached sync's final accuracy, sync's last-5 mean (with its own "
                          "last-5) and --target (sync runs first, same seed)")
+    ap.add_argument("--no-last5-stop", action="store_true",
+                    help="--until-sync: do not wait for the last-5 mean to pass sync's (its "
+                         "updates-to-sync-last5 is then often the run's whole, reached 0)")
     ap.add_argument("--paired-csv", type=Path, default=None,
                     help="append one row per (speeds, method, seed, mode) against sync of "
                          "the same seed (PAIRED_HEAD): updates to reach sync's final, ...")
@@ -415,7 +420,8 @@ def main() -> None:
                             stop = None
                             if a.until_sync and raw.get("rounds") == "async":
                                 raw["num-server-rounds"] = a.until_sync
-                                stop = sync_stop(results[key][str(seed)]["sync"], a.target)
+                                stop = sync_stop(results[key][str(seed)]["sync"], a.target,
+                                                 not a.no_last5_stop)
                             prints[mode] = pairing(raw)
                             if prints[mode] != prints[next(iter(prints))]:
                                 raise SystemExit(f"seed {seed}: mode {mode} does not share "

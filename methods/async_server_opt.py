@@ -62,8 +62,8 @@ def momentum_step(w_t: Weights, w_rule: Weights, velocity: Weights,
                   mu: float) -> tuple[Weights, Weights]:
     """(w_{t+1}, v'): v' = mu v + (w_rule - w_t), w_{t+1} = w_t + v' (float64 inside, the
     model's dtype out)."""
-    if not 0.0 <= mu < 1.0:
-        raise ValueError(f"server-momentum={mu!r} is not allowed; allowed: 0 <= mu < 1")
+    if not -1.0 < mu < 1.0:
+        raise ValueError(f"server-momentum={mu!r} is not allowed; allowed: -1 < mu < 1")
     v_next, w_next = [], []
     for w, r, v in zip(w_t, w_rule, velocity, strict=True):
         w64 = w.astype(np.float64)

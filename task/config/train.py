@@ -54,12 +54,13 @@ def check_server_lr_decay(t: TrainConfig) -> None:
 
 
 def check_server_momentum(t: TrainConfig, method: str) -> None:
-    """``server-momentum``: 0 <= mu < 1, and only for a method whose server rule is one
+    """``server-momentum``: -1 < mu < 1 (negative: the damping Mitliagkas et al. 2016 tune
+    against the momentum asynchrony adds), and only for a method whose server rule is one
     step on one model (``methods.async_server_opt.momentum_refusal``)."""
     from methods.async_server_opt import momentum_refusal
 
-    if not 0.0 <= t.server_momentum < 1.0:
-        raise bad_value("server-momentum", t.server_momentum, "0 <= server-momentum < 1")
+    if not -1.0 < t.server_momentum < 1.0:
+        raise bad_value("server-momentum", t.server_momentum, "-1 < server-momentum < 1")
     why = momentum_refusal(method)
     if t.server_momentum and why is not None:
         raise bad_value("server-momentum", t.server_momentum,

@@ -77,10 +77,11 @@ STATS = ("diff", "ratio")
 
 def pair(rows: Iterable[Mapping[str, str]], by: str, a: str, b: str, metric: str,
          pair_on: Sequence[str] = ("seed",), stat: str = "diff",
-         metric_a: str | None = None) -> Paired:
+         metric_a: str | None = None, drop_nan: bool = False) -> Paired:
     """B - A (``stat`` ``ratio``: B / A) of ``metric`` (A's: ``metric_a``, default the same
     column) for each value of ``pair_on`` both modes (column ``by``) have; two rows of one
-    mode with the same key are refused (the grid is ambiguous), so is a ratio over A = 0."""
+    mode with the same key are refused (the grid is ambiguous), so is a ratio over A = 0.
+    ``drop_nan``: a NaN value (a target never reached) leaves its seed out, named."""
     if stat not in STATS:
         raise PairError(f"--stat {stat!r} is not allowed; allowed: {' | '.join(STATS)}")
     if a == b:
@@ -100,7 +101,10 @@ def pair(rows: Iterable[Mapping[str, str]], by: str, a: str, b: str, metric: str
         if key in side[mode]:
             raise PairError(f"{by}={mode!r} has two rows for {'/'.join(pair_on)}={key}; "
                             "allowed: one per seed (narrow it with --where)")
-        side[mode][key] = float(row[metric])
+        value = float(row[metric])
+        if math.isnan(value) and drop_nan:
+            continue  # e.g. a time to a target the run never reached: that seed is unpaired
+        side[mode][key] = value
     both = sorted(set(side[a]) & set(side[b]), key=_natural)
     if stat == "ratio":
         zero = [k for k in both if side[a][k] == 0.0]
@@ -165,12 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stat", default="diff", help="diff (B - A) | ratio (B / A)")
     ap.add_argument("--metric-a", default=None, metavar="COLUMN",
                     help="A's column when it is not --metric")
+    ap.add_argument("--drop-nan", action="store_true",
+                    help="leave out a seed whose value is NaN (e.g. a target not reached)")
     args = ap.parse_args(argv)
     with refusing(PairError, OSError):
         with args.csv.open(newline="") as f:
             rows = where(csv.DictReader(f), args.where)
         print(report(pair(rows, args.by, args.a, args.b, args.metric,
-                          tuple(args.pair_on or ("seed",)), args.stat, args.metric_a),
+                          tuple(args.pair_on or ("seed",)), args.stat, args.metric_a,
+                          args.drop_nan),
                      args.a, args.b, args.metric, args.stat, args.metric_a))
     return 0
 

@@ -43,6 +43,10 @@ def test_the_ratio_of_updates_and_of_times_match_a_hand_computation(tmp_path: Pa
     assert speed.diffs == pytest.approx([40 / 16, 50 / 20, 45 / 15])  # 2.5, 2.5, 3.0
     diff = pair(rows, "mode", "sync", "async", "updates-to-sync-final")
     assert diff.diffs == pytest.approx([220, 80, 360])  # the default is still B - A
+    rows[2]["t-to-target"] = "nan"  # sync of seed 1 never reached the target
+    left = pair(rows, "mode", "async", "sync", "t-to-target", stat="ratio", drop_nan=True)
+    assert left.keys == ("0", "2") and left.unpaired == ("1",)
+    assert left.diffs == pytest.approx([2.5, 3.0])
 
 
 def test_the_command_and_its_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

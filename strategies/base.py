@@ -53,6 +53,7 @@ from task.config import ConfigError, RunConfig
 from task.config_checks import bad_value
 
 if TYPE_CHECKING:
+    from methods.dp_budget import Budget
     from strategies.schedules import FirstReplies
 
 ANY_FEDERATION = 1_000_000
@@ -185,6 +186,8 @@ class MethodAdapter(Strategy):
         self.client_of: dict[int, int] = {}
         """Node id -> client id, from ``start()`` on."""
         self.first_replies: FirstReplies | None = None
+        self.budget: Budget | None = None
+        """``privacy=``: the run's accountant (``methods.dp_budget``), from ``start()`` on."""
         """``OverSelect``: the grid closing each round at m accepted replies (``start()``)."""
         self._keys_of_arrays: list[str] = []
         self._initial = ArrayRecord()
@@ -300,6 +303,10 @@ class MethodAdapter(Strategy):
         cfg, node_of, available = self.federation(grid, initial_arrays, train_config)
         self.inner = MethodStrategy(cfg, node_of, unpack(initial_arrays), examples=None,
                                     available=available)
+        if cfg.privacy.dp != "off":  # the accountant only under DP (it loads dp-accounting)
+            from methods.dp_budget import Budget
+
+            self.budget = Budget.for_run(cfg, channels=1 + len(self.inner.rule.up_keys))
         return self.inner
 
     def federation(self, grid: Grid, initial_arrays: ArrayRecord,
@@ -465,7 +472,10 @@ class MethodAdapter(Strategy):
         arrays, metrics = inner.aggregate_train(server_round, replies)
         user = self.flower.train_metrics(replies, inner.last_rejections)
         over = {} if self.first_replies is None else self.first_replies.last
-        merged = MetricRecord({**dict(user), **dict(metrics or {}), **over})
+        spent = {} if self.budget is None else {  # each round is one release, as counted
+            "dp-epsilon": self.budget.epsilon(server_round),  # by the project's experiment
+            "dp-epsilon-add-remove": self.budget.epsilon_add_remove(server_round)}
+        merged = MetricRecord({**dict(user), **dict(metrics or {}), **over, **spent})
         if arrays is None:
             return None, merged
         return self.user_record(unpack(arrays)), merged

@@ -131,15 +131,18 @@ def _choice(owner: Component, name: str, value: str, allowed: tuple[str, ...]) -
 class _DP(Component):
     """Client-level DP: each client's update clipped to ``clipping_norm`` (its extra
     uploads, SCAFFOLD's Delta_c_i, to ``clipping_norm_extra``, 0: the same), Gaussian noise
-    of std ``noise_multiplier`` x the bound on the round's sum."""
+    of std ``noise_multiplier`` x the bound on the round's sum; each round's train metrics
+    carry the epsilon spent so far at ``delta`` (``dp-epsilon``)."""
 
     noise_multiplier: float = 1.0
     clipping_norm: float = 1.0
     clipping_norm_extra: float = 0.0
+    delta: float = 1e-5
     ARG: ClassVar[str] = "privacy"
     FIELDS: ClassVar[Mapping[str, str]] = {"noise_multiplier": "dp-noise-multiplier",
                                            "clipping_norm": "dp-clip",
-                                           "clipping_norm_extra": "dp-clip-extra"}
+                                           "clipping_norm_extra": "dp-clip-extra",
+                                           "delta": "dp-delta"}
 
     def check(self) -> None:
         check_dp_keys(group(PrivacyConfig, self.keys()))

@@ -9,12 +9,14 @@ sum, which a selection of replies is not.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
+from flwr.serverapp.strategy import Result
 
 from cli.inprocess_grid import InProcessGrid
 from methods import dp as dp_module
@@ -69,6 +71,10 @@ def by_run_config(tmp: Path, keys: dict[str, Any]) -> tuple[RunConfig, list[np.n
 
 
 def by_constructor(cfg: RunConfig, cls: type, **args: Any) -> list[np.ndarray]:
+    return started(cfg, cls, **args)[0]
+
+
+def started(cfg: RunConfig, cls: type, **args: Any) -> tuple[list[np.ndarray], Result]:
     strategy = cls(fraction_train=cfg.train.fraction_train, min_train_nodes=1,
                    min_available_nodes=cfg.num_clients, fraction_evaluate=0.0,
                    lr=cfg.train.lr, lr_decay=cfg.train.lr_decay, seed=cfg.seed, **args)
@@ -77,7 +83,7 @@ def by_constructor(cfg: RunConfig, cls: type, **args: Any) -> list[np.ndarray]:
                             num_rounds=cfg.train.num_server_rounds,
                             train_config=ConfigRecord({rk.EXPERIMENT: "run"}))
     assert strategy.inner is not None and strategy.inner.cfg.method == cfg.method
-    return unpack(result.arrays)
+    return unpack(result.arrays), result
 
 
 def same(want: list[np.ndarray], got: list[np.ndarray]) -> bool:
@@ -90,9 +96,12 @@ def test_fedinit_under_central_dp(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     cfg, want = by_run_config(tmp_path, {"method": "fedavg", "beta": 0.1, "dp": "central",
                                          "dp-clip": 0.5, "dp-noise-multiplier": 0.8,
                                          "weighting": "uniform"})
-    got = by_constructor(cfg, FedInit, beta=0.1, weighting="uniform",
-                         privacy=CentralDP(noise_multiplier=0.8, clipping_norm=0.5))
+    got, result = started(cfg, FedInit, beta=0.1, weighting="uniform",
+                          privacy=CentralDP(noise_multiplier=0.8, clipping_norm=0.5))
     assert same(want, got)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert [m["dp-epsilon"] for m in result.train_metrics_clientapp.values()] == [
+        r["dp-epsilon"] for r in rows]
 
 
 def test_fedinit_with_krum(tmp_path: Path) -> None:

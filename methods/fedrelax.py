@@ -124,6 +124,9 @@ class FedRelaxParams(Params):
     relax_server_step: float
     """beta: after each GTVMin round every client that did not reply moves this fraction of
     the way to its neighbours' mean (0: off)."""
+    relax_server_rule: str
+    """``mean``: the step is toward the neighbours' mean; ``moves``: by beta times the
+    A-weighted mean of the moves of the neighbours that trained this round."""
 
     def check(self) -> None:
         check_range("fedrelax-alpha", self.fedrelax_alpha, self.fedrelax_alpha >= 0,
@@ -142,6 +145,8 @@ class FedRelaxParams(Params):
         check_range("relax-server-step", self.relax_server_step,
                     0.0 <= self.relax_server_step <= 1.0,
                     "a number in [0, 1] (the move toward the neighbours' mean; 0 = off)")
+        check_range("relax-server-rule", self.relax_server_rule,
+                    self.relax_server_rule in ("mean", "moves"), "mean | moves")
 
     @property
     def learned(self) -> bool:
@@ -347,6 +352,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         probe = gr.grown_rows(state.probe[0], n)
         remeasured = False
         moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
+        moves: dict[int, Weights] = {}
         # rounds=async: a client may reply twice before a flush; its later model replaces
         last = {u.partition_id: u for u in rnd.updates}
         for u in last.values():
@@ -361,6 +367,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             probe[pid] = 0  # scored by its own model from now on
             for acc, m in zip(moved, move, strict=True):
                 acc += m
+            moves[pid] = move
             if self.params.graph == "knn":
                 sketch[pid] = gr.sketch(move)
             sent = self.sent.get(pid, np.zeros(0, dtype=np.int64))
@@ -384,7 +391,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             self.report(graph, n, rnd.server_round)
         if self.params.relax_server_step > 0:
             now = dataclasses.replace(state, version=[version], graph=graph, probe=[probe])
-            for acc, m in zip(moved, self.server_steps(now, set(last), n, rnd.server_round),
+            for acc, m in zip(moved, self.server_steps(now, moves, n, rnd.server_round),
                               strict=True):
                 acc += m
         w_next = [(w.astype(np.float64) + m / n).astype(w.dtype)
@@ -394,7 +401,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             measured=[measured], pool=[pool],
             clock=[np.asarray([rnd.server_round], dtype=np.int64)], probe=[probe])
 
-    def server_steps(self, state: FedRelaxState, replied: set[int], n: int,
+    def server_steps(self, state: FedRelaxState, replied: Mapping[int, Weights], n: int,
                      server_round: int) -> Weights:
         """``relax-server-step`` beta: every client not in ``replied`` with degree d_i > 0
         takes w^(i) <- (1 - beta) w^(i) + beta m_i, m_i from the models in ``state`` (all
@@ -406,6 +413,17 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         stepped: dict[int, Weights] = {}
         for pid in range(n):
             if pid in replied:
+                continue
+            if self.params.relax_server_rule == "moves":
+                ids, weights = gr.neighbours(state.graph, pid)
+                pairs = [(replied[int(j)], a) for j, a in zip(ids, weights, strict=True)
+                         if int(j) in replied]
+                if not pairs:
+                    continue
+                total = sum(a for _, a in pairs)
+                stepped[pid] = [(w.astype(np.float64) + beta * sum(
+                    a * m[k] for m, a in pairs) / total).astype(w.dtype)
+                    for k, w in enumerate(self.model_of(state, pid))]
                 continue
             mean, degree = self.term(state, pid)
             if degree == 0.0:

@@ -94,6 +94,28 @@ def test_two_rounds_by_hand_on_three_clients(tmp_path: Path) -> None:
     assert f.state_of(2, OWN) is None
 
 
+def test_the_moves_rule_by_hand_on_three_clients(tmp_path: Path) -> None:
+    """``relax-server-rule=moves``, beta 1, the problem of the test above. Round 1, only
+    client 0 trains: its move (0.05, -0.05); client 1 (neighbours 0 and 2, only 0 trained)
+    takes it: (0.55, 0.45); client 2 (neighbour 1 did not train) stays at (0.5, 0.5).
+    Round 2, only client 1 trains from s = (0.55, 0.45), m_1 = (1.6, 1.4) / 3, d_1 = 3:
+    w1 = s - 0.1 ((s - a_1) + 2.4 (s - m_1)) = s - 0.1 (0.59, -1.59) = (0.491, 0.609), its
+    move (-0.059, 0.159); clients 0 and 2 take it: (0.491, 0.609) and (0.441, 0.659)."""
+    p = quadratic_problem([[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0]], [0.5, 0.5])
+    f = Federation(p, {"method": "fedrelax", "beta": 0.0, "fedrelax-alpha": 0.4,
+                       "graph": write_graph(tmp_path, [(0, 1, 2.0), (1, 2, 1.0)]), "lr": 0.1,
+                       "local-epochs": 1, "batch-size": 1, "fraction-train": 1.0,
+                       "relax-server-step": 1.0, "relax-server-rule": "moves"})
+    step_with(f, {0})
+    round1 = np.asarray([[0.55, 0.45], [0.55, 0.45], [0.5, 0.5]])
+    np.testing.assert_allclose(server_copies(f, 3), round1, atol=1e-6)
+    sent = step_with(f, {1})
+    np.testing.assert_allclose(sent[1]["start"], [0.55, 0.45], atol=1e-6)
+    round2 = np.asarray([[0.491, 0.609], [0.491, 0.609], [0.441, 0.659]])
+    np.testing.assert_allclose(server_copies(f, 3), round2, atol=1e-6)
+    np.testing.assert_allclose(f.weights, round2.mean(axis=0), atol=1e-6)
+
+
 def without_data(p: Problem, silent: set[int]) -> Problem:
     """``p`` with L_i = 0 for the clients in ``silent`` (X_i = 0, y_i = 0)."""
     xs = [torch.zeros_like(x) if i in silent else x for i, x in enumerate(p.xs)]
@@ -133,6 +155,9 @@ def test_relax_server_step_refusals() -> None:
     with pytest.raises(ConfigError, match=r"^run config: relax-server-step=1.5 is not "
                                           r"allowed; allowed: a number in \[0, 1\]"):
         RunConfig.parse({"method": "fedrelax", "beta": 0.0, "relax-server-step": 1.5})
+    with pytest.raises(ConfigError, match=r"relax-server-rule='all' is not allowed; "
+                                          r"allowed: mean \| moves"):
+        RunConfig.parse({"method": "fedrelax", "beta": 0.0, "relax-server-rule": "all"})
     with pytest.raises(ConfigError, match=r"relax-server-step=0.5 is not allowed; allowed: "
                                           r"0 with method='fedrelax' with rounds='async'"):
         RunConfig.parse({"method": "fedrelax", "beta": 0.0, "relax-server-step": 0.5,

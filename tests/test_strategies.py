@@ -335,11 +335,21 @@ class UserGrid(LocalGrid):
                 out.append(Message(RecordDict(), reply_to=msg))
         return out
 
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # pragma: no cover
-        raise NotImplementedError
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Handle the messages at once (``rounds=OverSelect``/``BufferedAsync`` push); their
+        replies wait for ``pull_messages``."""
+        msgs = list(messages)
+        pending = getattr(self, "pending", [])
+        for msg in msgs:
+            msg.metadata.__dict__["_message_id"] = f"user-{len(self.trained)}-{id(msg)}"
+        self.pending = [*pending, *self.send_and_receive(msgs)]
+        return [m.metadata.message_id for m in msgs]
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # pragma: no cover
-        raise NotImplementedError
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        wanted = set(message_ids)
+        out = [r for r in self.pending if r.metadata.reply_to_message_id in wanted]
+        self.pending = [r for r in self.pending if r not in out]
+        return out
 
 
 def test_a_users_app_numbers_nodes_by_id_and_keeps_its_state_dict_keys() -> None:

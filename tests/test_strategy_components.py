@@ -263,3 +263,43 @@ def test_flowers_dp_wrapper_is_refused_naming_the_privacy_argument() -> None:
     line = str(caught.value)
     assert "\n" not in line
     assert "FedInit(privacy=CentralDP(noise_multiplier=..., clipping_norm=...))" in line
+
+
+def train_users_app(args: dict[str, Any]) -> list[Any]:
+    """FedInit with ``args`` for 2 rounds over a user's ClientApp (``method_train`` on a
+    least-squares model, ``tests/test_strategies.py``'s ``UserGrid``): every round
+    aggregates, none of its replies rejected, the model moves and stays finite. Returns
+    the rounds' train metrics."""
+    import torch
+    from torch import nn
+
+    from tests.test_strategies import D, UserGrid
+
+    torch.manual_seed(0)
+    grid = UserGrid([40, 10, 30, 20])
+    model = nn.Linear(D, 1, bias=False)
+    w0 = model.weight.detach().numpy().copy()
+    settings = {"fraction_train": 0.5, "min_train_nodes": 1, "min_available_nodes": 4,
+                "fraction_evaluate": 0.0, "lr": 0.05, **args}
+    result = FedInit(**settings).start(grid, ArrayRecord(model.state_dict()), num_rounds=2)
+    rounds = list(result.train_metrics_clientapp.values())
+    assert len(rounds) == 2 and all(m["num-rejected"] == 0 for m in rounds)
+    w = result.arrays.to_torch_state_dict()["weight"].numpy()
+    assert np.all(np.isfinite(w)) and not np.array_equal(w, w0)
+    return rounds
+
+
+@pytest.mark.parametrize("args", [
+    {"aggregation": Krum(byzantine_f=0), "fraction_train": 1.0},
+    {"aggregation": TrimmedMean(trim_fraction=0.25), "fraction_train": 1.0},
+    {"rounds": OverSelect(fraction=0.5)},
+    {"rounds": BufferedAsync(concurrency=3, buffer_size=2)},
+], ids=["krum", "trimmed-mean", "over-select", "buffered-async"])
+def test_each_capability_trains_a_users_app_through_method_train(args: dict[str, Any]) -> None:
+    """``privacy=CentralDP``: ``test_strategy_components_runs.py`` (the accountant's import
+    is slow)."""
+    rounds = train_users_app(args)
+    if isinstance(args.get("rounds"), OverSelect):
+        assert [m["over-selected"] for m in rounds] == [3, 3]
+    if isinstance(args.get("rounds"), BufferedAsync):
+        assert [m["num-replies"] for m in rounds] == [2, 2]  # one flush of K = 2 each

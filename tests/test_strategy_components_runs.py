@@ -30,6 +30,7 @@ from strategies import FedInit, Scaffold
 from strategies.components import BufferedAsync, CentralDP, Krum, OverSelect, SecAgg
 from task.config import RunConfig
 from task.models import initial_weights
+from tests.test_strategy_components import train_users_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("quick_runs")]
 
@@ -134,3 +135,12 @@ def test_fedinit_under_buffered_async(tmp_path: Path) -> None:
 def test_fedinit_over_selected(tmp_path: Path) -> None:
     cfg, want = by_run_config(tmp_path, {"method": "fedavg", "beta": 0.1, "over-select": 0.5})
     assert same(want, by_constructor(cfg, FedInit, beta=0.1, rounds=OverSelect(fraction=0.5)))
+
+
+
+def test_a_users_app_under_central_dp() -> None:
+    """``method_train`` needs nothing for central DP (the server re-clips each reply and
+    noises the sum): the rounds aggregate, the model moves, epsilon grows per round."""
+    rounds = train_users_app({"privacy": CentralDP(noise_multiplier=0.1, clipping_norm=5.0),
+                              "weighting": "uniform"})
+    assert 0.0 < rounds[0]["dp-epsilon"] < rounds[1]["dp-epsilon"]

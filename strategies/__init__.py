@@ -6,6 +6,11 @@ returns Flower's ``Result``. Classes: FedAvg, FedInit, FedProx, FedAdam, Scaffol
 FedCM, FedSAM, Ditto, FedRelax, ClusteredFL (``strategies/catalog.py``), all over one adapter
 (``strategies/base.py``) of the project's ``MethodStrategy``.
 
+Capabilities, as constructor arguments: ``FedInit(privacy=CentralDP(noise_multiplier=1.0),
+weighting="uniform")``, ``aggregation=Krum(byzantine_f=1)``, ``secure_aggregation=SecAgg()``,
+``rounds=BufferedAsync(buffer_size=10)`` (``strategies/components.py``, also importable from
+here).
+
 Client (a ClientApp): ``from strategies.client import method_train`` (``strategies/client.py``).
 
 The server classes load on first use, so a ClientApp importing ``strategies.client`` does not
@@ -32,14 +37,37 @@ if TYPE_CHECKING:
         FedSAM,
         Scaffold,
     )
+    from strategies.components import (
+        BufferedAsync,
+        Bulyan,
+        CentralDP,
+        DistributedDP,
+        Krum,
+        LocalDP,
+        Mean,
+        Median,
+        MultiKrum,
+        OverSelect,
+        SecAgg,
+        SyncRounds,
+        TrimmedMean,
+    )
 
-__all__ = ["ClusteredFL", "Ditto", "FedAdam", "FedAvg", "FedCM", "FedDyn", "FedInit", "FedProx",
-           "FedRelax", "FedSAM", "MethodAdapter", "Scaffold"]
+__all__ = ["BufferedAsync", "Bulyan", "CentralDP", "ClusteredFL", "DistributedDP", "Ditto",
+           "FedAdam", "FedAvg", "FedCM", "FedDyn", "FedInit", "FedProx", "FedRelax", "FedSAM",
+           "Krum", "LocalDP", "Mean", "Median", "MethodAdapter", "MultiKrum", "OverSelect",
+           "Scaffold", "SecAgg", "SyncRounds", "TrimmedMean"]
+COMPONENTS = frozenset({"BufferedAsync", "Bulyan", "CentralDP", "DistributedDP", "Krum",
+                        "LocalDP", "Mean", "Median", "MultiKrum", "OverSelect", "SecAgg",
+                        "SyncRounds", "TrimmedMean"})
+"""The names ``strategies.components`` gives (the capabilities a strategy takes)."""
 
 
 def __getattr__(name: str) -> Any:
     if name == "MethodAdapter":
         return importlib.import_module("strategies.base").MethodAdapter
+    if name in COMPONENTS:
+        return getattr(importlib.import_module("strategies.components"), name)
     if name in __all__:
         return getattr(importlib.import_module("strategies.catalog"), name)
     raise AttributeError(f"module 'strategies' has no attribute {name!r}")

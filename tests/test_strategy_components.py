@@ -303,3 +303,10 @@ def test_each_capability_trains_a_users_app_through_method_train(args: dict[str,
         assert [m["over-selected"] for m in rounds] == [3, 3]
     if isinstance(args.get("rounds"), BufferedAsync):
         assert [m["num-replies"] for m in rounds] == [2, 2]  # one flush of K = 2 each
+
+
+def test_the_package_gives_every_component_by_name() -> None:
+    import strategies
+
+    assert {c.__name__ for c in ALL} == strategies.COMPONENTS
+    assert all(getattr(strategies, c.__name__) is c for c in ALL)

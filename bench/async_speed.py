@@ -127,7 +127,8 @@ def pairing(raw: dict[str, Any]) -> str:
     """What a paired comparison assumes the modes of one seed share, hashed: the initial
     model w_0, every client's partition size (the split) and every client's simulated task
     seconds (the device speeds). Equal across a seed's modes or the bench stops."""
-    cfg = RunConfig.parse({**raw, "rounds": "sync", "output-dir": "/tmp/unused"})
+    cfg = RunConfig.parse({**raw, "rounds": "sync", "async-lr-scale": 0.0,
+                           "output-dir": "/tmp/unused"})  # an async-only key, refused in sync
     h = hashlib.sha256()
     for a in get_weights(initial_model(cfg)):
         h.update(np.ascontiguousarray(a).tobytes())
@@ -368,6 +369,9 @@ def main() -> None:
                     help="run every async mode up to CAP flushes, ending it once it has "
                          "reached sync's final accuracy, sync's last-5 mean (with its own "
                          "last-5) and --target (sync runs first, same seed)")
+    ap.add_argument("--reuse", type=Path, nargs="*", default=[],
+                    help="--out files of earlier runs: a (speeds, method, seed, mode) they hold "
+                         "is taken from them, not run again (e.g. sync for --until-sync)")
     ap.add_argument("--no-last5-stop", action="store_true",
                     help="--until-sync: do not wait for the last-5 mean to pass sync's (its "
                          "updates-to-sync-last5 is then often the run's whole, reached 0)")
@@ -398,6 +402,11 @@ def main() -> None:
         label = f"{label.split(', seeds')[0]}, seeds {sorted(next(iter(results.values())))}"
     else:
         results = {}
+        saved: dict[str, Any] = {}
+        for path in a.reuse:
+            for key, seeds in json.loads(path.read_text()).items():
+                for seed, runs in seeds.items():
+                    saved.setdefault(key, {}).setdefault(seed, {}).update(runs)
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp:
             for sp in a.speeds:
@@ -430,7 +439,8 @@ def main() -> None:
                             per_flush[mode] = (cfg.async_buffer_size
                                                if cfg.schedule.rounds == "async" else m)
                             out = Path(tmp) / f"{sp.replace(':', '_')}-{method}-{seed}-{mode}"
-                            rows = one_run(raw, out, stop)
+                            old = saved.get(key, {}).get(str(seed), {}).get(mode)
+                            rows = old if old is not None else one_run(raw, out, stop)
                             results.setdefault(key, {}).setdefault(str(seed), {})[mode] = rows
                             print(f"# {key} seed {seed} {mode}: final acc "
                                   f"{rows[-1]['test-acc']:.4f} sim {rows[-1]['sim-time']:.1f}s "

@@ -86,6 +86,7 @@ def test_the_pairing_is_the_seeds_not_the_modes() -> None:
     base = {"num-clients": 10, "train-limit": 300, "device-speeds": "slow:0.2:5",
             "personal-eval-every": 0, "seed": 4, "beta": 0.1}
     same = pairing(base)
-    assert pairing({**base, "rounds": "async", "server-momentum": 0.5}) == same
+    assert pairing({**base, "rounds": "async", "server-momentum": 0.5,
+                    "async-lr-scale": 1.0}) == same
     assert pairing({**base, "method": "fedadam"}) == same
     assert pairing({**base, "seed": 5}) != same

@@ -61,7 +61,11 @@ def row_label(config: dict[str, Any]) -> str:
     if config["method"] == "fedrelax" and isinstance(graph, str):
         label += " (given graph" if graph.startswith("file:") else f" (learned graph: {graph}"
         warmup = int(config.get("relax-warmup", 0))
-        label += f", warm-up {warmup})" if warmup else ")"
+        label += f", warm-up {warmup}" if warmup else ""
+        step = float(config.get("relax-server-step", 0.0))
+        if step > 0:  # issue 45: the server's neighbourhood steps
+            label += f", server step {config.get('relax-server-rule', 'mean')} {step:g}"
+        label += ")"
     return label
 
 

@@ -1,7 +1,8 @@
 """FedRelax's server-side neighbourhood step (``relax-server-step`` beta, issue 45) through the
-real server and client code: two rounds by hand on three clients, the book's GTVMin closed form
-(eq. (58)) of a network whose data-less clients never train (the server's steps solve their
-part), FedRelax unchanged when every client trains, and the refusals."""
+real server and client code: two rounds by hand on three clients under each rule (``mean``
+and ``moves``), the book's GTVMin closed form (eq. (58)) of a network whose data-less clients
+never train (the server's steps solve their part), FedRelax unchanged when every client
+trains, and the refusals."""
 
 from __future__ import annotations
 
@@ -162,3 +163,12 @@ def test_relax_server_step_refusals() -> None:
                                           r"0 with method='fedrelax' with rounds='async'"):
         RunConfig.parse({"method": "fedrelax", "beta": 0.0, "relax-server-step": 0.5,
                          "rounds": "async", "graph": "file:/tmp/g.txt"})
+
+
+def test_the_report_row_names_the_server_step() -> None:
+    from scripts.personal_report import row_label
+
+    base = {"method": "fedrelax", "beta": 0.0, "graph": "loss", "relax-warmup": 10}
+    assert row_label(base) == "FedRelax (learned graph: loss, warm-up 10)"
+    assert row_label({**base, "relax-server-step": 1.0, "relax-server-rule": "moves"}) == (
+        "FedRelax (learned graph: loss, warm-up 10, server step moves 1)")

@@ -377,7 +377,9 @@ def main() -> None:
                          "updates-to-sync-last5 is then often the run's whole, reached 0)")
     ap.add_argument("--paired-csv", type=Path, default=None,
                     help="append one row per (speeds, method, seed, mode) against sync of "
-                         "the same seed (PAIRED_HEAD): updates to reach sync's final, ...")
+                         "the same seed (PAIRED_HEAD): updates to reach sync's final, ...; "
+                         "with --rows, of the saved runs (every mode at m updates per flush, "
+                         "pairing '-')")
     ap.add_argument("--rows", type=Path, nargs="+", default=None,
                     help="only print/plot saved --out files or --csv files (seeds merged)")
     ap.add_argument("--csv", type=Path, default=None,
@@ -462,6 +464,13 @@ def main() -> None:
                         who = participation(rows, {**base, **task}, int(seed),
                                             sp.removesuffix("/task"))
                         print(f"# {key} seed {seed} {mode}: {who}")
+    if a.rows is not None and a.paired_csv is not None:  # every saved mode at K = m per flush
+        m = max(1, round(a.fraction * a.clients))
+        for key, seeds in results.items():
+            for seed, runs in seeds.items():
+                if "sync" in runs:
+                    write_paired(paired_rows(key, seed, runs, a.target, dict.fromkeys(runs, m),
+                                             m, dict.fromkeys(runs, "-")), a.paired_csv)
     print(label)
     print(table(results, a.target))
     if a.plot is not None:

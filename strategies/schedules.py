@@ -23,15 +23,11 @@ from server_app.over_select import collect_first
 from task.config import RunConfig
 
 
-class FirstReplies(Grid):
-    """The user's grid, but a train round's ``send_and_receive`` pushes its messages and
-    returns at the first ``need`` replies ``accepts`` takes (``OverSelect``); every other
-    call goes to the grid as it is."""
+class GridView(Grid):
+    """The user's grid, every call passed on as it is; subclasses change one."""
 
-    def __init__(self, grid: Grid, need: int, accepts: Callable[[Message], bool]) -> None:
-        self.grid, self.need, self.accepts = grid, need, accepts
-        self.last: dict[str, int] = {}
-        """The last train round's over-select figures (``Collected.fields``)."""
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
 
     def set_run(self, run_id: Any) -> None:
         self.grid.set_run(run_id)
@@ -54,6 +50,21 @@ class FirstReplies(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
+        return self.grid.send_and_receive(messages, timeout=timeout)
+
+
+class FirstReplies(GridView):
+    """A train round's ``send_and_receive`` pushes its messages and returns at the first
+    ``need`` replies ``accepts`` takes (``OverSelect``)."""
+
+    def __init__(self, grid: Grid, need: int, accepts: Callable[[Message], bool]) -> None:
+        super().__init__(grid)
+        self.need, self.accepts = need, accepts
+        self.last: dict[str, int] = {}
+        """The last train round's over-select figures (``Collected.fields``)."""
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
         msgs = list(messages)
         if not msgs or any(m.metadata.message_type != MessageType.TRAIN for m in msgs):
             return self.grid.send_and_receive(msgs, timeout=timeout)
@@ -63,6 +74,23 @@ class FirstReplies(Grid):
                             int(conf[rk.ROUND]))  # type: ignore[arg-type]
         self.last = got.fields(len(msgs))
         return got.replies
+
+
+class WithInitial(GridView):
+    """Each pushed train message passes through ``add`` first: under RI the adapter's
+    ``add_initial`` (w_0 for a client with no aggregated reply yet), as its sync
+    ``configure_train`` does, for the FedBuff loop that builds its own messages."""
+
+    def __init__(self, grid: Grid, add: Callable[[Message], None]) -> None:
+        super().__init__(grid)
+        self.add = add
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        msgs = list(messages)
+        for msg in msgs:
+            if msg.metadata.message_type == MessageType.TRAIN:
+                self.add(msg)
+        return self.grid.push_messages(msgs)
 
 
 def async_config(cfg: RunConfig, num_rounds: int, timeout: float) -> RunConfig:
@@ -109,4 +137,4 @@ def run_buffered(grid: Grid, cfg: RunConfig, node_of: Mapping[int, int], w0: Wei
     return result, strategy
 
 
-__all__ = ["FirstReplies", "async_config", "run_buffered"]
+__all__ = ["FirstReplies", "GridView", "WithInitial", "async_config", "run_buffered"]

@@ -318,6 +318,7 @@ class UserGrid(LocalGrid):
                                     run_config={}) for n in node_ids}
         self.data = {n: problem(i) for i, n in enumerate(self.contexts)}
         self.trained: list[tuple[int, int]] = []
+        self.sent: list[Message] = []
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
@@ -328,6 +329,7 @@ class UserGrid(LocalGrid):
         for msg in messages:
             n = msg.metadata.dst_node_id
             conf = msg.content.config_records[rk.CONFIG]
+            self.sent.append(msg)
             if msg.metadata.message_type == MessageType.TRAIN:
                 self.trained.append((n, int(conf[rk.CLIENT_ID])))  # type: ignore[arg-type]
                 out.append(user_train(msg, self.contexts[n], *self.data[n], 2)[0])

@@ -38,6 +38,7 @@ from strategies.components import (
     TrimmedMean,
     aggregation_named,
 )
+from strategies.wire import INITIAL
 from task.config import ConfigError, RunConfig, load_defaults
 
 ALL: list[type[Component]] = sorted({c for kinds in COMPONENTS.values() for c in kinds},
@@ -265,11 +266,11 @@ def test_flowers_dp_wrapper_is_refused_naming_the_privacy_argument() -> None:
     assert "FedInit(privacy=CentralDP(noise_multiplier=..., clipping_norm=...))" in line
 
 
-def train_users_app(args: dict[str, Any]) -> list[Any]:
+def train_users_app(args: dict[str, Any]) -> tuple[list[Any], Any]:
     """FedInit with ``args`` for 2 rounds over a user's ClientApp (``method_train`` on a
     least-squares model, ``tests/test_strategies.py``'s ``UserGrid``): every round
     aggregates, none of its replies rejected, the model moves and stays finite. Returns
-    the rounds' train metrics."""
+    the rounds' train metrics and the grid."""
     import torch
     from torch import nn
 
@@ -286,7 +287,7 @@ def train_users_app(args: dict[str, Any]) -> list[Any]:
     assert len(rounds) == 2 and all(m["num-rejected"] == 0 for m in rounds)
     w = result.arrays.to_torch_state_dict()["weight"].numpy()
     assert np.all(np.isfinite(w)) and not np.array_equal(w, w0)
-    return rounds
+    return rounds, grid
 
 
 @pytest.mark.parametrize("args", [
@@ -298,7 +299,11 @@ def train_users_app(args: dict[str, Any]) -> list[Any]:
 def test_each_capability_trains_a_users_app_through_method_train(args: dict[str, Any]) -> None:
     """``privacy=CentralDP``: ``test_strategy_components_runs.py`` (the accountant's import
     is slow)."""
-    rounds = train_users_app(args)
+    rounds, grid = train_users_app(args)
+    first: dict[int, Any] = {}  # each node's first train message carried w_0 (RI, beta 0.1)
+    for msg in grid.sent:
+        first.setdefault(msg.metadata.dst_node_id, msg)
+    assert first and all(INITIAL in m.content.array_records for m in first.values())
     if isinstance(args.get("rounds"), OverSelect):
         assert [m["over-selected"] for m in rounds] == [3, 3]
     if isinstance(args.get("rounds"), BufferedAsync):

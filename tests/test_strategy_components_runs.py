@@ -141,6 +141,6 @@ def test_fedinit_over_selected(tmp_path: Path) -> None:
 def test_a_users_app_under_central_dp() -> None:
     """``method_train`` needs nothing for central DP (the server re-clips each reply and
     noises the sum): the rounds aggregate, the model moves, epsilon grows per round."""
-    rounds = train_users_app({"privacy": CentralDP(noise_multiplier=0.1, clipping_norm=5.0),
+    rounds, _ = train_users_app({"privacy": CentralDP(noise_multiplier=0.1, clipping_norm=5.0),
                               "weighting": "uniform"})
     assert 0.0 < rounds[0]["dp-epsilon"] < rounds[1]["dp-epsilon"]

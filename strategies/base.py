@@ -401,9 +401,15 @@ class MethodAdapter(Strategy):
                        ) -> Result:
         """``rounds=BufferedAsync(...)``: the experiment's FedBuff loop on this grid
         (``strategies/schedules.py``); its train messages name the method as sync ones do."""
-        from strategies.schedules import WithInitial, async_config, run_buffered
+        from strategies.schedules import (
+            CheckedReplies,
+            WithInitial,
+            async_config,
+            run_buffered,
+        )
 
         cfg, node_of, available = self.federation(grid, initial_arrays, train_config)
+        grid = CheckedReplies(grid, self.client_half.check)
         if cfg.train.beta != 0.0:
             grid = WithInitial(grid, self.add_initial)
         cfg = async_config(cfg, num_rounds, timeout)

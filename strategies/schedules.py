@@ -93,6 +93,25 @@ class WithInitial(GridView):
         return self.grid.push_messages(msgs)
 
 
+class CheckedReplies(GridView):
+    """Each pulled train reply goes to ``check`` (the adapter's ``ClientHalfCheck``, one
+    reply as one round): FedBuff's loop stops, naming ``strategies.client.method_train``,
+    after ``stop_after_foreign_rounds`` replies in a row from a ClientApp without it."""
+
+    def __init__(self, grid: Grid, check: Callable[[int, list[Message]], None]) -> None:
+        super().__init__(grid)
+        self.check = check
+        self.seen = 0
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        out = list(self.grid.pull_messages(message_ids))
+        for msg in out:
+            if msg.metadata.message_type == MessageType.TRAIN:
+                self.seen += 1
+                self.check(self.seen, [msg])
+        return out
+
+
 def async_config(cfg: RunConfig, num_rounds: int, timeout: float) -> RunConfig:
     """``cfg`` with Flower's ``num_rounds`` as the flushes to run and ``timeout`` as the
     time a task may take (``round-timeout``)."""
@@ -137,4 +156,5 @@ def run_buffered(grid: Grid, cfg: RunConfig, node_of: Mapping[int, int], w0: Wei
     return result, strategy
 
 
-__all__ = ["FirstReplies", "GridView", "WithInitial", "async_config", "run_buffered"]
+__all__ = ["CheckedReplies", "FirstReplies", "GridView", "WithInitial", "async_config",
+           "run_buffered"]

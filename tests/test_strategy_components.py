@@ -315,3 +315,28 @@ def test_the_package_gives_every_component_by_name() -> None:
 
     assert {c.__name__ for c in ALL} == strategies.COMPONENTS
     assert all(getattr(strategies, c.__name__) is c for c in ALL)
+
+
+def test_a_plain_clientapp_under_buffered_async_stops_naming_method_train() -> None:
+    """Every reply of a ClientApp without the client half is rejected; after
+    ``stop_after_foreign_rounds`` such replies in a row FedBuff's loop stops in one line."""
+    from flwr.app import Message, MessageType, MetricRecord, RecordDict
+
+    from strategies.client_half_check import ClientHalfMissing
+    from tests.test_strategies import UserGrid
+
+    class PlainGrid(UserGrid):
+        def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+            return [Message(RecordDict({"arrays": m.content.array_records["arrays"],
+                                        "metrics": MetricRecord({"num-examples": 8})}),
+                            reply_to=m) if m.metadata.message_type == MessageType.TRAIN
+                    else Message(RecordDict(), reply_to=m) for m in messages]
+
+    strategy = FedInit(fraction_train=0.5, min_available_nodes=4, fraction_evaluate=0.0,
+                       lr=0.05, rounds=BufferedAsync(concurrency=2, buffer_size=2))
+    with pytest.raises(ClientHalfMissing) as err:
+        strategy.start(PlainGrid([1, 2, 3, 4]), ArrayRecord([np.zeros((1, 3), np.float32)]),
+                       num_rounds=2)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("FedInit: every reply of ")
+    assert "strategies.client.method_train" in line

@@ -1,8 +1,9 @@
 """One engine, two front doors: the same settings given to a strategy's constructor as
 components (``strategies/components.py``) and given to the project's run config train the
 same model, bit for bit, on the in-process grid (the project's ClientApp on every node):
-FedInit under central DP, FedInit with Krum, SCAFFOLD under SecAgg+, FedInit under buffered
-asynchronous rounds and FedInit over-selected. FedInit + central DP + Krum is refused by both
+FedInit under central DP, FedInit with Krum, SCAFFOLD under SecAgg+, FedInit under
+distributed DP inside SecAgg+, FedInit under buffered asynchronous rounds and FedInit
+over-selected. FedInit + central DP + Krum is refused by both
 doors with the same line (``test_strategy_components.py``): the noise is calibrated to the
 sum, which a selection of replies is not.
 """
@@ -27,7 +28,14 @@ from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
 from server_app.round_stages.sampling import SEED_ENV
 from strategies import FedInit, Scaffold
-from strategies.components import BufferedAsync, CentralDP, Krum, OverSelect, SecAgg
+from strategies.components import (
+    BufferedAsync,
+    CentralDP,
+    DistributedDP,
+    Krum,
+    OverSelect,
+    SecAgg,
+)
 from task.config import RunConfig
 from task.models import initial_weights
 from tests.test_strategy_components import train_users_app
@@ -121,6 +129,33 @@ def test_scaffold_under_secagg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     got = by_constructor(cfg, Scaffold, weighting="uniform", max_update_norm_ratio=0.0,
                          secure_aggregation=SecAgg(num_shares=3, threshold=2))
     assert same(want, got)
+
+
+def test_fedinit_under_distributed_dp_inside_secagg(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each client's share of the noise (``Mechanism.release``, fresh entropy by design)
+    from a fixed seed in both runs, as the server's in ``seeded_noise``."""
+    seeded_noise(monkeypatch)
+    seeded_rounding(monkeypatch)
+    release = dp_module.Mechanism.release
+
+    def seeded(self: Any, upload: Any, extras: Any, rng: Any = None) -> Any:
+        return release(self, upload, extras, np.random.default_rng(13) if rng is None else rng)
+
+    monkeypatch.setattr(dp_module.Mechanism, "release", seeded)
+    cfg, want = by_run_config(tmp_path, {
+        "method": "fedavg", "beta": 0.1, "fraction-train": 1.0, "weighting": "uniform",
+        "max-update-norm-ratio": 0.0, "min-replies": 2, "secure-aggregation": "secagg+",
+        "secagg-num-shares": 3, "secagg-threshold": 2, "secagg-clip": 20.0,
+        "dp": "distributed", "dp-clip": 1.0, "dp-noise-multiplier": 0.5})
+    got, result = started(cfg, FedInit, beta=0.1, weighting="uniform", min_replies=2,
+                          max_update_norm_ratio=0.0,
+                          secure_aggregation=SecAgg(num_shares=3, threshold=2, clip=20.0),
+                          privacy=DistributedDP(noise_multiplier=0.5, clipping_norm=1.0))
+    assert same(want, got)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert [m["dp-epsilon"] for m in result.train_metrics_clientapp.values()] == [
+        r["dp-epsilon"] for r in rows]
 
 
 def test_fedinit_under_buffered_async(tmp_path: Path) -> None:

@@ -17,7 +17,15 @@ then runs ``--rounds`` rounds of FedAvg over all of them, pulling replies every 
 Printed per N: registration time, the SuperLink's CPU (% of one core; the link process
 alone, and with its ServerApp) and memory (RSS, peak) while the N nodes idle
 (``--idle-seconds``) and during the rounds, the mean round time and the replies per round.
-The fake nodes run on the same cores as the SuperLink: their CPU is printed too.
+The fake nodes run on the same cores as the SuperLink: their CPU is printed too. Per round,
+the ServerApp reads the SuperLink's own CPU seconds (/proc/<pid>/stat, utime + stime, all
+its threads), its own and the fake nodes' at the round's start and end: the link's CPU per
+node-round, apart from the load generator's. ``--profile DIR`` samples the SuperLink with
+py-spy (``--nonblocking``: the link is never paused) during the run and prints the functions
+holding most of its samples.
+
+    nice -n 10 .venv/bin/python -m bench.fake_fleet --nodes 1000 --rounds 2 --poll 1 \
+        --idle-poll 10 --idle-seconds 20 --link-state memory --profile /tmp/prof
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from node.warm_executor import rss_mib
 
 ROUND_LINE = re.compile(r"FAKEFLEET round (\d+) replies (\d+)/(\d+) seconds ([0-9.]+)")
 ERROR_LINE = re.compile(r"FAKEFLEET round (\d+) error replies (\d+): ([^\n]*)")
+CPU_LINE = re.compile(r"FAKEFLEET round (\d+) cpu link ([0-9.]+) app ([0-9.]+) fleet ([0-9.]+)")
 APP_PYPROJECT = """[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -69,8 +78,11 @@ rounds = 3
 dim = 1000
 node-wait = 600
 round-timeout = 600
+link-pid = 0
+fleet-pids = ""
 """
 APP_CODE = '''"""The fake fleet's tiny app: FedAvg over all nodes, replies pulled every 0.1 s."""
+import os
 import time
 
 import numpy as np
@@ -84,6 +96,20 @@ server = ServerApp()
 client = ClientApp()  # never runs: the fake nodes answer themselves
 
 
+def cpu(pids):
+    """User + system CPU seconds of ``pids`` from /proc (0 for one that is gone)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 @server.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
@@ -93,7 +119,10 @@ def main(grid: Grid, context: Context) -> None:
         time.sleep(1)
     log(INFO, "FAKEFLEET nodes %d", len(nodes))
     w = np.zeros(dim, dtype=np.float32)
+    link = [int(cfg["link-pid"])] if int(cfg["link-pid"]) else []
+    fleet = [int(p) for p in str(cfg["fleet-pids"]).split(",") if p]
     for r in range(1, int(cfg["rounds"]) + 1):
+        cpu0 = (cpu(link), time.process_time(), cpu(fleet))
         t0 = time.monotonic()
         msgs = [Message(RecordDict({"arrays": ArrayRecord([w]),
                                     "config": ConfigRecord({"server-round": r})}),
@@ -117,6 +146,8 @@ def main(grid: Grid, context: Context) -> None:
                          for m in got], axis=0)
         log(INFO, "FAKEFLEET round %d replies %d/%d seconds %.3f", r, len(got), len(nodes),
             time.monotonic() - t0)
+        log(INFO, "FAKEFLEET round %d cpu link %.2f app %.2f fleet %.2f", r,
+            cpu(link) - cpu0[0], time.process_time() - cpu0[1], cpu(fleet) - cpu0[2])
         for why, count in sorted(errors.items()):
             log(INFO, "FAKEFLEET round %d error replies %d: %s", r, count, why)
 '''
@@ -307,11 +338,35 @@ def run_scale(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
               f"({out['idle-link-%'] / n:.3f}% per node), fake nodes {out['idle-fleet-%']:.0f}%,"
               f" link RSS {out['idle-rss']:.0f} MiB; now the run", flush=True)
         cmd = ["flwr", "run", str(app), CONNECTION, "--stream", "--run-config",
-               f"nodes={connected} rounds={args.rounds} dim={args.dim}"]
-        run = subprocess.run(cmd, env=dep.cli_env(), capture_output=True, text=True,
-                             timeout=args.run_timeout, check=False)
+               f"nodes={connected} rounds={args.rounds} dim={args.dim} "
+               f"link-pid={link.popen.pid} fleet-pids=\"{','.join(map(str, fleet_pids))}\""]
+        raw = Path(args.profile or tmp) / f"superlink-{n}-{args.link_state}.txt"
+        spy = profiler(args, link.popen.pid, raw)
+        try:
+            run = subprocess.run(cmd, env=dep.cli_env(), capture_output=True, text=True,
+                                 timeout=args.run_timeout, check=False)
+        finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its samples on SIGINT
+                spy.wait(60)
         c2, f2, w2 = sampler.cpu(), sum(cpu_seconds(p) for p in fleet_pids), time.monotonic()
         sampler.close()
+        for m in CPU_LINE.finditer(run.stdout):  # the link's own CPU per node-round
+            rnd, link_s, app_s, fleet_s = int(m.group(1)), *map(float, m.groups()[1:])
+            sent = next(int(r[2]) for r in ROUND_LINE.findall(run.stdout) if int(r[0]) == rnd)
+            got = next(int(r[1]) for r in ROUND_LINE.findall(run.stdout) if int(r[0]) == rnd)
+            secs = next(float(r[3]) for r in ROUND_LINE.findall(run.stdout) if int(r[0]) == rnd)
+            out[f"round{rnd}-link-ms"] = 1000 * link_s / max(sent, 1)
+            print(f"  {n} nodes, round {rnd}: SuperLink CPU {link_s:.1f} s = "
+                  f"{1000 * link_s / max(sent, 1):.1f} ms per node messaged "
+                  f"({1000 * link_s / max(got, 1):.1f} ms per reply, {got}/{sent}); its "
+                  f"ServerApp {app_s:.1f} s; fake nodes {fleet_s:.1f} s", flush=True)
+            if args.poll == args.idle_poll:  # the same pull rate in and out of the round
+                net = link_s - out["idle-link-%"] / 100 * secs
+                print(f"    less the idle pulls' {out['idle-link-%']:.1f}% over its {secs:.1f} s: "
+                      f"{net:.1f} s = {1000 * net / max(got, 1):.1f} ms per reply", flush=True)
+        if spy is not None:
+            print(profile_summary(raw, args.top), flush=True)
         rounds = [m.groups() for m in ROUND_LINE.finditer(run.stdout)]
         for m in ERROR_LINE.finditer(run.stdout):
             print(f"  {n} nodes, round {m.group(1)}: {m.group(2)} error replies ({m.group(3)})",
@@ -336,6 +391,74 @@ def run_scale(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     return out
 
 
+def profiler(args: argparse.Namespace, pid: int, raw: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the SuperLink (``--profile``), its samples to ``raw`` (collapsed
+    stacks); without blocking the link, so its CPU figures stay its own."""
+    if not args.profile:
+        return None
+    return subprocess.Popen(
+        [args.py_spy, "record", "--pid", str(pid), "--rate", "50", "--nonblocking",
+         "--format", "raw", "--output", str(raw)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+IDLE_LEAVES = ("Condition.wait (", "_worker (concurrent/futures/thread", "Runner.run (",
+               "Queue.get (", "Event.wait (", "_serve (grpc/_server",
+               "_stream_logs (flwr/superlink/servicer/control/control_handlers")
+"""Leaf frames of a thread that waits (a lock, a work queue, the event loop's or gRPC's
+poll, the log stream's sleep: in C below the frame): py-spy's ``--nonblocking`` samples
+keep some of them."""
+PARTS = (("node auth: signature checks", ("asymmetric.py", "node_auth_server_interceptor")),
+         ("link state", ("linkstate",)),
+         ("object store", ("object_store",)),
+         ("log streaming to `flwr run --stream`", ("_stream_logs",)),  # its state reads
+         ("Runtime API (HTTP: the ServerApp's calls)",
+          ("uvicorn/", "starlette/", "fastapi/", "anyio/", "httptools", "h11/")),
+         ("Fleet API: gRPC server and TLS", ("grpc/", "ssl.py")))
+"""Where an active sample's time goes: the first part whose pattern a frame holds, from
+the leaf up (the most specific), else "other"."""
+
+
+def profile_summary(raw: Path, top: int) -> str:
+    """Where the link's active samples go: by part (PARTS), by own samples (the leaf frame)
+    and by inclusive samples (anywhere on the stack), in % of the active samples; samples
+    whose leaf waits (IDLE_LEAVES) are counted apart."""
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    parts: dict[str, int] = {}
+    total = idle = 0
+    for line in raw.read_text().splitlines() if raw.exists() else []:
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        total += int(count)
+        if frames[-1].startswith(IDLE_LEAVES):
+            idle += int(count)
+            continue
+        own[frames[-1]] = own.get(frames[-1], 0) + int(count)
+        for f in set(frames):
+            inclusive[f] = inclusive.get(f, 0) + int(count)
+        part = next((name for f in reversed(frames) for name, pats in PARTS
+                     if any(p in f for p in pats)), "other")
+        parts[part] = parts.get(part, 0) + int(count)
+    active = total - idle
+    if not active:
+        return f"  no active samples in {raw}"
+    lines = [f"  profile of the SuperLink ({total} samples at 50/s, {active} active, {idle} "
+             f"waiting; {raw.name}), in % of the active:"]
+    for title, table in (("part", parts), ("own", own), ("inclusive", inclusive)):
+        lines.append(f"    by {title}:")
+        for f, c in sorted(table.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"    {100 * c / active:5.1f}%  {f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--summarize"]:  # a kept profile, again
+    print(profile_summary(Path(sys.argv[2]), int(sys.argv[3]) if sys.argv[3:] else 25))
+    sys.exit(0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -354,6 +477,11 @@ def main() -> int:
     ap.add_argument("--base-port", type=int, default=29600)
     ap.add_argument("--link-state", choices=("sqlite", "memory"), default="sqlite",
                     help="the SuperLink's state (fedinit-deploy --link-state; default sqlite)")
+    ap.add_argument("--profile", default="", metavar="DIR",
+                    help="sample the SuperLink with py-spy during the run, keep its collapsed "
+                         "stacks in DIR, print where its time goes")
+    ap.add_argument("--py-spy", default="py-spy", help="the py-spy executable")
+    ap.add_argument("--top", type=int, default=25, help="functions per profile table")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the link and nodes too
     print(f"fake fleet: TLS + node auth, {args.procs} fake-node processes, model {args.dim} "

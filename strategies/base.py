@@ -174,7 +174,8 @@ class MethodAdapter(Strategy):
         """Flower's own federated evaluation of the global model (the user's evaluate)."""
         self._check_over_select(fraction_train)
         self.checked = self.parse(self._any_federation(fraction_train),
-                                  ANY_LR if lr is None else lr, fraction_train)
+                                  ANY_LR if lr is None else lr, fraction_train,
+                                  placeholder=True)
         """The settings as the run config holds them, checked before any work."""
         if self.buffered and fraction_evaluate > 0.0:
             raise self._error(bad_value("fraction_evaluate", fraction_evaluate,
@@ -273,21 +274,41 @@ class MethodAdapter(Strategy):
         """Whether ``rounds=BufferedAsync(...)``: ``start()`` runs FedBuff's loop."""
         return isinstance(self.components.get("rounds"), BufferedAsync)
 
-    def parse(self, num_clients: int, lr: float, fraction_train: float) -> RunConfig:
+    def parse(self, num_clients: int, lr: float, fraction_train: float, *,
+              placeholder: bool = False) -> RunConfig:
         """``RunConfig.parse`` of these settings; its ConfigError reworded to name the
-        constructor's arguments (``FedDyn: alpha=0.0 is not allowed; ...``)."""
+        constructor's arguments (``FedDyn: alpha=0.0 is not allowed; ...``). With
+        ``placeholder`` (the constructor's count, not a federation's) a line never shows
+        that count or the round size it gives: they read as what ``start()`` will find."""
         raw = {**self.keys, "num-clients": num_clients, "lr": lr,
                "fraction-train": fraction_train}
         try:
             return RunConfig.parse(raw)
         except ConfigError as err:
-            raise self._error(err) from None
+            error = self._error(err)
+            if not placeholder or not isinstance(fraction_train, int | float):
+                raise error from None
+            text = str(error)
+            m = max(1, round(fraction_train * num_clients))
+            for count, shown in ((num_clients, "N (the nodes found)"),
+                                 (m, "m (the clients per round)")):
+                if count >= 1000:  # a placeholder's size, not a value a user wrote
+                    text = re.sub(rf"(?<![\d.]){count}(?![\d.])", shown, text)
+            raise ConfigError(text) from None
 
     def _error(self, err: ConfigError) -> ConfigError:
         """``err`` with this class's name for "run config" and argument names for keys."""
         text = str(err).removeprefix("run config: ")
         for key, arg in sorted(self.arg_of.items(), key=lambda item: -len(item[0])):
             text = re.sub(rf"(?<![\w-]){re.escape(key)}(?![\w-])", arg, text)
+        legacy = self.arg_of.get("byzantine-f") == "byzantine_f"  # aggregation="krum"
+        for arg, component in getattr(self, "components", {}).items():
+            if arg == "aggregation" and legacy:
+                continue  # given by the run config's name: named so
+            shown = f"{arg}={type(component).__name__}(...)"
+            for key, value in component.FIXED.items():  # privacy='central' -> CentralDP(...)
+                if component.names()[key] == arg:
+                    text = text.replace(f"{arg}={value!r}", shown)
         return ConfigError(f"{type(self).__name__}: {text}")
 
     def _count(self, arg: str, value: int) -> int:

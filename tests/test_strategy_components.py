@@ -209,8 +209,20 @@ def test_central_dp_with_krum_is_refused_by_both_doors_with_the_same_line() -> N
         RunConfig.parse({"dp": "central", "weighting": "uniform", "aggregation": "krum"})
     with pytest.raises(ConfigError) as strategy:
         FedInit(lr=0.05, weighting="uniform", privacy=CentralDP(), aggregation=Krum())
-    want = str(run_config.value).removeprefix("run config: ").replace("with dp ", "with privacy ")
+    want = str(run_config.value).removeprefix("run config: ").replace(
+        "with dp ", "with privacy ").replace("aggregation='krum'", "aggregation=Krum(...)")
     assert one_line(strategy) == f"FedInit: {want}"
+
+
+def test_a_line_names_the_component_and_never_the_placeholder_federation() -> None:
+    with pytest.raises(ConfigError) as err:
+        FedInit(rounds=BufferedAsync(buffer_size=3), aggregation=Krum(), fraction_train=0.5,
+                fraction_evaluate=0.0, lr=0.05)
+    assert one_line(err) == (
+        "FedInit: rounds.buffer_size=3 is not allowed; allowed: at least 5 (0: "
+        "rounds.concurrency=m (the clients per round)) with aggregation=Krum(...) and "
+        "aggregation.byzantine_f=1 with rounds=BufferedAsync(...) (the rule runs over the K "
+        "buffered replies: n > 2f + 2)")
 
 
 def test_what_a_method_cannot_run_is_refused_by_its_own_spec_at_construction(

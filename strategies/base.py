@@ -187,9 +187,9 @@ class MethodAdapter(Strategy):
         self.client_of: dict[int, int] = {}
         """Node id -> client id, from ``start()`` on."""
         self.first_replies: FirstReplies | None = None
+        """``OverSelect``: the grid closing each round at m accepted replies (``start()``)."""
         self.budget: Budget | None = None
         """``privacy=``: the run's accountant (``methods.dp_budget``), from ``start()`` on."""
-        """``OverSelect``: the grid closing each round at m accepted replies (``start()``)."""
         self._keys_of_arrays: list[str] = []
         self._initial = ArrayRecord()
         try:

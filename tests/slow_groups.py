@@ -113,6 +113,13 @@ SLOW_MODULES: dict[str, Slow] = {
     "test_async_resume": own("test_async_resume", seconds=290),
     "test_example_app": own("test_example_app", seconds=279),
     "test_first_hour": own("test_first_hour", seconds=65),
+    # One check each in a fresh interpreter or a FAB build (11-23 s of CPU): out of the fast
+    # suite, which must stay under 2 minutes on 2 cores.
+    "test_app_source": own("test_app_source", seconds=15),
+    "test_flower_compat": own("test_flower_compat", seconds=23),
+    "test_ray_inline": own("test_ray_inline", seconds=17),
+    "test_strategies": own("test_strategies", seconds=12),
+    "test_task_models": own("test_task_models", seconds=17),
     "test_resume_simulation": own("test_resume_simulation", seconds=509),
     "test_simulation_e2e": own("test_simulation_e2e", seconds=152),
     "test_plain_flwr_run": own(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from flwr.cli.build import build_fab_from_disk
 
 from flower_compat.app_source import app_files, staged_app
@@ -12,6 +13,7 @@ from flower_compat.app_source import app_files, staged_app
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # builds the checkout's FAB twice: about 15 s
 def test_the_staged_fab_is_the_checkouts(tmp_path: Path) -> None:
     t0 = time.perf_counter()
     reference = build_fab_from_disk(REPO)  # Flower's own build of the whole checkout

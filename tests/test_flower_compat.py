@@ -299,6 +299,7 @@ def project_modules() -> list[str]:
     return names
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and the apps: 11-23 s
 def test_importing_every_project_module_changes_no_environment_and_patches_nothing() -> None:
     modules = project_modules()
     assert "flower_compat.installer" in modules and "client_app.app" in modules

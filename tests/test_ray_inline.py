@@ -65,6 +65,7 @@ print("at-ray-init", seen[0])
 """
 
 
+@pytest.mark.slow  # Flower's simulation engine in a fresh interpreter: about 17 s
 def test_flowers_engine_loading_the_client_app_sets_it_before_ray_starts() -> None:
     """Flower's own ``start_vce`` loads ``client_app.app:app`` (as in ``flwr-simulation``);
     the limit is in the environment when it goes on to start Ray, not before."""

@@ -52,6 +52,7 @@ SMALL = {"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 3, "train
          "local-epochs": 1, "personal-eval-every": 0, "eval-every": 3}
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and the apps: 11-23 s
 def test_a_fresh_interpreter_imports_the_classes_and_the_client_half_alone() -> None:
     code = ("import sys\nimport strategies.client\n"
             "client_only = sorted(m for m in sys.modules if m.startswith('server_app'))\n"

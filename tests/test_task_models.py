@@ -156,6 +156,7 @@ def test_resnet18_gn_matches_torchvision(channels: int, side: int, classes: int)
         torch.testing.assert_close(model(x), reference(x), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and the apps: 11-23 s
 def test_models_build_and_run_without_torchvision() -> None:
     """The CPU images carry no torchvision: every model and app module must do without it."""
     code = (

@@ -310,14 +310,15 @@ def plot(results: dict[str, Any], path: Path, target: float, label: str) -> None
     speeds = list(dict.fromkeys(k.split("|")[0] for k in results))
     fig, axes = plt.subplots(1, len(speeds), figsize=(5 * len(speeds), 3.8), squeeze=False)
     styles = {"sync": "-", "over-select": "--", "async": ":", "async-long": "-.",
-              "async-balanced": (0, (5, 1, 1, 1)), "async-half": (0, (1, 3))}
+              "async-balanced": (0, (5, 1, 1, 1)), "async-half": (0, (1, 3)),
+              "async-c8": (0, (3, 1))}
     colours = {"fedavg": "tab:blue", "fedinit": "tab:red"}
     for ax, sp in zip(axes[0], speeds, strict=True):
         for key, seeds in results.items():
             if key.split("|")[0] != sp:
                 continue
             method = key.split("|")[1]
-            runs = seeds[min(seeds)]
+            runs = seeds[min(seeds, key=lambda s: (len(s), s))]  # numeric order of the seeds
             for mode, rows in runs.items():
                 if mode == "async" and "async-long" in runs:
                     continue  # the long run's first flushes are this run, bit for bit
@@ -401,7 +402,8 @@ def main() -> None:
             for key, seeds in saved.items():
                 for seed, runs in seeds.items():
                     results.setdefault(key, {}).setdefault(seed, {}).update(runs)
-        label = f"{label.split(', seeds')[0]}, seeds {sorted(next(iter(results.values())))}"
+        label = (f"{label.split(', seeds')[0]}, seeds "
+                 f"{sorted(next(iter(results.values())), key=lambda s: (len(s), s))}")
     else:
         results = {}
         saved: dict[str, Any] = {}

@@ -1,38 +1,93 @@
 """Bytes up and accuracy with compressed uploads (issue 44, item 3): the default CNN and data
-set, in process (``cli.inprocess_grid``, the real ClientApp), one run per codec with the same
-seed; ``bytes-up`` summed from the rows (the encoded payload of the aggregated replies).
+set, in process (``cli.inprocess_grid``, the real ClientApp), one run per codec and seed;
+``bytes-up`` summed from the rows (the encoded payload of the aggregated replies).
 
     .venv/bin/python -m bench.compressed_uploads [--rounds 5] [--clients 10] \
-        [--codecs off,q8,topk:0.01+q8] [--method fedavg] [--train-limit 3000]
+        [--codecs off,q8,topk:0.01+q8] [--method fedavg] [--train-limit 3000] \
+        [--seeds 0 1 2] [--eval-every 5] [--csv runs.csv] [--points-csv points.csv] \
+        [--plot accuracy_bytes.png]
 
-A short run, not the issue's benchmark (the default experiment, 3 paired seeds): the
-accuracies after a few rounds say the codecs train alike, not their final gap.
+Seeds pair the codecs: a seed fixes the split, w_0 and the sample, so each codec's final
+accuracy minus uncompressed's is one paired difference (``cli/paired.py``: mean and 95%
+Student-t interval over the seeds, printed here; ``fedinit-report paired CSV --by
+compression --a off --b q8 --metric test-acc`` reads the same from ``--csv``).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from cli.inprocess_grid import InProcessGrid
+from cli.paired import pair, report
 from cli.run_dirs import read_rows
 from methods import wire as rk
 from server_app.experiment import run_experiment
 from task.config import RunConfig
 
+RUN_HEAD = ("seed", "compression", "bytes-up", "replies", "bytes-per-reply", "test-acc",
+            "seconds")
+"""One row per run (``--csv``)."""
+POINT_HEAD = ("seed", "compression", "round", "bytes-up-so-far", "test-acc")
+"""One row per evaluated round (``--points-csv``, the plot's points)."""
 
-def one_run(raw: dict[str, Any], out: Path) -> dict[str, float]:
-    """Total bytes up, replies, final accuracy and seconds of one in-process run."""
+
+def one_run(raw: dict[str, Any], out: Path) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Total bytes up, replies, final accuracy and seconds of one in-process run, and its
+    evaluated rounds with the bytes sent up to them."""
     cfg = RunConfig.parse({**raw, "output-dir": str(out)})
     t0 = time.perf_counter()
     run_experiment(InProcessGrid(cfg.num_clients, raw), cfg, out_dir=out / "run")
     rows = read_rows(out / "run" / "rounds.jsonl")
-    return {"bytes-up": float(sum(r[rk.BYTES_UP] for r in rows)),
-            "replies": float(sum(r[rk.NUM_REPLIES] for r in rows)),
-            "test-acc": float(rows[-1]["test-acc"]), "seconds": time.perf_counter() - t0}
+    points, so_far = [], 0.0
+    for r in rows:
+        so_far += float(r[rk.BYTES_UP])
+        if r.get("test-acc") is not None:
+            points.append({"round": float(r["round"]), "bytes-up-so-far": so_far,
+                           "test-acc": float(r["test-acc"])})
+    return ({"bytes-up": so_far, "replies": float(sum(r[rk.NUM_REPLIES] for r in rows)),
+             "test-acc": float(rows[-1]["test-acc"]), "seconds": time.perf_counter() - t0},
+            points)
+
+
+def write_csv(path: Path, head: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=head)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot(points: list[dict[str, Any]], path: Path) -> None:
+    """Test accuracy against the bytes sent up so far, one line per codec and seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    codecs = list(dict.fromkeys(p["compression"] for p in points))
+    for i, codec in enumerate(codecs):
+        for k, seed in enumerate(sorted({p["seed"] for p in points})):
+            mine = [p for p in points if p["compression"] == codec and p["seed"] == seed]
+            ax.plot([p["bytes-up-so-far"] / 1e6 for p in mine],
+                    [100 * p["test-acc"] for p in mine], marker="o", markersize=3,
+                    color=f"C{i}", alpha=0.8, label=codec if k == 0 else None)
+    ax.set_xscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.set_xlabel("bytes sent up so far, all clients (MB, log scale)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Compressed uploads: accuracy against bytes up (one line per seed)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="compression")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -43,23 +98,55 @@ def main() -> None:
     parser.add_argument("--train-limit", type=int, default=3000)
     parser.add_argument("--method", default="fedavg")
     parser.add_argument("--codecs", default="off,q8,topk:0.01+q8")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="evaluate every E rounds (0: the last round only)")
+    parser.add_argument("--csv", type=Path, help="one row per run")
+    parser.add_argument("--points-csv", type=Path, help="one row per evaluated round")
+    parser.add_argument("--plot", type=Path, help="accuracy against bytes up (PNG)")
     args = parser.parse_args()
-    base = {"method": args.method, "num-server-rounds": args.rounds,
-            "num-clients": args.clients, "fraction-train": args.fraction,
-            "train-limit": args.train_limit, "eval-every": args.rounds,
-            "personal-eval-every": 0, "seed": args.seed}
-    results = {}
+    runs: list[dict[str, Any]] = []
+    points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for codec in args.codecs.split(","):
-            results[codec] = one_run({**base, "compression": codec}, Path(tmp) / f"c{len(results)}")
-    plain = results.get("off")
-    print(f"{'compression':<14} {'bytes-up/reply':>15} {'x fewer':>8} {'test-acc':>9} {'s':>6}")
-    for codec, r in results.items():
-        per = r["bytes-up"] / max(r["replies"], 1.0)
-        fewer = (plain["bytes-up"] / plain["replies"]) / per if plain and per else float("nan")
-        print(f"{codec:<14} {per:>15,.0f} {fewer:>8.2f} {100 * r['test-acc']:>8.2f}% "
-              f"{r['seconds']:>6.1f}")
+        for seed in args.seeds:
+            base = {"method": args.method, "num-server-rounds": args.rounds,
+                    "num-clients": args.clients, "fraction-train": args.fraction,
+                    "train-limit": args.train_limit,
+                    "eval-every": args.eval_every or args.rounds,
+                    "personal-eval-every": 0, "seed": seed}
+            for codec in args.codecs.split(","):
+                got, pts = one_run({**base, "compression": codec},
+                                   Path(tmp) / f"s{seed}-c{len(runs)}")
+                runs.append({"seed": seed, "compression": codec, **got,
+                             "bytes-per-reply": got["bytes-up"] / max(got["replies"], 1.0)})
+                points += [{"seed": seed, "compression": codec, **p} for p in pts]
+                print(f"seed {seed} {codec}: {100 * got['test-acc']:.2f}% "
+                      f"{runs[-1]['bytes-per-reply']:,.0f} B per reply "
+                      f"{got['seconds']:.0f} s", flush=True)
+    if args.csv:
+        write_csv(args.csv, RUN_HEAD, runs)
+    if args.points_csv:
+        write_csv(args.points_csv, POINT_HEAD, points)
+    if args.plot:
+        plot(points, args.plot)
+    codecs = args.codecs.split(",")
+    print(f"{'compression':<14} {'bytes-up/reply':>15} {'x fewer':>8} {'test-acc':>9} "
+          f"{'s':>6}  (means over {len(args.seeds)} seed(s))")
+    per = {c: [r for r in runs if r["compression"] == c] for c in codecs}
+    plain = per.get("off")
+    for codec in codecs:
+        rs = per[codec]
+        b = sum(r["bytes-per-reply"] for r in rs) / len(rs)
+        fewer = (sum(r["bytes-per-reply"] for r in plain) / len(plain)) / b if plain else 0.0
+        print(f"{codec:<14} {b:>15,.0f} {fewer:>8.2f} "
+              f"{100 * sum(r['test-acc'] for r in rs) / len(rs):>8.2f}% "
+              f"{sum(r['seconds'] for r in rs) / len(rs):>6.1f}")
+    if plain and len(args.seeds) >= 2:
+        table = [{k: str(v) for k, v in r.items()} for r in runs]
+        for codec in codecs:
+            if codec != "off":
+                print(report(pair(table, "compression", "off", codec, "test-acc"), "off",
+                             codec, "test-acc"))
 
 
 if __name__ == "__main__":

@@ -77,9 +77,9 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
                     [100 * p["test-acc"] for p in mine], marker="o", markersize=3,
                     color=f"C{i}", alpha=0.8, label=codec if k == 0 else None)
     ax.set_xscale("log")
-    plain = matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")
-    ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_formatter(plain)
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("bytes sent up so far, all clients (MB, log scale)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Compressed uploads: accuracy against bytes up (one line per seed)")

@@ -410,7 +410,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         assert self.models is not None
         beta = self.params.relax_server_step
         version, probe = state.version[0], state.probe[0]
-        stepped: dict[int, Weights] = {}
+        stepped: dict[int, tuple[Weights, Weights]] = {}  # client -> (its model, stepped)
         for pid in range(n):
             if pid in replied:
                 continue
@@ -421,19 +421,21 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                 if not pairs:
                     continue
                 total = sum(a for _, a in pairs)
-                stepped[pid] = [(w.astype(np.float64) + beta * sum(
+                own = self.model_of(state, pid)
+                stepped[pid] = (own, [(w.astype(np.float64) + beta * sum(
                     a * m[k] for m, a in pairs) / total).astype(w.dtype)
-                    for k, w in enumerate(self.model_of(state, pid))]
+                    for k, w in enumerate(own)])
                 continue
             mean, degree = self.term(state, pid)
             if degree == 0.0:
                 continue
-            stepped[pid] = [(w.astype(np.float64) + beta * (m.astype(np.float64)
-                                                           - w.astype(np.float64))).astype(w.dtype)
-                            for w, m in zip(self.model_of(state, pid), mean, strict=True)]
+            own = self.model_of(state, pid)
+            stepped[pid] = (own, [(w.astype(np.float64) + beta * (
+                m.astype(np.float64) - w.astype(np.float64))).astype(w.dtype)
+                for w, m in zip(own, mean, strict=True)])
         moved = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
-        for pid, new in stepped.items():
-            for acc, a, o in zip(moved, new, self.model_of(state, pid), strict=True):
+        for pid, (own, new) in stepped.items():  # each model read once, above
+            for acc, a, o in zip(moved, new, own, strict=True):
                 acc += a.astype(np.float64) - o.astype(np.float64)
             self.models.write(pid, server_round, new,
                               int(version[pid]) if version[pid] > 0 else int(probe[pid]))

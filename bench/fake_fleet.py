@@ -25,7 +25,7 @@ py-spy (``--nonblocking``: the link is never paused) during the run and prints t
 holding most of its samples.
 
     nice -n 10 .venv/bin/python -m bench.fake_fleet --nodes 1000 --rounds 2 --poll 1 \
-        --idle-poll 10 --idle-seconds 20 --link-state memory --profile /tmp/prof
+        --idle-poll 10 --idle-seconds 20 --link-state memory --profile outputs/prof
 """
 
 from __future__ import annotations
@@ -351,11 +351,11 @@ def run_scale(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
                 spy.wait(60)
         c2, f2, w2 = sampler.cpu(), sum(cpu_seconds(p) for p in fleet_pids), time.monotonic()
         sampler.close()
+        done = {int(r[0]): (int(r[1]), int(r[2]), float(r[3]))  # round: got, sent, seconds
+                for r in ROUND_LINE.findall(run.stdout)}
         for m in CPU_LINE.finditer(run.stdout):  # the link's own CPU per node-round
             rnd, link_s, app_s, fleet_s = int(m.group(1)), *map(float, m.groups()[1:])
-            sent = next(int(r[2]) for r in ROUND_LINE.findall(run.stdout) if int(r[0]) == rnd)
-            got = next(int(r[1]) for r in ROUND_LINE.findall(run.stdout) if int(r[0]) == rnd)
-            secs = next(float(r[3]) for r in ROUND_LINE.findall(run.stdout) if int(r[0]) == rnd)
+            got, sent, secs = done[rnd]
             out[f"round{rnd}-link-ms"] = 1000 * link_s / max(sent, 1)
             print(f"  {n} nodes, round {rnd}: SuperLink CPU {link_s:.1f} s = "
                   f"{1000 * link_s / max(sent, 1):.1f} ms per node messaged "
@@ -396,6 +396,7 @@ def profiler(args: argparse.Namespace, pid: int, raw: Path) -> subprocess.Popen[
     stacks); without blocking the link, so its CPU figures stay its own."""
     if not args.profile:
         return None
+    raw.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [args.py_spy, "record", "--pid", str(pid), "--rate", "50", "--nonblocking",
          "--format", "raw", "--output", str(raw)],

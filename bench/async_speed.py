@@ -2,7 +2,7 @@
 
 Fashion-MNIST Dirichlet-0.1, FedAvg (beta 0) and FedInit (beta 0.1), each under every
 ``--speeds`` spec (default: 20% and 50% of the devices 5x slower, lognormal sigma 1), each
-mode on the same seed and data; in process (``cli/inprocess_grid.py``), one run after the
+mode on the same seed and data; in process (``fedinit/cli/inprocess_grid.py``), one run after the
 other. Printed per (speeds, method, mode), mean over ``--seeds``: simulated seconds to
 ``--target`` accuracy (``-``: not reached), accuracy at a fixed simulated time (the earliest
 of the three modes' final ``sim-time`` for that speeds/method/seed, so every mode is measured
@@ -37,14 +37,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
+from fedinit.task.device_speeds import slowdowns
+from fedinit.task.federated_data import partition_sizes
+from fedinit.task.models import get_weights, initial_model
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
 from server_app.virtual_clock import VirtualClock
-from task.config import RunConfig
-from task.device_speeds import slowdowns
-from task.federated_data import partition_sizes
-from task.models import get_weights, initial_model
 
 METHODS = {"fedavg": {"beta": 0.0}, "fedinit": {"beta": 0.1}}
 MODES = {"sync": {}, "over-select": {"over-select": 0.3}, "async": {"rounds": "async"}}

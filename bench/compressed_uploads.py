@@ -1,5 +1,5 @@
 """Bytes up and accuracy with compressed uploads (issue 44, item 3): the default CNN and data
-set, in process (``cli.inprocess_grid``, the real ClientApp), one run per codec and seed;
+set, in process (``fedinit.cli.inprocess_grid``, the real ClientApp), one run per codec and seed;
 ``bytes-up`` summed from the rows (the encoded payload of the aggregated replies).
 
     .venv/bin/python -m bench.compressed_uploads [--rounds 5] [--clients 10] \
@@ -8,7 +8,7 @@ set, in process (``cli.inprocess_grid``, the real ClientApp), one run per codec 
         [--plot accuracy_bytes.png]
 
 Seeds pair the codecs: a seed fixes the split, w_0 and the sample, so each codec's final
-accuracy minus uncompressed's is one paired difference (``cli/paired.py``: mean and 95%
+accuracy minus uncompressed's is one paired difference (``fedinit/cli/paired.py``: mean and 95%
 Student-t interval over the seeds, printed here; ``fedinit-report paired CSV --by
 compression --a off --b q8 --metric test-acc`` reads the same from ``--csv``).
 """
@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.inprocess_grid import InProcessGrid
-from cli.paired import pair, report
-from cli.run_dirs import read_rows
-from methods import wire as rk
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.cli.paired import pair, report
+from fedinit.cli.run_dirs import read_rows
+from fedinit.methods import wire as rk
+from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
-from task.config import RunConfig
 
 RUN_HEAD = ("seed", "compression", "bytes-up", "replies", "bytes-per-reply", "test-acc",
             "seconds")

@@ -3,7 +3,7 @@
 patch that times one function.
 
 Each runs the real round loop and ClientApp handlers in this process
-(``cli/inprocess_grid.py``) on one torch thread, so its seconds compare across runs.
+(``fedinit/cli/inprocess_grid.py``) on one torch thread, so its seconds compare across runs.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from cli.inprocess_grid import InProcessGrid
-from cli.simulate import parse_overrides
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.cli.simulate import parse_overrides
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from task.config import RunConfig
 
 
 def cost_args(doc: str, rounds: int,

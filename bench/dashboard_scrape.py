@@ -52,11 +52,11 @@ from flwr.supercore.run import Run
 from flwr.superlink.federation import NoOpFederationManager
 from flwr.superlink.grid import InMemoryGrid
 
-from cli.dashboard import make_server
-from cli.dashboard_metrics import registry_for, scrape
+from fedinit.cli.dashboard import make_server
+from fedinit.cli.dashboard_metrics import registry_for, scrape
+from fedinit.task.config import RunConfig
 from server_app.clients import Fleet
 from server_app.status import STATUS_FILE, NodeTally, StatusWriter
-from task.config import RunConfig
 
 
 def write_run(run: Path, nodes: int, rounds: int, dp: str) -> int:

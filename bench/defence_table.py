@@ -1,7 +1,7 @@
 """What each defence costs and stops: FedAvg, FedInit and SCAFFOLD on Fashion-MNIST Dir-0.1,
 eight defences, no attacker and 1 or 2 attackers of the 10 clients of every round.
 
-In process (``cli/inprocess_grid.py``: the real round loop and ClientApp handlers). In every
+In process (``fedinit/cli/inprocess_grid.py``: the real round loop and ClientApp handlers). In every
 round the FIRST k train replies (in the order the server sends the round's messages) are made
 hostile after the honest client trained and saved its state, so exactly k of each round's 10
 replies attack and who attacks changes from round to round. Only the model upload is changed
@@ -48,13 +48,13 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from bench.reply_attacks import move_base, scaled_upload
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
-from methods.norms import vector_norm
-from methods.packed_arrays import unpack
-from methods.scaffold import DELTA_C
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.norms import vector_norm
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.scaffold import DELTA_C
+from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
-from task.config import RunConfig
 
 BASE: dict[str, Any] = {"num-clients": 50, "fraction-train": 0.2, "train-limit": 6000,
                         "num-server-rounds": 20, "eval-every": 1000, "personal-eval-every": 0}

@@ -5,13 +5,13 @@
 
 Each path runs the same config and seed (3 clients, fraction-train=1.0, train-limit=3000):
 
-  simulation      cli/simulate.py (Flower's simulation engine)
+  simulation      fedinit/cli/simulate.py (Flower's simulation engine)
   process-flower  deploy_local.py --executor flower --node-poll 0: Flower's own SuperExec
                   (a new flwr-clientapp process per message) and Flower's 3 s node poll
   process-3s      the warm executor, Flower's 3 s node poll (the poll's share of overhead)
   process-fixed   the fixed fast polls of before: node 0.5 s, executor 0.1 s, always
   process         the defaults: node 0.2 s while a run is active (3 s idle), the executor
-                  woken by its node (flower_compat.supernode_waits)
+                  woken by its node (fedinit.flower_compat.supernode_waits)
   process-memory  the defaults with the SuperLink's state in memory (--link-state memory):
                   no SQL per request, nothing kept across a SuperLink restart
   compose         deploy/compose_run.sh (TLS + auth, warm executors), when Docker answers
@@ -42,9 +42,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.deploy_local import descendants, stop_pids
-from cli.flower_env import REPO, flower_env
-from node.warm_executor import rss_mib
+from fedinit.cli.deploy_local import descendants, stop_pids
+from fedinit.cli.flower_env import REPO, flower_env
+from fedinit.node.warm_executor import rss_mib
 
 PATHS = ("simulation", "process-flower", "process-3s", "process-fixed", "process",
          "process-memory", "compose")
@@ -72,7 +72,7 @@ def run_simulation(tmp: Path, args: list[str], nodes: int, base_port: int) -> Pa
                      FLWR_LOCAL_CONTROL_API_PORT=str(base_port + 93))
     out = tmp / "sim-out"
     try:
-        subprocess.run([sys.executable, "-m", "cli.simulate", f"num-clients={nodes}", *args,
+        subprocess.run([sys.executable, "-m", "fedinit.cli.simulate", f"num-clients={nodes}", *args,
                         f"output-dir={out}"], env=env, check=True, capture_output=True,
                        cwd=REPO)
     finally:  # the local SuperLink outlives `flwr run`
@@ -83,7 +83,7 @@ def run_simulation(tmp: Path, args: list[str], nodes: int, base_port: int) -> Pa
 def run_process(tmp: Path, name: str, args: list[str], flags: list[str], nodes: int = 3,
                 base_port: int = 29900, sampler: MemorySampler | None = None) -> Path:
     out, work = tmp / f"{name}-out", tmp / name
-    cmd = [sys.executable, "-m", "cli.deploy_local", "--num-nodes", str(nodes),
+    cmd = [sys.executable, "-m", "fedinit.cli.deploy_local", "--num-nodes", str(nodes),
            "--work-dir", str(work), "--base-port", str(base_port), *flags, *args,
            f"output-dir={out}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

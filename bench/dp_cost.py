@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.dp_cost method=scaffold --rounds 4
 
 Runs the same experiment in-process (the real round loop and ClientApp handlers,
-``cli/inprocess_grid.py``) with ``dp`` = off, central and local, each with
+``fedinit/cli/inprocess_grid.py``) with ``dp`` = off, central and local, each with
 ``weighting=uniform`` and ``ri-aggregation=update`` (what DP requires, so only DP differs),
 and prints per run: mean round seconds (round 1, data loading, left out), of it the server's
 ``aggregate_train`` and the accountant, the bytes of one reply and one train message as
@@ -17,9 +17,9 @@ import statistics
 from typing import Any
 
 from bench.cost_runs import cost_args, cost_run
-from methods import dp_budget
+from fedinit.methods import dp_budget
+from fedinit.task.config import RunConfig
 from server_app import strategy as strategy_module
-from task.config import RunConfig
 from testbeds.lsq_problem import serialized_bytes
 
 BASE: dict[str, Any] = {"num-clients": 10, "fraction-train": 0.5, "train-limit": 5000,

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.fake_fleet --nodes 100 --rounds 3 --procs 4 --poll 0.2 --idle-poll 3
 
 A real SuperLink (TLS, ``--enable-supernode-auth``, gRPC Fleet API, as
-``cli/deploy_local.py`` starts it) gets N registered keys (the Control API's
+``fedinit/cli/deploy_local.py`` starts it) gets N registered keys (the Control API's
 RegisterNode, what ``flwr supernode register`` calls). N fake SuperNodes, threads in
 ``--procs`` processes, each connect with Flower's own gRPC connection
 (``grpc_request_response``: ActivateNode, heartbeats, node auth signing every request) and
@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.idle_cpu import cpu_seconds
-from cli.deploy_local import CONNECTION, Deployment, descendants, stop_pids
-from node.warm_executor import rss_mib
+from fedinit.cli.deploy_local import CONNECTION, Deployment, descendants, stop_pids
+from fedinit.node.warm_executor import rss_mib
 
 ROUND_LINE = re.compile(r"FAKEFLEET round (\d+) replies (\d+)/(\d+) seconds ([0-9.]+)")
 ERROR_LINE = re.compile(r"FAKEFLEET round (\d+) error replies (\d+): ([^\n]*)")
@@ -468,9 +468,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dim", type=int, default=1000, help="model floats (default 1000)")
     ap.add_argument("--poll", type=float, default=0.2,
-                    help="pull interval while active, s (node.launch's default 0.2)")
+                    help="pull interval while active, s (fedinit.node.launch's default 0.2)")
     ap.add_argument("--idle-poll", type=float, default=3.0,
-                    help="pull interval when idle, s (node.launch's default 3)")
+                    help="pull interval when idle, s (fedinit.node.launch's default 3)")
     ap.add_argument("--active-window", type=float, default=30.0)
     ap.add_argument("--idle-seconds", type=float, default=20.0,
                     help="span over which the idle nodes' load is measured (default 20)")

@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from cli.inprocess_grid import set_task_identity
-from methods import clustered
-from methods import wire as rk
-from methods.packed_arrays import unpack
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods import clustered
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.task.config import RunConfig
+from fedinit.task.models import get_weights, initial_model
 from server_app.strategy import SERVER_MODELS, MethodStrategy
-from task.config import RunConfig
-from task.models import get_weights, initial_model
 from testbeds.lsq_problem import serialized_bytes
 
 METHODS = {"fedavg": {"beta": 0.0},

@@ -26,7 +26,7 @@ before the next event's round). Rounds are the ServerApp's ``round-seconds`` and
 Then the baseline's deployment runs the same config with ``dataset=device``: each node's
 ``data-dir`` is an .npz file holding its benchmark partition (written here). The same
 partitioned config runs in this process (the real round loop and ClientApp handlers,
-cli/inprocess_run.py's path, one torch thread); both final models are scored on the
+fedinit/cli/inprocess_run.py's path, one torch thread); both final models are scored on the
 central Fashion-MNIST test set the same way (server_app/central_eval.py).
 """
 
@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from cli.deploy_local import CONNECTION, Deployment, stop_pids
-from cli.simulate import RUN_ID, run_status
+from fedinit.cli.deploy_local import CONNECTION, Deployment, stop_pids
+from fedinit.cli.simulate import RUN_ID, run_status
 from testbeds.deployment_runs import kill_tree, start_flwr_run
 from testbeds.fault_app import fault_app, hang_when_told
 
@@ -222,8 +222,8 @@ def events_run(args: argparse.Namespace, tmp: Path, app: Path, order: Path) -> t
 # ------------------------------------------------------------------- baseline and device data
 def device_files(cfg: dict[str, Any], root: Path) -> dict[int, Path]:
     """Each client's benchmark partition as its own .npz (``x`` uint8 NHWC, ``y``)."""
-    from task.config import RunConfig
-    from task.federated_data import dataset_of, partition_indices
+    from fedinit.task.config import RunConfig
+    from fedinit.task.federated_data import dataset_of, partition_indices
 
     bench = RunConfig.parse(cfg)
     data = dataset_of(bench)
@@ -239,7 +239,7 @@ def device_files(cfg: dict[str, Any], root: Path) -> dict[int, Path]:
 def device_config(partitioned: dict[str, Any]) -> dict[str, Any]:
     """``partitioned`` on device data: the Fashion-MNIST schema, claimed counts capped high
     enough that no partition is cut (so the weights are the partition sizes)."""
-    from task.data_sets.fashion_mnist import SCHEMA
+    from fedinit.task.data_sets.fashion_mnist import SCHEMA
 
     return {**partitioned, "dataset": "device",
             "device-classes": "tshirt,trouser,pullover,dress,coat,sandal,shirt,sneaker,bag,boot",
@@ -282,12 +282,12 @@ def baseline_and_device(args: argparse.Namespace, tmp: Path, app: Path, rounds: 
 
 
 def partitioned_in_process(cfg: dict[str, Any], out: Path) -> Path:
-    """The partitioned benchmark's run of ``cfg`` in this process (cli/inprocess_run.py)."""
+    """The partitioned benchmark's run of ``cfg`` in this process (fedinit/cli/inprocess_run.py)."""
     import torch
 
-    from cli.inprocess_grid import InProcessGrid
+    from fedinit.cli.inprocess_grid import InProcessGrid
+    from fedinit.task.config import RunConfig
     from server_app.experiment import run_experiment
-    from task.config import RunConfig
 
     raw = {k: v for k, v in cfg.items() if k not in ("node-registry", "min-clients")}
     parsed = RunConfig.parse(raw)
@@ -298,8 +298,8 @@ def partitioned_in_process(cfg: dict[str, Any], out: Path) -> Path:
 
 def central_score(cfg: dict[str, Any], run: Path) -> tuple[float, float, list[np.ndarray]]:
     """(test accuracy, test loss, weights) of ``run``'s final model on the central test set."""
+    from fedinit.task.config import RunConfig
     from server_app.central_eval import CentralEvaluator
-    from task.config import RunConfig
 
     with np.load(run / "final_model.npz") as z:
         weights = [z[f"arr_{i}"] for i in range(len(z.files))]
@@ -366,7 +366,7 @@ def print_costs(costs: list[dict[str, Any]]) -> None:
 
 
 def _pids_mentioning(text: str) -> list[int]:
-    from cli.deploy_local import pids_mentioning
+    from fedinit.cli.deploy_local import pids_mentioning
 
     return pids_mentioning(text)
 

@@ -9,7 +9,7 @@ One round = --clients clients x --epochs local epochs x --samples images each (d
 x 500, batch 50, lr 0.1, weight decay 1e-3, clipping 10, as in the paper), FedInit's relaxed
 start and model averaging, then the central evaluation on the test set (--eval-limit images).
 The default is the plain loop on one device (CUDA when present): the compute floor. --flower
-runs the same work through cli/simulate.py (100 clients, 10% per round, iid 500 images
+runs the same work through fedinit/cli/simulate.py (100 clients, 10% per round, iid 500 images
 each) and reads the round times the ServerApp recorded, to show what the framework adds.
 Numbers are printed for the device it ran on; nothing is extrapolated to other devices.
 """
@@ -28,13 +28,13 @@ import numpy as np
 import torch
 
 from bench.scale_clients import stop_superlinks
-from cli.flower_env import flower_env
 from client_app.trainer import local_sgd
-from methods.ri import relaxed_start, weighted_mean
-from task.datasets import load_dataset, to_tensor
-from task.device import describe, device
-from task.evaluation import evaluate
-from task.models import build_model, get_weights, set_weights
+from fedinit.cli.flower_env import flower_env
+from fedinit.methods.ri import relaxed_start, weighted_mean
+from fedinit.task.datasets import load_dataset, to_tensor
+from fedinit.task.device import describe, device
+from fedinit.task.evaluation import evaluate
+from fedinit.task.models import build_model, get_weights, set_weights
 
 HTTP_PORT, CONTROL_PORT = "39791", "39793"
 
@@ -114,7 +114,7 @@ def flower(args: argparse.Namespace) -> None:
                  "beta": 0.1, "output-dir": str(out)}
     env = flower_env(out / "flwr-home", FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=HTTP_PORT,
                      FLWR_LOCAL_CONTROL_API_PORT=CONTROL_PORT)
-    cmd = [sys.executable, "-m", "cli.simulate",
+    cmd = [sys.executable, "-m", "fedinit.cli.simulate",
            f"--num-gpus-per-client={args.num_gpus_per_client:g}",
            f"--num-cpus-per-client={args.num_cpus_per_client:g}",
            *(f"{k}={v}" for k, v in overrides.items())]

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cli.flower_env import REPO
+from fedinit.cli.flower_env import REPO
 from testbeds.fault_app import fault_app, hang_at
 
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         app = fault_app(tmp / "app", hang_at(args.hang_round, 0, tmp / "child.pid"))
         out, work = tmp / "out", tmp / "work"
-        cmd = [sys.executable, "-m", "cli.deploy_local", "--num-nodes", "3", "--insecure",
+        cmd = [sys.executable, "-m", "fedinit.cli.deploy_local", "--num-nodes", "3", "--insecure",
                "--work-dir", str(work), "--base-port", str(args.base_port), "--app", str(app),
                f"num-server-rounds={args.rounds}", "fraction-train=1.0", "train-limit=1500",
                "local-epochs=1", "seed=0", f"round-timeout={args.round_timeout}",

@@ -3,16 +3,16 @@
     .venv/bin/python -m bench.idle_cpu                       # 3 nodes, every setting, 60 s idle
     .venv/bin/python -m bench.idle_cpu --nodes 3 --idle 60 --settings defaults flower
 
-For each setting, a process deployment (TLS + node auth, ``cli/deploy_local.py
+For each setting, a process deployment (TLS + node auth, ``fedinit/cli/deploy_local.py
 --keep-running``) runs one short round; then the CPU time (user + system, /proc) of each
 process is read over two spans: the ``--active-window`` right after the run (the node still
 polls fast: a next round may come) and the ``--idle`` seconds after it (the idle device).
-Printed per span, as % of one core: each node's SuperNode (``node.launch``: the node, its
+Printed per span, as % of one core: each node's SuperNode (``fedinit.node.launch``: the node, its
 Runtime API), its executor (supervisor or flower-superexec) and warm worker, and the
 SuperLink (with its ServerApp executor), also per connected node.
 
   defaults  node 0.2 s while active, 3 s idle, executor woken by its node
-            (flower_compat.supernode_waits)
+            (fedinit.flower_compat.supernode_waits)
   fixed     the fixed fast polls of before: node 0.5 s, executor 0.1 s, always
   flower    Flower's own: node 3 s, flower-superexec (1 s task poll, a process per message)
   idle10    the defaults with a 10 s idle poll (``--idle-poll 10``): the price of 3 s
@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from cli.deploy_local import descendants
-from cli.flower_env import REPO
-from node.launch import DEFAULT_ACTIVE_WINDOW
+from fedinit.cli.deploy_local import descendants
+from fedinit.cli.flower_env import REPO
+from fedinit.node.launch import DEFAULT_ACTIVE_WINDOW
 
 SETTINGS = {"defaults": [],
             "fixed": ["--node-poll", "0.5", "--idle-poll", "0.5", "--no-wake"],
@@ -72,7 +72,7 @@ def measure(setting: str, nodes: int, window: float, idle: float, base_port: int
             tmp: Path) -> dict[str, tuple[float, float]]:
     """{process group: (% of a core in the window after the run, % in the idle span)}."""
     work = tmp / setting
-    cmd = [sys.executable, "-m", "cli.deploy_local", "--num-nodes", str(nodes),
+    cmd = [sys.executable, "-m", "fedinit.cli.deploy_local", "--num-nodes", str(nodes),
            "--work-dir", str(work), "--base-port", str(base_port), "--keep-running",
            *SETTINGS[setting], "num-server-rounds=1", "train-limit=300", "eval-every=1",
            f"output-dir={tmp / (setting + '-out')}"]
@@ -109,7 +109,8 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--idle", type=float, default=60.0, help="idle span, seconds (default 60)")
     ap.add_argument("--active-window", type=float, default=DEFAULT_ACTIVE_WINDOW,
-                    help="span right after the run, seconds (default: node.launch's window)")
+                    help="span right after the run, seconds "
+                         "(default: fedinit.node.launch's window)")
     ap.add_argument("--settings", nargs="*", default=["defaults", "fixed", "flower"],
                     choices=list(SETTINGS))
     ap.add_argument("--base-port", type=int, default=29700)

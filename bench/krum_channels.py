@@ -14,8 +14,8 @@ zero: 0) and its Delta_c is one of ``DELTA_CS``:
 - ``x5``: its honest Delta_c times 5 (what the Delta_c screen is for).
 
 Rules: ``old``, the rule before issue 42 (a reply ranked by its worst per-channel Krum score
-over the channel's median, ``methods.robust.channel_scores``); ``new``,
-``methods.robust.select`` (the move alone selects; a Delta_c over ``SCREEN`` x the median
+over the channel's median, ``fedinit.methods.robust.channel_scores``); ``new``,
+``fedinit.methods.robust.select`` (the move alone selects; a Delta_c over ``SCREEN`` x the median
 score is screened out of c, ``unaccounted``); ``move alone``, Krum on the move (the bench
 checks that ``new`` keeps exactly its set in every round). Krum and Multi-Krum with f = 2,
 Bulyan with f = 1 (the defence table's). Printed per cell: the rounds in which the attacker
@@ -34,7 +34,7 @@ import argparse
 
 import numpy as np
 
-from methods.robust import channel_scores, combine, select, unaccounted
+from fedinit.methods.robust import channel_scores, combine, select, unaccounted
 
 N, DIM, DC_SCALE, NOISE = 10, 50, 4.0, 1.0
 F = {"krum": 2, "multi-krum": 2, "bulyan": 1}

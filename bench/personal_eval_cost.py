@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.personal_eval_cost personal-eval-clients=0 num-clients=50
 
 Runs the default experiment (or it with ``key=value`` overrides) for ``--rounds`` rounds
-in-process (the real round loop and ClientApp handlers, ``cli/inprocess_grid.py``) with
+in-process (the real round loop and ClientApp handlers, ``fedinit/cli/inprocess_grid.py``) with
 ``personal-eval-every=2``, so odd rounds have no personalized evaluation and even rounds have
 one, then prints per round: seconds, the personalized evaluation's own seconds, and the
 messages exchanged (train and evaluate, each counted out and back), and the mean of each kind

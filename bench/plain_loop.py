@@ -15,16 +15,16 @@ import numpy as np
 import torch
 
 from client_app.trainer import SgdSettings, sgd_pass, train_losses
-from methods.method import ClientUpdate, LocalJob, RoundInput
-from methods.ri import aggregate_update, relaxed_start, upload_vector
-from methods.robust import combine
-from methods.sampling import sample_clients
-from store.server_models import ServerModels
-from task.config import RunConfig
-from task.datasets import to_tensor
-from task.evaluation import evaluate
-from task.federated_data import client_examples, dataset_of
-from task.models import get_weights, initial_model, set_weights
+from fedinit.methods.method import ClientUpdate, LocalJob, RoundInput
+from fedinit.methods.ri import aggregate_update, relaxed_start, upload_vector
+from fedinit.methods.robust import combine
+from fedinit.methods.sampling import sample_clients
+from fedinit.store.server_models import ServerModels
+from fedinit.task.config import RunConfig
+from fedinit.task.datasets import to_tensor
+from fedinit.task.evaluation import evaluate
+from fedinit.task.federated_data import client_examples, dataset_of
+from fedinit.task.models import get_weights, initial_model, set_weights
 
 
 def plain_fedinit(cfg: RunConfig) -> dict[str, float]:

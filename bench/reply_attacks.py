@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
-from methods.norms import update_norms, vector_norm
-from methods.packed_arrays import unpack
-from methods.scaffold import DELTA_C
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.norms import update_norms, vector_norm
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.scaffold import DELTA_C
+from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
-from task.config import RunConfig
 
 ATTACKER = 1000  # node of partition 0
 FIVE_OF_20 = {"num-clients": 20, "fraction-train": 0.25, "train-limit": 6000,

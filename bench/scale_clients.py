@@ -17,9 +17,9 @@ local SuperLink is sampled from /proc twice a second and its resident memory sum
   trained client's ``context.state``);
 - client actors: the Ray workers that run ClientApps (data and model caches);
 - ray system: gcs_server, raylet, dashboard and log monitors;
-- superlink: flower-superlink and its superexec; cli: flwr run and cli/simulate.py.
+- superlink: flower-superlink and its superexec; cli: flwr run and fedinit/cli/simulate.py.
 
-Start-up is from starting cli/simulate.py (which starts `flwr run`) to the server's first
+Start-up is from starting fedinit/cli/simulate.py (which starts `flwr run`) to the server's first
 results file, written just before round 1; it includes starting a fresh local SuperLink
 (link "fresh"), or not, with ``--warm-superlink`` (link "warm": one SuperLink for every run,
 as a researcher's second `flwr run` finds it).
@@ -40,8 +40,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from cli.flower_env import flower_env
-from methods.sampling import sample_clients
+from fedinit.cli.flower_env import flower_env
+from fedinit.methods.sampling import sample_clients
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -188,7 +188,7 @@ def run_one(n: int, rounds: int, per_round: int, state: str, home: Path,
         overrides["simulation-client-state"] = state
     env = flower_env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=HTTP_PORT,
                      FLWR_LOCAL_CONTROL_API_PORT=CONTROL_PORT)
-    cmd = [sys.executable, "-m", "cli.simulate",
+    cmd = [sys.executable, "-m", "fedinit.cli.simulate",
            *(f"{k}={v}" for k, v in overrides.items())]
     t0, t0_wall = time.monotonic(), time.time()
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -222,7 +222,7 @@ def run_one(n: int, rounds: int, per_round: int, state: str, home: Path,
 
 def model_bytes() -> int:
     """Bytes of one model-shaped state entry (FedInit's w_prev) of the CNN."""
-    from task.models import build_model
+    from fedinit.task.models import build_model
 
     return sum(p.numel() * 4 for p in build_model("cnn", 10, 1, 0).parameters())
 

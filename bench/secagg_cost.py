@@ -32,9 +32,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import ArrayRecord, ConfigRecord
 
 from bench import secagg_deployed
-from secure_aggregation import SecAggClient, SecAggParams, SecAggServer
-from secure_aggregation.signing import KeyTrust
-from task.models import build_model, get_weights
+from fedinit.secure_aggregation import SecAggClient, SecAggParams, SecAggServer
+from fedinit.secure_aggregation.signing import KeyTrust
+from fedinit.task.models import build_model, get_weights
 from testbeds.lsq_problem import serialized_bytes
 
 

@@ -1,6 +1,6 @@
 """Secure aggregation's cost in a deployment: plain and secagg+ rounds side by side, one run.
 
-One TLS + node-authentication process deployment of 4 SuperNodes (``cli.deploy_local``,
+One TLS + node-authentication process deployment of 4 SuperNodes (``fedinit.cli.deploy_local``,
 the warm executor) runs the same FedInit config twice, ``secure-aggregation`` off then
 ``secagg+`` (then again, with ``--pairs 2``, alternating, so the machine's load falls on
 both alike). Bytes are what crossed the Fleet API's TCP connections (TLS records, every
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.deploy_local import Deployment
+from fedinit.cli.deploy_local import Deployment
 from testbeds.deployment_runs import FlwrRun, deployed
 
 NODES = 4

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from bench.plain_loop import plain_fedinit
-from cli.flower_env import flower_env
-from cli.simulate import parse_value
-from task.config import RunConfig
+from fedinit.cli.flower_env import flower_env
+from fedinit.cli.simulate import parse_value
+from fedinit.task.config import RunConfig
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
                      FLWR_LOCAL_SUPERLINK_HTTP_API_PORT="39291",
                      FLWR_LOCAL_CONTROL_API_PORT="39293")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "cli.simulate", *args],
+    proc = subprocess.run([sys.executable, "-m", "fedinit.cli.simulate", *args],
                           env=env, capture_output=True, text=True, check=False)
     sim_wall = time.monotonic() - t0
     subprocess.run(["pkill", "-f", "flower-superlink.*--port 39291"], check=False)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from store.state_dir import StateDir
+from fedinit.store.state_dir import StateDir
 
 
 def fill(root: Path, clients: int, model: list[np.ndarray]) -> None:
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
     ap.add_argument("--repeats", type=int, default=100)
     args = ap.parse_args()
-    from task.models import build_model
+    from fedinit.task.models import build_model
 
     model = [p.detach().numpy().copy() for p in build_model("cnn", 10, 1, 0).parameters()]
     print(f"{'clients':>8} {'files':>8} {'per-client ms':>14} {'flat listing ms':>16} "

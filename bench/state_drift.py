@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
-from methods.feddyn import H_LOCAL
-from methods.scaffold import C_LOCAL
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.feddyn import H_LOCAL
+from fedinit.methods.scaffold import C_LOCAL
+from fedinit.store.client_store import ClientStore
+from fedinit.task.config import RunConfig
 from server_app import experiment
 from server_app.strategy import MethodStrategy
-from store.client_store import ClientStore
-from task.config import RunConfig
 
 SIZE = {"num-clients": 20, "fraction-train": 0.5, "train-limit": 6000, "local-epochs": 1,
         "personal-eval-every": 0, "beta": 0.1}

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.tracking_cost num-clients=400 train-limit=8000  # 200 a round
 
 Runs the same experiment in-process (the real round loop and ClientApp handlers,
-``cli/inprocess_grid.py``) with ``tracking`` = off, then tensorboard, personalized
+``fedinit/cli/inprocess_grid.py``) with ``tracking`` = off, then tensorboard, personalized
 evaluation every round (so the per-client histograms are written too), and prints per run the
 mean round seconds and the seconds a round spends in the Recorder (the rows, and with tracking
 their event files), then the difference as a share of the round. The tracker's one-time start

@@ -2,7 +2,7 @@
 
 Measured on real messages for the default CNN: the method's server half builds them
 (``configure_train``), the real ClientApp ``train_fn`` answers them in-process
-(``cli.inprocess_grid``), and round 2 is measured (round 1's control variates are zeros,
+(``fedinit.cli.inprocess_grid``), and round 2 is measured (round 1's control variates are zeros,
 which Flower's content-addressed serialization may deduplicate). Columns:
 arrays = sum of ``ArrayRecord.count_bytes()``; records = every record plus its name;
 serialized = the RecordDict's object tree as Flower deflates it.
@@ -17,12 +17,12 @@ import tempfile
 
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from cli.inprocess_grid import InProcessGrid
-from methods.registry import METHODS, composes_with_ri
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods.registry import METHODS, composes_with_ri
+from fedinit.task.config import RunConfig
+from fedinit.task.federated_data import dataset_of
+from fedinit.task.models import initial_weights
 from server_app.strategy import MethodStrategy
-from task.config import RunConfig
-from task.federated_data import dataset_of
-from task.models import initial_weights
 from testbeds.lsq_problem import array_bytes, record_bytes, serialized_bytes
 
 MEASURES = (("arrays", array_bytes), ("records", record_bytes),

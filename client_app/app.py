@@ -46,19 +46,19 @@ from client_app.round import client_round
 from client_app.secagg_trust import TrustError, fresh_round, trust_of
 from client_app.secure_upload import SECAGG, mask_upload, secagg_step
 from client_app.state_place import state_dir_of
-from flower_compat import install
-from methods import wire as rk
-from methods.packed_arrays import shapes, unpack
-from methods.upload_codec import OFF, residual_keys
-from node import slowdown
-from secure_aggregation import SecAggInputError, Stage
-from secure_aggregation import wire as sw
-from store.client_store import ClientStore
-from store.path_names import PathError
-from store.simulated_state import STATE_ROOT
-from task.config import RunConfig
-from task.evaluation import evaluate as evaluate_model
-from task.models import set_weights
+from fedinit.flower_compat import install
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import shapes, unpack
+from fedinit.methods.upload_codec import OFF, residual_keys
+from fedinit.node import slowdown
+from fedinit.secure_aggregation import SecAggInputError, Stage
+from fedinit.secure_aggregation import wire as sw
+from fedinit.store.client_store import ClientStore
+from fedinit.store.path_names import PathError
+from fedinit.store.simulated_state import STATE_ROOT
+from fedinit.task.config import RunConfig
+from fedinit.task.evaluation import evaluate as evaluate_model
+from fedinit.task.models import set_weights
 
 install("simulation-engine")  # acts only while Flower's engine loads this, before Ray starts
 app = ClientApp()
@@ -124,7 +124,7 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
     (``state_place.state_dir_of``: PathError when the place is not the device's). A
     simulated client (the server names its state directory, ``sim_root``) keeps its state
     on disk only, so the simulation process holds nothing of it between participations
-    (store/simulated_state.py), and writes it without an fsync of its own: the server makes
+    (fedinit/store/simulated_state.py), and writes it without an fsync of its own: the server makes
     a round's files durable at once before its checkpoint (``server_app.experiment``)."""
     disk = state_dir_of(context.node_config, cfg, experiment, pid, sim_root)
     if disk is not None and not disk.sync:  # the simulation's state root: disk only
@@ -134,7 +134,7 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
 
 def train_fn(msg: Message, context: Context) -> Message:
     """One participation: Flower's message and context in, ``client_round`` does the work.
-    The node's ``slowdown`` (``node.slowdown``; a bad one fails the task first) sleeps
+    The node's ``slowdown`` (``fedinit.node.slowdown``; a bad one fails the task first) sleeps
     (FACTOR - 1) x the training time after the reply is built, before it is handed back."""
     factor = slowdown.factor_of(context.node_config)
     trained: list[float] = []

@@ -20,7 +20,7 @@ about its data or state: every evaluate message (divergence, personalized and fe
 evaluation, the plain evaluate) is refused (a noisy scalar under client-level DP needs noise
 of the order of its whole range), and a train reply carries only the noised uploads, no
 train loss, step or example count or compute time. Each train release is counted in the
-device's ledger (``store.privacy_ledger``) before it leaves, and its epsilon logged; a
+device's ledger (``fedinit.store.privacy_ledger``) before it leaves, and its epsilon logged; a
 task that fails under local DP replies only that it failed (its reason stays in the log).
 
 This is the ClientApp's code: it protects a device as far as the device runs only an app
@@ -41,11 +41,11 @@ from flwr.app import Context, Error, Message, MetricRecord
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
-from methods import wire as rk
-from store.client_store import ClientStore
-from store.privacy_ledger import LEDGER_NAME, PrivacyLedger
-from task.config import RunConfig
-from task.shown import shown
+from fedinit.methods import wire as rk
+from fedinit.store.client_store import ClientStore
+from fedinit.store.privacy_ledger import LEDGER_NAME, PrivacyLedger
+from fedinit.task.config import RunConfig
+from fedinit.task.shown import shown
 
 FLOOR = "dp-floor"
 MAX_CLIP = "dp-max-clip"

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
-from methods import wire as rk
-from methods.packed_arrays import unpack
-from store.client_store import W_PREV, ClientStore
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.store.client_store import W_PREV, ClientStore
 
 
 def divergence_to_global(received: RecordDict, store: ClientStore,

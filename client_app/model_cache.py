@@ -1,8 +1,8 @@
 """Process-level caches of what every message of a run needs again: data tensors and w_0.
 
 In simulation one worker serves many clients for the whole run, so these save the repeated
-decoding. In a deployment the warm executor (``node/warm_executor.py``, the default of
-``node/launch.py``) keeps a worker process that serves the node's messages, so they fill
+decoding. In a deployment the warm executor (``fedinit/node/warm_executor.py``, the default of
+``fedinit/node/launch.py``) keeps a worker process that serves the node's messages, so they fill
 once there too; only with Flower's own executor (``--executor flower``, a new process per
 message) does each message fill them anew.
 """
@@ -19,12 +19,12 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
-from task import models
-from task.config import RunConfig
-from task.data_sets import schema_of
-from task.datasets import to_tensor
-from task.device import describe, device
-from task.federated_data import client_examples, client_test_examples
+from fedinit.task import models
+from fedinit.task.config import RunConfig
+from fedinit.task.data_sets import schema_of
+from fedinit.task.datasets import to_tensor
+from fedinit.task.device import describe, device
+from fedinit.task.federated_data import client_examples, client_test_examples
 
 
 @functools.lru_cache(maxsize=4)

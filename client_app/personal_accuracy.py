@@ -18,13 +18,13 @@ from flwr.app import MetricRecord, RecordDict
 from torch import nn
 
 from client_app.trainer import local_generator, local_sgd
-from methods import wire as rk
-from methods.method import ClientRule
-from methods.packed_arrays import unpack
-from store.client_store import W_PREV, ClientStore
-from task.config import RunConfig
-from task.evaluation import evaluate
-from task.models import set_weights
+from fedinit.methods import wire as rk
+from fedinit.methods.method import ClientRule
+from fedinit.methods.packed_arrays import unpack
+from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.task.config import RunConfig
+from fedinit.task.evaluation import evaluate
+from fedinit.task.models import set_weights
 
 FINETUNE_STREAM = 2
 """``local_generator`` stream of the fine-tuning pass (apart from training, 0, and a method's

@@ -17,14 +17,14 @@ from torch import nn
 
 from client_app.device_privacy import train_metrics
 from client_app.trainer import LossFn, SgdSettings, sgd_pass, train_losses
-from methods import wire as rk
-from methods.dp import Mechanism
-from methods.method import ClientRule, LocalJob
-from methods.packed_arrays import unpack
-from methods.ri import relaxed_start, upload_vector
-from methods.upload_codec import OFF, encode_reply
-from store.client_store import W_PREV, ClientStore
-from task.config import RunConfig
+from fedinit.methods import wire as rk
+from fedinit.methods.dp import Mechanism
+from fedinit.methods.method import ClientRule, LocalJob
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.ri import relaxed_start, upload_vector
+from fedinit.methods.upload_codec import OFF, encode_reply
+from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.task.config import RunConfig
 
 
 def client_round(

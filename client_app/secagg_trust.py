@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.serialization import (
 from flwr.app import ConfigRecord, RecordDict
 from flwr.supercore.primitives.asymmetric import uses_nist_ec_curve
 
-from secure_aggregation.signing import KeyTrust
+from fedinit.secure_aggregation.signing import KeyTrust
 
 SIGNING_KEY = "secagg-signing-key"
 PEER_KEYS = "secagg-peer-keys"

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from methods import wire as rk
-from methods.packed_arrays import unpack
-from secure_aggregation import SecAggClient, Stage
-from secure_aggregation import wire as sw
-from secure_aggregation.signing import KeyTrust
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.secure_aggregation import SecAggClient, Stage
+from fedinit.secure_aggregation import wire as sw
+from fedinit.secure_aggregation.signing import KeyTrust
 
 SECAGG = sw.RECORD
 """The ConfigRecord of every SecAgg+ message and masked reply (``round_stages.secure_sum``)."""

@@ -3,10 +3,10 @@
 A device (a SuperNode's ClientApp) keeps its state in its node config's ``state-dir`` only.
 A directory the server names (the simulation's ``client-state-root`` in the message, the run
 config's ``client-state-dir``) is used only by a client the server itself hosts: one run by
-Flower's simulation engine or by this project's in-process grid (``cli/inprocess_grid.py``),
+Flower's simulation engine or by this project's in-process grid (``fedinit/cli/inprocess_grid.py``),
 both on the server's own machine. A device told such a directory refuses the task. The
 server's ``experiment-id`` names one plain directory inside the chosen root
-(``store.path_names``), and no path of the client's leads outside it (``StateDir.check``).
+(``fedinit.store.path_names``), and no path of the client's leads outside it (``StateDir.check``).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from store.path_names import PathError
-from store.simulated_state import STATE_ROOT
-from store.state_dir import StateDir
-from task.config import RunConfig
+from fedinit.store.path_names import PathError
+from fedinit.store.simulated_state import STATE_ROOT
+from fedinit.store.state_dir import StateDir
+from fedinit.task.config import RunConfig
 
 HOSTS = (("flwr.simulation.ray_transport.ray_actor", "VirtualClientEngineActor.run"),
          ("flwr.server.superlink.fleet.vce.vce_api", "worker"),
-         ("cli.inprocess_grid", "InProcessGrid.send_and_receive"))
+         ("fedinit.cli.inprocess_grid", "InProcessGrid.send_and_receive"))
 """(module, function) of each caller that runs a ClientApp on the server's machine: Flower's
 simulation engine (its Ray actor; its worker loop, which calls a backend in its own process)
 and the in-process grid."""

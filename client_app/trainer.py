@@ -1,11 +1,11 @@
 """Local training: mini-batch SGD with weight decay, a method's gradient hook, and clipping.
 
-Step order (docs/algorithms.md, Rules; one step is ``task/sgd_step.py``): the batch gradient
+Step order (docs/algorithms.md, Rules; one step is ``fedinit/task/sgd_step.py``): the batch gradient
 (backward of the loss, or the method's own ``GradientFn``: FedSAM's gradient at the perturbed
 point) -> the method's correction hook (SCAFFOLD, FedDyn, ...) -> clip the gradient norm -> SGD
 step (weight decay).
 Nothing here knows a method: a method's ``ClientRule.train`` picks the hook, the gradient and
-the passes (``methods/method.py``).
+the passes (``fedinit/methods/method.py``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from methods.method import TrainedPass
-from task.models import get_weights, set_weights
-from task.sgd_step import sgd_step
+from fedinit.methods.method import TrainedPass
+from fedinit.task.models import get_weights, set_weights
+from fedinit.task.sgd_step import sgd_step
 
 if TYPE_CHECKING:
-    from methods.method import GradientFn, GradientHook, LossesFn, SgdPass
-    from methods.weights import Weights
+    from fedinit.methods.method import GradientFn, GradientHook, LossesFn, SgdPass
+    from fedinit.methods.weights import Weights
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """loss_fn(model output, targets) -> scalar loss; cross-entropy for the image tasks."""

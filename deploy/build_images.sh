@@ -226,11 +226,12 @@ read -r -a cuda_specs <<< "$CUDA_TORCH_SPEC"  # a space-separated list of requir
 
 # The node runtime (warm ClientApp executor + launcher, and flower_compat: the guarded patches
 # it installs) goes into the client images; the apps themselves arrive as FABs.
+rm -rf "${wheels:?}/fedinit" "${wheels:?}/node" "${wheels:?}/flower_compat"
 for pkg in node flower_compat; do
-  rm -rf "${wheels:?}/$pkg"
-  mkdir -p "$wheels/$pkg"
-  cp "$(dirname "$here")/$pkg"/*.py "$wheels/$pkg/"
+  mkdir -p "$wheels/fedinit/$pkg"
+  cp "$(dirname "$here")/fedinit/$pkg"/*.py "$wheels/fedinit/$pkg/"
 done
+cp "$(dirname "$here")/fedinit/__init__.py" "$wheels/fedinit/"
 
 # ------------------------------------------------------------------ 3. images
 # An image whose inputs are unchanged is not rebuilt: even with every layer cached, the
@@ -238,7 +239,7 @@ done
 # ~3 GB) and re-checks each step. The inputs' hash is the image's label INPUTS_LABEL: the
 # target, platform, base image id and build args, the Dockerfile, the context's file names
 # and sizes (wheels are immutable by name; the stamps record their specs) and the content of
-# the copied sources (node/, flower_compat/). FORCE_BUILD=1 builds anyway.
+# the copied sources (fedinit/node/, fedinit/flower_compat/). FORCE_BUILD=1 builds anyway.
 INPUTS_LABEL=org.fedinit.inputs
 inputs_hash() {  # inputs_hash TARGET
   local skip=cuda
@@ -249,7 +250,7 @@ inputs_hash() {  # inputs_hash TARGET
     cat "$here/Dockerfile"
     (cd "$wheels" && find . -type f ! -name '*.stamp' ! -name .dockerignore \
        ! -path "./$skip/*" -printf '%P %s\n' | LC_ALL=C sort)
-    (cd "$wheels" && find node flower_compat -type f -print0 | LC_ALL=C sort -z \
+    (cd "$wheels" && find fedinit -type f -print0 | LC_ALL=C sort -z \
        | xargs -0 sha256sum)
   } | sha256sum | cut -d' ' -f1
 }

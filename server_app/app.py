@@ -8,14 +8,14 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from flower_compat import install
+from fedinit.flower_compat import install
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.datasets import DataFormatError, DataNotFoundError
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import CheckpointError
 from server_app.clients import FederationError
 from server_app.engine_facts import in_simulation
 from server_app.experiment import ModelDiverged, NothingTrained, TooFewReplies, run_experiment
-from task.config import ConfigError, RunConfig
-from task.datasets import DataFormatError, DataNotFoundError
 
 app = ServerApp()
 

@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from methods.dp import Mechanism, add, clip, gaussian_like
-from methods.dp_budget import Budget
-from methods.method import ClientUpdate
-from methods.weights import Weights
+from fedinit.methods.dp import Mechanism, add, clip, gaussian_like
+from fedinit.methods.dp_budget import Budget
+from fedinit.methods.method import ClientUpdate
+from fedinit.methods.weights import Weights
+from fedinit.task.config import RunConfig
 from server_app.experiment import dp_fields
 from server_app.privacy import Ledger, budget_spent
 from server_app.round_stages.privacy import zero_contribution
-from task.config import RunConfig
 
 ASYNC_DP_CONVENTIONS = {
     "dp-epsilon": "replace-one (one client's data replaced, N public); each flush one Gaussian "

@@ -26,7 +26,7 @@ bench of clients whose last task was lost (it is timed on the wall clock, so a r
 starts with none benched).
 
 The clients' side. A task in flight at the checkpoint restores the client's state of the
-round before it (``store.client_store``: the newest version before the task's round). Until
+round before it (``fedinit.store.client_store``: the newest version before the task's round). Until
 the next checkpoint, that client may train again and save newer versions; the state files
 keep only the newest two, which would delete the one the redo needs. So every train message
 names, in ``rk.KEEP_ROUND``, the round of that state (0: none), and the client keeps it.
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from methods.weights import Weights
+from fedinit.methods.weights import Weights
 from server_app.checkpoint import Checkpoint, CheckpointError
 
 TASK_FIELDS = ("pid", "version", "round", "base", "finish", "seq")

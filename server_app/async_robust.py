@@ -20,10 +20,10 @@ from logging import INFO
 import numpy as np
 from flwr.common.logger import log
 
-from methods.method import ClientUpdate
-from methods.robust import combine, select
-from methods.robust_choices import SELECTIONS
-from methods.weights import Weights
+from fedinit.methods.method import ClientUpdate
+from fedinit.methods.robust import combine, select
+from fedinit.methods.robust_choices import SELECTIONS
+from fedinit.methods.weights import Weights
 
 
 def robust_flush(updates: Sequence[ClientUpdate], factors: Sequence[float], kind: str,

@@ -4,7 +4,7 @@ Why not a round: under ``rounds=sync`` every round waits for its slowest sampled
 ``concurrency`` clients train at once; each reply is checked as the sync path checks it
 (``MethodStrategy.decode`` and the norm filter, against the model version that client was
 sent), its update Delta_i is buffered with the version it started from, and every
-``buffer-size`` accepted replies ``methods.fedbuff.FedBuff`` applies the staleness-weighted
+``buffer-size`` accepted replies ``fedinit.methods.fedbuff.FedBuff`` applies the staleness-weighted
 step. A freed slot is refilled at once with a seeded choice of the idle connected clients
 (``refill=balanced``: among those sent the fewest tasks), sent the newest model. Each flush
 is one row of rounds.jsonl (``round`` is the new version).
@@ -64,10 +64,10 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from flower_compat.object_pulls import pulls_until
-from methods import wire as rk
-from methods.async_server_opt import expected_staleness, lr_scale
-from methods.fedbuff import (
+from fedinit.flower_compat.object_pulls import pulls_until
+from fedinit.methods import wire as rk
+from fedinit.methods.async_server_opt import expected_staleness, lr_scale
+from fedinit.methods.fedbuff import (
     BufferedUpdate,
     FedBuff,
     Flush,
@@ -75,10 +75,15 @@ from methods.fedbuff import (
     mean_max,
     staleness_weight,
 )
-from methods.method import ClientUpdate, RoundInput
-from methods.packed_arrays import pack, unpack
-from methods.stale_correction import delay_compensated
-from methods.weights import Weights
+from fedinit.methods.method import ClientUpdate, RoundInput
+from fedinit.methods.packed_arrays import pack, unpack
+from fedinit.methods.stale_correction import delay_compensated
+from fedinit.methods.weights import Weights
+from fedinit.store.files import atomic_write_bytes
+from fedinit.task.config import RunConfig, check_examples, check_writable
+from fedinit.task.data_paths import check_present
+from fedinit.task.federated_data import dataset_of, partition_sizes
+from fedinit.task.models import get_weights, initial_model, set_weights
 from server_app.async_privacy import (
     ASYNC_DP_CONVENTIONS,
     DP_ASYNC_LEFT_OUT,
@@ -111,11 +116,6 @@ from server_app.round_stages.combine import RobustMean
 from server_app.round_stages.replies import RoundReplies
 from server_app.strategy import MethodStrategy
 from server_app.virtual_clock import CLOCK_FIELDS, VirtualClock
-from store.files import atomic_write_bytes
-from task.config import RunConfig, check_examples, check_writable
-from task.data_paths import check_present
-from task.federated_data import dataset_of, partition_sizes
-from task.models import get_weights, initial_model, set_weights
 
 ASYNC_FIELDS = ("staleness-mean", "staleness-max", "dropped-stale", "in-flight", "dispatched",
                 "buffered")
@@ -376,7 +376,7 @@ class AsyncLoop:
     def scale_lr(self, msg: Message, in_flight: int) -> None:
         """``async-lr-scale`` a > 0: the task's local lr x (1 + tau_hat)^-a, tau_hat its
         expected staleness from the ``in_flight`` tasks sent before it and the replies
-        buffered now (``methods.async_server_opt``)."""
+        buffered now (``fedinit.methods.async_server_opt``)."""
         a = self.cfg.schedule.async_lr_scale
         if not a:
             return

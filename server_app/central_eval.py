@@ -1,7 +1,8 @@
 """Central evaluation of the global model on the data set's held-out test split.
 
 The split is used as it is: the clients' optional channel and brightness noise
-(``task/noise.py``) is not applied, so runs with and without it are scored on the same images.
+(``fedinit/task/noise.py``) is not applied, so runs with and without it are scored on the same
+images.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from task.config import RunConfig
-from task.datasets import to_tensor
-from task.device import device
-from task.evaluation import evaluate
-from task.federated_data import dataset_of
-from task.models import initial_model, set_weights
+from fedinit.task.config import RunConfig
+from fedinit.task.datasets import to_tensor
+from fedinit.task.device import device
+from fedinit.task.evaluation import evaluate
+from fedinit.task.federated_data import dataset_of
+from fedinit.task.models import initial_model, set_weights
 
 
 class CentralEvaluator:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from store.files import RecordError, expect_counts, read_record, write_record
+from fedinit.store.files import RecordError, expect_counts, read_record, write_record
 
 CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT_VERSION = 1

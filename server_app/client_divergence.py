@@ -22,10 +22,10 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
-from methods import wire as rk
+from fedinit.methods import wire as rk
+from fedinit.task.config import RunConfig
 from server_app.federated_eval import ClientQuery, usable_replies
 from server_app.personal_summary import sample_clients
-from task.config import RunConfig
 
 SAMPLE_STREAM = 17
 """Seed-sequence word of the sampled clients (apart from training and the evaluations)."""

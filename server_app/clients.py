@@ -40,9 +40,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
-from methods import wire as rk
+from fedinit.methods import wire as rk
+from fedinit.task.config import RunConfig
 from server_app.engine_facts import in_simulation, nodes_in_registration_order
-from task.config import RunConfig
 
 RETRY_SECONDS = 10.0
 """A node whose identity query got an error reply (or whose claim may become valid, e.g. a

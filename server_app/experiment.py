@@ -23,9 +23,16 @@ from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from methods import wire as rk
-from methods.dp_budget import Budget
-from methods.packed_arrays import pack, unpack
+from fedinit.methods import wire as rk
+from fedinit.methods.dp_budget import Budget
+from fedinit.methods.packed_arrays import pack, unpack
+from fedinit.store.files import atomic_write_bytes, sync_filesystem
+from fedinit.store.simulated_state import STATE_ROOT
+from fedinit.task import config_keys
+from fedinit.task.config import RunConfig, check_examples, check_writable
+from fedinit.task.data_paths import check_present
+from fedinit.task.federated_data import dataset_of, partition_sizes
+from fedinit.task.models import get_weights, initial_model, set_weights
 from server_app.central_eval import CentralEvaluator
 from server_app.checkpoint import (
     Checkpoint,
@@ -51,13 +58,6 @@ from server_app.status import StatusWriter
 from server_app.strategy import MethodStrategy
 from server_app.tracking import check_available as check_tracking
 from server_app.virtual_clock import CLOCK_FIELDS, VirtualClock
-from store.files import atomic_write_bytes, sync_filesystem
-from store.simulated_state import STATE_ROOT
-from task import config_keys
-from task.config import RunConfig, check_examples, check_writable
-from task.data_paths import check_present
-from task.federated_data import dataset_of, partition_sizes
-from task.models import get_weights, initial_model, set_weights
 
 
 def run_name(cfg: RunConfig) -> str:
@@ -71,7 +71,8 @@ def run_name(cfg: RunConfig) -> str:
 
 
 RESUME_MAY_CHANGE = config_keys.RESUME_MAY_CHANGE
-"""Keys a resumed run may set differently from the checkpoint's config (task/config_keys.py)."""
+"""Keys a resumed run may set differently from the checkpoint's config
+(fedinit/task/config_keys.py)."""
 
 
 class TooFewReplies(RuntimeError):

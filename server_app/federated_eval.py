@@ -25,9 +25,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from methods import wire as rk
+from fedinit.methods import wire as rk
+from fedinit.task.config import RunConfig
 from server_app.personal_summary import sample_clients
-from task.config import RunConfig
 
 T = TypeVar("T")
 SAMPLE_STREAM = 16
@@ -126,7 +126,8 @@ class ClientQuery:
     and connected): what federated evaluation and the all-client divergence both send."""
 
     flag: str
-    """The evaluate message's flag (``methods/wire.py``) that tells the client what to answer."""
+    """The evaluate message's flag (``fedinit/methods/wire.py``) that tells the client what to
+    answer."""
 
     def __init__(self, cfg: RunConfig, node_of_client: Mapping[int, int],
                  available: Callable[[], Sequence[int]] | None, clients: Sequence[int]) -> None:

@@ -1,8 +1,8 @@
 """The server's privacy budget over a run: the rounds counted, epsilon, the stop at the target.
 
 Accounting is on the server in every mode (simulation and deployment alike): the mechanism
-is fixed by the run config (``methods.dp``), so epsilon is a function of the number of
-rounds the mechanism ran (``methods.dp_budget``). That number is the ``Ledger``'s, made
+is fixed by the run config (``fedinit.methods.dp``), so epsilon is a function of the number of
+rounds the mechanism ran (``fedinit.methods.dp_budget``). That number is the ``Ledger``'s, made
 durable before a round's first message leaves the server: a crash after a round's model (or,
 under ``local``, its uploads) went out and before its checkpoint is counted, and its rerun
 after the resume (fresh sample, fresh noise) is counted again.
@@ -19,12 +19,12 @@ from typing import Any
 
 from flwr.common.logger import log
 
-from methods.dp_budget import Budget
+from fedinit.methods.dp_budget import Budget
+from fedinit.store.files import atomic_write_text
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.shown import shown
 from server_app.checkpoint import CheckpointError
 from server_app.strategy import MethodStrategy
-from store.files import atomic_write_text
-from task.config import ConfigError, RunConfig
-from task.shown import shown
 
 LEDGER_FILE = "privacy_ledger.json"
 """In the run directory: ``{"rounds-counted": k, "last-round": t}``, rewritten (atomically,

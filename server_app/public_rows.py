@@ -24,7 +24,7 @@ while the sample is secret (synchronous DP). ``rounds=async`` DP claims no ampli
 
 from __future__ import annotations
 
-from methods import wire as rk
+from fedinit.methods import wire as rk
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
 from server_app.personal_summary import FIELDS as PERSONAL_FIELDS

@@ -2,7 +2,7 @@
 
 With ``num-regimes`` > 0 a run writes ``regimes.csv`` (partition-id, regime, transform) next
 to ``config.json``, so a table can report accuracy per regime and a given graph for FedRelax
-can be drawn from it (``scripts/regime_graph.py``). The central test set is the data set's
+can be drawn from it (``fedinit/scripts/regime_graph.py``). The central test set is the data set's
 untransformed test split, i.e. regime 0's task; ``CENTRAL_TEST`` says so in summary.json.
 """
 
@@ -12,11 +12,11 @@ import csv
 import io
 from pathlib import Path
 
-from store.files import atomic_write_text
-from task.config import RunConfig
-from task.data_sets import schema_of
-from task.federated_data import regimes_of
-from task.regimes import describe
+from fedinit.store.files import atomic_write_text
+from fedinit.task.config import RunConfig
+from fedinit.task.data_sets import schema_of
+from fedinit.task.federated_data import regimes_of
+from fedinit.task.regimes import describe
 
 REGIMES_FILE = "regimes.csv"
 FIELDS: tuple[str, ...] = ("partition-id", "regime", "transform")

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from methods import wire as rk
+from fedinit.methods import wire as rk
+from fedinit.store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
 from server_app import operator_log
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
@@ -25,14 +26,13 @@ from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
 from server_app.personal_summary import KINDS
 from server_app.public_rows import TIMING_FIELDS as TIMING_FIELDS  # re-exported
 from server_app.tracking import TensorBoardTracker, client_columns
-from store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
 
 ACCURACY_LABEL = "test accuracy (%)"
 EVAL_SOURCE_LABELS = {"central": "central test set",
                       "federated": "federated: clients' local test splits"}
 """Where ``test-acc`` came from (``RunConfig.eval_source``), as the accuracy plot says it."""
 DIVERGENCE_LABEL = r"divergence $\frac{1}{|S|}\sum_{i \in S} \|w_{i,K} - w_{t+1}\|^2$"
-"""The paper's consistency term, as ``methods.ri.divergence`` computes it each round: the
+"""The paper's consistency term, as ``fedinit.methods.ri.divergence`` computes it each round: the
 mean squared distance of the selected clients' final local models from the new global model."""
 
 AGGREGATED = "aggregated"
@@ -47,7 +47,7 @@ ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERG
                 *DIVERGENCE_FIELDS, "clients-trained")
 DP_FIELDS = ("dp-epsilon", "dp-epsilon-add-remove", "dp-rounds-counted")
 """Round fields of a run with differential privacy (``dp`` on), at ``dp-delta`` after the
-round (``methods.dp_budget``): the replace-one epsilon of the server's fixed-size sampling
+round (``fedinit.methods.dp_budget``): the replace-one epsilon of the server's fixed-size sampling
 (the one ``dp-target-epsilon`` stops on), the add-or-remove-one epsilon of Poisson sampling at
 q = m / N (the papers' convention, for comparison), and the mechanism's runs counted
 (``server_app.privacy.Ledger``). Other runs' rows keep exactly ROUND_FIELDS."""

@@ -1,8 +1,8 @@
-"""A method's report files in the run directory (``methods.method.ReportFiles``).
+"""A method's report files in the run directory (``fedinit.methods.method.ReportFiles``).
 
 FedRelax writes ``graph.json`` and ``graph.png`` through it, clustered FL ``clusters.jsonl``:
-the methods say what to report, this writes it (atomically, through ``store.files``) and
-draws it (matplotlib stays out of ``methods/``).
+the methods say what to report, this writes it (atomically, through ``fedinit.store.files``) and
+draws it (matplotlib stays out of ``fedinit/methods/``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from store.files import atomic_write_text
+from fedinit.store.files import atomic_write_text
 
 
 class RunReports:

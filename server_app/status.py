@@ -48,10 +48,10 @@ from typing import Any
 from flwr.app import Message
 from flwr.common.logger import log
 
-from methods import wire as rk
+from fedinit.methods import wire as rk
+from fedinit.store.files import atomic_write
+from fedinit.task.config import RunConfig
 from server_app.clients import Fleet
-from store.files import atomic_write
-from task.config import RunConfig
 
 STATUS_FILE = "status.json"
 SCHEMA = 1

@@ -1,6 +1,6 @@
 """The one Flower strategy every method runs in: a thin adapter from Flower's ``Strategy`` API
 to the server's round stages (``server_app/round_stages/``) around a pure core (the method's
-``ServerRule`` in ``methods/<method>.py``).
+``ServerRule`` in ``fedinit/methods/<method>.py``).
 
 ``configure_train`` runs the pipeline's sampler and message builder; ``aggregate_train``
 passes the round's replies through its stages (decode and check once into ``ClientUpdate``s,
@@ -20,12 +20,15 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from methods import wire as rk
-from methods.async_server_opt import with_server_momentum
-from methods.dp import Mechanism
-from methods.method import ClientUpdate, ServerRule, ServerState
-from methods.packed_arrays import pack, unpack
-from methods.weights import Weights
+from fedinit.methods import wire as rk
+from fedinit.methods.async_server_opt import with_server_momentum
+from fedinit.methods.dp import Mechanism
+from fedinit.methods.method import ClientUpdate, ServerRule, ServerState
+from fedinit.methods.packed_arrays import pack, unpack
+from fedinit.methods.weights import Weights
+from fedinit.store.server_models import ServerModels
+from fedinit.task.config import RunConfig
+from fedinit.task.federated_data import partition_sizes
 from server_app import personal_summary
 from server_app.round_stages import RoundReplies, TrainPipeline, build_train_pipeline
 from server_app.round_stages.combine import reply_weights
@@ -43,9 +46,6 @@ from server_app.round_stages.norm_filter import (
 from server_app.round_stages.personal_eval import PersonalEvaluation
 from server_app.round_stages.replies import Accepted
 from server_app.run_reports import RunReports
-from store.server_models import ServerModels
-from task.config import RunConfig
-from task.federated_data import partition_sizes
 
 __all__ = ["ACCOUNTED_STATE", "FIRST_ROUND_FACTOR", "MIN_ROUND_NORMS", "NORMS_STATE",
            "NORM_HISTORY", "NOT_ARRIVED", "SERVER_MODELS", "Accepted", "MethodStrategy"]
@@ -150,7 +150,7 @@ class MethodStrategy(Strategy):
 
     def bind_run_dir(self, run_dir: Path) -> None:
         """A method's server files go into the run directory: the per-client models it keeps
-        (``store/server_models.py``, in ``server-models/``) and what it reports."""
+        (``fedinit/store/server_models.py``, in ``server-models/``) and what it reports."""
         self.rule.bind(ServerModels(run_dir / SERVER_MODELS), RunReports(run_dir))
 
     @property
@@ -162,7 +162,7 @@ class MethodStrategy(Strategy):
     def for_run(cls, cfg: RunConfig, node_of_partition: Mapping[int, int], w0: Weights,
                 available: Callable[[], Collection[int]] | None = None) -> MethodStrategy:
         """The strategy of the run ``cfg`` describes: example counts from the partitions
-        (``task.federated_data.partition_sizes``, no data decoded), none for device data."""
+        (``fedinit.task.federated_data.partition_sizes``, no data decoded), none for device data."""
         return cls(cfg, node_of_partition, w0, available=available,
                    examples=None if cfg.data.on_devices else partition_sizes(cfg))
 

@@ -12,7 +12,7 @@ Client ids. A user's nodes have no partition ids, so at ``start()`` the adapter 
 ``min_available_nodes`` nodes and numbers the connected nodes by ascending node id:
 client id i is the i-th smallest node id, N is their count. Sampling, the seeded draw by
 client id, the accounted rounds and FedRelax's or clustered FL's per-client models all use
-these ids; each train message names its client id (``methods.wire.CLIENT_ID``). Nodes that
+these ids; each train message names its client id (``fedinit.methods.wire.CLIENT_ID``). Nodes that
 connect later are not sampled; one that is gone is replaced in the draw by an available one.
 """
 
@@ -29,9 +29,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-from methods import wire as rk
-from methods.packed_arrays import unpack
-from methods.registry import METHODS
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.registry import METHODS
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.config_checks import bad_value
 from server_app.strategy import MethodStrategy
 from strategies.client_half_check import ClientHalfCheck
 from strategies.components import (
@@ -49,11 +51,9 @@ from strategies.components import (
 )
 from strategies.flower_args import FlowerArgError, FlowerArgs, MetricsAggr
 from strategies.wire import INITIAL, method_config
-from task.config import ConfigError, RunConfig
-from task.config_checks import bad_value
 
 if TYPE_CHECKING:
-    from methods.dp_budget import Budget
+    from fedinit.methods.dp_budget import Budget
     from strategies.schedules import FirstReplies
 
 ANY_FEDERATION = 1_000_000
@@ -95,7 +95,7 @@ class MethodAdapter(Strategy):
     """A project method as a Flower strategy; subclasses name the method and its arguments."""
 
     method: ClassVar[str]
-    """The registry name (``methods.registry``) of the method the subclass runs."""
+    """The registry name (``fedinit.methods.registry``) of the method the subclass runs."""
 
     def __init__(self, own: Mapping[str, tuple[str, Any]], *, fraction_train: float = 1.0,
                  fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
@@ -189,7 +189,8 @@ class MethodAdapter(Strategy):
         self.first_replies: FirstReplies | None = None
         """``OverSelect``: the grid closing each round at m accepted replies (``start()``)."""
         self.budget: Budget | None = None
-        """``privacy=``: the run's accountant (``methods.dp_budget``), from ``start()`` on."""
+        """``privacy=``: the run's accountant (``fedinit.methods.dp_budget``), from ``start()``
+        on."""
         self._keys_of_arrays: list[str] = []
         self._initial = ArrayRecord()
         try:
@@ -325,7 +326,7 @@ class MethodAdapter(Strategy):
         self.inner = MethodStrategy(cfg, node_of, unpack(initial_arrays), examples=None,
                                     available=available)
         if cfg.privacy.dp != "off":  # the accountant only under DP (it loads dp-accounting)
-            from methods.dp_budget import Budget
+            from fedinit.methods.dp_budget import Budget
 
             self.budget = Budget.for_run(cfg, channels=1 + len(self.inner.rule.up_keys))
         return self.inner

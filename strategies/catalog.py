@@ -1,8 +1,8 @@
 """One Flower ``Strategy`` class per method, constructed like Flower's own.
 
-Each class only names its method (``methods.registry``) and maps its own arguments to the
+Each class only names its method (``fedinit.methods.registry``) and maps its own arguments to the
 method's run-config keys; everything else is ``MethodAdapter``'s (``strategies/base.py``),
-and the rules are the method's module in ``methods/``. Every class takes the shared
+and the rules are the method's module in ``fedinit/methods/``. Every class takes the shared
 settings of ``MethodAdapter`` as keywords (``fraction_train``, ``min_train_nodes``,
 ``min_available_nodes``, ``fraction_evaluate``, ``lr``, ...). The RI coefficient ``beta``
 is FedInit's relaxed start, s_i = w_t + beta (w_t - w_prev_i), and composes with every

@@ -12,14 +12,14 @@ method's correction (SCAFFOLD's c - c_i, FedDyn's alpha (w - s_i) + alpha h_i, .
 gradient clipping -> the optimizer's step (SGD at the round's lr by default).
 
 The state is the project client's, in the same places and under the same names
-(``store.client_store``): RI's w_prev (the last local model; before the first
+(``fedinit.store.client_store``): RI's w_prev (the last local model; before the first
 participation the run's w_0: ``initial()``, else the w_0 a ``strategies`` server sends),
 SCAFFOLD's c_i, FedDyn's h_i and Ditto's v_i, kept in ``context.state`` and, with
 ``state_dir``, also in versioned files that survive a node restart. The accounted-round
 rule holds: c_i and h_i start from the version of the client's last reply the server
 aggregated, which the server names in each message.
 
-The rules themselves are ``methods/`` (``ClientRule.train``, ``ri.relaxed_start``,
+The rules themselves are ``fedinit/methods/`` (``ClientRule.train``, ``ri.relaxed_start``,
 ``ri.upload_vector``); ``participate`` is one participation around them, free of Flower's
 message and of the user's data, so any client (the project's too) can call it.
 """
@@ -39,8 +39,8 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from torch import nn
 
-from methods import wire as rk
-from methods.method import (
+from fedinit.methods import wire as rk
+from fedinit.methods.method import (
     ClientRule,
     GradientFn,
     GradientHook,
@@ -49,19 +49,20 @@ from methods.method import (
     SgdPass,
     TrainedPass,
 )
-from methods.packed_arrays import shapes, unpack
-from methods.registry import METHODS
-from methods.ri import relaxed_start, upload_vector
-from methods.upload_codec import OFF, encode_reply, residual_keys
-from methods.weights import Weights
-from store.client_store import W_PREV, ClientStore
-from store.state_dir import StateDir
+from fedinit.methods.packed_arrays import shapes, unpack
+from fedinit.methods.registry import METHODS
+from fedinit.methods.ri import relaxed_start, upload_vector
+from fedinit.methods.upload_codec import OFF, encode_reply, residual_keys
+from fedinit.methods.weights import Weights
+from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.store.state_dir import StateDir
+from fedinit.task.models import get_weights, set_weights
+from fedinit.task.sgd_step import sgd_step
 from strategies.wire import INITIAL, client_rule
-from task.models import get_weights, set_weights
-from task.sgd_step import sgd_step
 
 SECAGG = "secagg"
-"""The ConfigRecord of a train message under SecAgg+ (``secure_aggregation.wire.RECORD``)."""
+"""The ConfigRecord of a train message under SecAgg+
+(``fedinit.secure_aggregation.wire.RECORD``)."""
 SECAGG_REFUSAL = (
     "method_train does not do SecAgg+'s masked upload, and this train message asks for it "
     "(a 'secagg' record: secure-aggregation=secagg+): refusing to train and to upload in the "
@@ -88,7 +89,7 @@ def sgd(parameters: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
 
 
 def check_model(model: nn.Module) -> None:
-    """The methods' state vectors are the parameter list (``task.models.get_weights``): a
+    """The methods' state vectors are the parameter list (``fedinit.task.models.get_weights``): a
     model whose state dict holds more (BatchNorm's running statistics) is refused."""
     extra = len(model.state_dict()) - len(list(model.parameters()))
     if extra:
@@ -214,7 +215,7 @@ def participate(rule: ClientRule[Any], received: RecordDict, store: ClientStore,
     metrics = MetricRecord({rk.NUM_EXAMPLES: trained.num_examples,
                             rk.TRAIN_LOSS: trained.mean_loss, rk.NUM_STEPS: trained.num_steps,
                             **outcome.metrics})
-    records, said = encode_reply(  # compressed as the message asks (methods.upload_codec)
+    records, said = encode_reply(  # compressed as the message asks (fedinit.methods.upload_codec)
         str(conf.get(rk.COMPRESSION, OFF)), upload, extras, w_t=w_t, delta=delta, state=store,
         seed=0, server_round=server_round, client_id=int(conf.get(rk.CLIENT_ID, 0)),  # type: ignore[arg-type]
         changes={up: (key, method_state[key]) for up, key in rule.uploaded_changes.items()})
@@ -230,7 +231,7 @@ def client_store(context: Context, config: ConfigRecord,
                  state_dir: str | Path | None = None) -> tuple[ClientStore, str]:
     """(this node's store, the experiment id): memory is ``context.state``; with
     ``state_dir`` the versions are also files under ``<state_dir>/<experiment>/client-<id>/``
-    (``store.state_dir``), the id being the client id the server names. The experiment is
+    (``fedinit.store.state_dir``), the id being the client id the server names. The experiment is
     the server's ``experiment-id`` when it sends one, else the run's id."""
     experiment = str(config.get(rk.EXPERIMENT) or f"run-{context.run_id}")
     disk = None

@@ -2,7 +2,7 @@
 
 A strategy's train reply is only usable when it came from ``strategies.client.method_train``
 (or the project's ClientApp): that reply says in its ``config`` record whether it uploads
-Delta_i or w_iK (``methods.wire.UPLOAD_DELTA``). A plain Flower ClientApp (``arrays`` and
+Delta_i or w_iK (``fedinit.methods.wire.UPLOAD_DELTA``). A plain Flower ClientApp (``arrays`` and
 ``metrics`` only) never says it, so the server rejects every such reply and the model never
 moves; without this check the run would end "successfully" with its starting accuracy.
 
@@ -22,7 +22,7 @@ from logging import WARNING
 from flwr.app import Message
 from flwr.common.logger import log
 
-from methods import wire as rk
+from fedinit.methods import wire as rk
 
 FIX = ("return strategies.client.method_train(msg, context, model, trainloader, epochs=...) "
        "from the ClientApp's @app.train() function")

@@ -10,7 +10,7 @@ meaning in Flower, so a user swaps ``FedAvg(...)`` for ``FedInit(...)`` without 
   it are those the project's checks accepted (a rejected reply's figures are never averaged).
 - ``arrayrecord_key`` / ``configrecord_key``: only Flower's defaults, ``"arrays"`` and
   ``"config"``: the client half reads the train message under those names
-  (``methods.wire``), so another name is refused at construction in one line.
+  (``fedinit.methods.wire``), so another name is refused at construction in one line.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from methods import wire as rk
+from fedinit.methods import wire as rk
 
 MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
 """Flower's metrics aggregation: the replies' contents and the weighting key."""

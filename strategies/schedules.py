@@ -17,10 +17,10 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from methods import wire as rk
-from methods.weights import Weights
+from fedinit.methods import wire as rk
+from fedinit.methods.weights import Weights
+from fedinit.task.config import RunConfig
 from server_app.over_select import collect_first
-from task.config import RunConfig
 
 
 class GridView(Grid):

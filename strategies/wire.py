@@ -1,5 +1,5 @@
 """What a ``strategies`` server tells a user's ClientApp beyond the project's own wire
-(``methods/wire.py``): which method runs, with which parameters.
+(``fedinit/methods/wire.py``): which method runs, with which parameters.
 
 The project's ClientApp reads the method from the run config both apps share. A user's app
 has its own run config, so the server names the method and its parameters in every train
@@ -13,11 +13,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from methods.method import ClientRule, Params
-from methods.registry import METHOD_NAMES, METHODS
+from fedinit.methods.method import ClientRule, Params
+from fedinit.methods.registry import METHOD_NAMES, METHODS
 
 METHOD = "method"
-"""Train-config key: the registry name of the method the server runs (``methods.registry``)."""
+"""Train-config key: the registry name of the method the server runs
+(``fedinit.methods.registry``)."""
 INITIAL = "w-initial"
 """ArrayRecord of a train message: the run's w_0, sent (under RI) to a client whose
 accounted round is 0, so its client half starts RI from the server's own w_0 without a copy

@@ -1,4 +1,4 @@
-"""Runs against a local TLS deployment (``cli/deploy_local.Deployment``), as the slow
+"""Runs against a local TLS deployment (``fedinit/cli/deploy_local.Deployment``), as the slow
 deployment tests and ``bench/secagg_deployed.py`` both drive them: the deployment up for the
 duration, `flwr run` of an app as a watched process, waiting for rounds, killing a process
 tree."""
@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from cli.deploy_local import CONNECTION, Deployment, descendants, pids_mentioning, stop_pids
-from cli.flower_env import REPO
-from cli.simulate import RUN_ID, run_status, toml_line
+from fedinit.cli.deploy_local import CONNECTION, Deployment, descendants, pids_mentioning, stop_pids
+from fedinit.cli.flower_env import REPO
+from fedinit.cli.simulate import RUN_ID, run_status, toml_line
 
 D = TypeVar("D", bound=Deployment)
 

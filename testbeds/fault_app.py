@@ -11,11 +11,11 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from cli.flower_env import REPO
+from fedinit.cli.flower_env import REPO
 
 
 def app_parts() -> tuple[str, ...]:
-    """pyproject.toml and every package it declares: a hand-kept list missed ``store/``
+    """pyproject.toml and every package it declares: a hand-kept list missed ``fedinit/store/``
     once, and the copy's ServerApp failed to import (exit code 607)."""
     with (REPO / "pyproject.toml").open("rb") as f:
         packages = tomllib.load(f)["tool"]["setuptools"]["packages"]

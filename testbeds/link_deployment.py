@@ -1,4 +1,5 @@
-"""cli/deploy_local.py's TLS + node-auth deployment with each SuperNode behind a device link:
+"""fedinit/cli/deploy_local.py's TLS + node-auth deployment with each SuperNode behind a device
+link:
 its own network namespace, a veth pair rate-limited by tbf, and a fault proxy in the root
 namespace on the veth's host address that forwards to the SuperLink's Fleet API.
 
@@ -14,7 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli.deploy_local import MAKE_CERTS, Deployment, Proc
+from fedinit.cli.deploy_local import MAKE_CERTS, Deployment, Proc
 from testbeds.fault_proxy import FaultProxy, ProxyThread
 from testbeds.link_scenarios import LOOPBACK, Scenario
 from testbeds.links import Link, Namespaces, remove_stale

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cli.run_dirs import read_rows
+from fedinit.cli.run_dirs import read_rows
 from testbeds.deployment_runs import FlwrRun
 from testbeds.link_deployment import LinkDeployment
 
@@ -44,7 +44,7 @@ class Watched:
 
 def rows_of(out: Path) -> list[dict[str, Any]]:
     """The rows written so far under ``out`` (none before the run directory exists; a line
-    being written is skipped: cli/run_dirs.py's ``read_rows``)."""
+    being written is skipped: fedinit/cli/run_dirs.py's ``read_rows``)."""
     return [row for f in out.glob("*/rounds.jsonl") for row in read_rows(f)]
 
 

@@ -20,14 +20,14 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from cli.inprocess_grid import set_task_identity
 from client_app.round import client_round
-from methods import wire as rk
-from methods.packed_arrays import pack, shapes, unpack
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import pack, shapes, unpack
+from fedinit.store.client_store import ClientStore
+from fedinit.store.state_dir import StateDir
+from fedinit.task.config import RunConfig
 from server_app.async_rounds import AsyncLoop, BufferedStrategy
-from store.client_store import ClientStore
-from store.state_dir import StateDir
-from task.config import RunConfig
 from testbeds.lsq_problem import Problem, VectorModel
 
 EXPERIMENT = "lsq-async"

@@ -22,13 +22,13 @@ from flwr.supercore.inflatable.inflatable_object import (
 )
 from torch import nn
 
-from cli.inprocess_grid import set_task_identity
 from client_app.round import client_round
-from methods.packed_arrays import unpack
-from methods.weights import Weights
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.weights import Weights
+from fedinit.store.client_store import ClientStore
+from fedinit.task.config import RunConfig
 from server_app.strategy import MethodStrategy
-from store.client_store import ClientStore
-from task.config import RunConfig
 
 NODE_BASE = 1000
 """Node id of partition 0 (node ids are arbitrary; sampling is by partition id)."""

@@ -14,15 +14,15 @@ from typing import Any
 
 from filelock import FileLock
 
-from cli.flower_env import REPO
+from fedinit.cli.flower_env import REPO
 
 HASH_SEED = "123"
 """The other process's PYTHONHASHSEED: set, so that it is not this process's random one."""
 
 CODE = """
 import hashlib, json, sys
-from task.config import RunConfig
-from task.federated_data import client_examples, local_test_indices, regimes_of
+from fedinit.task.config import RunConfig
+from fedinit.task.federated_data import client_examples, local_test_indices, regimes_of
 split, regimes = (RunConfig.parse(json.loads(raw)) for raw in sys.argv[1:3])
 def digest(arrays): return hashlib.sha256(b''.join(a.tobytes() for a in arrays)).hexdigest()
 print(json.dumps({

@@ -1,4 +1,5 @@
-"""The browser tests' one way to read the fleet page: scripts/headless.py's tab, with chromium
+"""The browser tests' one way to read the fleet page: fedinit/scripts/headless.py's tab, with
+chromium
 installed by apt when missing (as root) and the test skipped without Playwright."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.headless import CHROMIUM, LocalPage, open_browser
+from fedinit.scripts.headless import CHROMIUM, LocalPage, open_browser
 
 FLEET_LOOK = """() => {
   const t = document.getElementById('fleet');

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cli.deploy_local import pids_mentioning, stop_pids
-from cli.flower_env import flower_env
+from fedinit.cli.deploy_local import pids_mentioning, stop_pids
+from fedinit.cli.flower_env import flower_env
 
-DEPLOY_LOCAL = [sys.executable, "-m", "cli.deploy_local"]
-SIMULATE = [sys.executable, "-m", "cli.simulate"]
+DEPLOY_LOCAL = [sys.executable, "-m", "fedinit.cli.deploy_local"]
+SIMULATE = [sys.executable, "-m", "fedinit.cli.simulate"]
 # The simulation's local SuperLink on ports of our own (not 39091/39093 nor conftest's).
 SIM_HTTP_PORT, SIM_CONTROL_PORT = "39291", "39293"
 COMPARED = ("test-acc", "test-loss", "divergence", "train-loss")
@@ -72,7 +72,8 @@ def diffs(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def sim_env(home: Path) -> dict[str, str]:
-    """Environment for cli/simulate.py with a private FLWR_HOME and local SuperLink ports."""
+    """Environment for fedinit/cli/simulate.py with a private FLWR_HOME and local SuperLink
+    ports."""
     return flower_env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=SIM_HTTP_PORT,
                       FLWR_LOCAL_CONTROL_API_PORT=SIM_CONTROL_PORT)
 

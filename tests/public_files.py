@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from methods.sampling import sample_clients
+from fedinit.methods.sampling import sample_clients
 from server_app.tracking import EVENTS_DIR
 
 MODEL_FIGURES = frozenset({"test-acc", "test-loss", "final-test-acc", "best-test-acc",

@@ -58,7 +58,7 @@ class Slow:
 
 
 def deployment(base: int, nodes: int) -> tuple[int, int]:
-    """The port range of a cli/deploy_local.py deployment: link B, B+1; nodes B+10.."""
+    """The port range of a fedinit/cli/deploy_local.py deployment: link B, B+1; nodes B+10.."""
     return (base, base + 10 + nodes - 1)
 
 

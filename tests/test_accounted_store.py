@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from store.client_store import W_PREV, ClientStore
-from store.state_dir import StateDir
+from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.store.state_dir import StateDir
 
 C = "c-i"
 SHAPES = [np.zeros((2, 3), np.float32), np.zeros(4, np.float32)]

@@ -13,11 +13,11 @@ import pytest
 import torch
 from flwr.app import Message, MessageType
 
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import NothingTrained, run_experiment
 from server_app.results import AGGREGATED, Recorder, was_aggregated
-from task.config import RunConfig
 from tests.test_secagg_run import BASE
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

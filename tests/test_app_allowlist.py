@@ -1,7 +1,9 @@
-"""The device's approved-apps list (node.app_allowlist): its file, where the device finds it,
+"""The device's approved-apps list (fedinit.node.app_allowlist): its file, where the device finds
+it,
 the check (the FAB's own bytes, not the hash it is sent as), the SuperNode's refusal through
-Flower's own ``_pull_and_store_message`` (flower_compat.app_allowlist), the warm executor's
-refusal before any worker is forked, node.launch's start checks, and node.approve_app."""
+Flower's own ``_pull_and_store_message`` (fedinit.flower_compat.app_allowlist), the warm executor's
+refusal before any worker is forked, fedinit.node.launch's start checks, and
+fedinit.node.approve_app."""
 
 from __future__ import annotations
 
@@ -21,12 +23,12 @@ from flwr.supercore.run import Run
 from flwr.supernode import start_client_internal as loop
 from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
 
-from flower_compat import app_allowlist as patch
-from flower_compat import guard
-from node import launch
-from node.app_allowlist import Allowlist, AllowlistError, parse, path_from_node_config, read
-from node.approve_app import fab_of
-from node.approve_app import main as approve_main
+from fedinit.flower_compat import app_allowlist as patch
+from fedinit.flower_compat import guard
+from fedinit.node import launch
+from fedinit.node.app_allowlist import Allowlist, AllowlistError, parse, path_from_node_config, read
+from fedinit.node.approve_app import fab_of
+from fedinit.node.approve_app import main as approve_main
 
 GOOD = hashlib.sha256(b"the approved FAB").hexdigest()
 OTHER = hashlib.sha256(b"another FAB").hexdigest()
@@ -77,7 +79,7 @@ def test_only_an_approved_hash_passes(tmp_path: Path) -> None:
     assert al.refusal(GOOD, 5) is None
     assert al.refusal(OTHER, 5) == (
         f"app allowlist: refused run 5: FAB {OTHER} is not in {al.path} (this device's "
-        "approved apps; approve a new version with python -m node.approve_app)")
+        "approved apps; approve a new version with python -m fedinit.node.approve_app)")
     assert al.refusal("", 5) is not None
 
 
@@ -108,7 +110,7 @@ def test_a_bad_file_stops_the_node_at_start(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as err:
         launch.device_allowlist(["--superlink", "x:1", "--node-config",
                                  f'partition-id=0 approved-apps="{bad}"'])
-    assert str(err.value).startswith(f"node.launch: {bad}:1: 'deadbeef' is not an app hash")
+    assert str(err.value).startswith(f"fedinit.node.launch: {bad}:1: 'deadbeef' is not an app hash")
     assert launch.device_allowlist(["--node-config", "partition-id=0"]) is None
     bad.write_text(GOOD + "\n")
     got = launch.device_allowlist([f'--node-config=approved-apps="{bad}"'])
@@ -195,8 +197,8 @@ def test_the_supernode_refuses_other_bytes_sent_under_an_approved_hash(
 # ------------------------------------------------------------------ the warm executor
 def test_the_warm_executor_refuses_before_forking_or_retiring_a_worker(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from node import task_runner
-    from node.warm_executor import WarmExecutor
+    from fedinit.node import task_runner
+    from fedinit.node.warm_executor import WarmExecutor
 
     al = allowlist(tmp_path, GOOD)
     sent: list[tuple[str, str]] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from flwr.cli.build import build_fab_from_disk
 
-from flower_compat.app_source import app_files, staged_app
+from fedinit.flower_compat.app_source import app_files, staged_app
 
 REPO = Path(__file__).resolve().parents[1]
 

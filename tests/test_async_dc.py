@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cli.inprocess_grid import InProcessGrid
-from methods.stale_correction import dc_contraction, delay_compensated
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods.stale_correction import dc_contraction, delay_compensated
+from fedinit.task.config import RunConfig
+from fedinit.task.config_checks import ConfigError
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import load_checkpoint
-from task.config import RunConfig
-from task.config_checks import ConfigError
 from testbeds.lsq_problem import Problem
 from tests.test_async_fedrelax import async_cfg as fedrelax_cfg
 from tests.test_async_resume import KILL_AT, KilledGrid, config, final_model, rows, same

@@ -27,11 +27,11 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 from flwr.app import Message
 
-from methods.dp_budget import Budget
+from fedinit.methods.dp_budget import Budget
+from fedinit.task.config import ConfigError, RunConfig
 from server_app.async_privacy import FlushPrivacy
 from server_app.async_rounds import AsyncLoop, run_async_experiment
 from server_app.privacy import LEDGER_FILE
-from task.config import ConfigError, RunConfig
 from testbeds.lsq_async import Script, ScriptedGrid, make_loop
 from testbeds.lsq_problem import Problem, lsq_problem
 
@@ -229,7 +229,7 @@ SMALL = {"num-clients": 3, "train-limit": 150, "local-epochs": 1, "batch-size": 
 
 @pytest.mark.usefixtures("quick_runs", "fake_clock")
 def test_the_run_files_hide_who_was_in_a_flush_and_label_epsilon(tmp_path: Path) -> None:
-    from cli.inprocess_grid import InProcessGrid
+    from fedinit.cli.inprocess_grid import InProcessGrid
 
     cfg = RunConfig.parse({**SMALL, "output-dir": str(tmp_path)})
     summary = run_async_experiment(InProcessGrid(3, cfg.to_dict()), cfg, tmp_path)

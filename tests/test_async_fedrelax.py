@@ -22,14 +22,14 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from methods.fedbuff import Flush
-from methods.fedrelax import OWN
+from fedinit.methods.fedbuff import Flush
+from fedinit.methods.fedrelax import OWN
+from fedinit.store.state_dir import StateDir
+from fedinit.task.config import ConfigError, RunConfig
 from server_app import async_rounds
 from server_app.async_resume import async_checkpoint, loop_state_of
 from server_app.async_rounds import BufferedStrategy
 from server_app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from store.state_dir import StateDir
-from task.config import ConfigError, RunConfig
 from testbeds.lsq_async import (
     EXPERIMENT,
     Script,

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
+from fedinit.task.config_checks import ConfigError
 from server_app import async_rounds
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import load_checkpoint
 from server_app.virtual_clock import VirtualClock
-from task.config import RunConfig
-from task.config_checks import ConfigError
 from tests.test_async_resume import SIMULATED, KilledGrid, config, final_model, rows, same
 from tests.test_async_rounds import HeldGrid, fedbuff_by_hand, first_model
 from tests.test_fedavg_reference import max_diff

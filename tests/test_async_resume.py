@@ -29,18 +29,18 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
-from methods.scaffold import C_LOCAL
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.scaffold import C_LOCAL
+from fedinit.store.client_store import W_PREV
+from fedinit.store.files import read_record
+from fedinit.store.state_dir import StateDir
+from fedinit.task.config import RunConfig
 from server_app import async_rounds
 from server_app.async_resume import loop_state_of
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import CheckpointError, load_checkpoint
 from server_app.experiment import TooFewReplies, resume_point, run_experiment
-from store.client_store import W_PREV
-from store.files import read_record
-from store.state_dir import StateDir
-from task.config import RunConfig
 from tests.conftest import SIM_HTTP_PORT
 from tests.sim_engine import InProcessSimulation
 from tests.test_resume_and_faults import corrupt
@@ -359,13 +359,13 @@ def test_killed_and_resumed_on_flowers_engine_ends_bit_identical(tmp_path: Path)
 @pytest.mark.slow
 def test_simulation_process_killed_mid_run_resumes_to_the_same_model(
         sim_env: dict[str, str], tmp_path: Path) -> None:
-    """A real ``flwr run`` simulation (cli/simulate.py) on the virtual clock: its
+    """A real ``flwr run`` simulation (fedinit/cli/simulate.py) on the virtual clock: its
     ``flwr-simulation`` process is SIGKILLed wherever it is once 3 versions are written (a
     flush, a push or the middle of a checkpoint), then resumed: the same final model and
     rows as an uninterrupted run's, the clients' state in the run directory."""
     speeds = tmp_path / "speeds.txt"
     speeds.write_text("1\n2.4\n6.3\n1.7\n")
-    argv = [sys.executable, "-m", "cli.simulate", "num-clients=4", "rounds=async",
+    argv = [sys.executable, "-m", "fedinit.cli.simulate", "num-clients=4", "rounds=async",
             "concurrency=3", "buffer-size=2", "num-server-rounds=14", "train-limit=400",
             "local-epochs=1", "batch-size=50", "beta=0.1", "staleness=poly",
             "personal-eval-every=0", "tracking=off", "eval-every=7",
@@ -414,7 +414,7 @@ def test_simulation_process_killed_mid_run_resumes_to_the_same_model(
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """End the simulate script if it still runs: SIGINT first, so that it removes its staged
-    app directory (``flower_compat.app_source``), then SIGKILL."""
+    app directory (``fedinit.flower_compat.app_source``), then SIGKILL."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         try:

@@ -16,19 +16,19 @@ import torch
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
-from cli.inprocess_grid import InProcessGrid
 from client_app.trainer import local_sgd
-from methods import wire as rk
-from methods.packed_arrays import unpack
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.task.config import RunConfig
+from fedinit.task.datasets import to_tensor
+from fedinit.task.federated_data import client_examples, dataset_of
+from fedinit.task.models import get_weights, initial_model, set_weights
 from server_app import async_rounds
 from server_app.app import RunAborted, main
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from task.config import RunConfig
-from task.datasets import to_tensor
-from task.federated_data import client_examples, dataset_of
-from task.models import get_weights, initial_model, set_weights
 from tests.sim_engine import InProcessSimulation
 from tests.test_fedavg_reference import max_diff, reference_fedavg
 from tests.test_resume_and_faults import corrupt

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import report
-from cli.paired import PairError, pair
+from fedinit.cli import report
+from fedinit.cli.paired import PairError, pair
 
 HEAD = ["mode", "seed", "sync-updates", "updates-to-sync-final", "t-to-target"]
 ROWS = [["sync", "0", 400, 380, 40.0], ["async", "0", 400, 600, 16.0],

@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from methods.fedbuff import Flush
-from methods.registry import METHODS
-from methods.scaffold import C_LOCAL
+from fedinit.methods.fedbuff import Flush
+from fedinit.methods.registry import METHODS
+from fedinit.methods.scaffold import C_LOCAL
+from fedinit.store.state_dir import StateDir
+from fedinit.task.config import RunConfig
 from server_app.async_resume import async_checkpoint, loop_state_of
 from server_app.async_rounds import AsyncLoop, BufferedStrategy
 from server_app.checkpoint import load_checkpoint, save_checkpoint
-from store.state_dir import StateDir
-from task.config import RunConfig
 from testbeds.lsq_async import (
     EXPERIMENT,
     Script,

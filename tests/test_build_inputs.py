@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from cli.flower_env import REPO
+from fedinit.cli.flower_env import REPO
 
 SCRIPT = REPO / "deploy" / "build_images.sh"
 
@@ -32,7 +32,8 @@ def hashes(tmp: Path, *targets: str) -> list[str]:
 def test_the_inputs_hash_moves_with_the_images_inputs_only(tmp_path: Path) -> None:
     w = tmp_path / "w"
     for (folder, name), text in {("common", "flwr.whl"): "a", ("cuda", "torch.whl"): "big",
-                                 ("node", "a.py"): "x = 1", ("flower_compat", "b.py"): "y",
+                                 ("fedinit/node", "a.py"): "x = 1",
+                                 ("fedinit/flower_compat", "b.py"): "y",
                                  (".", "common.stamp"): "flwr==1.39.0"}.items():
         (w / folder).mkdir(parents=True, exist_ok=True)
         (w / folder / name).write_text(text)
@@ -43,5 +44,5 @@ def test_the_inputs_hash_moves_with_the_images_inputs_only(tmp_path: Path) -> No
     (w / "common.stamp").write_text("other")  # a stamp is not sent to docker
     assert hashes(tmp_path, "client-cpu") == [cpu]
     assert hashes(tmp_path, "client-cuda") != [cuda]
-    (w / "node" / "a.py").write_text("x = 2")  # a copied source, same size
+    (w / "fedinit" / "node" / "a.py").write_text("x = 2")  # a copied source, same size
     assert hashes(tmp_path, "client-cpu") != [cpu]

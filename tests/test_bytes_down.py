@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
 
-from cli.inprocess_grid import set_task_identity
-from methods import wire as rk
-from methods.packed_arrays import pack
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import pack
 from server_app.download_bytes import content_bytes
 
 ID = 64
@@ -40,7 +40,7 @@ def small_message(values: int = 3, node: int = 1) -> Message:
 
 def hand_size(values: int = 3) -> int:
     """The small message's content with a model of ``values`` float32s, object by object."""
-    # the packed buffer (methods/packed_arrays.py): an 8-byte length and the JSON header
+    # the packed buffer (fedinit/methods/packed_arrays.py): an 8-byte length and the JSON header
     # [["<f4",[values]]], padded to 16; the data bytes, padded to 16
     packed = pad16(8 + len(f'[["<f4",[{values}]]]')) + pad16(4 * values)
     # the Array's data is np.save's: a 128-byte npy v1 header (10 bytes + the dict, padded

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,
@@ -13,7 +14,6 @@ from server_app.checkpoint import (
     save_checkpoint,
 )
 from server_app.experiment import resume_point
-from task.config import RunConfig
 
 
 def sample() -> Checkpoint:

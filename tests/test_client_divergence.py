@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from flwr.app import Message, MessageType
 
+from fedinit.store.files import read_record
+from fedinit.store.simulated_state import RUN_SUBDIR
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.models import initial_weights
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from store.files import read_record
-from store.simulated_state import RUN_SUBDIR
-from task.config import ConfigError, RunConfig
-from task.models import initial_weights
 from tests.sim_engine import InProcessSimulation
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

@@ -8,12 +8,12 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 
-from cli.inprocess_grid import set_task_identity
 from client_app.app import evaluate_fn
-from methods import wire as rk
-from task.config import RunConfig
-from task.federated_data import client_examples, dataset_of
-from task.models import build_model, get_weights
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.task.config import RunConfig
+from fedinit.task.federated_data import client_examples, dataset_of
+from fedinit.task.models import build_model, get_weights
 
 RUN = {"num-clients": 4, "train-limit": 1000, "brightness-noise": 0.1}
 NODE = 7

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord
 
-from methods.packed_arrays import unpack
-from secure_aggregation import wire as sw
+from fedinit.methods.packed_arrays import unpack
+from fedinit.secure_aggregation import wire as sw
 from strategies import client
 from strategies.client import SECAGG_REFUSAL, stored_state
 from tests.test_strategies import message, node, problem, user_train

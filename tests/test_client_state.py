@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
-from methods.packed_arrays import unpack
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
-from store.client_store import W_PREV, ClientStore
-from task.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

@@ -17,8 +17,8 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from client_app.round import client_round
-from methods import wire as rk
-from methods.clustered import (
+from fedinit.methods import wire as rk
+from fedinit.methods.clustered import (
     CHOICE,
     CURRENT,
     ORIGIN,
@@ -26,10 +26,10 @@ from methods.clustered import (
     ClusteredState,
     relabel,
 )
-from methods.method import ClientRule
-from methods.packed_arrays import pack, unpack
-from store.client_store import ClientStore
-from task.config import ConfigError, RunConfig
+from fedinit.methods.method import ClientRule
+from fedinit.methods.packed_arrays import pack, unpack
+from fedinit.store.client_store import ClientStore
+from fedinit.task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import NODE_BASE, Federation, Problem, VectorModel, lsq_optimum
 from tests.test_fedrelax import two_regimes
 
@@ -244,7 +244,7 @@ def test_train_losses_are_the_mean_loss_on_the_clients_data_in_fixed_batches() -
 
 
 def test_cluster_purity_is_the_share_with_their_clusters_majority_regime() -> None:
-    from scripts.cluster_purity import purity
+    from fedinit.scripts.cluster_purity import purity
 
     regimes = {0: 0, 1: 0, 2: 1, 3: 1, 4: 1}
     assert purity([0, 0, 1, 1, 1], regimes, set(range(5))) == 1.0
@@ -387,7 +387,7 @@ def test_a_newcomers_probe_choice_is_made_on_its_own_data_and_leaves_as_one_int(
 
 
 def test_margin_keeps_a_member_unless_another_model_is_clearly_better() -> None:
-    from methods.clustered import choose
+    from fedinit.methods.clustered import choose
 
     losses = [1.0, 0.95, 2.0]
     assert choose(losses) == 1  # no cluster of its own: the lowest
@@ -398,7 +398,7 @@ def test_margin_keeps_a_member_unless_another_model_is_clearly_better() -> None:
 
 def test_bipartition_separates_opposite_moves_and_reports_their_largest_cross_cosine(
         ) -> None:
-    from methods.clustered import bipartition
+    from fedinit.methods.clustered import bipartition
 
     moves = np.asarray([[1.0, 0.1, 0], [1.0, -0.1, 0], [-1.0, 0, 0.2], [-1.0, 0, -0.2]])
     groups, cross = bipartition(moves)
@@ -438,7 +438,7 @@ def sketched_moves(groups: int, per: int, spread: float, seed: int) -> np.ndarra
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_warmups_count_finds_three_separated_groups_and_one_cloud(seed: int) -> None:
-    from methods.cluster_count import SILHOUETTE_MIN, choose_k
+    from fedinit.methods.cluster_count import SILHOUETTE_MIN, choose_k
 
     three = sketched_moves(3, 5, 1.2, seed)  # cosines about 0.4 inside, 0 across
     truth = np.repeat(np.arange(3), 5)

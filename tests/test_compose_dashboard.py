@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cli.flower_env import REPO
+from fedinit.cli.flower_env import REPO
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_the_dashboard_reads_the_servers_results_read_only(compose: dict[str, An
     server = compose["services"]["superexec-serverapp"]
     results = next(v for v in server["volumes"] if v.split(":")[-1] == "/results")
     assert mounts["/results"] == results + ":ro"  # the very directory the ServerApp writes
-    assert dash["command"][:4] == ["python", "-m", "cli.dashboard", "/results"]
+    assert dash["command"][:4] == ["python", "-m", "fedinit.cli.dashboard", "/results"]
 
 
 def test_the_dashboard_is_published_on_loopback_only_and_alone(
@@ -56,7 +56,7 @@ def test_the_flwr_image_holds_everything_the_page_imports(compose: dict[str, Any
     """The dashboard runs on the superlink image (flwr and numpy, no torch): importing the
     page must not need torch or anything else only the client or server images hold."""
     assert compose["services"]["dashboard"]["image"] == compose["x-image-flwr"]
-    code = ("import sys, cli.dashboard; print(sorted({m.split('.')[0] for m in "
+    code = ("import sys, fedinit.cli.dashboard; print(sorted({m.split('.')[0] for m in "
             "sys.modules} & {'torch', 'matplotlib', 'dp_accounting', 'prometheus_client', "
             "'PIL'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

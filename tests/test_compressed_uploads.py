@@ -21,18 +21,18 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message
 
-from methods import wire as rk
-from methods.compression import Compression
-from methods.packed_arrays import pack, unpack
-from methods.scaffold import C_LOCAL
-from methods.upload_codec import codec_problem, encode_reply, residual_key
+from fedinit.methods import wire as rk
+from fedinit.methods.compression import Compression
+from fedinit.methods.packed_arrays import pack, unpack
+from fedinit.methods.scaffold import C_LOCAL
+from fedinit.methods.upload_codec import codec_problem, encode_reply, residual_key
+from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.store.files import read_record
+from fedinit.store.simulated_state import RUN_SUBDIR
+from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import ACCOUNTED_STATE
-from store.client_store import W_PREV, ClientStore
-from store.files import read_record
-from store.simulated_state import RUN_SUBDIR
-from task.config import ConfigError, RunConfig
 from tests.sim_engine import InProcessSimulation
 from tests.test_state_consistency import client_sum, lose_train_replies, relative_gap
 
@@ -171,7 +171,7 @@ def test_compressed_rounds_train_count_bytes_and_keep_state_consistent(
 
 
 class Memory:
-    """A client store's get/put over a dict (``methods.upload_codec.State``)."""
+    """A client store's get/put over a dict (``fedinit.methods.upload_codec.State``)."""
 
     def __init__(self) -> None:
         self.held: dict[str, list[np.ndarray]] = {}

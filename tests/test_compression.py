@@ -1,4 +1,5 @@
-"""``methods.compression``: the quantiser is unbiased (the mean of many decodes is the vector),
+"""``fedinit.methods.compression``: the quantiser is unbiased (the mean of many decodes is the
+vector),
 top-k sends the k largest of x + residual and its error feedback loses nothing (residual +
 sent = meant, every round and summed over rounds), the server decodes exactly what the device
 meant to send, refuses a malformed upload in one line, and q8 carries ~4x fewer bytes."""
@@ -11,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from methods.compression import Compression, CompressionError, Quantiser
+from fedinit.methods.compression import Compression, CompressionError, Quantiser
 
 SHAPES = [(8, 1, 3, 3), (8,), (16, 8, 3, 3), (16,), (10, 400), (10,)]
 

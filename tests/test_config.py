@@ -5,7 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from task.config import ConfigError, RunConfig, check_examples, check_writable, load_defaults
+from fedinit.task.config import (
+    ConfigError,
+    RunConfig,
+    check_examples,
+    check_writable,
+    load_defaults,
+)
 
 
 def test_defaults_parse_to_the_default_experiment() -> None:

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from methods.fedbuff import STALENESS_KINDS
-from methods.registry import METHOD_NAMES, METHODS, async_methods
-from task import choices
-from task.config import ConfigError, RunConfig
+from fedinit.methods.fedbuff import STALENESS_KINDS
+from fedinit.methods.registry import METHOD_NAMES, METHODS, async_methods
+from fedinit.task import choices
+from fedinit.task.config import ConfigError, RunConfig
 
 ASYNC = {"rounds": "async", "personal-eval-every": 0}
 

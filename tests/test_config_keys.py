@@ -7,20 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from cli import sweep_plan
+from fedinit.cli import sweep_plan
+from fedinit.task.config import RunConfig, load_defaults
+from fedinit.task.config_keys import EXPERIMENT, NOT_IDENTITY, RESUME_MAY_CHANGE, SPECIAL
 from server_app import experiment
 from server_app.checkpoint import CheckpointError
-from task.config import RunConfig, load_defaults
-from task.config_keys import EXPERIMENT, NOT_IDENTITY, RESUME_MAY_CHANGE, SPECIAL
 
 
 def test_every_run_config_key_is_classified_once() -> None:
     keys = set(load_defaults())
     unclassified = keys - EXPERIMENT - set(SPECIAL)
     assert not unclassified, (f"new run-config keys {sorted(unclassified)}: add each to "
-                              "task/config_keys.py (EXPERIMENT, or SPECIAL with a reason)")
+                              "fedinit/task/config_keys.py (EXPERIMENT, or SPECIAL with a reason)")
     assert not EXPERIMENT & set(SPECIAL)
-    assert not (EXPERIMENT | set(SPECIAL)) - keys, "task/config_keys.py names removed keys"
+    assert not (EXPERIMENT | set(SPECIAL)) - keys, "fedinit/task/config_keys.py names removed keys"
     assert all(role.why for role in SPECIAL.values())
 
 

@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from methods.registry import METHOD_NAMES, METHODS, composes_with_ri
-from task.config import RunConfig, load_defaults
-from task.config.run_config import GROUPS, ORDER, TOP
+from fedinit.methods.registry import METHOD_NAMES, METHODS, composes_with_ri
+from fedinit.task.config import RunConfig, load_defaults
+from fedinit.task.config.run_config import GROUPS, ORDER, TOP
 from tests.test_config import one_line_refusal
 
 
@@ -90,7 +90,7 @@ def test_the_bound_is_where_the_ditto_pull_starts_to_diverge(product: float) -> 
     import numpy as np
     import torch
 
-    from methods.ditto import DittoClient, DittoParams
+    from fedinit.methods.ditto import DittoClient, DittoParams
 
     lr, lam = 0.1, product / 0.1
     anchor = [np.zeros(3, dtype=np.float32)]

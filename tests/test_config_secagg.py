@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from methods.registry import METHOD_NAMES, METHODS, secagg_methods
-from secure_aggregation.params import MAX_BITS, SecAggParams
-from task import choices
-from task.config import ConfigError, RunConfig
+from fedinit.methods.registry import METHOD_NAMES, METHODS, secagg_methods
+from fedinit.secure_aggregation.params import MAX_BITS, SecAggParams
+from fedinit.task import choices
+from fedinit.task.config import ConfigError, RunConfig
 
 SECAGG = {"secure-aggregation": "secagg+", "weighting": "uniform", "personal-eval-every": 0,
           "max-update-norm-ratio": 0.0}

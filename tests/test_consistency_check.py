@@ -20,10 +20,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from secure_aggregation import RoundFailedError, SecAggClient, SecAggParams
-from secure_aggregation import wire as sw
-from secure_aggregation.signing import KeyTrust
-from secure_aggregation.wire import Stage
+from fedinit.secure_aggregation import RoundFailedError, SecAggClient, SecAggParams
+from fedinit.secure_aggregation import wire as sw
+from fedinit.secure_aggregation.signing import KeyTrust
+from fedinit.secure_aggregation.wire import Stage
 from tests.test_secure_aggregation import grid_vectors, over_wire, plain_sum
 from tests.test_signed_keys import ROUND, RUN, Driver, Msgs, device_keys, trusts
 

@@ -1,5 +1,5 @@
 """The live fleet page: the status file a run writes (server_app/status.py) and the read-only
-page that shows it (cli/dashboard.py), on small in-process runs with late, refused,
+page that shows it (fedinit/cli/dashboard.py), on small in-process runs with late, refused,
 silent, failing and dropped nodes."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from flwr.app import Error, Message, MessageType
 
-from cli.dashboard import main, make_server, run_body, run_facts
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.dashboard import main, make_server, run_body, run_facts
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
 from server_app import clients
 from server_app.experiment import run_experiment
 from server_app.status import STATUS_FILE
-from task.config import RunConfig
 from tests.test_fleet import SMALL, ChangingGrid
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots

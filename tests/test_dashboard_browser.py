@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from flwr.app import Message, MessageType
 
-from cli.dashboard import make_server
+from fedinit.cli.dashboard import make_server
+from fedinit.task.config import RunConfig
 from server_app import clients
 from server_app.experiment import run_experiment
-from task.config import RunConfig
 from tests.browser_page import FLEET_LOOK, browse
 from tests.test_fleet import SMALL, ChangingGrid, silent_7777
 

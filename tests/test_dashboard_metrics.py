@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.dashboard import make_server
-from cli.dashboard_metrics import NODE_STATES, Families, add_run
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.dashboard import make_server
+from fedinit.cli.dashboard_metrics import NODE_STATES, Families, add_run
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
 from server_app.status import STATUS_FILE
-from task.config import RunConfig
 from tests import test_dashboard
 from tests.test_dashboard import rows_of, status_of
 from tests.test_fleet import SMALL

@@ -19,13 +19,13 @@ from bench.defence_table import (
     hostile_upload,
     unit_direction,
 )
-from cli.inprocess_grid import InProcessGrid, set_task_identity
-from methods import wire as rk
-from methods.norms import vector_norm
-from methods.packed_arrays import unpack
-from methods.scaffold import DELTA_C
+from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.norms import vector_norm
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.scaffold import DELTA_C
+from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
-from task.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots
 

@@ -1,7 +1,7 @@
 """A device runs only the apps its owner approved, deployed (127.0.0.1, no TLS, 2 nodes: one
 with the warm executor, one with Flower's ``flower-superexec``).
 
-Each node's approved-apps file holds this app's FAB hash (``python -m node.approve_app``).
+Each node's approved-apps file holds this app's FAB hash (``python -m fedinit.node.approve_app``).
 The app runs; then a copy whose ClientApp module writes a marker file when it is imported is
 submitted: every node refuses it with the one line (the ServerApp sees the refusal as the
 nodes' error replies), none installs or imports a line of it (no marker, no app directory of
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.deploy_local import Deployment
-from cli.flower_env import REPO
-from node.app_allowlist import fab_hash
-from node.approve_app import fab_of
+from fedinit.cli.deploy_local import Deployment
+from fedinit.cli.flower_env import REPO
+from fedinit.node.app_allowlist import fab_hash
+from fedinit.node.approve_app import fab_of
 from testbeds.deployment_runs import FlwrRun, deployed
 from testbeds.fault_app import fault_app
 from tests.deploy_helpers import diffs, rounds, run_dir
@@ -74,9 +74,9 @@ def writes_marker(app: Path, marker: Path) -> bool:
 def deployment(tmp_path: Path) -> Iterator[ApprovedDeployment]:
     dep = ApprovedDeployment(tmp_path / "deploy", NODES, base_port=BASE_PORT, insecure=True)
     dep.approved = tmp_path / "approved-apps.txt"
-    approve = subprocess.run([sys.executable, "-m", "node.approve_app", str(REPO), "--append",
-                              str(dep.approved)], capture_output=True, text=True, check=False,
-                             timeout=120)
+    approve = subprocess.run([sys.executable, "-m", "fedinit.node.approve_app", str(REPO),
+                              "--append", str(dep.approved)],
+                             capture_output=True, text=True, check=False, timeout=120)
     assert approve.returncode == 0, approve.stderr
     with deployed(dep, tmp_path):
         yield dep

@@ -1,5 +1,5 @@
 """``rounds=async`` in a real TLS + node-auth deployment (slow): 4 SuperNodes, one a slow
-device (``node.launch --slowdown 10``), one killed (SIGTERM) while it trains its first task.
+device (``fedinit.node.launch --slowdown 10``), one killed (SIGTERM) while it trains its first task.
 
 FedBuff must not wait for the slow node (versions are made while its task is out, so its
 reply arrives stale and is weighted by s(tau) = (1 + tau)^-a), the killed node's task must be
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.deploy_local import Deployment, descendants, stop_pids
+from fedinit.cli.deploy_local import Deployment, descendants, stop_pids
 from testbeds.deployment_runs import FlwrRun, deployed
 from tests.deploy_helpers import rounds, run_dir
 

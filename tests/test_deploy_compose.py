@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cli.flower_env import REPO
-from task.data_paths import default_data_dir
-from task.datasets import load_dataset
+from fedinit.cli.flower_env import REPO
+from fedinit.task.data_paths import default_data_dir
+from fedinit.task.datasets import load_dataset
 from tests.conftest import free_ports
 from tests.deploy_helpers import (
     DockerEngine,

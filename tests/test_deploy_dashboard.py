@@ -1,6 +1,6 @@
 """The live fleet page of a real TLS + node-auth deployment, in a real browser (slow).
 
-cli/deploy_local.py's SuperLink and SuperNodes (3 clients, ``min-clients=2``): client 2's
+fedinit/cli/deploy_local.py's SuperLink and SuperNodes (3 clients, ``min-clients=2``): client 2's
 node starts late, a fourth registered node that says another federation size
 (num-partitions=7) joins and is refused, and client 1's train task hangs in round 2 until its
 node kills it at the deadline (testbeds/fault_app.py). Once all of that is on the page, client
@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-from cli.dashboard import make_server
-from cli.deploy_local import Deployment, pids_mentioning, stop_pids
-from cli.flower_env import REPO
+from fedinit.cli.dashboard import make_server
+from fedinit.cli.deploy_local import Deployment, pids_mentioning, stop_pids
+from fedinit.cli.flower_env import REPO
 from server_app.status import STATUS_FILE
 from testbeds.deployment_runs import FlwrRun, kill_tree
 from testbeds.fault_app import fault_app, hang_at

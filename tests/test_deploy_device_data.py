@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.deploy_local import Deployment
-from cli.simulate import RUN_ID
-from task.data_paths import default_data_dir
-from task.datasets import load_dataset
+from fedinit.cli.deploy_local import Deployment
+from fedinit.cli.simulate import RUN_ID
+from fedinit.task.data_paths import default_data_dir
+from fedinit.task.datasets import load_dataset
 from testbeds.deployment_runs import FlwrRun, deployed
 from tests.deploy_helpers import rounds
 from tests.device_data import FMNIST_CLASSES, skewed_fmnist_folders, write_image_folder

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedinit.store.files import read_record
+from fedinit.task.config import RunConfig
+from fedinit.task.models import initial_weights
 from server_app.checkpoint import load_checkpoint
-from store.files import read_record
-from task.config import RunConfig
-from task.models import initial_weights
 from tests.deploy_helpers import deploy_three_insecure, rounds, run_dir
 
 BASE_PORT = int(os.environ.get("FEDINIT_TEST_DIVERGENCE_PORT", "42550"))  # +0, +1, +10..+12

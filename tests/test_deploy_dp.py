@@ -1,6 +1,6 @@
 """Process deployments with client-level DP: epsilon reported, the sample kept secret.
 
-Same machinery as tests/test_deploy_process.py (cli/deploy_local.py, real SuperLink and
+Same machinery as tests/test_deploy_process.py (fedinit/cli/deploy_local.py, real SuperLink and
 SuperNodes). First: 2 rounds, 2 of 3 clients per round, central DP: the accounting is the
 server's, so the deployment's rounds.jsonl must carry the accountant's epsilon of each round.
 Second (issue 42, item 2): half the registered devices offline, two deployments equal but for
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.deploy_local import Deployment, pids_mentioning, stop_pids
-from methods.dp_budget import Budget
+from fedinit.cli.deploy_local import Deployment, pids_mentioning, stop_pids
+from fedinit.methods.dp_budget import Budget
 from server_app.checkpoint import load_checkpoint
 from server_app.operator_log import OPERATOR_LOG
 from server_app.round_stages.sampling import SEED_ENV

@@ -1,7 +1,7 @@
 """Faults in a real TLS + node-auth process deployment (slow): a SuperNode killed mid-run and
 restarted with its key, partition and state-dir; the ServerApp killed mid-run and resumed.
 
-Both drive cli/deploy_local.py's ``Deployment`` directly: its ``run`` stops the run when
+Both drive fedinit/cli/deploy_local.py's ``Deployment`` directly: its ``run`` stops the run when
 any started process dies, which is the point here, so `flwr run` is started by the test.
 """
 
@@ -18,16 +18,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cli.deploy_local import (
+from fedinit.cli.deploy_local import (
     CONNECTION,
     Deployment,
     Proc,
     pids_mentioning,
     stop_pids,
 )
-from methods.scaffold import C_LOCAL
-from store.client_store import W_PREV
-from store.state_dir import StateDir
+from fedinit.methods.scaffold import C_LOCAL
+from fedinit.store.client_store import W_PREV
+from fedinit.store.state_dir import StateDir
 from testbeds.deployment_runs import (
     FlwrRun,
     completed_run,

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cli.flower_env import REPO, flower_env
+from fedinit.cli.flower_env import REPO, flower_env
 from tests.deploy_helpers import (
     SIMULATE,
     DockerEngine,
@@ -316,8 +316,8 @@ def docker_run_command(tmp_path: Path, env: dict[str, str]) -> list[str]:
 
 
 def node_args(cmd: list[str]) -> list[str]:
-    """The flower-supernode arguments that `python -m node.launch --` passes on."""
-    assert cmd[cmd.index("-m") + 1] == "node.launch", cmd
+    """The flower-supernode arguments that `python -m fedinit.node.launch --` passes on."""
+    assert cmd[cmd.index("-m") + 1] == "fedinit.node.launch", cmd
     return cmd[cmd.index("--") + 1:]
 
 

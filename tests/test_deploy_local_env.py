@@ -1,4 +1,4 @@
-"""cli/deploy_local.py's node environment and its error when `flwr run` starts nothing.
+"""fedinit/cli/deploy_local.py's node environment and its error when `flwr run` starts nothing.
 
 Found on a GPU host where Flower was installed with ``pip install --target`` (on PYTHONPATH,
 not in the venv): the SuperNodes got PYTHONPATH=<repo> alone, died at ``import flwr``, and the
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.deploy_local import REPO, Deployment, Proc, Watcher
+from fedinit.cli.deploy_local import REPO, Deployment, Proc, Watcher
 
 
 @pytest.mark.parametrize(("callers", "want"), [

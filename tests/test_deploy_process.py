@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from cli.deploy_local import Deployment, pids_mentioning
-from cli.flower_env import REPO
+from fedinit.cli.deploy_local import Deployment, pids_mentioning
+from fedinit.cli.flower_env import REPO
 from tests.deploy_helpers import (
     DEPLOY_LOCAL,
     SIMULATE,

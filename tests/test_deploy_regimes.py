@@ -1,10 +1,10 @@
 """A short process deployment on a regimes data set computes what an in-process run does.
 
 Each SuperNode derives its client's regime and transformed data from the run config and its
-partition id (task/federated_data.py); 3 nodes in 3 label-permutation regimes, so every node
+partition id (fedinit/task/federated_data.py); 3 nodes in 3 label-permutation regimes, so every node
 sees its own labelling, in training and in its local test split (personalized evaluation).
 Were a node to derive another regime or partition, its replies and local accuracies would
-differ from the in-process run (cli/inprocess_run.py: the same ServerApp and ClientApp
+differ from the in-process run (fedinit/cli/inprocess_run.py: the same ServerApp and ClientApp
 code, no Flower processes). Same tolerances as tests/test_deploy_process.py.
 """
 
@@ -33,7 +33,7 @@ def test_deployed_clients_derive_their_regimes_as_in_process(tmp_path: Path) -> 
     work, dep_out, ref_out = tmp_path / "deploy", tmp_path / "dep-out", tmp_path / "ref-out"
     deploy_three_insecure(work, dep_out, BASE_PORT, EXPERIMENT)
     ref = subprocess.run(
-        [sys.executable, "-m", "cli.inprocess_run", "num-clients=3", *EXPERIMENT,
+        [sys.executable, "-m", "fedinit.cli.inprocess_run", "num-clients=3", *EXPERIMENT,
          f"output-dir={ref_out}"], capture_output=True, text=True, timeout=300, check=False)
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
 

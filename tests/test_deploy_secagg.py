@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.deploy_local import Deployment
-from task.config import RunConfig
+from fedinit.cli.deploy_local import Deployment
+from fedinit.task.config import RunConfig
 from testbeds.deployment_runs import FlwrRun, completed_run, deployed, final_model
 from tests.deploy_helpers import rounds
 

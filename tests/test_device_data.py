@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from task.config import ConfigError, RunConfig
-from task.data_sets import Schema, device_schema, schema_of
-from task.data_sets.device import DeviceDataError, load_device_data
-from task.federated_data import NO_DATA_DIR, client_examples, client_test_examples
-from task.local_split import local_test_count
-from task.models import get_weights, initial_model
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.data_sets import Schema, device_schema, schema_of
+from fedinit.task.data_sets.device import DeviceDataError, load_device_data
+from fedinit.task.federated_data import NO_DATA_DIR, client_examples, client_test_examples
+from fedinit.task.local_split import local_test_count
+from fedinit.task.models import get_weights, initial_model
 from tests.device_data import write_image_folder
 
 GRAY = Schema(num_classes=3, in_channels=1, image_size=8, mean=(0.5,), std=(0.5,),
@@ -176,7 +176,7 @@ def test_model_is_built_from_the_schema_without_data() -> None:
 
 
 def test_benchmark_schema_builds_the_model_the_data_does() -> None:
-    from task.federated_data import dataset_of
+    from fedinit.task.federated_data import dataset_of
 
     cfg = RunConfig.parse({"train-limit": 1000})
     data = dataset_of(cfg)

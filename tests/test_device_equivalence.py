@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
+from fedinit.task.data_sets.fashion_mnist import SPEC as FASHION
+from fedinit.task.federated_data import dataset_of, partition_indices
 from server_app.experiment import run_experiment
-from task.config import RunConfig
-from task.data_sets.fashion_mnist import SPEC as FASHION
-from task.federated_data import dataset_of, partition_indices
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

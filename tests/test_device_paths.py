@@ -20,17 +20,17 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-import store.state_dir as state_dir_module
-from cli.inprocess_grid import set_task_identity
+import fedinit.store.state_dir as state_dir_module
 from client_app.app import evaluate_fn, train_fn
 from client_app.device_privacy import REFUSED
 from client_app.model_cache import initial_weights
-from methods import wire as rk
-from store.path_names import ALLOWED, PathError, path_name
-from store.privacy_ledger import LEDGER_NAME
-from store.simulated_state import STATE_ROOT
-from store.state_dir import StateDir
-from task.config import RunConfig
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.store.path_names import ALLOWED, PathError, path_name
+from fedinit.store.privacy_ledger import LEDGER_NAME
+from fedinit.store.simulated_state import STATE_ROOT
+from fedinit.store.state_dir import StateDir
+from fedinit.task.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

@@ -37,23 +37,23 @@ from flwr.app import (
     RecordDict,
 )
 
-from cli.deploy_local import pids_mentioning
-from cli.inprocess_grid import InProcessGrid, set_task_identity
 from client_app.app import evaluate_fn, query_fn, train_fn
 from client_app.device_privacy import REFUSED, DeviceFloor, FloorError
 from client_app.model_cache import cached_model, client_tensors, initial_weights
 from client_app.round import client_round
-from methods import wire as rk
-from methods.dp import Mechanism, norm
-from methods.packed_arrays import unpack
-from methods.scaffold import DELTA_C
+from fedinit.cli.deploy_local import pids_mentioning
+from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.dp import Mechanism, norm
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.scaffold import DELTA_C
+from fedinit.store.client_store import ClientStore
+from fedinit.store.privacy_ledger import LEDGER_NAME, PrivacyLedger
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.operator_log import OPERATOR_LOG
 from server_app.strategy import MethodStrategy
-from store.client_store import ClientStore
-from store.privacy_ledger import LEDGER_NAME, PrivacyLedger
-from task.config import RunConfig
 from tests.deploy_helpers import rounds, run_dir
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots
@@ -262,7 +262,7 @@ def test_divergence_queries_recover_nothing_under_local_dp(
 
 
 def _saved_w_prev(state_dir: Path) -> np.ndarray:
-    from store.state_dir import StateDir
+    from fedinit.store.state_dir import StateDir
 
     cfg = RunConfig.parse(RUN)
     saved = StateDir(state_dir, "exp", 1).load_version(1, list(initial_weights(cfg)))
@@ -604,7 +604,7 @@ DEPLOY_PORT = int(os.environ.get("FEDINIT_TEST_DEVICE_PRIVACY_PORT", "43770"))  
 
 @pytest.mark.slow
 def test_a_deployed_device_refuses_a_run_below_its_floor_file(tmp_path: Path) -> None:
-    """cli/deploy_local.py, 3 SuperNodes, each with a dp-floor.toml in its state dir; node
+    """fedinit/cli/deploy_local.py, 3 SuperNodes, each with a dp-floor.toml in its state dir; node
     2's floor asks for noise 2 and the run gives 1: node 2 refuses every train message
     (its log has the line, the server logs the rejected reply), the run completes on nodes
     0 and 1, whose ledgers count their two releases."""
@@ -615,7 +615,7 @@ def test_a_deployed_device_refuses_a_run_below_its_floor_file(tmp_path: Path) ->
         (state / "dp-floor.toml").write_text(
             f'dp-floor = "local"\ndp-max-clip = 1.0\ndp-min-noise = {noise}\n')
     dep = subprocess.run(
-        [sys.executable, "-m", "cli.deploy_local", "--num-nodes", "3", "--work-dir",
+        [sys.executable, "-m", "fedinit.cli.deploy_local", "--num-nodes", "3", "--work-dir",
          str(work), "--base-port", str(DEPLOY_PORT), "--insecure", "--run-timeout", "300",
          "num-server-rounds=2", "fraction-train=1.0", "train-limit=600", "seed=0",
          "dp='local'", "weighting='uniform'", "dp-clip=0.5", "dp-noise-multiplier=1.0",

@@ -18,18 +18,18 @@ import pytest
 import torch
 from flwr.app import Message, MessageType
 
-import methods.dp as dp_module
-from cli.inprocess_grid import InProcessGrid, set_task_identity
-from methods.dp import CLIP_SIGMAS, Mechanism, min_secagg_clip
-from methods.dp_budget import Budget
-from methods.packed_arrays import unpack
-from secure_aggregation import SecAggClient
-from secure_aggregation import wire as sw
+import fedinit.methods.dp as dp_module
+from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.methods.dp import CLIP_SIGMAS, Mechanism, min_secagg_clip
+from fedinit.methods.dp_budget import Budget
+from fedinit.methods.packed_arrays import unpack
+from fedinit.secure_aggregation import SecAggClient
+from fedinit.secure_aggregation import wire as sw
+from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.round_stages.replies import RoundReplies
 from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, params_of
-from task.config import ConfigError, RunConfig
 from tests.test_secagg_run import ProtocolGrid, masked_replies
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot

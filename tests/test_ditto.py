@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from methods.ditto import PERSONAL
-from methods.packed_arrays import unpack
-from store.client_store import W_PREV
+from fedinit.methods.ditto import PERSONAL
+from fedinit.methods.packed_arrays import unpack
+from fedinit.store.client_store import W_PREV
 from testbeds.lsq_problem import Federation, lsq_problem, quadratic_problem
 
 A = [[2.0, 0.0], [0.0, 4.0], [-3.0, 1.0]]

@@ -109,11 +109,11 @@ def test_every_mentioned_path_exists() -> None:
 
 def test_the_scan_finds_a_missing_file(tmp_path: Path) -> None:
     """The pattern sees the forms the repository uses, and only paths."""
-    text = ("see docs/algorithms.md, ``server_app/config.py``, (task/noise.py) and "
+    text = ("see docs/algorithms.md, ``server_app/config.py``, (fedinit/task/noise.py) and "
             "ALGORITHMS.md; not results.md, https://x.org/a/b.py, ~/home/a.py, $OUT/x/y.py "
             "or 0.1/2.py")
     assert [m.group(1) for m in PATH.finditer(text)] == [
-        "docs/algorithms.md", "server_app/config.py", "task/noise.py"]
+        "docs/algorithms.md", "server_app/config.py", "fedinit/task/noise.py"]
     assert [m.group(1) for m in BARE_MD.finditer(text)] == ["ALGORITHMS.md"]
     assert not _exists("server_app/config.py", tmp_path / "x.py")
     assert _exists("flwr/simulation/app.py", tmp_path / "x.py")

@@ -20,18 +20,18 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from cli.inprocess_grid import InProcessGrid, set_task_identity
-from methods import wire as rk
-from methods.dp import Mechanism, clip, norm
-from methods.dp_budget import Budget
-from methods.packed_arrays import unpack
-from methods.registry import METHODS, composes_with_ri
-from methods.scaffold import DELTA_C
-from methods.weights import Weights
+from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.dp import Mechanism, clip, norm
+from fedinit.methods.dp_budget import Budget
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.registry import METHODS, composes_with_ri
+from fedinit.methods.scaffold import DELTA_C
+from fedinit.methods.weights import Weights
+from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
-from task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import Federation, lsq_problem
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
@@ -196,7 +196,7 @@ def test_refused_with_one_line(over: dict[str, object], key: str) -> None:
 
 def test_fedcm_refuses_dp_with_its_own_reason() -> None:
     """FedCM's server half says why DP cannot run with it (``dp_refusal``), as a method's
-    robust refusal is said; the line is the one ``methods/dp.py``'s table gave before."""
+    robust refusal is said; the line is the one ``fedinit/methods/dp.py``'s table gave before."""
     with pytest.raises(ConfigError) as err:
         RunConfig.parse({**DP, "method": "fedcm"})
     assert str(err.value) == (

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.public_rows import (
@@ -31,7 +32,6 @@ from server_app.public_rows import (
 from server_app.results import DP_FIELDS, DP_LEFT_OUT, ROUND_FIELDS
 from server_app.tracking import EVENTS_DIR, tag_of
 from server_app.virtual_clock import CLOCK_FIELDS
-from task.config import RunConfig
 from tests.flower_log import flower_lines
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.operator_log import OPERATOR_LOG
 from server_app.public_rows import SAMPLE_FIGURES, TIMING_FIELDS
 from server_app.round_stages.sampling import SEED_ENV
 from server_app.status import STATUS_FILE
-from task.config import RunConfig
 from tests.flower_log import flower_lines
 from tests.public_files import (
     differences,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.deploy_local import pids_mentioning, stop_pids
-from task.data_paths import default_data_dir
-from task.datasets import load_dataset
+from fedinit.cli.deploy_local import pids_mentioning, stop_pids
+from fedinit.task.data_paths import default_data_dir
+from fedinit.task.datasets import load_dataset
 from testbeds.deployment_runs import FlwrRun, kill_tree, wait_rounds
 from testbeds.fault_app import fault_app, hang_at
 from tests.device_data import FMNIST_CLASSES, skewed_fmnist_folders

@@ -4,8 +4,9 @@ line and one line of its ClientApp; each run completes above chance accuracy, an
 client's files show its method state, w_prev first, kept from one participation to the
 next. Slow: every run starts a SuperLink and Ray.
 
-The example imports ``strategies`` from the installed project (here: the checkout on
-PYTHONPATH, as every subprocess of the tests inherits it).
+The example runs as a user runs it: against the project's wheel, built from this checkout
+and installed (not editable) into a fresh environment (``tests/installed_wheel.py``), from a
+directory outside the checkout, with nothing of the checkout on the path.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from cli.flower_env import REPO, flower_env
-from cli.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV
-from methods.feddyn import H_LOCAL
-from methods.scaffold import C_LOCAL
-from store.client_store import W_PREV
-from store.state_dir import StateDir
+from fedinit.cli.flower_env import REPO, flower_env
+from fedinit.cli.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV
+from fedinit.methods.feddyn import H_LOCAL
+from fedinit.methods.scaffold import C_LOCAL
+from fedinit.store.client_store import W_PREV
+from fedinit.store.state_dir import StateDir
 from tests.conftest import free_ports, kill_local_superlink
+from tests.installed_wheel import TOP_LEVEL, build_wheel, fresh_environment, installed_env
+from tests.installed_wheel import site_packages as wheel_site
 
 EXAMPLE = REPO / "examples" / "tabular-quickstart"
 STRATEGY_LINE = "    strategy = FedAvg(**settings)  # the strategy line"
@@ -47,14 +50,41 @@ CHANCE = 0.25  # 4 balanced classes in the test set
 NODES = 10
 
 
+@pytest.fixture(scope="module")
+def wheel_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bin directory of a fresh environment with the checkout's wheel installed."""
+    root = tmp_path_factory.mktemp("wheel")
+    return fresh_environment(root / "env", build_wheel(root))
+
+
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """The offline Flower environment with a private home and local SuperLink ports."""
+def env(tmp_path: Path, wheel_bin: Path) -> Iterator[dict[str, str]]:
+    """The offline Flower environment of the installed wheel, with a private home and local
+    SuperLink ports."""
     http, control = (str(port) for port in free_ports(2))
-    environment = flower_env(tmp_path / "flwr-home", **{HTTP_PORT_ENV: http,
-                                                      CONTROL_PORT_ENV: control})
+    environment = installed_env(wheel_bin, flower_env(
+        tmp_path / "flwr-home", **{HTTP_PORT_ENV: http, CONTROL_PORT_ENV: control}))
     yield environment
     kill_local_superlink(http)
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_the_card_packages_and_one_namespace(
+        tmp_path: Path, env: dict[str, str], wheel_bin: Path) -> None:
+    """No generic ``task``, ``cli`` or ``store`` at the top of a user's site-packages; from
+    outside the checkout the strategies import from the wheel and read the run-config
+    defaults the wheel carries."""
+    site = wheel_site(wheel_bin.parent)
+    assert {p.name for p in site.iterdir() if p.is_dir() and not p.name.endswith(
+        (".dist-info", "__pycache__"))} == TOP_LEVEL
+    code = ("import strategies, fedinit, fedinit.task.config.defaults as d; "
+            "s = strategies.FedInit(beta=0.1, lr=0.05); "
+            "print(strategies.__file__, fedinit.__file__, d.defaults_file(), sep='\\n')")
+    out = subprocess.run([str(wheel_bin / "python"), "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    files = [Path(line) for line in out.split()]
+    assert len(files) == 3 and all(f.is_relative_to(site) for f in files), out
+    assert not any(f.is_relative_to(REPO) for f in files), out
 
 
 def switch(app: Path, name: str) -> None:
@@ -113,7 +143,7 @@ def check_state(root: Path, keys: set[str], w0: list[np.ndarray]) -> int:
 
 @pytest.mark.slow
 def test_the_example_switches_from_fedavg_to_fedinit_scaffold_and_feddyn(
-        tmp_path: Path, env: dict[str, str]) -> None:
+        tmp_path: Path, env: dict[str, str], wheel_bin: Path) -> None:
     w0 = example_task().initial_weights()
     accuracy: dict[str, float] = {}
     app = tmp_path / "app"
@@ -123,7 +153,7 @@ def test_the_example_switches_from_fedavg_to_fedinit_scaffold_and_feddyn(
         state = tmp_path / f"state-{name}"
         t0 = time.monotonic()
         proc = subprocess.run(
-            ["flwr", "run", ".", "--federation-config", f"num-supernodes={NODES}",
+            [str(wheel_bin / "flwr"), "run", ".", "--federation-config", f"num-supernodes={NODES}",
              "--run-config", f"state-dir='{state}'", "--stream"],
             cwd=app, env=env, capture_output=True, text=True, timeout=600, check=False)
         out = proc.stdout + proc.stderr
@@ -138,7 +168,7 @@ def test_the_example_switches_from_fedavg_to_fedinit_scaffold_and_feddyn(
             assert check_state(state, STATE[name], w0) > 0
         else:
             assert not state.exists()  # Flower's FedAvg client keeps nothing
-    listing = subprocess.run(["flwr", "ls", "--format", "json"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, check=False).stdout
+    listing = subprocess.run([str(wheel_bin / "flwr"), "ls", "--format", "json"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, check=False).stdout
     runs = json.loads(listing[listing.index("{"):])["runs"]
     assert [r["status"] for r in runs] == ["finished:completed"] * len(SWITCHES)

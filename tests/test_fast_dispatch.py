@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flower_compat import fast_dispatch, guard
+from fedinit.flower_compat import fast_dispatch, guard
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.flower_env import REPO
+from fedinit.cli.flower_env import REPO
 
-SIMULATE = [sys.executable, "-m", "cli.simulate"]
+SIMULATE = [sys.executable, "-m", "fedinit.cli.simulate"]
 BOUND_S = 3.0
 """CPU seconds (user + system) the refusing process may take; measured about 0.2 s each.
 CPU, not wall time: under a load of 10 on 2 cores the same refusals took 3-5 s of wall
@@ -74,10 +74,11 @@ def test_config_check_imports_neither_torch_nor_flower() -> None:
     # The method modules (the registry the config is built from) need numpy (60 ms), not
     # torch (a client hook imports it when it runs) and not Flower (the server's strategy
     # shell and the robust statistics do).
-    code = ("import sys; from task.config import RunConfig; import cli.simulate; "
+    code = ("import sys; from fedinit.task.config import RunConfig; import fedinit.cli.simulate; "
             "RunConfig.parse({}); "
             "print(sorted(({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'ray'}) "
-            "| ({m for m in sys.modules} & {'methods.robust', 'client_app', 'server_app'})))")
+            "| ({m for m in sys.modules} "
+            "& {'fedinit.methods.robust', 'client_app', 'server_app'})))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]"

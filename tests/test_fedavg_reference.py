@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from cli.inprocess_grid import InProcessGrid
 from client_app.trainer import local_sgd
-from methods.sampling import sample_clients
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods.sampling import sample_clients
+from fedinit.task.config import RunConfig
+from fedinit.task.datasets import to_tensor
+from fedinit.task.federated_data import client_examples, dataset_of
+from fedinit.task.models import get_weights, initial_model, set_weights
 from server_app.experiment import run_experiment
-from task.config import RunConfig
-from task.datasets import to_tensor
-from task.federated_data import client_examples, dataset_of
-from task.models import get_weights, initial_model, set_weights
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

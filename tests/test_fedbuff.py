@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from methods.fedbuff import BufferedUpdate, FedBuff, delta_of, staleness_weight
+from fedinit.methods.fedbuff import BufferedUpdate, FedBuff, delta_of, staleness_weight
 
 
 def test_staleness_values_by_hand() -> None:

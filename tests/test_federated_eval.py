@@ -15,15 +15,15 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 import server_app.experiment as experiment
-from cli.inprocess_grid import InProcessGrid
 from client_app.model_cache import client_test_tensors
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
+from fedinit.task.data_paths import default_data_dir
+from fedinit.task.datasets import load_dataset
+from fedinit.task.evaluation import evaluate
+from fedinit.task.models import get_weights, initial_model
 from server_app import federated_eval
 from server_app.federated_eval import FederatedEvaluator, LocalScore, weighted_mean
-from task.config import RunConfig
-from task.data_paths import default_data_dir
-from task.datasets import load_dataset
-from task.evaluation import evaluate
-from task.models import get_weights, initial_model
 from tests.device_data import FMNIST_CLASSES, skewed_fmnist_folders, write_image_folder
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots

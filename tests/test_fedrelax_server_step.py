@@ -15,11 +15,11 @@ import torch
 from flwr.common import ConfigRecord
 from flwr.server import Grid
 
-from methods import wire as rk
-from methods.fedrelax import DEGREE, OWN, START
-from methods.graph_loss import unstacked
-from methods.packed_arrays import unpack
-from task.config import ConfigError, RunConfig
+from fedinit.methods import wire as rk
+from fedinit.methods.fedrelax import DEGREE, OWN, START
+from fedinit.methods.graph_loss import unstacked
+from fedinit.methods.packed_arrays import unpack
+from fedinit.task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import NODE_BASE, Federation, Problem, quadratic_problem
 from tests.test_fedrelax import (
     TWO_CLUSTERS,
@@ -166,7 +166,7 @@ def test_relax_server_step_refusals() -> None:
 
 
 def test_the_report_row_names_the_server_step() -> None:
-    from scripts.personal_report import row_label
+    from fedinit.scripts.personal_report import row_label
 
     base = {"method": "fedrelax", "beta": 0.0, "graph": "loss", "relax-warmup": 10}
     assert row_label(base) == "FedRelax (learned graph: loss, warm-up 10)"

@@ -14,10 +14,10 @@ import numpy as np
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from methods import graph_loss as gl
-from methods import wire as rk
-from methods.fedrelax import OWN, FedRelaxState
-from methods.packed_arrays import unpack
+from fedinit.methods import graph_loss as gl
+from fedinit.methods import wire as rk
+from fedinit.methods.fedrelax import OWN, FedRelaxState
+from fedinit.methods.packed_arrays import unpack
 from testbeds.lsq_problem import NODE_BASE, Federation, Problem
 from tests.test_fedrelax import fedrelax, gtvmin_closed_form, own_models, rel_gap, two_regimes
 

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from cli.flower_env import OFFLINE_ENV, REPO, flower_env
-from cli.flower_output import clean_line
-from cli.superlink_port import (
+from fedinit.cli.flower_env import OFFLINE_ENV, REPO, flower_env
+from fedinit.cli.flower_output import clean_line
+from fedinit.cli.superlink_port import (
     CONTROL_PORT_ENV,
     HTTP_PORT_ENV,
     checkout_ports,
     foreign_superlink,
 )
-from scripts.flower_setup import (
+from fedinit.scripts.flower_setup import (
     BEGIN,
     CONNECTION,
     activate_block,
@@ -29,7 +29,7 @@ from scripts.flower_setup import (
     install,
     with_block,
 )
-from task.config import load_defaults
+from fedinit.task.config import load_defaults
 
 SETUP = REPO / "scripts" / "setup.sh"
 STAMP = REPO / ".venv" / ".fedinit-installed"

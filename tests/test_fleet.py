@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
-from cli.inprocess_grid import InProcessGrid
 from client_app.app import partition_of
-from methods import wire as rk
-from methods.sampling import sample_available, sample_clients
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.sampling import sample_available, sample_clients
+from fedinit.task.config import ConfigError, RunConfig
 from server_app import clients
 from server_app.clients import FederationError, Fleet
 from server_app.experiment import run_experiment
-from task.config import ConfigError, RunConfig
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")
 

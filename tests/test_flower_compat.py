@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flower_compat import guard, install
-from flower_compat.registry import KINDS, PATCHES, patch, table_markdown
+from fedinit.flower_compat import guard, install
+from fedinit.flower_compat.registry import KINDS, PATCHES, patch, table_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,12 +43,12 @@ def warnings() -> Iterator[Warnings]:
 
 def test_every_guard_passes_against_the_installed_flwr() -> None:
     """If this fails after an upgrade, re-check that patch against the new source and
-    re-measure it before recording the new hash (python -m flower_compat --check)."""
+    re-measure it before recording the new hash (python -m fedinit.flower_compat --check)."""
     guard.forget()
     assert {p.name: guard.why_not(p.name) for p in PATCHES} == {p.name: None for p in PATCHES}
     for p in PATCHES:
         assert p.checked and set(p.kinds) <= set(KINDS), p.name
-        assert (REPO / "flower_compat" / f"{p.module}.py").is_file(), p.module
+        assert (REPO / "fedinit" / "flower_compat" / f"{p.module}.py").is_file(), p.module
     assert len({p.name for p in PATCHES}) == len(PATCHES)
 
 
@@ -56,7 +56,7 @@ def test_every_guard_passes_against_the_installed_flwr() -> None:
 def _fast_dispatch() -> None:
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
 
-    from flower_compat import fast_dispatch
+    from fedinit.flower_compat import fast_dispatch
 
     state = InMemoryLinkState.__new__(InMemoryLinkState)
     state.lock, state.message_ins_store = threading.RLock(), {}
@@ -67,14 +67,14 @@ def _fast_dispatch() -> None:
 def _sim_window() -> None:
     from flwr.superlink.grid import InMemoryGrid
 
-    from flower_compat import sim_window
+    from fedinit.flower_compat import sim_window
 
     grid = InMemoryGrid.__new__(InMemoryGrid)
     assert sim_window.wrap(grid) is grid  # Flower's grid, every message pushed at once
 
 
 def _reply_poll() -> None:
-    from flower_compat import reply_poll
+    from fedinit.flower_compat import reply_poll
 
     grid = object()
     assert reply_poll.wrap(grid) is grid  # type: ignore[arg-type]
@@ -85,7 +85,7 @@ def _object_pulls() -> None:
     from flwr.superlink.grid import http_grid
     from flwr.supernode import start_client_internal as loop
 
-    from flower_compat import object_pulls
+    from fedinit.flower_compat import object_pulls
 
     for module, name in ((loop, object_pulls.SUPERNODE), (http_grid, object_pulls.SERVERAPP)):
         assert object_pulls.apply(name) is False
@@ -97,7 +97,7 @@ def _supernode_waits() -> None:
 
     from flwr.supernode import start_client_internal as loop
 
-    from flower_compat import supernode_waits
+    from fedinit.flower_compat import supernode_waits
 
     poll = supernode_waits.AdaptivePoll(fast=0.2, idle=3, window=30, reply=0.05)
     assert supernode_waits.apply(poll) is False
@@ -105,7 +105,7 @@ def _supernode_waits() -> None:
 
 
 def _warm_executor() -> None:
-    from node.launch import chosen_executor
+    from fedinit.node.launch import chosen_executor
 
     assert chosen_executor("warm") == "flower"  # Flower's flower-superexec
     assert chosen_executor("flower") == "flower"
@@ -114,8 +114,8 @@ def _warm_executor() -> None:
 def _app_allowlist() -> None:
     from flwr.supernode import start_client_internal as loop
 
-    from flower_compat import app_allowlist
-    from node.app_allowlist import Allowlist
+    from fedinit.flower_compat import app_allowlist
+    from fedinit.node.app_allowlist import Allowlist
 
     original = loop._pull_and_store_message
     assert app_allowlist.apply(Allowlist(REPO / "approved-apps.txt")) is False
@@ -125,7 +125,7 @@ def _app_allowlist() -> None:
 def _reply_order() -> None:
     from flwr.supernode import start_client_internal as loop
 
-    from flower_compat import reply_order
+    from fedinit.flower_compat import reply_order
 
     pull, push = loop._pull_and_store_message, loop._push_messages
     assert reply_order.apply() is False
@@ -133,7 +133,7 @@ def _reply_order() -> None:
 
 
 def _ray_inline() -> None:
-    from flower_compat import ray_inline
+    from fedinit.flower_compat import ray_inline
 
     # only the patch's own variable is compared: the guard's first read imports Ray and gRPC,
     # which set their own (RAY_CLIENT_MODE, GRPC_VERBOSITY) in a process that had not yet
@@ -148,7 +148,7 @@ def _ray_inline() -> None:
 
 
 def _app_source() -> None:
-    from flower_compat.app_source import app_files, staged_app
+    from fedinit.flower_compat.app_source import app_files, staged_app
 
     assert app_files(REPO) is None
     with staged_app(REPO) as app:
@@ -156,13 +156,13 @@ def _app_source() -> None:
 
 
 def _offline_env() -> None:
-    from flower_compat import offline_env
+    from fedinit.flower_compat import offline_env
 
     assert offline_env.offline({"A": "1"}) == {"A": "1"}
 
 
 def _ray_loopback() -> None:
-    from flower_compat import offline_env
+    from fedinit.flower_compat import offline_env
 
     assert offline_env.loopback({"A": "1"}) == {"A": "1"}
 
@@ -170,7 +170,7 @@ def _ray_loopback() -> None:
 def _flower_helpers() -> None:
     from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 
-    from flower_compat import flower_helpers
+    from fedinit.flower_compat import flower_helpers
 
     x = np.arange(20, dtype=np.float64).reshape(10, 2) ** 2
     np.testing.assert_array_equal(flower_helpers.trim_mean(x, 0.2), trim_mean(x, 0.2))
@@ -235,7 +235,7 @@ def test_the_serverapp_install_wraps_the_simulation_grid(warnings: Warnings) -> 
     from flwr.superlink.federation import NoOpFederationManager
     from flwr.superlink.grid import InMemoryGrid
 
-    from flower_compat.sim_window import WindowedSimGrid
+    from fedinit.flower_compat.sim_window import WindowedSimGrid
 
     grid = InMemoryGrid(LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(),
                                          ObjectStoreFactory()))
@@ -249,7 +249,8 @@ def test_the_serverapp_install_wraps_the_simulation_grid(warnings: Warnings) -> 
 
 # ---------------------------------------------------------------- the docs' table
 def test_the_docs_table_is_the_registry() -> None:
-    """docs/flower_compat.md holds ``python -m flower_compat``'s table between its markers."""
+    """docs/flower_compat.md holds ``python -m fedinit.flower_compat``'s table between its
+    markers."""
     doc = (REPO / "docs" / "flower_compat.md").read_text()
     begin, end = "<!-- patches:begin -->\n", "<!-- patches:end -->"
     assert doc.count(begin) == 1 and doc.count(end) == 1
@@ -302,7 +303,7 @@ def project_modules() -> list[str]:
 @pytest.mark.slow  # a fresh interpreter importing torch and the apps: 11-23 s
 def test_importing_every_project_module_changes_no_environment_and_patches_nothing() -> None:
     modules = project_modules()
-    assert "flower_compat.installer" in modules and "client_app.app" in modules
+    assert "fedinit.flower_compat.installer" in modules and "client_app.app" in modules
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     out = subprocess.run([sys.executable, "-c", SNAPSHOT, *modules], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=300)

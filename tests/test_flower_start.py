@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
-from methods.packed_arrays import unpack
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.task.config import RunConfig
+from fedinit.task.models import initial_weights
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
-from task.config import RunConfig
-from task.models import initial_weights
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

@@ -14,11 +14,11 @@ import pytest
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
-from methods import graph_loss as gl
-from methods import wire as rk
-from methods.fedrelax import DEGREE, FedRelaxState
-from methods.packed_arrays import unpack
-from task.config import ConfigError, RunConfig
+from fedinit.methods import graph_loss as gl
+from fedinit.methods import wire as rk
+from fedinit.methods.fedrelax import DEGREE, FedRelaxState
+from fedinit.methods.packed_arrays import unpack
+from fedinit.task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import NODE_BASE, Federation
 from tests.test_clustered import answer_with, message_for
 from tests.test_fedrelax import fedrelax, gtvmin_closed_form, own_models, rel_gap, two_regimes
@@ -224,7 +224,7 @@ def test_a_client_measures_when_due_or_when_more_candidates_are_available() -> N
 def test_graph_purity_counts_the_edges_inside_one_regime(tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]
                                                          ) -> None:
-    from scripts.graph_purity import main
+    from fedinit.scripts.graph_purity import main
 
     (tmp_path / "regimes.csv").write_text("partition-id,regime\n0,0\n1,0\n2,1\n3,1\n4,1\n")
     (tmp_path / "graph.json").write_text(json.dumps(

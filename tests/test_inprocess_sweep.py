@@ -1,4 +1,4 @@
-"""``sweep --in-process``: a cell runs through cli/inprocess_run.py, which refuses a bad
+"""``sweep --in-process``: a cell runs through fedinit/cli/inprocess_run.py, which refuses a bad
 config in one line before any work."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cli import inprocess_run
-from cli.sweep import command_for
-from cli.sweep_plan import load_plan
+from fedinit.cli import inprocess_run
+from fedinit.cli.sweep import command_for
+from fedinit.cli.sweep_plan import load_plan
 
 
 def test_in_process_cells_run_inprocess_run_with_the_cells_overrides(tmp_path: Path) -> None:
@@ -17,7 +17,7 @@ def test_in_process_cells_run_inprocess_run_with_the_cells_overrides(tmp_path: P
     path.write_text("name: g\nbase:\n  num-clients: 10\ngrid:\n  method: [ditto]\n")
     cell = load_plan(path).cells[0]
     cmd = command_for(cell, tmp_path / "c", None, {}, in_process=True)
-    assert cmd[1:3] == ["-m", "cli.inprocess_run"]
+    assert cmd[1:3] == ["-m", "fedinit.cli.inprocess_run"]
     assert 'method="ditto"' in cmd and f'output-dir="{(tmp_path / "c").resolve()}"' in cmd
 
 

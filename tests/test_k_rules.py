@@ -1,9 +1,9 @@
-"""scripts/k_rules.py: the candidate rules for K pick what their definitions say, checked on
+"""fedinit/scripts/k_rules.py: the candidate rules for K pick what their definitions say, checked on
 silhouettes written out by hand (rotation seed 2's and a flat Dir-0.1-like profile)."""
 
 from __future__ import annotations
 
-from scripts.k_rules import argmax_rule, within_rule
+from fedinit.scripts.k_rules import argmax_rule, within_rule
 
 SEED2 = {2: 0.550, 3: 0.521, 4: 0.527, 5: 0.485, 6: 0.352, 7: 0.328}
 FLAT = {2: 0.21, 3: 0.18, 4: 0.26, 5: 0.34, 6: 0.34, 7: 0.33}

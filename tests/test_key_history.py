@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from cli.sweep_plan import load_plan, matches
+from fedinit.cli.sweep_plan import load_plan, matches
+from fedinit.task.config import RunConfig
+from fedinit.task.config_keys import BEFORE_KEY, value_before
 from server_app import experiment
 from server_app.checkpoint import CheckpointError
-from task.config import RunConfig
-from task.config_keys import BEFORE_KEY, value_before
 
 
 def _cell(tmp_path: Path, base: str) -> object:

@@ -18,7 +18,7 @@ ALLOWED: dict[str, set[str]] = {
     "task": {"methods", "store", "flower_compat"},
     # both apps run the SecAgg+ core's halves:
     # client_app/secure_upload.py, server_app/round_stages/secure_sum.py
-    # client_app/app.py reads the node's own slowdown factor (node/slowdown.py)
+    # client_app/app.py reads the node's own slowdown factor (fedinit/node/slowdown.py)
     "client_app": {"task", "methods", "store", "flower_compat", "secure_aggregation", "node"},
     "server_app": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
     # the commands a user runs (fedinit-simulate, -sweep, -report, -deploy, -dashboard)
@@ -39,23 +39,38 @@ ALLOWED["bench"] = APPS | {"testbeds"}
 # commands it drives; nothing but the tests imports it
 ALLOWED["scripts"] = APPS
 PROJECT = {*ALLOWED, "tests"}
+NAMESPACE = "fedinit"
+"""The project's own namespace: every layer but the card's three packages and the
+checkout-only ones (tests, bench, testbeds) lives under it."""
+
+
+def layer_dir(layer: str) -> Path:
+    """Where a layer's package sits: ``fedinit/<layer>`` or, for the others, ``<layer>``."""
+    inside = REPO / NAMESPACE / layer
+    return inside if (inside / "__init__.py").exists() else REPO / layer
+
+
+def layer_of(module: str) -> str:
+    """The layer a dotted module name belongs to (``fedinit.task.x`` -> ``task``)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == NAMESPACE and len(parts) > 1 else parts[0]
 
 
 def project_imports(path: Path) -> set[str]:
-    """The project's top-level packages that ``path`` imports (TYPE_CHECKING ones too)."""
+    """The project's layers that ``path`` imports (TYPE_CHECKING ones too)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
+            found |= {layer_of(alias.name) for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.split(".")[0])
+            found.add(layer_of(node.module))
     return found & PROJECT
 
 
 def test_each_package_imports_only_the_layers_below() -> None:
     wrong = []
     for package, allowed in ALLOWED.items():
-        files = sorted((REPO / package).rglob("*.py"))
+        files = sorted(layer_dir(package).rglob("*.py"))
         assert files, package
         for path in files:
             extra = project_imports(path) - allowed - {package}
@@ -65,9 +80,12 @@ def test_each_package_imports_only_the_layers_below() -> None:
 
 
 def test_every_top_level_package_is_covered() -> None:
-    """A new package must get its row here (tests/ sits above all of them)."""
-    packages = {p.parent.name for p in REPO.glob("*/__init__.py")}
-    assert packages - {"tests"} == set(ALLOWED)
+    """A new package must get its row here (tests/ sits above all of them); the namespace
+    holds packages only."""
+    packages = {p.parent.name for p in [*REPO.glob("*/__init__.py"),
+                                        *(REPO / NAMESPACE).glob("*/__init__.py")]}
+    assert packages - {"tests", NAMESPACE} == set(ALLOWED)
+    assert sorted(p.name for p in (REPO / NAMESPACE).glob("*.py")) == ["__init__.py"]
 
 
 def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
@@ -77,20 +95,22 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
 
 
 def test_cli_holds_the_users_commands_and_only_what_they_use() -> None:
-    """Every ``[project.scripts]`` entry point is a ``cli/`` module, and every ``cli/``
-    module is reached from one (imported, or run as ``-m cli.<name>``); project tooling that
-    no command needs belongs in ``scripts/``."""
+    """Every ``[project.scripts]`` entry point is a ``fedinit/cli/`` module, and every
+    ``fedinit/cli/`` module is reached from one (imported, or run as
+    ``-m fedinit.cli.<name>``); project tooling that no command needs belongs in
+    ``fedinit/scripts/``."""
     entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     modules = {target.split(":")[0] for target in entry.values()}
-    assert {m.split(".")[0] for m in modules} == {"cli"}, modules
-    found = {p.stem for p in (REPO / "cli").glob("*.py")} - {"__init__"}
+    assert {m.rpartition(".")[0] for m in modules} == {"fedinit.cli"}, modules
+    found = {p.stem for p in (REPO / "fedinit" / "cli").glob("*.py")} - {"__init__"}
     reached: set[str] = set()
-    todo = [m.split(".")[1] for m in modules]
+    todo = [m.rpartition(".")[2] for m in modules]
     while todo:
         name = todo.pop()
         if name in reached:
             continue
         reached.add(name)
-        source = (REPO / "cli" / f"{name}.py").read_text()
+        source = (REPO / "fedinit" / "cli" / f"{name}.py").read_text()
         todo += [m for m in found if re.search(rf"\bcli(\.| import ){m}\b", source)]
-    assert found - reached == set(), f"cli/ modules no command uses: {sorted(found - reached)}"
+    assert found - reached == set(), \
+        f"fedinit/cli/ modules no command uses: {sorted(found - reached)}"

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from methods.scaffold import C_LOCAL
+from fedinit.methods.scaffold import C_LOCAL
+from fedinit.store.state_dir import StateDir
 from server_app.checkpoint import load_checkpoint
 from server_app.round_stages.held import ACCOUNTED_STATE
-from store.state_dir import StateDir
 from testbeds.deployment_runs import deployed
 from testbeds.link_deployment import LinkDeployment
 from testbeds.link_runs import Watched, watch

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from task.config import ConfigError, RunConfig
-from task.federated_data import (
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.federated_data import (
     client_examples,
     client_indices,
     client_test_examples,
@@ -18,7 +18,7 @@ from task.federated_data import (
     partition_indices,
     partition_sizes,
 )
-from task.local_split import local_test_positions, split_positions
+from fedinit.task.local_split import local_test_positions, split_positions
 
 RUN = {"num-clients": 5, "train-limit": 2000, "dirichlet-alpha": 0.3, "seed": 4}
 

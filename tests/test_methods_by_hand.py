@@ -16,13 +16,13 @@ import torch
 from torch import nn
 
 from client_app.trainer import local_sgd
-from methods.fedcm import MOMENTUM
-from methods.feddyn import H_LOCAL
-from methods.fedsam import sam_gradient
-from methods.packed_arrays import unpack
-from methods.sampling import sample_clients
-from methods.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
-from store.client_store import W_PREV
+from fedinit.methods.fedcm import MOMENTUM
+from fedinit.methods.feddyn import H_LOCAL
+from fedinit.methods.fedsam import sam_gradient
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.sampling import sample_clients
+from fedinit.methods.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
+from fedinit.store.client_store import W_PREV
 from testbeds.lsq_problem import Federation, quadratic_problem
 
 A = [[2.0, 0.0], [0.0, 4.0], [-3.0, 1.0]]
@@ -254,7 +254,7 @@ def test_the_hook_acts_before_clipping() -> None:
 def test_fedavg_with_lr_decay_clipping_and_the_norm_filter(ratio: float) -> None:
     """The harness with everything a real run has on: lr decay, gradient clipping and the norm
     filter (its reference: this round's norms and the accepted ones before)."""
-    from methods import wire as rk
+    from fedinit.methods import wire as rk
 
     f = fed(method="fedavg", **{"lr-decay": 0.5, "clip-norm": 1.0,
                                 "max-update-norm-ratio": ratio})

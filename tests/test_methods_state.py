@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from cli.inprocess_grid import InProcessGrid
-from methods.feddyn import H_LOCAL
-from methods.packed_arrays import unpack
-from methods.registry import METHODS, composes_with_ri
-from methods.scaffold import C_LOCAL
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods.feddyn import H_LOCAL
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.registry import METHODS, composes_with_ri
+from fedinit.methods.scaffold import C_LOCAL
+from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
-from store.client_store import W_PREV, ClientStore
-from task.config import RunConfig
 from testbeds.lsq_problem import Federation, lsq_problem
 
 N = 6

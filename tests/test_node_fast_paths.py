@@ -12,11 +12,11 @@ from collections.abc import Iterable, Iterator
 import pytest
 from flwr.app import Message, RecordDict
 
-from cli.inprocess_grid import set_task_identity
-from flower_compat import guard
-from flower_compat import supernode_waits as fast_poll
-from flower_compat.reply_poll import FastPollGrid
-from node.launch import runtime_address
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.flower_compat import guard
+from fedinit.flower_compat import supernode_waits as fast_poll
+from fedinit.flower_compat.reply_poll import FastPollGrid
+from fedinit.node.launch import runtime_address
 
 
 @pytest.fixture(autouse=True)
@@ -178,7 +178,7 @@ def test_node_polls_fast_only_within_the_window_after_a_message_and_wakes_once()
 
 
 def test_executor_waits_for_the_nodes_wake_instead_of_polling() -> None:
-    from node.warm_executor import WarmExecutor
+    from fedinit.node.warm_executor import WarmExecutor
 
     wake = fast_poll.PipeWaker()
     read = wake.read_fd
@@ -203,7 +203,7 @@ def test_executor_waits_for_the_nodes_wake_instead_of_polling() -> None:
     import multiprocessing as mp
     from types import SimpleNamespace
 
-    from node.warm_executor import InFlight
+    from fedinit.node.warm_executor import InFlight
 
     ours, theirs = mp.Pipe()
     never, _keep = os.pipe()
@@ -242,7 +242,7 @@ def test_launcher_keeps_the_runtime_api_on_loopback_in_process_isolation() -> No
 @pytest.mark.slow
 def test_executor_preload_imports_torch_but_never_starts_cuda() -> None:
     """Workers are forked from the supervisor: it must not have initialised CUDA."""
-    code = ("import sys; from node.warm_executor import WarmExecutor as W;"
+    code = ("import sys; from fedinit.node.warm_executor import WarmExecutor as W;"
             "e = W('127.0.0.1:1', True, None, 0.1, None); e.preload();"
             "import torch; print('torch' in sys.modules, torch.cuda.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -275,7 +275,7 @@ class FakeWorker:
 
 def test_a_stuck_task_does_not_hold_up_the_next_and_idle_extras_are_retired(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from node import warm_executor as we
+    from fedinit.node import warm_executor as we
 
     FakeWorker.started = []
     monkeypatch.setattr(we, "Worker", FakeWorker)
@@ -302,7 +302,7 @@ def test_object_pull_retry_patch_applies_to_the_checked_flower_only(
     from flwr.supercore.inflatable import inflatable_utils
     from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
 
-    from flower_compat import object_pulls
+    from fedinit.flower_compat import object_pulls
 
     assert guard.why_not(object_pulls.NAME) is None
     from flwr.superlink.grid import http_grid
@@ -340,7 +340,7 @@ def test_a_reply_whose_arrays_never_come_fails_at_the_callers_deadline(
     from flwr.supercore.inflatable import inflatable_utils
     from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, ObjectUnavailableError
 
-    from flower_compat import object_pulls
+    from fedinit.flower_compat import object_pulls
 
     def never(object_id: str) -> bytes:
         raise ObjectUnavailableError(object_id)
@@ -361,8 +361,8 @@ def test_a_reply_whose_arrays_never_come_fails_at_the_callers_deadline(
 
 def test_the_round_pulls_its_replies_with_the_rounds_deadline() -> None:
     """FastPollGrid sets the deadline its ``timeout`` gives around every pull of replies."""
-    from flower_compat import object_pulls
-    from flower_compat.reply_poll import FastPollGrid
+    from fedinit.flower_compat import object_pulls
+    from fedinit.flower_compat.reply_poll import FastPollGrid
 
     class Inner:
         deadlines: list[float | None] = []
@@ -384,7 +384,7 @@ def test_the_round_pulls_its_replies_with_the_rounds_deadline() -> None:
 
 def test_a_worker_whose_message_never_came_is_killed_when_the_node_moves_on(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from node import warm_executor as we
+    from fedinit.node import warm_executor as we
 
     FakeWorker.started = []
     monkeypatch.setattr(we, "Worker", FakeWorker)

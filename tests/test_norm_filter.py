@@ -18,13 +18,13 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from cli.inprocess_grid import set_task_identity
-from methods import wire as rk
-from methods.packed_arrays import unpack
-from methods.scaffold import DELTA_C
-from methods.weights import Weights
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.scaffold import DELTA_C
+from fedinit.methods.weights import Weights
+from fedinit.task.config import RunConfig
 from server_app.strategy import NORM_HISTORY, MethodStrategy
-from task.config import RunConfig
 
 RATIO = 20.0
 """The default ``max-update-norm-ratio``; the tests set it explicitly."""

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
-from methods.packed_arrays import unpack
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.task.config import ConfigError, RunConfig
 from server_app.experiment import run_experiment
-from task.config import ConfigError, RunConfig
 from tests.test_resume_and_faults import corrupt
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read, no real wait

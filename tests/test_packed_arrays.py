@@ -10,8 +10,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-from methods import wire as rk
-from methods.packed_arrays import ALIGN, PACKED, pack, shapes, unpack
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import ALIGN, PACKED, pack, shapes, unpack
 from tests.test_reply_bounds import W_T, answer, final, pid, send, server
 
 RNG = np.random.default_rng(3)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import report
-from cli.paired import PairError, pair, where
+from fedinit.cli import report
+from fedinit.cli.paired import PairError, pair, where
 
 ROWS = [  # mode, seed, acc; seed 9 only under sync, a fedavg row to filter out
     ("sync", "0", 0.70), ("async", "0", 0.68), ("sync", "1", 0.72), ("async", "1", 0.73),

@@ -1,4 +1,4 @@
-"""scripts/participation_report.py on a run directory written by hand: each client's
+"""fedinit/scripts/participation_report.py on a run directory written by hand: each client's
 participations and the accuracy means by participation count, computed here independently."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.participation_report import by_participation, main
+from fedinit.scripts.participation_report import by_participation, main
 
 TRAINED = {1: [0, 1], 2: [1, 2], 3: [1], 4: [0, 3]}
 """Round -> clients-trained; round 4 comes after the last personalized evaluation (round 3)."""

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from flwr.app import Context, RecordDict
 
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
 from server_app.clients import FederationError, Fleet, discover_clients
-from task.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("fake_clock")
 

@@ -15,19 +15,19 @@ import torch
 from flwr.app import Context, Message, MessageType
 
 import client_app.app as client_app
-from cli import inprocess_grid
-from cli.inprocess_grid import InProcessGrid
 from client_app.model_cache import client_test_tensors
-from methods import wire as rk
-from methods.ditto import PERSONAL
-from methods.packed_arrays import unpack
+from fedinit.cli import inprocess_grid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.ditto import PERSONAL
+from fedinit.methods.packed_arrays import unpack
+from fedinit.store.client_store import W_PREV
+from fedinit.store.simulated_state import STATE_ROOT
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.federated_data import dataset_of
+from fedinit.task.models import initial_model, set_weights
 from server_app import personal_summary as pe
 from server_app.experiment import run_experiment
-from store.client_store import W_PREV
-from store.simulated_state import STATE_ROOT
-from task.config import ConfigError, RunConfig
-from task.federated_data import dataset_of
-from task.models import initial_model, set_weights
 
 pytestmark = pytest.mark.usefixtures("small_central_test_set")
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.flower_env import REPO, flower_env
-from cli.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, listening, superlinks_on
-from scripts.flower_setup import flower_config, shell_env
-from task.config import load_defaults
+from fedinit.cli.flower_env import REPO, flower_env
+from fedinit.cli.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, listening, superlinks_on
+from fedinit.scripts.flower_setup import flower_config, shell_env
+from fedinit.task.config import load_defaults
 from tests.conftest import SIM_CONTROL_PORT, SIM_HTTP_PORT, kill_local_superlink
 
 SMALL = "num-server-rounds=2 train-limit=2000"  # the README's small-data override
@@ -106,7 +106,7 @@ def test_a_foreign_superlink_on_the_port_gets_no_run(tmp_path: Path) -> None:
         ours = flower_env(tmp_path / "ours", **{HTTP_PORT_ENV: SIM_HTTP_PORT,
                                                CONTROL_PORT_ENV: SIM_CONTROL_PORT})
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "cli.simulate", "num-server-rounds=1",
+        proc = subprocess.run([sys.executable, "-m", "fedinit.cli.simulate", "num-server-rounds=1",
                                f"output-dir={tmp_path / 'out'}"], cwd=REPO, env=ours,
                               capture_output=True, text=True, timeout=120, check=False)
         assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from bench.plain_loop import plain_run
-from cli.inprocess_grid import InProcessGrid
-from methods.registry import METHODS, composes_with_ri
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods.registry import METHODS, composes_with_ri
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from task.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

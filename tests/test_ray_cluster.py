@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.flower_env import flower_env
+from fedinit.cli.flower_env import flower_env
 from tests.conftest import free_ports, kill_local_superlink
 
 HTTP_PORT, CONTROL_PORT = "39591", "39593"
@@ -204,7 +204,7 @@ def simulate(env: dict[str, str], out: Path, num_clients: int, fraction: float) 
     kill_local_superlink(HTTP_PORT)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "cli.simulate", f"num-clients={num_clients}",
+            [sys.executable, "-m", "fedinit.cli.simulate", f"num-clients={num_clients}",
              f"fraction-train={fraction}", "num-server-rounds=2", "train-limit=2000",
              f"output-dir={out}"], env=env, capture_output=True, text=True, timeout=900,
             check=False)

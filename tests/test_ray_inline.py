@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flower_compat import guard, ray_inline
+from fedinit.flower_compat import guard, ray_inline
 
 
 @pytest.fixture()

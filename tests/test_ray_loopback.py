@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.flower_env import flower_env
+from fedinit.cli.flower_env import flower_env
 from tests.conftest import kill_local_superlink
 
 HTTP_PORT, CONTROL_PORT = "39891", "39893"  # its own: no other test or bench uses these
@@ -62,7 +62,7 @@ def test_simulation_ray_listens_on_loopback_only(tmp_path: Path) -> None:
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.simulate", "num-clients=2",
+            [sys.executable, "-m", "fedinit.cli.simulate", "num-clients=2",
              "fraction-train=1.0", "num-server-rounds=2", "train-limit=400", "local-epochs=1",
              f"output-dir={tmp_path / 'out'}"], env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)

@@ -1,4 +1,5 @@
-"""Regimes (task/regimes.py): clients fall into a few seeded, balanced groups whose examples are
+"""Regimes (fedinit/task/regimes.py): clients fall into a few seeded, balanced groups whose
+examples are
 rotated or relabelled the group's way, the same in train and local test split and in any
 process; with ``num-regimes`` 0 nothing changes."""
 
@@ -10,12 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from scripts.regime_graph import main as graph_main
-from scripts.regime_graph import read_edges
-from server_app.regime_files import read_regimes, write_regimes
-from task.config import ConfigError, RunConfig
-from task.datasets import load_dataset
-from task.federated_data import (
+from fedinit.scripts.regime_graph import main as graph_main
+from fedinit.scripts.regime_graph import read_edges
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.datasets import load_dataset
+from fedinit.task.federated_data import (
     client_examples,
     client_indices,
     client_test_examples,
@@ -23,12 +23,13 @@ from task.federated_data import (
     regime_of,
     regimes_of,
 )
-from task.regimes import (
+from fedinit.task.regimes import (
     client_regimes,
     label_permutation,
     rotate,
     same_regime_edges,
 )
+from server_app.regime_files import read_regimes, write_regimes
 
 RUN = {"num-clients": 8, "train-limit": 800, "partition": "iid", "seed": 3,
        "num-regimes": 4, "regime-kind": "rotate"}
@@ -183,9 +184,9 @@ def _fake_run(run_dir, regimes: dict[int, int], own: dict[int, float]) -> list[d
 
 
 def test_report_groups_by_data_set_and_gives_each_regimes_mean(tmp_path) -> None:
-    from cli.report import CellResult
-    from cli.sweep_plan import load_plan
-    from scripts.personal_report import tables
+    from fedinit.cli.report import CellResult
+    from fedinit.cli.sweep_plan import load_plan
+    from fedinit.scripts.personal_report import tables
 
     cells = [c for c in load_plan("experiments/fmnist-network.yaml").cells
              if c.config["method"] == "fedavg" and c.config["beta"] == 0.0
@@ -217,7 +218,7 @@ def test_report_reads_run_directories_given_on_the_command_line(tmp_path, capsys
     summary's config, grouped by label, and averaged over seeds with the grid's rule."""
     import json
 
-    from scripts.personal_report import main
+    from fedinit.scripts.personal_report import main
 
     runs = []
     for seed, own in ((0, 0.6), (1, 0.8)):
@@ -239,7 +240,7 @@ def test_report_reads_run_directories_given_on_the_command_line(tmp_path, capsys
 
 
 def test_report_rows_tell_a_given_graph_from_a_learned_one() -> None:
-    from scripts.personal_report import row_label
+    from fedinit.scripts.personal_report import row_label
 
     assert row_label({"method": "fedavg", "beta": 0.1}) == "FedInit"
     assert row_label({"method": "fedavg", "beta": 0.0, "graph": "file:/g.txt"}) == "FedAvg"

@@ -16,15 +16,15 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from cli.inprocess_grid import InProcessGrid, set_task_identity
-from methods import wire as rk
-from methods.packed_arrays import unpack
-from methods.scaffold import DELTA_C
-from methods.weights import Weights
+from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.scaffold import DELTA_C
+from fedinit.methods.weights import Weights
+from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import MethodStrategy
-from task.config import ConfigError, RunConfig
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

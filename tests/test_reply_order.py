@@ -1,4 +1,4 @@
-"""flower_compat.reply_order, replayed on Flower 1.39's own SuperNode loop functions.
+"""fedinit.flower_compat.reply_order, replayed on Flower 1.39's own SuperNode loop functions.
 
 The scene of tests/test_superlink_crash.py's one failure, step by step: the SuperLink is
 killed while a node receives a train message and comes back with that run stopped, so
@@ -27,7 +27,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from flwr.supernode import start_client_internal as loop
 from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
 
-from flower_compat import reply_order
+from fedinit.flower_compat import reply_order
 
 KILLED_RUN, RESUMED_RUN, NODE = 11, 22, 5
 

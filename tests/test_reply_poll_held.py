@@ -10,9 +10,9 @@ from collections.abc import Iterable
 
 from flwr.app import Message, RecordDict
 
-from cli.inprocess_grid import set_task_identity
-from flower_compat.object_pulls import _DEADLINE
-from flower_compat.reply_poll import LAST_PULL_SECONDS, FastPollGrid
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.flower_compat.object_pulls import _DEADLINE
+from fedinit.flower_compat.reply_poll import LAST_PULL_SECONDS, FastPollGrid
 
 
 class HeldPullGrid:

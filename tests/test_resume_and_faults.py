@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDict
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
-from methods.packed_arrays import unpack
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import TooFewReplies, run_experiment
-from store.client_store import W_PREV, ClientStore
-from task.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 
@@ -189,7 +189,7 @@ def test_restarted_supernode_restores_its_saved_state(tmp_path: Path) -> None:
     assert restarted, "some node should have had state to lose"
     assert bitwise_equal(final_model(tmp_path / "run"), final_model(tmp_path / "ref"))
     # what each restarted node saved on disk is exactly what it held in memory
-    from store.state_dir import StateDir
+    from fedinit.store.state_dir import StateDir
     for node, saved in restarted.items():
         pid = node - 1000
         mirror = StateDir(tmp_path / "state", "run", pid)

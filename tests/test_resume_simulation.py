@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import SIM_HTTP_PORT
 
-SIMULATE = [sys.executable, "-m", "cli.simulate"]
+SIMULATE = [sys.executable, "-m", "fedinit.cli.simulate"]
 CONFIG = ["num-clients=4", "fraction-train=0.5", "num-server-rounds=6", "train-limit=2000",
           "local-epochs=1", "method=scaffold"]
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from methods.ri import aggregate_update, divergence, relaxed_start, upload_vector
+from fedinit.methods.ri import aggregate_update, divergence, relaxed_start, upload_vector
 
 
 def f32(*xs: float) -> np.ndarray:

@@ -1,8 +1,8 @@
-"""scripts/ri_gain.py: pairs by seed, gains of the means, and the spread verdict by hand."""
+"""fedinit/scripts/ri_gain.py: pairs by seed, gains of the means, and the spread verdict by hand."""
 
 from __future__ import annotations
 
-from scripts.ri_gain import paired, table, verdict
+from fedinit.scripts.ri_gain import paired, table, verdict
 
 
 def row(method: str, beta: float, seed: int, acc: float, status: str = "done",

@@ -1,6 +1,6 @@
 """``aggregation=median|trimmed-mean`` against an independent numpy computation.
 
-Both are coordinate-wise and ignore the example weights (``methods/robust.py``): a client
+Both are coordinate-wise and ignore the example weights (``fedinit/methods/robust.py``): a client
 cannot buy influence by claiming more examples. The trimmed mean drops floor(trim * n)
 values at EACH end of every coordinate (the float product, as Flower's and scipy's
 ``trim_mean`` do). The reference below sorts each coordinate in plain Python; the first
@@ -18,13 +18,13 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from cli.inprocess_grid import set_task_identity
-from methods import wire as rk
-from methods.packed_arrays import unpack
-from methods.robust import combine
-from methods.weights import Weights
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.robust import combine
+from fedinit.methods.weights import Weights
+from fedinit.task.config import RunConfig
 from server_app.strategy import MethodStrategy
-from task.config import RunConfig
 
 SHAPES = [(3, 2), (4,)]
 

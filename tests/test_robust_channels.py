@@ -1,6 +1,6 @@
 """Krum, Multi-Krum and Bulyan select on the model move alone; an extra upload (SCAFFOLD's
 Delta_c) judged on its own scale can only screen a selected reply out of c; Multi-Krum's
-mean gives a claimed example count no weight (``methods/robust.py``).
+mean gives a claimed example count no weight (``fedinit/methods/robust.py``).
 
 The references below are plain Python (loops over coordinates, ``statistics.median``), not
 the numpy the module uses: Krum's score of a reply in one channel is the sum of its squared
@@ -21,14 +21,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from bench.krum_channels import DELTA_CS, MOVES, F, old_select, synthetic_rounds
-from cli.inprocess_grid import set_task_identity
-from methods import wire as rk
-from methods.packed_arrays import unpack
-from methods.robust import SCREEN, combine, select, unaccounted, upload_channels
-from methods.weights import Weights
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.robust import SCREEN, combine, select, unaccounted, upload_channels
+from fedinit.methods.weights import Weights
+from fedinit.task.config import RunConfig
+from fedinit.task.models import MODEL_NAMES, build_model, get_weights
 from server_app.strategy import MethodStrategy
-from task.config import RunConfig
-from task.models import MODEL_NAMES, build_model, get_weights
 
 SHAPES = [(3, 2), (4,)]
 """One channel's arrays (not a repeat of one shape: one channel is read as one)."""

@@ -16,16 +16,16 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from cli.inprocess_grid import set_task_identity
-from methods import wire as rk
-from methods.fedcm import FedCmParams, FedCmServer, FedCmState
-from methods.method import ClientUpdate, RoundInput
-from methods.packed_arrays import unpack
-from methods.robust import combine, select
-from methods.scaffold import DELTA_C
-from methods.weights import Weights
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.fedcm import FedCmParams, FedCmServer, FedCmState
+from fedinit.methods.method import ClientUpdate, RoundInput
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.robust import combine, select
+from fedinit.methods.scaffold import DELTA_C
+from fedinit.methods.weights import Weights
+from fedinit.task.config import ConfigError, RunConfig
 from server_app.strategy import MethodStrategy
-from task.config import ConfigError, RunConfig
 
 
 def pt(*xs: float) -> Weights:

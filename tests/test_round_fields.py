@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
 from server_app.results import ROUND_FIELDS
-from task.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

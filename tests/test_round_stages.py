@@ -16,12 +16,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from cli.inprocess_grid import set_task_identity
-from methods import wire as rk
-from methods.dp import Mechanism
-from methods.packed_arrays import unpack
-from methods.sampling import sample_clients
-from methods.weights import Weights
+from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.methods.dp import Mechanism
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.sampling import sample_clients
+from fedinit.methods.weights import Weights
+from fedinit.task.config import RunConfig
 from server_app.round_stages import RoundReplies
 from server_app.round_stages.combine import Combine, RobustMean
 from server_app.round_stages.decode import DecodeReplies
@@ -31,7 +32,6 @@ from server_app.round_stages.privacy import ClientLevelDp
 from server_app.round_stages.quorum import MinReplies
 from server_app.round_stages.sampling import AvailableSampler, RegisteredSampler
 from server_app.strategy import MethodStrategy
-from task.config import RunConfig
 
 SIZES = (30, 50, 70, 90)
 W_T: Weights = [np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3),

@@ -24,14 +24,14 @@ import torch
 from flwr.app import ArrayRecord, Message, MessageType
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
-from methods.packed_arrays import unpack
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.task.config import RunConfig
+from fedinit.task.datasets import to_tensor
+from fedinit.task.federated_data import dataset_of
+from fedinit.task.models import initial_model
 from server_app.experiment import run_experiment
-from task.config import RunConfig
-from task.datasets import to_tensor
-from task.federated_data import dataset_of
-from task.models import initial_model
 from testbeds.lsq_problem import Federation, Problem, half_sq_norm, quadratic_problem
 from tests.conftest import SMALL_TEST_SET
 

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
-from methods.fedavg import FedAvgServer
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.methods.fedavg import FedAvgServer
+from fedinit.store.state_dir import StateDir
+from fedinit.task.config import ConfigError
 from server_app.app import RunAborted, main
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import ModelDiverged, run_experiment
 from server_app.results import TIMING_FIELDS
-from store.state_dir import StateDir
-from task.config import ConfigError
 from tests.test_resume_and_faults import CrashingGrid, config, corrupt, rows
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

@@ -1,4 +1,4 @@
-"""scripts/screenshots.py: the documentation's pictures made by the script, every request to
+"""fedinit/scripts/screenshots.py: the documentation's pictures made by the script, every request to
 127.0.0.1. Fast: the off-host count and the argument checks; slow: the whole script into
 tmp_path, its PNGs decoded and showing their pages' own elements (the curves' points where
 the rows put them, TensorBoard's lines in its accuracy card)."""
@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from scripts import screenshots
-from scripts.headless import LocalPage, off_host
+from fedinit.scripts import screenshots
+from fedinit.scripts.headless import LocalPage, off_host
 
 PORT = int(os.environ.get("FEDINIT_TEST_SCREENSHOT_PORT", "44060"))
 """The page on PORT, TensorBoard on PORT + 1."""

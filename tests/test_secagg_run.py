@@ -1,7 +1,7 @@
 """Secure aggregation wired into a round (``secure-aggregation=secagg+``).
 
 Whole runs go through the real server loop, strategy, pipeline and ClientApp handlers in this
-process (``cli.inprocess_grid.InProcessGrid``); each is compared with the same run with
+process (``fedinit.cli.inprocess_grid.InProcessGrid``); each is compared with the same run with
 secure aggregation off, whose plain replies give the independent mean. The stage tests drive
 ``SecAggRound`` and ``SecureSum`` with protocol clients over a grid that can drop any of them.
 """
@@ -20,15 +20,16 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
-from cli.inprocess_grid import InProcessGrid, set_task_identity
 from client_app.app import evaluate_fn
 from client_app.model_cache import initial_weights
 from client_app.secure_upload import STATE, mask_upload
-from methods.method import ClientUpdate
-from methods.packed_arrays import pack, unpack
-from secure_aggregation import SecAggClient, SecAggParams
-from secure_aggregation import wire as sw
-from secure_aggregation.envelope import token_length
+from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.methods.method import ClientUpdate
+from fedinit.methods.packed_arrays import pack, unpack
+from fedinit.secure_aggregation import SecAggClient, SecAggParams
+from fedinit.secure_aggregation import wire as sw
+from fedinit.secure_aggregation.envelope import token_length
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import NothingTrained, run_experiment
 from server_app.round_stages.decode import DecodeReplies
@@ -36,7 +37,6 @@ from server_app.round_stages.held import AccountedRounds
 from server_app.round_stages.method_update import AccountRound
 from server_app.round_stages.replies import RoundReplies, run_stages
 from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, masked_problem
-from task.config import RunConfig
 from tests.test_device_privacy import EVALUATE_QUERIES, context, evaluate_message
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot

@@ -27,7 +27,7 @@ from flwr.common.secure_aggregation.secaggplus_utils import (
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, public_key_to_bytes
 from scipy.stats import chisquare
 
-from secure_aggregation import (
+from fedinit.secure_aggregation import (
     MODULUS,
     RoundFailedError,
     SecAggClient,
@@ -36,9 +36,9 @@ from secure_aggregation import (
     SecAggServer,
     Stage,
 )
-from secure_aggregation.envelope import token_length
-from secure_aggregation.graph import ring_neighbours
-from secure_aggregation.masks import expand, pairwise_key
+from fedinit.secure_aggregation.envelope import token_length
+from fedinit.secure_aggregation.graph import ring_neighbours
+from fedinit.secure_aggregation.masks import expand, pairwise_key
 
 SHAPES = [(4, 3, 3), (4,), (10, 8)]
 

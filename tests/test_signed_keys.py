@@ -33,19 +33,25 @@ from flwr.supercore.primitives.asymmetric import (
     public_key_to_bytes,
 )
 
-from cli.inprocess_grid import InProcessGrid, set_task_identity
 from client_app.app import query_fn
 from client_app.secagg_trust import TrustError, fresh_round, parse_peer_keys, trust_of
-from methods import wire as rk
-from secure_aggregation import MODULUS, SecAggClient, SecAggInputError, SecAggParams, SecAggServer
-from secure_aggregation import wire as sw
-from secure_aggregation.masks import expand, pairwise_key
-from secure_aggregation.quant import dequantise_sum
-from secure_aggregation.signing import KeyTrust, statement
-from secure_aggregation.wire import Stage
+from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.methods import wire as rk
+from fedinit.secure_aggregation import (
+    MODULUS,
+    SecAggClient,
+    SecAggInputError,
+    SecAggParams,
+    SecAggServer,
+)
+from fedinit.secure_aggregation import wire as sw
+from fedinit.secure_aggregation.masks import expand, pairwise_key
+from fedinit.secure_aggregation.quant import dequantise_sum
+from fedinit.secure_aggregation.signing import KeyTrust, statement
+from fedinit.secure_aggregation.wire import Stage
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from task.config import RunConfig
 from tests.test_secure_aggregation import SHAPES, grid_vectors, over_wire, plain_sum
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot

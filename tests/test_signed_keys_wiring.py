@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from cli.flower_env import REPO
 from client_app.secagg_trust import PEER_KEYS, SIGNING_KEY, trust_of
-from node.launch import node_config_of
+from fedinit.cli.flower_env import REPO
+from fedinit.node.launch import node_config_of
 
 MAKE_CERTS = REPO / "deploy" / "make_certs.sh"
 KEYS_IN_NODE = {SIGNING_KEY: "/keys/node_key", PEER_KEYS: "/keys/secagg-peer-keys.txt"}

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.flower_env import REPO
-from cli.simulate import run_status, stream_run
+from fedinit.cli.flower_env import REPO
+from fedinit.cli.simulate import run_status, stream_run
 
-SIMULATE = [sys.executable, "-m", "cli.simulate"]
+SIMULATE = [sys.executable, "-m", "fedinit.cli.simulate"]
 
 
 @pytest.mark.slow

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from flwr.app import Message, MessageType
 
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.store.simulated_state import RUN_SUBDIR
+from fedinit.task.config import RunConfig
 from server_app.clients import FederationError, discover_clients
 from server_app.engine_facts import client_state_entry
 from server_app.experiment import run_experiment
-from store.simulated_state import RUN_SUBDIR
-from task.config import RunConfig
 from tests.sim_engine import InProcessSimulation
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
@@ -65,7 +65,7 @@ def test_simulated_clients_keep_state_on_disk_only_and_end_bit_identical(tmp_pat
     mem_dir, mem_held = simulate(tmp_path, "memory")
     # memory: after round 1 each of the 4 contexts holds w_prev and c_i (the test sees state);
     # after round 2 also the c_i of round 1, the version the server has accounted for until a
-    # later message says it aggregated round 2's reply (store/client_store.py)
+    # later message says it aggregated round 2's reply (fedinit/store/client_store.py)
     assert mem_held == [0, 8, 12]
     # disk: the engine's Contexts hold no client arrays between rounds, nor at the end
     assert disk_held == [0, 0, 0]

@@ -1,4 +1,5 @@
-"""A node's ``slowdown`` (``node.slowdown``, ``node.launch --slowdown``): the factor's
+"""A node's ``slowdown`` (``fedinit.node.slowdown``, ``fedinit.node.launch --slowdown``): the
+factor's
 checks, where it reaches the node config, and that a train task sleeps (FACTOR - 1) x its
 measured training time after the reply is built, leaving the reply itself unchanged."""
 
@@ -12,11 +13,11 @@ import pytest
 from flwr.common.config import parse_config_args
 
 from client_app.app import train_fn
-from methods import wire as rk
-from methods.packed_arrays import unpack
-from node import slowdown
-from node.launch import check_slowdown, parse_args, with_slowdown
-from task.config import RunConfig
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.node import slowdown
+from fedinit.node.launch import check_slowdown, parse_args, with_slowdown
+from fedinit.task.config import RunConfig
 from tests.test_device_privacy import RUN, context, train_message
 
 PLAIN = {k: v for k, v in RUN.items() if not k.startswith("dp")}

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.device_speeds import read_speeds_file
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
-from task.config import ConfigError, RunConfig
-from task.device_speeds import read_speeds_file
 from tests.test_virtual_clock import final_of, rows_of
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 import server_app.experiment as experiment
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
+from fedinit.task.data_paths import DataNotFoundError
 from server_app.clients import FederationError
-from task.config import RunConfig
-from task.data_paths import DataNotFoundError
 
 
 def config(tmp: Path, **over: Any) -> RunConfig:

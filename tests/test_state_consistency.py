@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 from flwr.app import Message, MessageType
 
-from methods.feddyn import H_LOCAL
-from methods.packed_arrays import pack, unpack
-from methods.scaffold import C_LOCAL, DELTA_C
+from fedinit.methods.feddyn import H_LOCAL
+from fedinit.methods.packed_arrays import pack, unpack
+from fedinit.methods.scaffold import C_LOCAL, DELTA_C
+from fedinit.store.files import read_record
+from fedinit.store.simulated_state import RUN_SUBDIR
+from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.strategy import ACCOUNTED_STATE
-from store.files import read_record
-from store.simulated_state import RUN_SUBDIR
-from task.config import RunConfig
 from tests.sim_engine import InProcessSimulation
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

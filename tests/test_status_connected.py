@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import RunConfig
 from server_app import clients
 from server_app.clients import Fleet
 from server_app.experiment import run_experiment
 from server_app.status import STATUS_FILE, StatusWriter
-from task.config import RunConfig
 from tests.test_fleet import SMALL
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

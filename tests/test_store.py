@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from server_app.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from store.client_store import W_PREV, ClientStore
-from store.files import (
+from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.store.files import (
     RecordError,
     atomic_write,
     atomic_write_bytes,
@@ -23,7 +22,8 @@ from store.files import (
     read_record,
     write_record,
 )
-from store.state_dir import KEEP_VERSIONS, StateDir
+from fedinit.store.state_dir import KEEP_VERSIONS, StateDir
+from server_app.checkpoint import CHECKPOINT_FILE, load_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,7 +59,7 @@ def test_failure_between_write_and_replace_keeps_the_old_file(
     def fail(*_: object) -> None:
         raise OSError("disk gone")
 
-    monkeypatch.setattr("store.files.os.replace", fail)
+    monkeypatch.setattr("fedinit.store.files.os.replace", fail)
     with pytest.raises(OSError, match="disk gone"):
         atomic_write_bytes(path, b"new" * 1000)
     assert path.read_bytes() == b"old" * 1000 and leftovers(tmp_path) == []
@@ -85,7 +85,7 @@ def test_process_killed_between_write_and_replace(tmp_path: Path) -> None:
     file; the temp file stays behind (hidden) and does not stop the next write."""
     path = tmp_path / "f.bin"
     atomic_write_bytes(path, b"old")
-    code = ("import os, sys\nfrom pathlib import Path\nimport store.files as sf\n"
+    code = ("import os, sys\nfrom pathlib import Path\nimport fedinit.store.files as sf\n"
             "sf.os.replace = lambda *a: os._exit(9)\n"
             "sf.atomic_write_bytes(Path(sys.argv[1]), b'new' * 100000)\n")
     done = subprocess.run([sys.executable, "-c", code, str(path)], cwd=REPO, check=False,

@@ -25,24 +25,24 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
-from cli.inprocess_grid import InProcessGrid, LocalGrid, set_task_identity
 from client_app.round import client_round
 from client_app.trainer import SgdSettings, sgd_pass
-from flower_compat.app_source import app_files
-from methods import wire as rk
-from methods.dp import Mechanism
-from methods.feddyn import H_LOCAL
-from methods.packed_arrays import pack, unpack
-from methods.registry import METHOD_NAMES, METHODS
-from methods.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
+from fedinit.cli.inprocess_grid import InProcessGrid, LocalGrid, set_task_identity
+from fedinit.flower_compat.app_source import app_files
+from fedinit.methods import wire as rk
+from fedinit.methods.dp import Mechanism
+from fedinit.methods.feddyn import H_LOCAL
+from fedinit.methods.packed_arrays import pack, unpack
+from fedinit.methods.registry import METHOD_NAMES, METHODS
+from fedinit.methods.scaffold import C_GLOBAL, C_LOCAL, DELTA_C
+from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.models import initial_weights
 from server_app.experiment import run_experiment
-from store.client_store import W_PREV, ClientStore
 from strategies import FedDyn, FedInit, Scaffold
 from strategies.catalog import STRATEGIES
 from strategies.client import method_train, participate, stored_state
 from strategies.wire import method_config
-from task.config import ConfigError, RunConfig
-from task.models import initial_weights
 from tests.test_layers import project_imports
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
@@ -84,7 +84,7 @@ def test_the_layers_strategies_import() -> None:
 
 
 def test_the_projects_fab_carries_the_package() -> None:
-    """``flwr run .`` ships what Flower's rules keep (``flower_compat/app_source.py``)."""
+    """``flwr run .`` ships what Flower's rules keep (``fedinit/flower_compat/app_source.py``)."""
     files = app_files(REPO)
     assert files is not None
     wanted = {p.relative_to(REPO).as_posix() for p in (REPO / "strategies").glob("*.py")}

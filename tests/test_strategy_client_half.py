@@ -19,11 +19,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from torch import nn
 
-from methods import wire as rk
-from methods.packed_arrays import unpack
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.task.config import ConfigError
 from strategies import FedDyn, FedInit, FedProx, Scaffold
 from strategies.client_half_check import ClientHalfMissing, is_foreign
-from task.config import ConfigError
 from tests.flower_log import flower_lines
 from tests.test_strategies import D, N, UserGrid
 
@@ -241,7 +241,7 @@ def test_a_flower_argument_the_client_half_cannot_honour_is_refused(
 def test_the_server_sends_w0_until_a_clients_first_aggregated_reply() -> None:
     """Under RI each train message to a client with accounted round 0 carries the run's w_0
     (and only those): the client half needs no copy of the server's initial model."""
-    from methods.packed_arrays import unpack as arrays_of
+    from fedinit.methods.packed_arrays import unpack as arrays_of
     from strategies.wire import INITIAL
 
     grid = UserGrid([10, 20, 30, 40])

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord
 
-from cli.inprocess_grid import InProcessGrid
-from methods.registry import AGGREGATIONS, METHODS
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods.registry import AGGREGATIONS, METHODS
+from fedinit.task.config import ConfigError, RunConfig, load_defaults
 from strategies import FedDyn, FedInit, FedRelax, Scaffold
 from strategies.components import (
     AGGREGATION_CLASSES,
@@ -39,7 +40,6 @@ from strategies.components import (
     aggregation_named,
 )
 from strategies.wire import INITIAL
-from task.config import ConfigError, RunConfig, load_defaults
 
 ALL: list[type[Component]] = sorted({c for kinds in COMPONENTS.values() for c in kinds},
                                     key=lambda c: c.__name__)

@@ -19,11 +19,13 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import Result
 
-from cli.inprocess_grid import InProcessGrid
-from methods import dp as dp_module
-from methods import wire as rk
-from methods.packed_arrays import unpack
-from secure_aggregation import quant
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import dp as dp_module
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.secure_aggregation import quant
+from fedinit.task.config import RunConfig
+from fedinit.task.models import initial_weights
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
 from server_app.round_stages.sampling import SEED_ENV
@@ -36,8 +38,6 @@ from strategies.components import (
     OverSelect,
     SecAgg,
 )
-from task.config import RunConfig
-from task.models import initial_weights
 from tests.test_strategy_components import train_users_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("quick_runs")]

@@ -1,7 +1,7 @@
 """A SuperLink killed mid-run (slow): restarted on its --database and ports, the nodes come back
 on their own and a resumed run ends with the uninterrupted run's model, bit for bit.
 
-Real TLS + node-auth process deployments (cli/deploy_local.py), 3 and 5 SuperNodes. The
+Real TLS + node-auth process deployments (fedinit/cli/deploy_local.py), 3 and 5 SuperNodes. The
 SuperLink is SIGKILLed with its ServerApp executor and ServerApp while a round is in flight,
 so the nodes are busy with messages of a run that is gone when the link comes back: their
 replies are stale, and they reconnect with Flower's back-off.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.deploy_local import CONNECTION, Deployment
-from cli.simulate import run_status
+from fedinit.cli.deploy_local import CONNECTION, Deployment
+from fedinit.cli.simulate import run_status
 from testbeds.deployment_runs import (
     FlwrRun,
     completed_run,

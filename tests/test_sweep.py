@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from cli.flower_env import REPO, flower_env
-from cli.report import collect, finished_run, markdown, metric_of, write_report
-from cli.sweep import dry_run, select, set_aside_unfinished
-from cli.sweep_plan import Cell, PlanError, load_plan
-from methods.registry import METHOD_NAMES, composes_with_ri
+from fedinit.cli.flower_env import REPO, flower_env
+from fedinit.cli.report import collect, finished_run, markdown, metric_of, write_report
+from fedinit.cli.sweep import dry_run, select, set_aside_unfinished
+from fedinit.cli.sweep_plan import Cell, PlanError, load_plan
+from fedinit.methods.registry import METHOD_NAMES, composes_with_ri
 from tests.conftest import kill_local_superlink
 
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))
@@ -201,10 +201,11 @@ def test_finished_cells_are_skipped_and_stale_runs_set_aside(
 
 @pytest.fixture()
 def sweep_main() -> Iterator[Callable[[list[str]], int]]:
-    """cli.sweep's ``main`` in this process (a fresh interpreter cost about 3 s of CPU: torch,
-    Flower), with the SIGTERM handler it installs put back afterwards. The ``-m cli.sweep``
+    """fedinit.cli.sweep's ``main`` in this process (a fresh interpreter cost about 3 s of CPU:
+    torch,
+    Flower), with the SIGTERM handler it installs put back afterwards. The ``-m fedinit.cli.sweep``
     entry itself runs in test_two_cell_sweep_end_to_end (slow)."""
-    from cli import sweep
+    from fedinit.cli import sweep
 
     before = signal.getsignal(signal.SIGTERM)
     yield sweep.main
@@ -214,7 +215,7 @@ def sweep_main() -> Iterator[Callable[[list[str]], int]]:
 def test_a_sweep_with_every_cell_finished_runs_nothing(
         tmp_path: Path, sweep_main: Callable[[list[str]], int],
         capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from cli import report
+    from fedinit.cli import report
 
     monkeypatch.setattr(report, "plot_curves", lambda *_: [])  # figures: tested below
     path = write(tmp_path, "grid:\n  beta: [0.0, 0.1]\n")
@@ -310,7 +311,7 @@ def test_two_cell_sweep_end_to_end_and_resume(tmp_path: Path) -> None:
     """)
     env = flower_env(tmp_path / "flwr-home", FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=SWEEP_HTTP_PORT,
                      FLWR_LOCAL_CONTROL_API_PORT=SWEEP_CONTROL_PORT)
-    cmd = [sys.executable, "-m", "cli.sweep", str(path),
+    cmd = [sys.executable, "-m", "fedinit.cli.sweep", str(path),
            "--out", str(tmp_path / "out")]
     kill_local_superlink(SWEEP_HTTP_PORT)
     try:
@@ -334,7 +335,7 @@ def test_two_cell_sweep_end_to_end_and_resume(tmp_path: Path) -> None:
 @pytest.mark.parametrize("script", ["sweep", "report"])
 def test_a_grid_file_that_is_not_there_is_one_line_and_exit_2(
         tmp_path: Path, script: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from cli import report, sweep
+    from fedinit.cli import report, sweep
 
     missing = tmp_path / "nope.yaml"
     main = {"sweep": sweep.main, "report": report.main}[script]

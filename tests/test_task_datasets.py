@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from task.data_paths import CIFAR10_JPEG_TARBALL, default_data_dir
-from task.datasets import (
+from fedinit.task.data_paths import CIFAR10_JPEG_TARBALL, default_data_dir
+from fedinit.task.datasets import (
     DataFormatError,
     DataNotFoundError,
     load_dataset,

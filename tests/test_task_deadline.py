@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from node.deadline import task_deadline, timeout_reason
-from node.launch import executor_command
-from node.launch import parse_args as launch_args
-from node.warm_executor import InFlight, Worker, parse_args
-from task.config import ConfigError, RunConfig, load_defaults
+from fedinit.node.deadline import task_deadline, timeout_reason
+from fedinit.node.launch import executor_command
+from fedinit.node.launch import parse_args as launch_args
+from fedinit.node.warm_executor import InFlight, Worker, parse_args
+from fedinit.task.config import ConfigError, RunConfig, load_defaults
 
 
 @pytest.mark.parametrize(("run_config", "override", "want"), [
@@ -100,7 +100,7 @@ def gone(pid: int) -> bool:
 
 
 def test_kill_takes_the_worker_and_its_children(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("node.warm_executor.worker_main", _hang_with_a_child)
+    monkeypatch.setattr("fedinit.node.warm_executor.worker_main", _hang_with_a_child)
     worker = Worker("f" * 64, "127.0.0.1:1", True, None)
     conn = worker.conn
     assert conn.poll(30), "the stand-in worker did not start its child"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from task.models import MODEL_NAMES, RESNET_GN_GROUPS, build_model, get_weights, set_weights
+from fedinit.task.models import MODEL_NAMES, RESNET_GN_GROUPS, build_model, get_weights, set_weights
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,7 +115,8 @@ and both heads, every pair of them once: a pairwise cover of the full 2 x 2 x 2 
 
 
 def _torchvision_resnet18_gn(num_classes: int, in_channels: int, seed: int) -> torch.nn.Module:
-    """The model task.models built before it stopped using torchvision, on the same RNG fork."""
+    """The model fedinit.task.models built before it stopped using torchvision, on the same RNG
+    fork."""
     resnet18 = pytest.importorskip(
         "torchvision.models", reason="torchvision is needed only as the reference").resnet18
     with torch.random.fork_rng(devices=[]):
@@ -162,7 +163,7 @@ def test_models_build_and_run_without_torchvision() -> None:
     code = (
         "import sys; sys.modules['torchvision'] = None\n"
         "import torch; torch.set_num_threads(1)\n"
-        "from task.models import MODEL_NAMES, NATIVE_IMAGE_SIZES, build_model\n"
+        "from fedinit.task.models import MODEL_NAMES, NATIVE_IMAGE_SIZES, build_model\n"
         "for name in MODEL_NAMES:\n"
         "    for channels in (1, 3):\n"
         "        side = NATIVE_IMAGE_SIZES[name]\n"
@@ -186,10 +187,10 @@ def test_w0_is_one_build_shared_by_server_clients_and_cache() -> None:
     """The server's w_0, the clients' cached fallback and the seeded build are the same arrays,
     and the client cache builds it once per config."""
     from client_app import model_cache
+    from fedinit.task.config import RunConfig
+    from fedinit.task.federated_data import dataset_of
+    from fedinit.task.models import initial_model, initial_weights
     from server_app.central_eval import CentralEvaluator
-    from task.config import RunConfig
-    from task.federated_data import dataset_of
-    from task.models import initial_model, initial_weights
 
     cfg = RunConfig.parse({"train-limit": 1000, "seed": 3})
     data = dataset_of(cfg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from task.noise import class_brightness_shift, client_channel_scale
+from fedinit.task.noise import class_brightness_shift, client_channel_scale
 
 
 def _images(n: int = 40, channels: int = 3) -> np.ndarray:
@@ -71,10 +71,10 @@ def test_noise_shifts_client_data_but_not_the_central_test_set() -> None:
     """As the docstrings say: clients train on shifted images, the server scores clean ones."""
     import torch
 
+    from fedinit.task.config import RunConfig
+    from fedinit.task.datasets import to_tensor
+    from fedinit.task.federated_data import client_examples, client_indices, dataset_of
     from server_app.central_eval import CentralEvaluator
-    from task.config import RunConfig
-    from task.datasets import to_tensor
-    from task.federated_data import client_examples, client_indices, dataset_of
 
     cfg = RunConfig.parse({"train-limit": 1000, "brightness-noise": 0.2, "channel-noise": 0.2})
     data = dataset_of(cfg)

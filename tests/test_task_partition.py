@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from task.data_paths import default_data_dir
-from task.datasets import load_dataset
-from task.partition import (
+from fedinit.task.data_paths import default_data_dir
+from fedinit.task.datasets import load_dataset
+from fedinit.task.partition import (
     PARTITION_NAMES,
     dirichlet_equal_split,
     dirichlet_split,

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from cli.report import collect, markdown, write_report
-from cli.sweep_plan import PlanError, load_plan
-from cli.time_to_target import TargetHit, first_reaching, summarize
+from fedinit.cli.report import collect, markdown, write_report
+from fedinit.cli.sweep_plan import PlanError, load_plan
+from fedinit.cli.time_to_target import TargetHit, first_reaching, summarize
 from tests.test_sweep import write
 
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cli.inprocess_grid import InProcessGrid
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.task.config import ConfigError, RunConfig
 from server_app.experiment import run_experiment
 from server_app.results import Recorder
 from server_app.tracking import EVENTS_DIR, TrackingUnavailable, check_available, tag_of
-from task.config import ConfigError, RunConfig
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

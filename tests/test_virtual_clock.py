@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from cli.inprocess_grid import InProcessGrid
-from methods import wire as rk
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.methods import wire as rk
+from fedinit.task.config import ConfigError, RunConfig
+from fedinit.task.device_speeds import STEP_SECONDS, durations, slowdowns
+from fedinit.task.federated_data import client_examples
 from server_app import async_rounds
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
 from server_app.virtual_clock import VirtualClock
-from task.config import ConfigError, RunConfig
-from task.device_speeds import STEP_SECONDS, durations, slowdowns
-from task.federated_data import client_examples
 from tests.test_async_rounds import fedbuff_by_hand, first_model
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read, no real wait

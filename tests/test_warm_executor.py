@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli.deploy_local import Deployment
-from cli.flower_env import REPO
-from cli.inprocess_grid import InProcessGrid
-from cli.simulate import toml_line
+from fedinit.cli.deploy_local import Deployment
+from fedinit.cli.flower_env import REPO
+from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.cli.simulate import toml_line
+from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
-from task.config import RunConfig
 from testbeds.fault_app import fault_app, hang_at, raise_at, sigkill_at
 from tests.deploy_helpers import diffs, rounds, run_dir
 

@@ -48,6 +48,6 @@ docker run -d --name "$NAME" --user "$user" "${platform[@]}" "${opts[@]}" \
   -v "$(realpath "$DATA_DIR")":/usr/share/datasets/fashion-mnist:ro \
   -v "$(realpath "$STATE_DIR")":/flwr \
   "$IMAGE" \
-  python -m node.launch -- --superlink "$SUPERLINK" --root-certificates /keys/ca.crt \
+  python -m fedinit.node.launch -- --superlink "$SUPERLINK" --root-certificates /keys/ca.crt \
     --auth-supernode-private-key /keys/node_key \
     --node-config "$node_config"

@@ -1,5 +1,5 @@
 """Stage 8, combine: each contribution's weight and the round's aggregate update D under the
-RI variant (``methods.ri.aggregate_update``), by the run's rule or, under DP, the sum over a
+RI variant (``fedinit.methods.ri.aggregate_update``), by the run's rule or, under DP, the sum over a
 fixed denominator (``Mechanism.mean``), chosen where the pipeline is built."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from methods.method import ClientUpdate
-from methods.ri import aggregate_update
-from methods.robust import combine
-from methods.weights import Weights
+from fedinit.methods.method import ClientUpdate
+from fedinit.methods.ri import aggregate_update
+from fedinit.methods.robust import combine
+from fedinit.methods.weights import Weights
+from fedinit.task.config import RunConfig
 from server_app.round_stages.replies import RoundReplies
-from task.config import RunConfig
 
 Mean = Callable[[Sequence[Weights], Sequence[float]], Weights]
 """How one vector per contribution becomes one: (vectors, weights) -> vector."""
@@ -20,7 +20,7 @@ Mean = Callable[[Sequence[Weights], Sequence[float]], Weights]
 
 @dataclasses.dataclass(frozen=True)
 class RobustMean:
-    """The run's ``aggregation`` rule (``methods.robust.combine``) as a ``Mean``."""
+    """The run's ``aggregation`` rule (``fedinit.methods.robust.combine``) as a ``Mean``."""
 
     cfg: RunConfig
 

@@ -13,17 +13,17 @@ import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 
-from methods import wire as rk
-from methods.compression import Compression, CompressionError
-from methods.method import ClientUpdate, ServerRule
-from methods.packed_arrays import unpack
-from methods.upload_codec import channels, codec_problem, decode_channel
-from methods.weights import Weights
+from fedinit.methods import wire as rk
+from fedinit.methods.compression import Compression, CompressionError
+from fedinit.methods.method import ClientUpdate, ServerRule
+from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.upload_codec import channels, codec_problem, decode_channel
+from fedinit.methods.weights import Weights
+from fedinit.task.config import RunConfig
+from fedinit.task.federated_data import num_steps
 from server_app.operator_log import log_line
 from server_app.round_stages.replies import Accepted, RoundReplies, log_rejected
 from server_app.round_stages.secure_sum import masked_problem
-from task.config import RunConfig
-from task.federated_data import num_steps
 
 NOT_ARRIVED = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
                          ErrorCode.NODE_UNAVAILABLE})

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from methods.method import ServerRule, ServerState
-from methods.weights import Weights
+from fedinit.methods.method import ServerRule, ServerState
+from fedinit.methods.weights import Weights
 
 ACCOUNTED_STATE = "accounted-rounds"
 """Server-state name of the round each client's last aggregated reply came from (0: none)."""

@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-from methods import wire as rk
-from methods.packed_arrays import pack
-from methods.weights import Weights
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import pack
+from fedinit.methods.weights import Weights
+from fedinit.task.config import RunConfig
 from server_app.round_stages.held import HeldMethod
-from task.config import RunConfig
 
 ClientConfig = Callable[[ConfigRecord, int], ConfigRecord]
 """The round's settings for one client: (round config, client id) -> its config."""

@@ -7,13 +7,13 @@ import dataclasses
 
 import numpy as np
 
-from methods import wire as rk
-from methods.method import RoundInput
-from methods.ri import divergence
+from fedinit.methods import wire as rk
+from fedinit.methods.method import RoundInput
+from fedinit.methods.ri import divergence
+from fedinit.task.config import RunConfig
 from server_app.round_stages.combine import Mean
 from server_app.round_stages.held import AccountedRounds, HeldMethod
 from server_app.round_stages.replies import RoundReplies
-from task.config import RunConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from methods import wire as rk
-from methods.method import ClientUpdate
-from methods.norms import update_norms, vector_norm
-from methods.weights import Weights
+from fedinit.methods import wire as rk
+from fedinit.methods.method import ClientUpdate
+from fedinit.methods.norms import update_norms, vector_norm
+from fedinit.methods.weights import Weights
+from fedinit.task.config import RunConfig
 from server_app.round_stages.held import HeldMethod
 from server_app.round_stages.replies import RoundReplies, log_rejected
-from task.config import RunConfig
 
 NORM_HISTORY = 64
 """Accepted upload norms kept per uploaded vector: the norm filter's reference in rounds with

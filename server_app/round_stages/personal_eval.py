@@ -13,11 +13,11 @@ from logging import WARNING
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from methods import wire as rk
-from methods.packed_arrays import unpack
+from fedinit.methods import wire as rk
+from fedinit.methods.packed_arrays import unpack
+from fedinit.task.config import RunConfig
 from server_app import personal_summary
 from server_app.round_stages.messages import TrainMessages, for_client
-from task.config import RunConfig
 
 
 @dataclasses.dataclass

@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from methods.dp import Mechanism
-from methods.robust_choices import SELECTIONS
+from fedinit.methods.dp import Mechanism
+from fedinit.methods.robust_choices import SELECTIONS
+from fedinit.task.config import RunConfig
 from server_app.round_stages.combine import Combine, RobustMean
 from server_app.round_stages.decode import DecodeReplies
 from server_app.round_stages.held import AccountedRounds, HeldMethod
@@ -26,7 +27,6 @@ from server_app.round_stages.sampling import (
 )
 from server_app.round_stages.secure_sum import SecAggRound, SecureSum, params_of, upload_keys
 from server_app.round_stages.selection import RobustSelection
-from task.config import RunConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,7 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
     Multi-Krum, Bulyan) -> DP (only under DP) -> combine -> method update -> accounting.
     Under DP the sample is drawn from a secret seed (the run's seed is public). Under secure
     aggregation: decode (masked uploads) -> quorum -> secure sum -> method update ->
-    accounting: nothing else may read one upload (``task.config`` refuses what does); with
+    accounting: nothing else may read one upload (``fedinit.task.config`` refuses what does); with
     ``dp=distributed`` the sampler is DP's and the secure sum releases only sums of at least
     t_min uploads, divided by the fixed m."""
     messages = TrainMessages(cfg, method, node_of_partition, client_config)

@@ -1,4 +1,5 @@
-"""Stage 7, client-level DP on the server (``methods.dp.Mechanism.replies``): in the pipeline
+"""Stage 7, client-level DP on the server (``fedinit.methods.dp.Mechanism.replies``): in the
+pipeline
 exactly when ``dp`` is on. With every arrived reply rejected the noise alone is released, on a
 zero contribution that stands for no client (never counted as any client's round)."""
 
@@ -8,9 +9,9 @@ import dataclasses
 
 import numpy as np
 
-from methods.dp import Mechanism
-from methods.method import ClientUpdate
-from methods.weights import Weights
+from fedinit.methods.dp import Mechanism
+from fedinit.methods.method import ClientUpdate
+from fedinit.methods.weights import Weights
 from server_app.round_stages.replies import RoundReplies
 
 

@@ -9,9 +9,9 @@ from logging import WARNING
 
 from flwr.app import Message
 
-from methods import wire as rk
-from methods.method import ClientUpdate
-from methods.weights import Weights
+from fedinit.methods import wire as rk
+from fedinit.methods.method import ClientUpdate
+from fedinit.methods.weights import Weights
 from server_app.operator_log import log_line
 
 Accepted = tuple[int, ClientUpdate]

@@ -1,4 +1,4 @@
-"""Stage 1, who is asked: a seeded sample of client ids (``methods.sampling``)."""
+"""Stage 1, who is asked: a seeded sample of client ids (``fedinit.methods.sampling``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from logging import WARNING
 
 from flwr.common.logger import log
 
-from methods.sampling import sample_available, sample_registered
+from fedinit.methods.sampling import sample_available, sample_registered
 
 SEED_ENV = "FEDINIT_DP_SAMPLING_SEED"
 """For tests only: an integer here, in the ServerApp's environment, fixes the secret DP

@@ -1,6 +1,6 @@
 """Secure aggregation (``secure-aggregation=secagg+``): SecAgg+'s stages around a train round
 (five with signed keys), so the server only ever holds the SUM of the round's uploads
-(``secure_aggregation/``, docs/algorithms.md, "Secure aggregation").
+(``fedinit/secure_aggregation/``, docs/algorithms.md, "Secure aggregation").
 
 ``SecAggRound.key_exchange`` runs in ``configure_train`` (Flower 1.39 hands it the grid): the
 setup and share-keys stages as two QUERY exchanges with the sampled clients, then each train
@@ -36,14 +36,19 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from methods import wire as rk
-from methods.weights import Weights
-from secure_aggregation import RoundFailedError, SecAggInputError, SecAggParams, SecAggServer
-from secure_aggregation import wire as sw
-from secure_aggregation.wire import Stage as SecAggStage
+from fedinit.methods import wire as rk
+from fedinit.methods.weights import Weights
+from fedinit.secure_aggregation import (
+    RoundFailedError,
+    SecAggInputError,
+    SecAggParams,
+    SecAggServer,
+)
+from fedinit.secure_aggregation import wire as sw
+from fedinit.secure_aggregation.wire import Stage as SecAggStage
+from fedinit.task.config import RunConfig
 from server_app.operator_log import log_line
 from server_app.round_stages.replies import RoundReplies
-from task.config import RunConfig
 
 SECAGG = sw.RECORD
 """The ConfigRecord of every SecAgg+ message (the protocol's dict) and of a masked reply."""

@@ -1,5 +1,5 @@
 """Stage 6, robust selection: the replies Krum, Multi-Krum or Bulyan let through
-(``methods.robust.select``); in the pipeline only under those aggregations."""
+(``fedinit.methods.robust.select``); in the pipeline only under those aggregations."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from logging import INFO, WARNING
 
 from flwr.common.logger import log
 
-from methods.method import ClientUpdate, RoundInput, ServerRule
-from methods.robust import SCREEN, select, unaccounted
-from methods.robust_choices import min_replies
+from fedinit.methods.method import ClientUpdate, RoundInput, ServerRule
+from fedinit.methods.robust import SCREEN, select, unaccounted
+from fedinit.methods.robust_choices import min_replies
+from fedinit.task.config import RunConfig
 from server_app.round_stages.replies import RoundReplies
-from task.config import RunConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class RobustSelection:
-    """Selects on the model move alone (``methods.robust.select``) and screens the selected
+    """Selects on the model move alone (``fedinit.methods.robust.select``) and screens the selected
     replies' extra uploads (``unaccounted``: their moves count, their Delta_c_i and state do
     not); halts the round, logged, when too few replies came for ``byzantine-f``, as with
     too few replies for ``min-replies``."""

@@ -1,0 +1,545 @@
+"""FedRelax (book section 5.6, eq. (123)): GTVMin over the FL network by local relaxation.
+
+GTVMin (eq. (58)): min over w^(1..n) of sum_i L_i(w^(i)) + alpha sum_{edges} A_ii' ||w^(i) -
+w^(i')||^2. Each client keeps its own model w^(i) (client state ``fedrelax-w``); when sampled
+it minimizes L_i(w) + alpha sum_i' A_ii' ||w - w^(i')||^2 = L_i(w) + alpha d_i ||w - m_i||^2 +
+const by the run's local SGD from its stored model, where d_i = sum_i' A_ii' is its degree and
+m_i = sum_i' A_ii' w^(i') / d_i the A-weighted mean of its neighbours' latest models: the
+gradient gains 2 alpha d_i (w - m_i). A fixed point of these updates is a stationary point of
+GTVMin (its gradient in w^(i) is that of the local objective).
+
+Server: keeps each client's latest uploaded model on disk (``ModelFiles``, one file per client
+and version; the checkpointed state names the current version of each), builds m_i from the
+neighbours' files when it sends to client i, and sends ONE model-shaped array (m_i, in place of
+the global model) plus d_i; a client with no neighbour gets its own stored model back and
+trains on L_i alone. A client never receives a single other client's model unless that client
+is its only neighbour (non-zero weight). The "global" model the server returns each round is
+the mean of all clients' current models (the central accuracy curve); personal evaluation
+scores each client's own w^(i).
+
+Graph (``graph``): ``file:<path>`` of weighted edges (``fedinit/methods/graph.py``), or ``knn``:
+every
+client that has trained linked to its ``graph-k`` most cosine-similar clients by their latest
+update (its upload minus its previous model, sketched), rebuilt after round 1 and every
+``graph-refresh-every`` rounds; no edges before round 1 ends; or ``loss``: learned from how
+well each candidate neighbour's model fits a client's own data (``fedinit/methods/graph_loss.py``):
+a
+client sampled from round 2 on, at its first participation, once ``graph-refresh-every``
+rounds have passed since its last measurement, and when more candidates are available than its
+last choice was made from, is also sent up to
+``graph-candidates`` other clients' latest models (the server's copies), reports the mean loss
+of each on its own training data (one float per candidate) before it trains, and is linked to
+its ``graph-k`` lowest, none past the widest gap among its 2k lowest (A = 1; the union of the
+clients' choices). Under ``relax-warmup`` the loss graph also keeps each warm-up reply's upload
+(w_iK, trained from the shared model on the client's data: the server received it anyway) as
+that client's candidate model until it uploads after the warm-up, so the first measurements
+come in round R+1 and score every client the warm-up trained. The graph in use is written
+to the run directory (``graph.json``, ``graph.png``) each time it changes.
+
+Neighbourhoods that learn from every participation (``relax-server-step`` beta > 0; issue 45):
+after each GTVMin round the server moves every client that did not reply and has a neighbour
+toward its neighbours' mean, w^(i) <- w^(i) - beta/d_i sum_i' A_ii' (w^(i) - w^(i')) =
+(1 - beta) w^(i) + beta m_i, all from the models as they stand after the round's replies (one
+Jacobi step): the GTV part of GTVMin's gradient step at step size beta / (2 alpha d_i), which
+needs no data. A client's model then moves whenever its neighbours train, not only when it is
+sampled (6 of 30 a round: 2-4 times in 20 rounds). The stepped models are stored like uploads
+(a new version, the checkpointed one kept) and every message after the warm-up carries the
+server's copy of the client's model (``START``), so the client trains from what the server
+accounted; its stored w^(i) (personal accuracy (c)) is the one of its last participation.
+
+Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
+models the server holds then, and a flush replaces each buffered client's model (its last
+reply): ``replaces_models``; only a ``file:`` graph (``async_refusal``).
+
+RI and DP are refused: RI's start point is built from a global model the clients do not train
+from (each starts from its own w^(i), which is what RI's w_prev carries), and the server needs
+each client's exact model, which DP's clipped, noised uploads are not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedinit.methods import graph as gr
+from fedinit.methods import graph_loss as gl
+from fedinit.methods.method import (
+    ClientDown,
+    ClientRule,
+    ClientUpdate,
+    LocalJob,
+    LocalOutcome,
+    MethodSpec,
+    ModelFiles,
+    Params,
+    ReportFiles,
+    RoundInput,
+    Scalar,
+    ServerRule,
+    ServerState,
+    apply_step,
+    check_range,
+    proximal_hook,
+)
+from fedinit.methods.weights import Weights
+
+OWN = "fedrelax-w"
+"""Client state: the client's own model w^(i)."""
+DEGREE = "fedrelax-degree"
+"""Down array: the client's degree d_i = sum_i' A_ii' (one number)."""
+WARMUP = "fedrelax-warmup"
+"""Down array: 1.0 in a warm-up round (train the shared model sent, FedAvg's pass), else 0.0."""
+START = "fedrelax-start"
+"""Down arrays: the server's copy of the client's model stacked once, the client's w^(i)
+becomes it before training: the warm-up's model for a client whose w^(i) is still it (none
+uploaded since the warm-up), and under ``relax-server-step`` every time (the server may have
+stepped it); empty otherwise."""
+GRAPH_FILE = "graph.json"
+GRAPH_PNG = "graph.png"
+DRAW_LIMIT = 500
+"""Largest federation whose graph is drawn (a PNG of more nodes shows nothing)."""
+PER_CLIENT = ("each client trains from its own model, not from a global one, and the server "
+              "needs every client's exact model for its neighbours' terms")
+
+
+@dataclass(frozen=True)
+class FedRelaxParams(Params):
+    fedrelax_alpha: float
+    """alpha: the weight of the GTV term; 0 = local training only."""
+    graph: str
+    """``knn`` or ``loss`` (learned) or ``file:<path>`` (edges ``i j [weight]``)."""
+    graph_k: int
+    """Neighbours per client in the learned graph."""
+    graph_refresh_every: int
+    """Rounds between rebuilds of the learned graph (knn: after round 1 and every this many;
+    loss: between one client's measurements)."""
+    graph_candidates: int
+    """``graph=loss``: the most candidate models one client scores at a measurement."""
+    relax_warmup: int
+    """Rounds of FedAvg on one shared model before GTVMin starts from it (0: none)."""
+    relax_server_step: float
+    """beta: after each GTVMin round every client that did not reply moves this fraction of
+    the way to its neighbours' mean (0: off)."""
+    relax_server_rule: str
+    """``mean``: the step is toward the neighbours' mean; ``moves``: by beta times the
+    A-weighted mean of the moves of the neighbours that trained this round."""
+
+    def check(self) -> None:
+        check_range("fedrelax-alpha", self.fedrelax_alpha, self.fedrelax_alpha >= 0,
+                    "a number >= 0 (0 = local training only)")
+        check_range("graph", self.graph, self.graph in ("knn", gl.SOURCE) or (
+            self.graph.startswith(gr.FILE_PREFIX) and len(self.graph) > len(gr.FILE_PREFIX)),
+            "knn | loss | file:<path of an edge list 'i j [weight]' per line>")
+        check_range("graph-k", self.graph_k, self.graph_k >= 1, "an integer >= 1")
+        check_range("graph-refresh-every", self.graph_refresh_every,
+                    self.graph_refresh_every >= 1, "an integer >= 1")
+        check_range("graph-candidates", self.graph_candidates,
+                    self.graph_candidates >= self.graph_k,
+                    f"an integer >= graph-k ({self.graph_k})")
+        check_range("relax-warmup", self.relax_warmup, self.relax_warmup >= 0,
+                    "an integer >= 0 (rounds of FedAvg before GTVMin; 0 = none)")
+        check_range("relax-server-step", self.relax_server_step,
+                    0.0 <= self.relax_server_step <= 1.0,
+                    "a number in [0, 1] (the move toward the neighbours' mean; 0 = off)")
+        check_range("relax-server-rule", self.relax_server_rule,
+                    self.relax_server_rule in ("mean", "moves"), "mean | moves")
+
+    @property
+    def learned(self) -> bool:
+        return self.graph in ("knn", gl.SOURCE)
+
+
+@dataclass(frozen=True)
+class FedRelaxState(ServerState):
+    """Everything but the models themselves (those are files): checkpointed."""
+
+    w0: Weights
+    """The model every client's w^(i) starts from, the server's copy of a client that has not
+    uploaded since: w_0, or once ``relax-warmup`` rounds have ended, the warm-up's model."""
+    version: Weights
+    """[int64 (N,)]: the round of each client's current stored model (0: none yet)."""
+    graph: Weights
+    """[edges (E, 2) int64, weights (E,) float64]: the graph in use."""
+    sketch: Weights
+    """[float32 (N, SKETCH_DIM)]: each client's latest update, sketched (knn graph)."""
+    chosen: Weights
+    """[int64 (N, graph-k)]: each client's lowest-loss candidates (-1: empty; loss graph)."""
+    measured: Weights
+    """[int64 (N,)]: the round of each client's last measurement (0: none; loss graph)."""
+    pool: Weights
+    """[int64 (N,)]: how many candidates each client's last measurement scored (loss graph)."""
+    clock: Weights
+    """[int64 (1,)]: the rounds completed (which round the next messages are for)."""
+    probe: Weights
+    """[int64 (N,)]: the warm-up round whose upload (the client's local model w_iK, trained
+    from the shared model) is its candidate model until it uploads after the warm-up (0:
+    none; ``graph=loss`` with ``relax-warmup``)."""
+
+    @classmethod
+    def from_arrays(cls, saved: Mapping[str, Weights]) -> ServerState:
+        """As ``ServerState``'s, and a checkpoint written before ``probe`` existed resumes with
+        none (what that code kept: no warm-up upload as a candidate model)."""
+        if "probe" not in saved:
+            saved = {**saved, "probe": [np.zeros(0, dtype=np.int64)]}
+        return super().from_arrays(saved)
+
+
+class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
+    """Stores the uploads, sends each client its neighbourhood term, learns the graph."""
+
+    state_type = FedRelaxState
+    per_client_refusal = PER_CLIENT
+    robust_refusal = ("each client's model is its own; there is no aggregate for a robust "
+                      "rule to build")
+    replaces_models = True
+
+    @classmethod
+    def async_refusal(cls, values: Mapping[str, Any]) -> tuple[str, Any, str, str] | None:
+        """Under ``rounds=async`` only a given graph: the loss graph's measurements are
+        matched to a client's last message at the round's end, and the knn graph's rebuilds
+        are counted in rounds; neither is built for tasks that outlive a flush."""
+        warmup = values["relax-warmup"]
+        if warmup != 0:
+            return ("relax-warmup", warmup, "0 with method='fedrelax'",
+                    "the warm-up's FedAvg rounds and the switch to GTVMin are counted in rounds; "
+                    "not built for tasks that outlive a flush")
+        step = values.get("relax-server-step", 0.0)
+        if step != 0.0:
+            return ("relax-server-step", step, "0 with method='fedrelax'",
+                    "the server's neighbourhood steps are taken at a round's end; not built for "
+                    "tasks that outlive a flush")
+        graph = values["graph"]
+        if graph not in ("knn", gl.SOURCE):
+            return None
+        return ("graph", graph, "file:<path> with method='fedrelax'",
+                "a learned graph is rebuilt from one round's replies and messages; not built "
+                "for tasks that outlive a flush")
+
+    def __init__(self, params: FedRelaxParams) -> None:
+        super().__init__(params)
+        self.models: ModelFiles | None = None
+        self.results: ReportFiles | None = None
+        self.sent: dict[int, np.ndarray] = {}
+        """Client id -> the candidates its last message carried (``graph=loss``): a reply's
+        losses must be for exactly these."""
+
+    def bind(self, models: ModelFiles, results: ReportFiles | None) -> None:
+        self.models, self.results = models, results
+
+    def init(self, w0: Weights) -> FedRelaxState:
+        graph = (gr.empty() if self.params.learned
+                 else gr.read_edges(Path(self.params.graph.removeprefix(gr.FILE_PREFIX))))
+        return FedRelaxState(w0=[a.copy() for a in w0], version=[np.zeros(0, dtype=np.int64)],
+                             graph=graph,
+                             sketch=[np.zeros((0, gr.SKETCH_DIM), dtype=np.float32)],
+                             chosen=[np.zeros((0, self.params.graph_k), dtype=np.int64)],
+                             measured=[np.zeros(0, dtype=np.int64)],
+                             pool=[np.zeros(0, dtype=np.int64)],
+                             clock=[np.zeros(1, dtype=np.int64)],
+                             probe=[np.zeros(0, dtype=np.int64)])
+
+    def model_of(self, state: FedRelaxState, pid: int) -> Weights:
+        """The server's copy of client ``pid``'s current model (w_0 before its first upload)."""
+        version = state.version[0]
+        if pid >= len(version) or version[pid] == 0:
+            return state.w0
+        assert self.models is not None
+        return self.models.read(pid, int(version[pid]))
+
+    def candidate_model(self, state: FedRelaxState, pid: int) -> Weights:
+        """The model client ``pid`` is scored by (``graph=loss``): its latest upload after
+        the warm-up, else its last warm-up upload (``probe``), else its server copy."""
+        version, probe = state.version[0], state.probe[0]
+        if (pid >= len(version) or version[pid] == 0) and pid < len(probe) and probe[pid] > 0:
+            assert self.models is not None
+            return self.models.read(pid, int(probe[pid]))
+        return self.model_of(state, pid)
+
+    @staticmethod
+    def scoreable(state: FedRelaxState) -> np.ndarray:
+        """[int64 (N,)], > 0 where a client has a model to be scored by: an upload after the
+        warm-up or a warm-up upload kept as its candidate model."""
+        version, probe = state.version[0], state.probe[0]
+        n = max(len(version), len(probe))
+        return np.maximum(gr.grown_rows(version, n), gr.grown_rows(probe, n))
+
+    def term(self, state: FedRelaxState, pid: int) -> tuple[Weights, float]:
+        """(m_i, d_i): the A-weighted mean of client ``pid``'s neighbours' models and its
+        degree; its own model and 0 without neighbours."""
+        ids, weights = gr.neighbours(state.graph, pid)
+        degree = float(weights.sum())
+        if degree == 0.0:
+            return self.model_of(state, pid), 0.0
+        total = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
+        for j, a in zip(ids, weights, strict=True):
+            for acc, w in zip(total, self.model_of(state, int(j)), strict=True):
+                acc += a * w.astype(np.float64)
+        return [(t / degree).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)], degree
+
+    def candidates_for(self, state: FedRelaxState, pid: int) -> np.ndarray:
+        """The clients whose models ``pid`` scores in its next message (none unless
+        ``graph=loss`` and its measurement is due)."""
+        upcoming = int(state.clock[0][0]) + 1
+        have = self.scoreable(state)
+        if self.params.graph != gl.SOURCE or not gl.due(
+                state.measured[0], state.pool[0], pid, upcoming,
+                self.params.graph_refresh_every,
+                gl.available(pid, have, self.params.graph_candidates)):
+            return np.zeros(0, dtype=np.int64)
+        return gl.candidates(pid, have, state.chosen[0], self.params.graph_candidates,
+                             upcoming)
+
+    def warming(self, state: FedRelaxState) -> bool:
+        """Whether the next round is one of the ``relax-warmup`` rounds of FedAvg."""
+        return int(state.clock[0][0]) < self.params.relax_warmup
+
+    def down_to(self, state: FedRelaxState, partition_id: int, w_t: Weights) -> ClientDown:
+        """In a warm-up round the shared model w_t (degree 0, the warm-up flag); after it
+        m_i, d_i, the candidates due (``graph=loss``) and, to a client with no upload since
+        the warm-up, the warm-up's model to start its w^(i) from."""
+        if self.warming(state):
+            self.sent[partition_id] = np.zeros(0, dtype=np.int64)
+            return ClientDown(w_t, {DEGREE: [np.zeros(1, dtype=np.float64)],
+                                    WARMUP: [np.ones(1, dtype=np.float64)],
+                                    START: gl.stacked([], state.w0),
+                                    gl.CANDIDATES: gl.stacked([], state.w0),
+                                    gl.CANDIDATE_IDS: [np.zeros(0, dtype=np.int64)]})
+        mean, degree = self.term(state, partition_id)
+        ids = self.candidates_for(state, partition_id)
+        self.sent[partition_id] = ids
+        models = gl.stacked([self.candidate_model(state, int(j)) for j in ids], state.w0)
+        version = state.version[0]
+        fresh = self.params.relax_warmup > 0 and (
+            partition_id >= len(version) or version[partition_id] == 0)
+        start = ([self.model_of(state, partition_id)]
+                 if fresh or self.params.relax_server_step > 0 else [])
+        return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)],
+                                 WARMUP: [np.zeros(1, dtype=np.float64)],
+                                 START: gl.stacked(start, state.w0),
+                                 gl.CANDIDATES: models, gl.CANDIDATE_IDS: [ids]})
+
+    def reply_problem(self, update: ClientUpdate, expected_steps: int | None) -> str | None:
+        """Under ``graph=loss``: one finite loss for each candidate the client was sent,
+        none for another client."""
+        if self.params.graph != gl.SOURCE:
+            return None
+        sent = self.sent.get(update.partition_id, np.zeros(0, dtype=np.int64))
+        return gl.losses_problem(update.metrics, sent)
+
+    def update(self, state: FedRelaxState, w_t: Weights,
+               rnd: RoundInput) -> tuple[Weights, FedRelaxState]:
+        """Store each reply's model (a client's last, if it replied twice: a flush under
+        ``rounds=async``); rebuild the learned graph when due; under ``relax-server-step``
+        step every other client toward its neighbours' mean (``server_steps``); w_{t+1} = the
+        mean of all clients' current models (updated by the replies' and the steps' moves)."""
+        assert self.models is not None and rnd.variant == "model"
+        n = rnd.num_clients
+        if rnd.server_round == 1:
+            gr.check_ids(state.graph, n, self.params.graph)
+        if rnd.server_round <= self.params.relax_warmup:
+            return self.warm_update(state, w_t, rnd)
+        version = gr.grown_rows(state.version[0], n)
+        sketch = (gr.grown_rows(state.sketch[0], n) if self.params.graph == "knn"
+                  else state.sketch[0])
+        by_loss = self.params.graph == gl.SOURCE
+        chosen = gl.grown_choice(state.chosen[0], n) if by_loss else state.chosen[0]
+        measured = gr.grown_rows(state.measured[0], n) if by_loss else state.measured[0]
+        pool = gr.grown_rows(state.pool[0], n) if by_loss else state.pool[0]
+        probe = gr.grown_rows(state.probe[0], n)
+        remeasured = False
+        moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
+        moves: dict[int, Weights] = {}
+        # rounds=async: a client may reply twice before a flush; its later model replaces
+        last = {u.partition_id: u for u in rnd.updates}
+        for u in last.values():
+            pid = u.partition_id
+            old = self.model_of(state, pid)
+            move = [new.astype(np.float64) - o.astype(np.float64)
+                    for new, o in zip(u.upload, old, strict=True)]
+            # keep the file the last checkpoint names: the previous upload or the warm-up's
+            self.models.write(pid, rnd.server_round, u.upload,
+                              int(version[pid]) if version[pid] > 0 else int(probe[pid]))
+            version[pid] = rnd.server_round
+            probe[pid] = 0  # scored by its own model from now on
+            for acc, m in zip(moved, move, strict=True):
+                acc += m
+            moves[pid] = move
+            if self.params.graph == "knn":
+                sketch[pid] = gr.sketch(move)
+            sent = self.sent.get(pid, np.zeros(0, dtype=np.int64))
+            if by_loss and len(sent):  # its losses passed reply_problem
+                chosen[pid] = gl.choice(u.metrics, sent, self.params.graph_k)
+                measured[pid] = rnd.server_round
+                pool[pid] = len(sent)
+                remeasured = True
+        graph = state.graph
+        rebuild = self.params.graph == "knn" and (
+            rnd.server_round == 1 or rnd.server_round % self.params.graph_refresh_every == 0)
+        if rebuild:
+            known = version > 0
+            if self.params.relax_warmup:  # clients trained in the warm-up only: their moves
+                known = known | np.any(sketch != 0.0, axis=1)
+            graph = gr.knn_graph(sketch, known, self.params.graph_k)
+        if remeasured:
+            rebuild = True
+            graph = gl.union_graph(chosen)
+        if rebuild or rnd.server_round == 1:
+            self.report(graph, n, rnd.server_round)
+        if self.params.relax_server_step > 0:
+            now = dataclasses.replace(state, version=[version], graph=graph, probe=[probe])
+            for acc, m in zip(moved, self.server_steps(now, moves, n, rnd.server_round),
+                              strict=True):
+                acc += m
+        w_next = [(w.astype(np.float64) + m / n).astype(w.dtype)
+                  for w, m in zip(w_t, moved, strict=True)]
+        return w_next, dataclasses.replace(
+            state, version=[version], graph=graph, sketch=[sketch], chosen=[chosen],
+            measured=[measured], pool=[pool],
+            clock=[np.asarray([rnd.server_round], dtype=np.int64)], probe=[probe])
+
+    def server_steps(self, state: FedRelaxState, replied: Mapping[int, Weights], n: int,
+                     server_round: int) -> Weights:
+        """``relax-server-step`` beta: every client not in ``replied`` with degree d_i > 0
+        takes w^(i) <- (1 - beta) w^(i) + beta m_i, m_i from the models in ``state`` (all
+        steps from the same models: Jacobi), stored as version ``server_round`` (``version``
+        and ``probe`` are updated in place, as for an upload). Returns the sum of the moves."""
+        assert self.models is not None
+        beta = self.params.relax_server_step
+        version, probe = state.version[0], state.probe[0]
+        stepped: dict[int, tuple[Weights, Weights]] = {}  # client -> (its model, stepped)
+        for pid in range(n):
+            if pid in replied:
+                continue
+            if self.params.relax_server_rule == "moves":
+                ids, weights = gr.neighbours(state.graph, pid)
+                pairs = [(replied[int(j)], a) for j, a in zip(ids, weights, strict=True)
+                         if int(j) in replied]
+                if not pairs:
+                    continue
+                total = sum(a for _, a in pairs)
+                own = self.model_of(state, pid)
+                stepped[pid] = (own, [(w.astype(np.float64) + beta * sum(
+                    a * m[k] for m, a in pairs) / total).astype(w.dtype)
+                    for k, w in enumerate(own)])
+                continue
+            mean, degree = self.term(state, pid)
+            if degree == 0.0:
+                continue
+            own = self.model_of(state, pid)
+            stepped[pid] = (own, [(w.astype(np.float64) + beta * (
+                m.astype(np.float64) - w.astype(np.float64))).astype(w.dtype)
+                for w, m in zip(own, mean, strict=True)])
+        moved = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
+        for pid, (own, new) in stepped.items():  # each model read once, above
+            for acc, a, o in zip(moved, new, own, strict=True):
+                acc += a.astype(np.float64) - o.astype(np.float64)
+            self.models.write(pid, server_round, new,
+                              int(version[pid]) if version[pid] > 0 else int(probe[pid]))
+            version[pid] = server_round
+            probe[pid] = 0
+        return moved
+
+    def warm_update(self, state: FedRelaxState, w_t: Weights,
+                    rnd: RoundInput) -> tuple[Weights, FedRelaxState]:
+        """A warm-up round: FedAvg's step w_t + eta_g D on the shared model; no client model
+        is stored. After the last one its model becomes every client's w^(i) (``w0``), and
+        the knn graph is built from the warm-up's moves (each from the shared model). Under
+        ``graph=loss`` each reply's upload (w_iK, trained from the shared model on the
+        client's data only) is kept as that client's candidate model (``probe``), so the first
+        measurements, in round R+1, score every client the warm-up trained."""
+        assert self.models is not None
+        n = rnd.num_clients
+        w_next = apply_step(w_t, rnd.aggregate, rnd.server_lr)
+        probe = state.probe[0]
+        if self.params.graph == gl.SOURCE:
+            probe = gr.grown_rows(probe, n)
+            for u in rnd.updates:
+                pid = u.partition_id
+                self.models.write(pid, rnd.server_round, u.upload, int(probe[pid]))
+                probe[pid] = rnd.server_round
+        sketch = state.sketch[0]
+        if self.params.graph == "knn":
+            sketch = gr.grown_rows(sketch, n)
+            for u in rnd.updates:
+                sketch[u.partition_id] = gr.sketch(
+                    [new.astype(np.float64) - w.astype(np.float64)
+                     for new, w in zip(u.upload, w_t, strict=True)])
+        last = rnd.server_round == self.params.relax_warmup
+        graph = state.graph
+        if last and self.params.graph == "knn":
+            graph = gr.knn_graph(sketch, np.any(sketch != 0.0, axis=1), self.params.graph_k)
+        if last or rnd.server_round == 1:
+            self.report(graph, n, rnd.server_round)
+        return w_next, dataclasses.replace(
+            state, w0=[a.copy() for a in w_next] if last else state.w0, graph=graph,
+            sketch=[sketch], clock=[np.asarray([rnd.server_round], dtype=np.int64)],
+            probe=[probe])
+
+    def report(self, graph: list[np.ndarray], n: int, server_round: int) -> None:
+        """``graph.json`` (the edge list in use, from which round) and ``graph.png``."""
+        if self.results is None:
+            return
+        text = json.dumps({"round": server_round, "source": self.params.graph,
+                           "num-clients": n, "edges": gr.as_json(graph)})
+        self.results.replace_text(GRAPH_FILE, text)
+        if n <= DRAW_LIMIT:
+            self.results.draw_graph(GRAPH_PNG, graph, n, f"FedRelax graph "
+                                    f"({self.params.graph}) after round {server_round}")
+
+
+class FedRelaxClient(ClientRule[FedRelaxParams]):
+    """Local SGD on L_i(w) + alpha d_i ||w - m_i||^2 from the client's own model."""
+
+    state_keys = (OWN,)
+    down_keys = (DEGREE, WARMUP, START, gl.CANDIDATES, gl.CANDIDATE_IDS)
+    personal_key = OWN
+
+    def initial_state(self, key: str, w_t: Weights) -> Weights:
+        """w^(i) starts from the first term the client receives (w_0 in round 1)."""
+        return [a.copy() for a in w_t] if key == OWN else super().initial_state(key, w_t)
+
+    def train(self, job: LocalJob) -> LocalOutcome:
+        if float(np.asarray(job.down[WARMUP][0]).reshape(-1)[0]) != 0.0:
+            # a warm-up round: FedAvg's pass on the shared model; w^(i) is not started yet
+            return LocalOutcome(job.sgd(job.w_t), {}, {})
+        warm = gl.unstacked(job.down[START])
+        own = warm[0] if warm else job.state[OWN]
+        degree = float(np.asarray(job.down[DEGREE][0]).reshape(-1)[0])
+        strength = 2.0 * self.params.fedrelax_alpha * degree
+        if job.lr * strength >= 2.0:
+            raise ValueError(f"fedrelax-alpha={self.params.fedrelax_alpha!r} with degree "
+                             f"{degree:g} at lr={job.lr!r}: lr x 2 alpha d_i = "
+                             f"{job.lr * strength:g} >= 2 diverges; lower fedrelax-alpha")
+        metrics = self.measure(job)
+        trained = job.sgd(own, proximal_hook(job.w_t, strength, job.device))
+        return LocalOutcome(trained, {OWN: trained.final}, {}, metrics)
+
+    @staticmethod
+    def measure(job: LocalJob) -> dict[str, Scalar]:
+        """``graph=loss``: the mean loss of each candidate model sent on this client's own
+        training data, by candidate (nothing when none was sent)."""
+        ids = np.asarray(job.down[gl.CANDIDATE_IDS][0]).reshape(-1)
+        if len(ids) == 0:
+            return {}
+        if job.losses is None:
+            raise ValueError("FedRelax with graph=loss needs the client's training losses "
+                             "(LocalJob.losses); this client shell gives none")
+        models = gl.unstacked(job.down[gl.CANDIDATES])
+        if len(models) != len(ids):
+            raise ValueError(f"the server sent {len(models)} candidate models for "
+                             f"{len(ids)} candidate ids")
+        return {gl.loss_key(int(j)): float(v)
+                for j, v in zip(ids, job.losses(models), strict=True)}
+
+
+SPEC = MethodSpec(name="fedrelax", label="FedRelax", params=FedRelaxParams,
+                  server=FedRelaxServer, client=FedRelaxClient, ri_aggregation="model",
+                  async_refusal=None,
+                  secagg_refusal=("the server keeps each client's own model, which needs "
+                                  "each upload"))

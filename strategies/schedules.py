@@ -17,40 +17,11 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from fedinit.flower_compat.grid_view import GridView
 from fedinit.methods import wire as rk
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
 from server_app.over_select import collect_first
-
-
-class GridView(Grid):
-    """The user's grid, every call passed on as it is; subclasses change one."""
-
-    def __init__(self, grid: Grid) -> None:
-        self.grid = grid
-
-    def set_run(self, run_id: Any) -> None:
-        self.grid.set_run(run_id)
-
-    @property
-    def run(self) -> Any:
-        return self.grid.run
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:
-        return self.grid.create_message(*args, **kwargs)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.grid.get_node_ids()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.grid.pull_messages(message_ids)
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
-        return self.grid.send_and_receive(messages, timeout=timeout)
 
 
 class FirstReplies(GridView):
@@ -67,9 +38,9 @@ class FirstReplies(GridView):
                          timeout: float | None = None) -> Iterable[Message]:
         msgs = list(messages)
         if not msgs or any(m.metadata.message_type != MessageType.TRAIN for m in msgs):
-            return self.grid.send_and_receive(msgs, timeout=timeout)
+            return self.inner.send_and_receive(msgs, timeout=timeout)
         conf = msgs[0].content.config_records[rk.CONFIG]
-        got = collect_first(self.grid, msgs, self.need, self.accepts,
+        got = collect_first(self.inner, msgs, self.need, self.accepts,
                             3600.0 if timeout is None else timeout,
                             int(conf[rk.ROUND]))  # type: ignore[arg-type]
         self.last = got.fields(len(msgs))
@@ -90,7 +61,7 @@ class WithInitial(GridView):
         for msg in msgs:
             if msg.metadata.message_type == MessageType.TRAIN:
                 self.add(msg)
-        return self.grid.push_messages(msgs)
+        return self.inner.push_messages(msgs)
 
 
 class CheckedReplies(GridView):
@@ -104,7 +75,7 @@ class CheckedReplies(GridView):
         self.seen = 0
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        out = list(self.grid.pull_messages(message_ids))
+        out = list(self.inner.pull_messages(message_ids))
         for msg in out:
             if msg.metadata.message_type == MessageType.TRAIN:
                 self.seen += 1

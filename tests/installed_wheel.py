@@ -13,6 +13,7 @@ process a run starts imports the installed wheel.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -25,11 +26,24 @@ TOP_LEVEL = {"strategies", "server_app", "client_app", "fedinit"}
 project's namespace."""
 
 
+SOURCES = ("pyproject.toml", "setup.py", *sorted(TOP_LEVEL))
+"""What the wheel is built from: setuptools writes its build/ and egg-info next to them, so
+they are copied out of the checkout first."""
+
+
 def build_wheel(out: Path) -> Path:
     """The checkout's wheel, built without network or build isolation (setuptools is in the
     test venv), in ``out``."""
+    source = out / "source"
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            source.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--no-index", "-q", "-w", str(out), str(REPO)], check=True, cwd=out,
+                    "--no-index", "-q", "-w", str(out), str(source)], check=True, cwd=out,
                    capture_output=True, text=True, timeout=300)
     wheels = sorted(out.glob("fedinit_flower-*.whl"))
     assert len(wheels) == 1, wheels

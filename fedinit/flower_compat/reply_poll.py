@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+from fedinit.flower_compat.grid_view import GridView
 from fedinit.flower_compat.guard import allowed
 from fedinit.flower_compat.object_pulls import pulls_until
 
@@ -30,31 +30,12 @@ LAST_PULL_SECONDS = 2.0
 """How long the one last pull after the deadline may wait for arrays (see send_and_receive)."""
 
 
-class FastPollGrid(Grid):
+class FastPollGrid(GridView):
     """Delegates to ``inner``; ``send_and_receive`` pulls every ``poll`` seconds."""
 
     def __init__(self, inner: Grid, poll: float = POLL_SECONDS) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.poll = poll
-
-    def set_run(self, run: Any) -> None:
-        self.inner.set_run(run)
-
-    @property
-    def run(self) -> Any:
-        return self.inner.run
-
-    def create_message(self, *args: Any, **kwargs: Any) -> Message:
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.inner.get_node_ids()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.inner.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.inner.pull_messages(message_ids)
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:

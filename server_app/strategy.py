@@ -28,7 +28,6 @@ from fedinit.methods.packed_arrays import pack, unpack
 from fedinit.methods.weights import Weights
 from fedinit.store.server_models import ServerModels
 from fedinit.task.config import RunConfig
-from fedinit.task.federated_data import partition_sizes
 from server_app import personal_summary
 from server_app.round_stages import RoundReplies, TrainPipeline, build_train_pipeline
 from server_app.round_stages.combine import reply_weights
@@ -163,6 +162,8 @@ class MethodStrategy(Strategy):
                 available: Callable[[], Collection[int]] | None = None) -> MethodStrategy:
         """The strategy of the run ``cfg`` describes: example counts from the partitions
         (``fedinit.task.federated_data.partition_sizes``, no data decoded), none for device data."""
+        from fedinit.task.federated_data import partition_sizes  # the data modules: only here
+
         return cls(cfg, node_of_partition, w0, available=available,
                    examples=None if cfg.data.on_devices else partition_sizes(cfg))
 

@@ -7,10 +7,29 @@ Key agreement, Shamir sharing, authenticated encryption and quantisation are Flo
 expanded with ChaCha20 from ``cryptography`` (see ``masks``). docs/algorithms.md, SecAgg+.
 """
 
-from fedinit.secure_aggregation.client import SecAggClient
-from fedinit.secure_aggregation.params import MOD_BITS, MODULUS, SecAggParams
-from fedinit.secure_aggregation.server import RoundFailedError, SecAggServer
-from fedinit.secure_aggregation.wire import SecAggInputError, Stage
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedinit.secure_aggregation.client import SecAggClient
+    from fedinit.secure_aggregation.params import MOD_BITS, MODULUS, SecAggParams
+    from fedinit.secure_aggregation.server import SecAggServer
+    from fedinit.secure_aggregation.wire import RoundFailedError, SecAggInputError, Stage
+
+HOME = {"SecAggClient": "client", "MOD_BITS": "params", "MODULUS": "params",
+        "SecAggParams": "params", "RoundFailedError": "wire", "SecAggServer": "server",
+        "SecAggInputError": "wire", "Stage": "wire"}
+"""Name -> its module. Loaded on first use, so a server that never runs SecAgg+ (a strategy
+without ``secure_aggregation=``) does not import the protocol's cryptography."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in HOME:
+        return getattr(importlib.import_module(f"{__name__}.{HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MODULUS",

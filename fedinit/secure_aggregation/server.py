@@ -40,7 +40,7 @@ from fedinit.secure_aggregation.masks import add_mask, pairwise_key
 from fedinit.secure_aggregation.params import MODULUS, SecAggParams
 from fedinit.secure_aggregation.quant import dequantise_sum
 from fedinit.secure_aggregation.signing import MAX_SIG_BYTES
-from fedinit.secure_aggregation.wire import SecAggInputError, Stage
+from fedinit.secure_aggregation.wire import RoundFailedError, SecAggInputError, Stage
 
 Replies = Mapping[int, Mapping[str, Any]]
 PAIR_KEY_BYTES = 32
@@ -48,10 +48,6 @@ PAIR_KEY_BYTES = 32
 MAX_SUBSETS = 2000
 """The most t-subsets of one secret's shares tried before a rebuild gives up (a corrupted
 share is found by the seed hash / public key check; k <= 15 keeps C(k, t) small)."""
-
-
-class RoundFailedError(RuntimeError):
-    """Too many dropouts for the threshold: the round has no sum (never a wrong one)."""
 
 
 class SecAggServer:

@@ -10,6 +10,10 @@ class SecAggInputError(ValueError):
     """A malformed protocol message: one line naming the field, the sender and what is allowed."""
 
 
+class RoundFailedError(RuntimeError):
+    """Too many dropouts for the threshold: the round has no sum (never a wrong one)."""
+
+
 class Stage:
     """The stages, in order; each message carries its stage under ``STAGE``. ``CHECK`` (the
     consistency check) runs only with signed keys (``signing``)."""

@@ -27,12 +27,6 @@ if TYPE_CHECKING:
     from fedinit.task.config import RunConfig
 
 
-def num_steps(num_examples: int, epochs: int, batch_size: int) -> int:
-    """The SGD steps ``local_sgd`` takes: every epoch keeps its last partial batch. The server
-    uses it to check a reply's ``num-steps`` (FedCM's K) against the client's true size."""
-    return epochs * -(-num_examples // batch_size)
-
-
 def dataset_of(cfg: RunConfig) -> DataSplits:
     """The run's data set (cached in-process by the loader)."""
     return load_dataset(cfg.data.dataset, cfg.data.resolved_data_dir)

@@ -20,7 +20,7 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.upload_codec import channels, codec_problem, decode_channel
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
-from fedinit.task.federated_data import num_steps
+from fedinit.task.local_steps import num_steps
 from server_app.operator_log import log_line
 from server_app.round_stages.replies import Accepted, RoundReplies, log_rejected
 from server_app.round_stages.secure_sum import masked_problem

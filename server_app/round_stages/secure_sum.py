@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from logging import INFO, WARNING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -38,17 +38,16 @@ from flwr.serverapp import Grid
 
 from fedinit.methods import wire as rk
 from fedinit.methods.weights import Weights
-from fedinit.secure_aggregation import (
-    RoundFailedError,
-    SecAggInputError,
-    SecAggParams,
-    SecAggServer,
-)
 from fedinit.secure_aggregation import wire as sw
+from fedinit.secure_aggregation.params import SecAggParams
+from fedinit.secure_aggregation.wire import RoundFailedError, SecAggInputError
 from fedinit.secure_aggregation.wire import Stage as SecAggStage
 from fedinit.task.config import RunConfig
 from server_app.operator_log import log_line
 from server_app.round_stages.replies import RoundReplies
+
+if TYPE_CHECKING:
+    from fedinit.secure_aggregation.server import SecAggServer
 
 SECAGG = sw.RECORD
 """The ConfigRecord of every SecAgg+ message (the protocol's dict) and of a masked reply."""
@@ -129,6 +128,9 @@ class SecAggRound:
         self.node_of = {pid: node for node, pid in sent_to.items()}
         self.logged = 0
         server = None
+        # the protocol's server (its cryptography) loads only when a round runs SecAgg+
+        from fedinit.secure_aggregation.server import SecAggServer
+
         try:
             server = SecAggServer(self.params, sorted(self.node_of),
                                   [tuple(a.shape) for a in w_t] * (1 + len(self.extra_keys)))

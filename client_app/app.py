@@ -44,7 +44,6 @@ from client_app.model_cache import (
 from client_app.personal_accuracy import personal_evaluation
 from client_app.round import client_round
 from client_app.secagg_trust import TrustError, fresh_round, trust_of
-from client_app.secure_upload import SECAGG, mask_upload, secagg_step
 from client_app.state_place import state_dir_of
 from fedinit.flower_compat import install
 from fedinit.methods import wire as rk
@@ -59,6 +58,7 @@ from fedinit.store.simulated_state import STATE_ROOT
 from fedinit.task.config import RunConfig
 from fedinit.task.evaluation import evaluate as evaluate_model
 from fedinit.task.models import set_weights
+from strategies.secure_upload import SECAGG, mask_upload, secagg_step
 
 install("simulation-engine")  # acts only while Flower's engine loads this, before Ray starts
 app = ClientApp()

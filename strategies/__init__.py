@@ -11,7 +11,8 @@ weighting="uniform")``, ``aggregation=Krum(byzantine_f=1)``, ``secure_aggregatio
 ``rounds=BufferedAsync(buffer_size=10)`` (``strategies/components.py``, also importable from
 here).
 
-Client (a ClientApp): ``from strategies.client import method_train`` (``strategies/client.py``).
+Client (a ClientApp): ``from strategies.client import method_train`` (``strategies/client.py``),
+and ``method_query`` for SecAgg+'s query stages.
 
 The server classes load on first use, so a ClientApp importing ``strategies.client`` does not
 import the server's modules. ``examples/tabular-quickstart`` is a whole app using both.

@@ -30,6 +30,7 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fedinit.methods import wire as rk
+from fedinit.methods.dp import Mechanism
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.registry import METHODS
 from fedinit.task.config import ConfigError, RunConfig
@@ -50,7 +51,7 @@ from strategies.components import (
     taken,
 )
 from strategies.flower_args import FlowerArgError, FlowerArgs, MetricsAggr
-from strategies.wire import INITIAL, method_config
+from strategies.wire import INITIAL, method_config, release_config
 
 if TYPE_CHECKING:
     from fedinit.methods.dp_budget import Budget
@@ -469,11 +470,12 @@ class MethodAdapter(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """The project's train messages, naming the method and its parameters for the
-        user's client half (``strategies.client``)."""
+        """The project's train messages, naming the method, its parameters and the
+        client's release (``privacy=``) for the user's client half (``strategies.client``)."""
         inner = self._built()
         named = ConfigRecord({**dict(config),
-                              **method_config(inner.cfg.method, inner.cfg.params)})
+                              **method_config(inner.cfg.method, inner.cfg.params),
+                              **release_config(Mechanism.from_config(inner.cfg))})
         messages = list(inner.configure_train(server_round, arrays, named, grid))
         if inner.cfg.train.beta != 0.0:
             for msg in messages:

@@ -58,22 +58,16 @@ from fedinit.store.client_store import W_PREV, ClientStore
 from fedinit.store.state_dir import StateDir
 from fedinit.task.models import get_weights, set_weights
 from fedinit.task.sgd_step import sgd_step
-from strategies.wire import INITIAL, client_rule
+from strategies.secure_upload import SECAGG, mask_upload, secagg_step
+from strategies.wire import INITIAL, client_rule, release_of
 
-SECAGG = "secagg"
-"""The ConfigRecord of a train message under SecAgg+
-(``fedinit.secure_aggregation.wire.RECORD``)."""
-SECAGG_REFUSAL = (
-    "method_train does not do SecAgg+'s masked upload, and this train message asks for it "
-    "(a 'secagg' record: secure-aggregation=secagg+): refusing to train and to upload in the "
-    "clear; run the project's ClientApp (client_app/) for secure aggregation")
-"""The one line ``method_train`` raises under secure aggregation, before any training."""
 Step = Callable[[nn.Module, Any], torch.Tensor]
 """The user's train step: step(model, batch) -> the batch's scalar loss (not yet backward)."""
 Optimizer = Callable[[list[nn.Parameter], float], torch.optim.Optimizer]
 """optimizer(parameters, lr) -> a torch optimizer; plain SGD at the round's lr by default."""
 Release = Callable[[Weights, dict[str, Weights]], tuple[Weights, dict[str, Weights]]]
-"""What the uploads pass through before they leave (the project's local DP); none here."""
+"""What the uploads pass through before they leave (``Mechanism.release``: under
+``privacy=DistributedDP(...)`` clipped, this client's noise share added)."""
 
 
 def cross_entropy_step(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -253,12 +247,11 @@ def method_train(msg: Message, context: Context, model: nn.Module,
     ``num_examples`` (the reply's weight) defaults to ``len(trainloader.dataset)``;
     ``initial`` gives the run's w_0 (module docstring); None takes the w_0 a ``strategies``
     server sends a client before its first aggregated reply (``strategies.wire.INITIAL``),
-    else the received model; ``state_dir`` adds the files. A train
-    message of a secure-aggregation round is refused in one line (``SECAGG_REFUSAL``): this
-    client half sends plain arrays, which must never leave under SecAgg+.
+    else the received model; ``state_dir`` adds the files. In a SecAgg+ round
+    (``secure_aggregation=SecAgg()``) the reply carries only the masked upload, as the
+    project's ClientApp's does (``strategies.secure_upload``): the app's
+    ``@app.query()`` must return ``method_query(msg, context)`` for the protocol's stages.
     """
-    if SECAGG in msg.content.config_records:
-        raise ValueError(SECAGG_REFUSAL)
     if initial is not None and not callable(initial):
         raise ValueError(f"initial= a {type(initial).__name__} is not allowed; allowed: None "
                          "(a strategies server sends w_0) or a function () -> the run's w_0 "
@@ -268,6 +261,7 @@ def method_train(msg: Message, context: Context, model: nn.Module,
         initial = partial(unpack, sent)
     conf = msg.content.config_records[rk.CONFIG]
     name, rule = client_rule(conf)
+    mechanism = release_of(conf)  # DistributedDP: clipped, this client's noise share added
     check_model(model)
     if num_examples is None:
         dataset = getattr(trainloader, "dataset", None)
@@ -292,10 +286,36 @@ def method_train(msg: Message, context: Context, model: nn.Module,
 
     content = participate(rule, msg.content, store, make_sgd,
                           next(model.parameters()).device, initial=initial,
+                          release=None if mechanism is None else mechanism.release,
                           losses=user_losses(model, trainloader, step))
-    content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
+    if SECAGG in msg.content.config_records:  # only the masked upload leaves, no figure
+        content = mask_upload(msg.content, content, context.state, _client_id(conf, context))
+    else:
+        content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
     store.save(experiment, server_round, pin=rk.kept_rounds(conf))
     return Message(content=content, reply_to=msg)
+
+
+def _client_id(conf: ConfigRecord, context: Context) -> int:
+    """The client id the server names in the message (its node id when it names none)."""
+    sent = conf.get(rk.CLIENT_ID)
+    return int(context.node_id if sent is None else sent)  # type: ignore[arg-type]
+
+
+def method_query(msg: Message, context: Context) -> Message:
+    """The answer to a ``strategies`` server's query: a SecAgg+ protocol stage (setup, share
+    keys, consistency check, unmask; ``secure_aggregation=SecAgg()``) is answered by this
+    node's protocol client, whose secrets stay in ``context.state``; any other query gets an
+    empty reply. Return it from the ClientApp's ``@app.query()`` function. The keys are not
+    signed: signed SecAgg+ keys (a device's signing key in its node config) are the project's
+    ClientApp's (``client_app/secagg_trust.py``)."""
+    if SECAGG not in msg.content.config_records:
+        return Message(content=RecordDict(), reply_to=msg)
+    conf = msg.content.config_records.get(rk.CONFIG) or ConfigRecord()
+    reply = secagg_step(msg.content.config_records[SECAGG], context.state,
+                        _client_id(conf, context), None, context.run_id,
+                        int(conf.get(rk.ROUND, 0)))  # type: ignore[arg-type]
+    return Message(content=RecordDict({SECAGG: reply}), reply_to=msg)
 
 
 def stored_state(context: Context) -> dict[str, Weights]:
@@ -305,4 +325,5 @@ def stored_state(context: Context) -> dict[str, Weights]:
 
 
 __all__ = ["Optimizer", "Release", "Step", "check_model", "client_store", "cross_entropy_step",
-           "method_train", "participate", "sgd", "stored_state", "user_losses", "user_pass"]
+           "method_query", "method_train", "participate", "sgd", "stored_state",
+           "user_losses", "user_pass"]

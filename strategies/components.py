@@ -167,13 +167,15 @@ class DistributedDP(_DP):
 
 @dataclass(frozen=True)
 class LocalDP(_DP):
-    """``dp=local``: each client noises its own upload. Refused by every strategy until the
-    client half (``strategies.client.method_train``) noises what it sends."""
+    """``dp=local``: each client noises its own upload under its device's floor. Refused by
+    every strategy until the client half (``strategies.client.method_train``) keeps the
+    device's floor and ledger as the project's ClientApp does."""
 
     FIXED: ClassVar[Mapping[str, Any]] = {"dp": "local"}
     MISSING: ClassVar[str | None] = (
-        "strategies.client.method_train does not clip or noise its upload yet (a user's "
-        "ClientApp would send it in the clear while the run counts it as released)")
+        "strategies.client.method_train does not run local DP under the device's floor and "
+        "ledger yet (a user's ClientApp would send its upload without the noise the run "
+        "counts as released)")
 
 
 Privacy = CentralDP | DistributedDP | LocalDP

@@ -1,5 +1,6 @@
 """What a ``strategies`` server tells a user's ClientApp beyond the project's own wire
-(``fedinit/methods/wire.py``): which method runs, with which parameters.
+(``fedinit/methods/wire.py``): which method runs, with which parameters, and what the
+client's upload must go through before it leaves (the privacy mode's device noise).
 
 The project's ClientApp reads the method from the run config both apps share. A user's app
 has its own run config, so the server names the method and its parameters in every train
@@ -13,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from fedinit.methods.dp import Mechanism
 from fedinit.methods.method import ClientRule, Params
 from fedinit.methods.registry import METHOD_NAMES, METHODS
 
@@ -23,6 +25,39 @@ INITIAL = "w-initial"
 """ArrayRecord of a train message: the run's w_0, sent (under RI) to a client whose
 accounted round is 0, so its client half starts RI from the server's own w_0 without a copy
 of it (a client that already holds a w_prev ignores it)."""
+
+
+RELEASE = {"mode": "dp", "clip": "dp-clip", "clip_extra": "dp-clip-extra",
+           "noise_multiplier": "dp-noise-multiplier", "noise_shares": "dp-noise-shares"}
+"""Train-config keys of the release a client makes (``Mechanism``'s fields by these names):
+under ``privacy=DistributedDP(...)`` each client clips its uploads and adds its share of the
+noise, z x bound / sqrt(t_min), before SecAgg+ masks them."""
+CLIENT_RELEASES = ("off", "central", "distributed")
+"""The privacy modes ``strategies.client`` serves: nothing to add (``off``; ``central``,
+where the server clips and noises) or its noise share (``distributed``). ``local`` (the
+device's own floor and ledger) is the project's ClientApp's."""
+
+
+def release_config(mechanism: Mechanism) -> dict[str, Any]:
+    """The train-config entries of the run's release (its privacy mode and bounds)."""
+    return {key: getattr(mechanism, name) for name, key in RELEASE.items()}
+
+
+def release_of(config: Mapping[str, Any]) -> Mechanism | None:
+    """The release a train message asks of its client (None: nothing to clip or noise on
+    the client); ValueError (one line) for a mode the client half does not serve."""
+    mode = str(config.get(RELEASE["mode"], "off"))
+    if mode not in CLIENT_RELEASES:
+        raise ValueError(f"the train message asks for privacy mode dp={mode!r}; "
+                         f"strategies.client serves {' | '.join(CLIENT_RELEASES)} (local DP "
+                         "under the device's floor is the project's ClientApp's, client_app/)")
+    if mode != "distributed":
+        return None
+    values = {name: config[key] for name, key in RELEASE.items()}
+    return Mechanism(mode=mode, clip=float(values["clip"]),
+                     clip_extra=float(values["clip_extra"]),
+                     noise_multiplier=float(values["noise_multiplier"]),
+                     expected_clients=1, noise_shares=int(values["noise_shares"]))
 
 
 def method_config(method: str, params: Params) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from client_app.app import evaluate_fn
 from client_app.model_cache import initial_weights
-from client_app.secure_upload import STATE, mask_upload
 from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
 from fedinit.methods.method import ClientUpdate
 from fedinit.methods.packed_arrays import pack, unpack
@@ -37,6 +36,7 @@ from server_app.round_stages.held import AccountedRounds
 from server_app.round_stages.method_update import AccountRound
 from server_app.round_stages.replies import RoundReplies, run_stages
 from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, masked_problem
+from strategies.secure_upload import STATE, mask_upload
 from tests.test_device_privacy import EVALUATE_QUERIES, context, evaluate_message
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot

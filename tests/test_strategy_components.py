@@ -199,7 +199,8 @@ def test_local_dp_is_refused_naming_what_the_client_half_lacks() -> None:
         FedInit(privacy=LocalDP(), weighting="uniform", lr=0.05)
     line = one_line(err)
     assert line.startswith("FedInit: privacy=LocalDP(noise_multiplier=1.0, clipping_norm=1.0")
-    assert "strategies.client.method_train does not clip or noise its upload" in line
+    assert "strategies.client.method_train does not run local DP under the device's floor" \
+        in line
 
 
 def test_central_dp_with_krum_is_refused_by_both_doors_with_the_same_line() -> None:

@@ -101,6 +101,7 @@ from server_app.async_robust import robust_flush
 from server_app.central_eval import CentralEvaluator
 from server_app.checkpoint import Checkpoint, save_checkpoint
 from server_app.clients import Fleet
+from server_app.download_bytes import content_bytes
 from server_app.engine_facts import client_state_entry
 from server_app.experiment import (
     NothingTrained,
@@ -193,6 +194,10 @@ class Counters:
     fallbacks: int = 0
     """Replies whose client could not use its saved state (``rk.STATE_FALLBACK``)."""
     dispatched: int = 0
+    bytes_up: int = 0
+    """The encoded uploads of the replies buffered since the last flush (``bytes-up``)."""
+    bytes_down: int = 0
+    """The serialized train messages pushed since the last flush (``bytes-down``)."""
     refill: int = 0
     """Lost tasks whose slots the next ``fill`` hands on (its log line names who got them)."""
 
@@ -353,8 +358,9 @@ class AsyncLoop:
         leaves = {} if self.windowed is None else {
             pid: end for pid in chosen
             if (end := self.windowed.leaves_at(pid, self.windowed.now)) is not None}
-        pushed = iter(self.grid.push_messages(
-            [m for m, pid in zip(messages, chosen, strict=True) if pid not in leaves]))
+        sending = [m for m, pid in zip(messages, chosen, strict=True) if pid not in leaves]
+        self.counts.bytes_down += content_bytes(sending)
+        pushed = iter(self.grid.push_messages(sending))
         for seq, pid in enumerate(chosen, self.counts.dispatched):
             if pid in leaves:  # never pushed: the device goes away before it would end
                 self.tasks[f"lost-{seq}"] = Task(pid, self.node_of[pid], version, weights,
@@ -432,6 +438,7 @@ class AsyncLoop:
             for key, arrays in own.items():  # m_i as sent then, not of the checkpoint's models
                 msg.content.array_records[key] = pack(arrays)
             self.mark(msg, t.pid, t.round)
+            self.counts.bytes_down += content_bytes([msg])
             (msg_id,) = self.grid.push_messages([msg])
             if msg_id:
                 self.tasks[msg_id] = Task(t.pid, self.node_of[t.pid], t.version, weights, now,
@@ -543,6 +550,7 @@ class AsyncLoop:
         if s.stale_correction == "dc" and task.version < version:  # tau 0: nothing to move
             delta = delay_compensated(delta, task.weights, self.newest, s.dc_lambda)
         if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.pid)):
+            self.counts.bytes_up += decoded.upload_bytes
             self.losses.append((weight, decoded.train_loss))
             self.accepted.append((decoded if replaces else replace(decoded, upload=delta),
                                   weight))
@@ -753,6 +761,7 @@ class AsyncLoop:
                  "staleness-mean": mean, "staleness-max": most,
                  "dropped-stale": flush.dropped, "in-flight": len(self.tasks),
                  "dispatched": self.counts.dispatched,
+                 rk.BYTES_UP: self.counts.bytes_up, rk.BYTES_DOWN: self.counts.bytes_down,
                  "buffered": [list(b) for b in zip(flush.clients, flush.started,
                                                    flush.staleness, flush.factors,
                                                    strict=True)],
@@ -762,6 +771,7 @@ class AsyncLoop:
                  **({"sim-time": self.clock.now} if self.clock is not None else {}),
                  **(self.privacy.fields() if self.privacy is not None else {})}
         self.counts.rejected = self.counts.lost = self.counts.fallbacks = 0
+        self.counts.bytes_up = self.counts.bytes_down = 0
         return facts
 
 

@@ -28,6 +28,7 @@ from server_app import async_rounds
 from server_app.app import RunAborted, main
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import load_checkpoint
+from server_app.download_bytes import content_bytes
 from server_app.experiment import run_experiment
 from tests.sim_engine import InProcessSimulation
 from tests.test_fedavg_reference import max_diff, reference_fedavg
@@ -392,3 +393,20 @@ def test_fedrelax_one_buffer_is_its_sync_round_and_its_tasks_content_is_checkpoi
     for row in in_flight:
         assert f"task-{row[5]}/{rk.ARRAYS}" in ckpt.extra
         assert f"task-{row[5]}/fedrelax-degree" in ckpt.extra
+
+
+def test_each_flush_row_counts_the_bytes_sent_and_buffered_since_the_last(
+        tmp_path: Path) -> None:
+    """``bytes-down``: the train messages pushed between two flushes, as serialized
+    (``content_bytes``, pinned by hand in tests/test_bytes_down.py), the row's ``dispatched``
+    telling which; ``bytes-up``: each buffered reply's float32 model, uncompressed."""
+    over = {"num-server-rounds": 2, "concurrency": 2, "buffer-size": 2, "beta": 0.0}
+    grid = InProcessGrid(3, RunConfig.parse({**SMALL, **over}).to_dict())
+    _, rows = run(tmp_path, grid, **over)
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    model_bytes = sum(a.nbytes for a in first_model(grid))
+    sent_before = 0
+    for row in rows:
+        assert row[rk.BYTES_DOWN] == content_bytes(train[sent_before:row["dispatched"]]) > 0
+        assert row[rk.BYTES_UP] == row["num-replies"] * model_bytes
+        sent_before = row["dispatched"]

@@ -190,8 +190,8 @@ class MethodAdapter(Strategy):
         self.first_replies: FirstReplies | None = None
         """``OverSelect``: the grid closing each round at m accepted replies (``start()``)."""
         self.budget: Budget | None = None
-        """``privacy=``: the run's accountant (``fedinit.methods.dp_budget``), from ``start()``
-        on."""
+        """``privacy=``: the run's accountant (``fedinit.methods.dp_budget``), from
+        ``start()`` on."""
         self._keys_of_arrays: list[str] = []
         self._initial = ArrayRecord()
         try:

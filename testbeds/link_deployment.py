@@ -1,6 +1,5 @@
 """fedinit/cli/deploy_local.py's TLS + node-auth deployment with each SuperNode behind a device
-link:
-its own network namespace, a veth pair rate-limited by tbf, and a fault proxy in the root
+link: its own network namespace, a veth pair rate-limited by tbf, and a fault proxy in the root
 namespace on the veth's host address that forwards to the SuperLink's Fleet API.
 
 Only the Fleet API crosses the link (as on a device); the CLI and the ServerApp reach the

@@ -1,6 +1,5 @@
 """The device's approved-apps list (fedinit.node.app_allowlist): its file, where the device finds
-it,
-the check (the FAB's own bytes, not the hash it is sent as), the SuperNode's refusal through
+it, the check (the FAB's own bytes, not the hash it is sent as), the SuperNode's refusal through
 Flower's own ``_pull_and_store_message`` (fedinit.flower_compat.app_allowlist), the warm executor's
 refusal before any worker is forked, fedinit.node.launch's start checks, and
 fedinit.node.approve_app."""

@@ -202,9 +202,8 @@ def test_finished_cells_are_skipped_and_stale_runs_set_aside(
 @pytest.fixture()
 def sweep_main() -> Iterator[Callable[[list[str]], int]]:
     """fedinit.cli.sweep's ``main`` in this process (a fresh interpreter cost about 3 s of CPU:
-    torch,
-    Flower), with the SIGTERM handler it installs put back afterwards. The ``-m fedinit.cli.sweep``
-    entry itself runs in test_two_cell_sweep_end_to_end (slow)."""
+    torch, Flower), with the SIGTERM handler it installs put back afterwards. The
+    ``-m fedinit.cli.sweep`` entry itself runs in test_two_cell_sweep_end_to_end (slow)."""
     from fedinit.cli import sweep
 
     before = signal.getsignal(signal.SIGTERM)

@@ -115,8 +115,8 @@ and both heads, every pair of them once: a pairwise cover of the full 2 x 2 x 2 
 
 
 def _torchvision_resnet18_gn(num_classes: int, in_channels: int, seed: int) -> torch.nn.Module:
-    """The model fedinit.task.models built before it stopped using torchvision, on the same RNG
-    fork."""
+    """The model fedinit.task.models built before it stopped using torchvision, on the same
+    RNG fork."""
     resnet18 = pytest.importorskip(
         "torchvision.models", reason="torchvision is needed only as the reference").resnet18
     with torch.random.fork_rng(devices=[]):

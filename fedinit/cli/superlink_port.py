@@ -4,8 +4,7 @@
 a health probe, then no questions), and that SuperLink's environment decides runtime
 dependency installation and the venv. So each checkout gets its own pair of ports, derived
 from its path, and before a run the commands (``fedinit/cli/``) check that a SuperLink already on
-that
-port was started from this checkout's Flower home with the offline switches; otherwise they
+that port was started from this checkout's Flower home with the offline switches; otherwise they
 refuse with one line instead of handing the run to it.
 """
 

@@ -46,8 +46,7 @@ it on the member-weighted mean of the cluster models (what a newcomer holds befo
 chooses; ``evaluated_model``). ``num-clusters=0`` (``loss`` only) chooses K at the warm-up's
 clustering: the k in 2..min(8, clients / 2) whose k-means of the moves has the best mean
 silhouette, or 1 when none reaches 0.2 (``fedinit.methods.cluster_count``); until then the state
-holds
-one model. Warm-up, margin, probe and split are ``loss``'s only. The assignment is written to
+holds one model. Warm-up, margin, probe and split are ``loss``'s only. The assignment is written to
 the run directory (``clusters.jsonl``, one line per change; the warm-up's line under
 ``num-clusters=0`` also names K and each k's silhouette). The global model returned each round
 is the member-weighted mean of the cluster models, each weighted by the trained clients it

@@ -58,8 +58,7 @@ class MinReplies(Protocol):
 
 class DpSettings(Protocol):
     """What DP reads of the run config (``fedinit.task.config.RunConfig`` has it; fedinit/methods/
-    sits below
-    fedinit/task/, so it names the fields rather than importing the class)."""
+    sits below fedinit/task/, so it names the fields rather than importing the class)."""
 
     @property
     def privacy(self) -> PrivacyKeys: ...

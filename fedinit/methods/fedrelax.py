@@ -18,13 +18,11 @@ the mean of all clients' current models (the central accuracy curve); personal e
 scores each client's own w^(i).
 
 Graph (``graph``): ``file:<path>`` of weighted edges (``fedinit/methods/graph.py``), or ``knn``:
-every
-client that has trained linked to its ``graph-k`` most cosine-similar clients by their latest
+every client that has trained linked to its ``graph-k`` most cosine-similar clients by their latest
 update (its upload minus its previous model, sketched), rebuilt after round 1 and every
 ``graph-refresh-every`` rounds; no edges before round 1 ends; or ``loss``: learned from how
 well each candidate neighbour's model fits a client's own data (``fedinit/methods/graph_loss.py``):
-a
-client sampled from round 2 on, at its first participation, once ``graph-refresh-every``
+a client sampled from round 2 on, at its first participation, once ``graph-refresh-every``
 rounds have passed since its last measurement, and when more candidates are available than its
 last choice was made from, is also sent up to
 ``graph-candidates`` other clients' latest models (the server's copies), reports the mean loss

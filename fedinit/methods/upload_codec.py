@@ -1,8 +1,7 @@
 """Compressed uploads on both halves of a round: the client's encode, the server's decode.
 
 The codec is ``fedinit.methods.compression`` (``compression`` in the run config). The server names
-it
-in each train message (``rk.COMPRESSION``; absent: off), so every client half, the project's
+it in each train message (``rk.COMPRESSION``; absent: off), so every client half, the project's
 ClientApp and ``strategies.client.method_train`` alike, compresses as the message asks, and
 says in its reply's CONFIG record which codec it used; the server refuses a reply whose codec
 is not the run's.

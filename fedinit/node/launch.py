@@ -15,8 +15,7 @@ Flower's SuperNode is bent only through ``flower_compat.install("supernode")`` (
 order, its waits, its object pulls; ``docs/flower_compat.md``), and the warm executor runs
 only while its guard passes (else Flower's ``flower-superexec``, with one warning). Waits
 (``fedinit.flower_compat.supernode_waits``): for ``--active-window`` seconds after a message the
-SuperNode
-pulls every ``--node-poll`` seconds, afterwards every ``--idle-poll``; the warm executor
+SuperNode pulls every ``--node-poll`` seconds, afterwards every ``--idle-poll``; the warm executor
 does not poll at all while it can be woken: the node wakes it through a pipe when a message
 waits for it (``--poll`` is its interval only where the node cannot: ``--node-poll 0``).
 

@@ -4,8 +4,7 @@
 
 For each run directory (``config.json``, ``clusters.jsonl``, ``regimes.csv``) and each round:
 the clients that have trained by then (the run's seeded sampling, ``fedinit.methods.sampling``),
-their
-clusters (the last ``clusters.jsonl`` line at or before the round; cluster 0 before any), and
+their clusters (the last ``clusters.jsonl`` line at or before the round; cluster 0 before any), and
 the purity: the share of those clients that sit with their cluster's majority regime (1.0:
 every cluster holds one regime; 1 / #regimes or so: no better than chance for balanced
 regimes). Also the number of clusters in use and how many hold more than one regime.

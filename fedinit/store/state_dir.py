@@ -13,8 +13,7 @@ clients. Files in that layout are still read: a client moves its own into its di
 first time it looks (one rename each, atomic), so a run started before resumes unchanged.
 
 The experiment id comes from the server: it must be one plain name (``fedinit.store.path_names``),
-and
-every path is resolved before it is read, written, renamed or deleted: nothing outside
+and every path is resolved before it is read, written, renamed or deleted: nothing outside
 ``<root>`` is touched, a symbolic link that leads out included (``PathError``, not StateError:
 the task is refused, no file is set aside as damaged).
 """

@@ -239,8 +239,7 @@ def initial_model(cfg: RunConfig, data: DataSplits | Schema | None = None) -> nn
     """The run's model at w_0: the one seeded build that server, clients and checks share.
 
     Built from the run's schema (``fedinit.task.data_sets.schema_of``: the data set's own, or the
-    one
-    the run config declares for device data), so the server needs no data to build it;
+    one the run config declares for device data), so the server needs no data to build it;
     ``data`` (loaded splits or a schema) overrides it."""
     if data is None:
         from fedinit.task.data_sets import schema_of

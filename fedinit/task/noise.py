@@ -51,8 +51,7 @@ def class_brightness_shift(x: np.ndarray, y: np.ndarray, sigma: float, seed: int
 
     Drawing per class (not per call) gives a class the same shift in every client's subset.
     Only clients' training data is shifted (``fedinit/task/federated_data.py``); the central test
-    set
-    stays clean (``server_app/central_eval.py``), so accuracy is measured on the data set's
+    set stays clean (``server_app/central_eval.py``), so accuracy is measured on the data set's
     own distribution whatever noise the clients trained with.
     """
     _check(x, sigma)

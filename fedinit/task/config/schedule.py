@@ -25,8 +25,8 @@ class ScheduleConfig:
     device_speeds: str
     task_time: str
     async_lr_scale: float = 0.0
-    """a of a task's local lr eta_t (1 + tau_hat)^-a (``fedinit.methods.async_server_opt``); 0:
-    off."""
+    """a of a task's local lr eta_t (1 + tau_hat)^-a
+    (``fedinit.methods.async_server_opt``); 0: off."""
 
 
 def check_async_keys(s: ScheduleConfig, num_clients: int) -> None:

@@ -231,7 +231,6 @@ for pkg in node flower_compat; do
   mkdir -p "$wheels/fedinit/$pkg"
   cp "$(dirname "$here")/fedinit/$pkg"/*.py "$wheels/fedinit/$pkg/"
 done
-cp "$(dirname "$here")/fedinit/__init__.py" "$wheels/fedinit/"
 
 # ------------------------------------------------------------------ 3. images
 # An image whose inputs are unchanged is not rebuilt: even with every layer cached, the

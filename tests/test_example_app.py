@@ -79,7 +79,7 @@ def test_the_wheel_installs_the_card_packages_and_one_namespace(
         (".dist-info", "__pycache__"))} == TOP_LEVEL
     code = ("import strategies, fedinit, fedinit.task.config.defaults as d; "
             "s = strategies.FedInit(beta=0.1, lr=0.05); "
-            "print(strategies.__file__, fedinit.__file__, d.defaults_file(), sep='\\n')")
+            "print(strategies.__file__, *fedinit.__path__, d.defaults_file(), sep='\\n')")
     out = subprocess.run([str(wheel_bin / "python"), "-c", code], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120, check=True).stdout
     files = [Path(line) for line in out.split()]

@@ -86,11 +86,12 @@ def test_each_package_imports_only_the_layers_below() -> None:
 
 def test_every_top_level_package_is_covered() -> None:
     """A new package must get its row here (tests/ sits above all of them); the namespace
-    holds packages only."""
+    holds packages only, and no ``__init__.py`` of its own."""
     packages = {p.parent.name for p in [*REPO.glob("*/__init__.py"),
                                         *(REPO / NAMESPACE).glob("*/__init__.py")]}
     assert packages - {"tests", NAMESPACE} == set(ALLOWED)
-    assert sorted(p.name for p in (REPO / NAMESPACE).glob("*.py")) == ["__init__.py"]
+    # a namespace package: a device's node runtime and the app a run ships are portions of it
+    assert sorted(p.name for p in (REPO / NAMESPACE).glob("*.py")) == []
 
 
 def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:

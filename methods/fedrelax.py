@@ -102,6 +102,8 @@ GRAPH_FILE = "graph.json"
 GRAPH_PNG = "graph.png"
 DRAW_LIMIT = 500
 """Largest federation whose graph is drawn (a PNG of more nodes shows nothing)."""
+SERVE_RULES = ("mean", "own", "chosen")
+"""``relax-serve``'s values (``FedRelaxServer.served``)."""
 PER_CLIENT = ("each client trains from its own model, not from a global one, and the server "
               "needs every client's exact model for its neighbours' terms")
 
@@ -127,6 +129,11 @@ class FedRelaxParams(Params):
     relax_server_rule: str
     """``mean``: the step is toward the neighbours' mean; ``moves``: by beta times the
     A-weighted mean of the moves of the neighbours that trained this round."""
+    relax_serve: str
+    """What personalized evaluation serves a client as its (a) after the warm-up: ``mean``
+    (m_i, its train message's model), ``own`` (its own model counted in: (w^(i) + d_i m_i) /
+    (1 + d_i)) or ``chosen`` (``graph=loss``: the mean of w^(i) and the models of its own
+    lowest-loss choice, without the clients that only chose it; ``own``'s without a choice)."""
 
     def check(self) -> None:
         check_range("fedrelax-alpha", self.fedrelax_alpha, self.fedrelax_alpha >= 0,
@@ -147,6 +154,8 @@ class FedRelaxParams(Params):
                     "a number in [0, 1] (the move toward the neighbours' mean; 0 = off)")
         check_range("relax-server-rule", self.relax_server_rule,
                     self.relax_server_rule in ("mean", "moves"), "mean | moves")
+        check_range("relax-serve", self.relax_serve,
+                    self.relax_serve in SERVE_RULES, " | ".join(SERVE_RULES))
 
     @property
     def learned(self) -> bool:
@@ -279,6 +288,38 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             for acc, w in zip(total, self.model_of(state, int(j)), strict=True):
                 acc += a * w.astype(np.float64)
         return [(t / degree).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)], degree
+
+    def evaluated_model(self, state: FedRelaxState, partition_id: int,
+                        w_t: Weights) -> Weights | None:
+        """``relax-serve`` other than ``mean``, after the warm-up: ``served``'s model (the
+        train message still carries m_i, so training is unchanged); else None (m_i)."""
+        if self.params.relax_serve == "mean" or self.warming(state):
+            return None
+        return self.served(state, partition_id)
+
+    def serving_group(self, state: FedRelaxState, pid: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, weights) of the others whose models ``served`` averages with w^(i): its own
+        lowest-loss choice under ``chosen`` with ``graph=loss`` (when it has one), else its
+        graph neighbours (A_ij)."""
+        chosen = state.chosen[0]
+        if self.params.relax_serve == "chosen" and self.params.graph == gl.SOURCE and (
+                pid < len(chosen)):
+            row = chosen[pid][chosen[pid] != gl.NONE]
+            if len(row):
+                return row.astype(np.int64), np.ones(len(row))
+        return gr.neighbours(state.graph, pid)
+
+    def served(self, state: FedRelaxState, pid: int) -> Weights:
+        """(w^(i) + sum_j a_j w^(j)) / (1 + sum_j a_j) over ``serving_group``: the client's own
+        model counts once beside its group, so cross-regime edges weigh less and a client
+        without any is served its own model (as under ``mean``)."""
+        ids, weights = self.serving_group(state, pid)
+        total = [w.astype(np.float64) for w in self.model_of(state, pid)]
+        for j, a in zip(ids, weights, strict=True):
+            for acc, w in zip(total, self.model_of(state, int(j)), strict=True):
+                acc += float(a) * w.astype(np.float64)
+        mass = 1.0 + float(np.sum(weights))
+        return [(t / mass).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)]
 
     def candidates_for(self, state: FedRelaxState, pid: int) -> np.ndarray:
         """The clients whose models ``pid`` scores in its next message (none unless

@@ -65,6 +65,8 @@ def row_label(config: dict[str, Any]) -> str:
         step = float(config.get("relax-server-step", 0.0))
         if step > 0:  # issue 45: the server's neighbourhood steps
             label += f", server step {config.get('relax-server-rule', 'mean')} {step:g}"
+        serve = str(config.get("relax-serve", "mean"))
+        label += f", serve {serve}" if serve != "mean" else ""  # what (a) scores
         label += ")"
     return label
 

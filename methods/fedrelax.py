@@ -311,10 +311,12 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
 
     def served(self, state: FedRelaxState, pid: int) -> Weights:
         """(w^(i) + sum_j a_j w^(j)) / (1 + sum_j a_j) over ``serving_group``: the client's own
-        model counts once beside its group, so cross-regime edges weigh less and a client
-        without any is served its own model (as under ``mean``)."""
+        model counts once beside its group, so cross-regime edges weigh less. Its own model is
+        its candidate model: for a client that has not uploaded or been stepped since the
+        warm-up, its last warm-up upload (trained on its data) rather than the warm model, so
+        a client without an edge is served what its own data taught."""
         ids, weights = self.serving_group(state, pid)
-        total = [w.astype(np.float64) for w in self.model_of(state, pid)]
+        total = [w.astype(np.float64) for w in self.candidate_model(state, pid)]
         for j, a in zip(ids, weights, strict=True):
             for acc, w in zip(total, self.model_of(state, int(j)), strict=True):
                 acc += float(a) * w.astype(np.float64)

@@ -79,6 +79,28 @@ def test_chosen_serves_the_clients_own_choice_not_those_that_chose_it() -> None:
     np.testing.assert_allclose(results["own"][0], [0.45, 1.45 / 3], atol=1e-6)
 
 
+@pytest.mark.parametrize(("serve", "expected"), [
+    ("mean", [[0.5, 0.525]] * 4),  # no edge yet: the warm model, the mean of the four uploads
+    ("own", AFTER_ROUND_1.tolist()),  # each its own warm-up upload
+    ("chosen", AFTER_ROUND_1.tolist()),
+])
+def test_a_client_without_an_edge_is_served_its_warm_up_upload(serve: str,
+                                                                expected: list[list[float]]
+                                                                ) -> None:
+    """``relax-warmup=1`` under ``graph=loss``: round 1 is FedAvg from (0.5, 0.5), every
+    client's upload w_i = AFTER_ROUND_1 is kept as its candidate model, no edge exists yet.
+    ``mean`` serves m_i = the client's server copy, the warm model (0.5, 0.525); ``own`` and
+    ``chosen`` serve the upload its own data taught."""
+    f = Federation(quadratic_problem(TARGETS, [0.5, 0.5]), {
+        "method": "fedrelax", "beta": 0.0, "fedrelax-alpha": 0.4, "graph": gl.SOURCE,
+        "graph-k": 2, "lr": 0.1, "local-epochs": 1, "batch-size": 1, "fraction-train": 1.0,
+        "relax-warmup": 1, "personal-eval-every": 1, "personal-eval-clients": 0,
+        "relax-serve": serve})
+    f.step()
+    got = served(f)
+    np.testing.assert_allclose(np.stack([got[i] for i in range(4)]), expected, atol=1e-6)
+
+
 def test_training_is_the_same_under_every_rule(tmp_path: Path) -> None:
     """Only the evaluation message changes: three rounds give the same global model."""
     graph = write_graph(tmp_path, [(0, 1, 1.0), (0, 2, 1.0), (2, 3, 2.0)])

@@ -20,6 +20,7 @@ from methods.packed_arrays import unpack
 from task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import NODE_BASE, Federation, quadratic_problem
 from tests.test_fedrelax import write_graph
+from tests.test_fedrelax_server_step import step_with
 
 TARGETS = [[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0], [2.0, 2.0]]
 """f_i(w) = 0.5 ||w - a_i||^2; every model starts at (0.5, 0.5)."""
@@ -99,6 +100,36 @@ def test_a_client_without_an_edge_is_served_its_warm_up_upload(serve: str,
     f.step()
     got = served(f)
     np.testing.assert_allclose(np.stack([got[i] for i in range(4)]), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize(("serve", "expected"), [
+    ("mean", [0.45, 0.59]),  # m_3 with no edge: its server copy, the warm model W
+    ("own", [1.605 / 3, 1.631 / 3]),  # its upload with client 0 and 0's neighbour 2
+    ("chosen", [1.605 / 3, 1.631 / 3]),  # its upload with client 0 and 0's choice 2
+])
+def test_a_client_no_one_chose_is_served_with_the_client_its_model_fits_best(
+        serve: str, expected: list[float]) -> None:
+    """Five clients, a = (1, 0), (0, 2), (-1, -1), (3, 3), (-3, 3), ``relax-warmup=1``,
+    ``graph-k=1``. Round 1 (warm-up, all): uploads p_i = 0.9 (0.5, 0.5) + 0.1 a_i, W = their
+    mean = (0.45, 0.59). Round 2, only 0 and 1 reply. Client 0 scores p1, p2, p3, p4 on its
+    data: 0.3625, 0.2725, 0.3125, 0.6425, chooses 2; client 1 scores p0, p2, p3, p4: 1.3525,
+    1.4225, 1.0625, 0.7925, chooses 4. Edges 0-2 and 1-4; client 3 has none, and its model
+    p3 = (0.75, 0.75) fit client 0's data best (0.3125 < 1.0625). Client 0's upload, one step
+    from W with no neighbour yet: u0 = 0.9 W + 0.1 a_0 = (0.505, 0.531). Client 3 is served
+    (p3 + u0 + p2) / 3 under ``own`` and ``chosen``."""
+    targets = [[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0], [3.0, 3.0], [-3.0, 3.0]]
+    f = Federation(quadratic_problem(targets, [0.5, 0.5]), {
+        "method": "fedrelax", "beta": 0.0, "fedrelax-alpha": 0.4, "graph": gl.SOURCE,
+        "graph-k": 1, "lr": 0.1, "local-epochs": 1, "batch-size": 1, "fraction-train": 1.0,
+        "relax-warmup": 1, "personal-eval-every": 1, "personal-eval-clients": 0,
+        "relax-serve": serve})
+    f.step()
+    step_with(f, {0, 1})
+    state = cast(FedRelaxState, f.strategy.state)
+    np.testing.assert_array_equal(state.chosen[0][:2, 0], [2, 4])
+    np.testing.assert_allclose(state.nearest[0][:, 0], [2, 1, 1, 1, 1])  # 1 + the client
+    np.testing.assert_allclose(state.nearest[0][3, 1], 0.3125, atol=1e-6)
+    np.testing.assert_allclose(served(f)[3], expected, atol=1e-6)
 
 
 def test_training_is_the_same_under_every_rule(tmp_path: Path) -> None:

@@ -155,3 +155,6 @@ def test_the_report_row_names_the_serve_rule() -> None:
     assert row_label({**base, "relax-serve": "mean"}) == row_label(base)
     assert row_label({**base, "relax-serve": "chosen"}) == (
         "FedRelax (learned graph: loss, warm-up 10, server step moves 1, serve chosen)")
+    assert row_label({**base, "relax-serve": "chosen", "fedrelax-alpha": 0.02}) == (
+        "FedRelax (learned graph: loss, warm-up 10, server step moves 1, alpha 0.02, "
+        "serve chosen)")

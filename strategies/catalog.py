@@ -127,9 +127,11 @@ class FedRelax(MethodAdapter):
     def __init__(self, *, alpha: float = 0.1, graph: str = "knn", graph_k: int = 3,
                  graph_refresh_every: int = 5, graph_candidates: int = 32,
                  relax_warmup: int = 0, relax_server_step: float = 0.0,
-                 relax_server_rule: str = "mean", **settings: Any) -> None:
+                 relax_server_rule: str = "mean", relax_serve: str = "mean",
+                 **settings: Any) -> None:
         """``relax_server_step``, ``relax_server_rule``: the server's neighbourhood step for
-        the clients that did not train in a round (docs/algorithms.md, FedRelax)."""
+        the clients that did not train in a round (docs/algorithms.md, FedRelax);
+        ``relax_serve``: the model personalized evaluation serves each client."""
         super().__init__({"alpha": ("fedrelax-alpha", alpha), "graph": ("graph", graph),
                           "graph_k": ("graph-k", graph_k),
                           "graph_refresh_every": ("graph-refresh-every", graph_refresh_every),
@@ -137,6 +139,7 @@ class FedRelax(MethodAdapter):
                           "relax_warmup": ("relax-warmup", relax_warmup),
                           "relax_server_step": ("relax-server-step", relax_server_step),
                           "relax_server_rule": ("relax-server-rule", relax_server_rule),
+                          "relax_serve": ("relax-serve", relax_serve),
                           "beta": ("beta", 0.0)}, **settings)
 
 

@@ -102,6 +102,8 @@ GRAPH_FILE = "graph.json"
 GRAPH_PNG = "graph.png"
 DRAW_LIMIT = 500
 """Largest federation whose graph is drawn (a PNG of more nodes shows nothing)."""
+SERVE_RULES = ("mean", "own", "chosen")
+"""``relax-serve``'s values (``FedRelaxServer.served``)."""
 PER_CLIENT = ("each client trains from its own model, not from a global one, and the server "
               "needs every client's exact model for its neighbours' terms")
 
@@ -127,6 +129,11 @@ class FedRelaxParams(Params):
     relax_server_rule: str
     """``mean``: the step is toward the neighbours' mean; ``moves``: by beta times the
     A-weighted mean of the moves of the neighbours that trained this round."""
+    relax_serve: str
+    """What personalized evaluation serves a client as its (a) after the warm-up: ``mean``
+    (m_i, its train message's model), ``own`` (its own model counted in: (w^(i) + d_i m_i) /
+    (1 + d_i)) or ``chosen`` (``graph=loss``: the mean of w^(i) and the models of its own
+    lowest-loss choice, without the clients that only chose it; ``own``'s without a choice)."""
 
     def check(self) -> None:
         check_range("fedrelax-alpha", self.fedrelax_alpha, self.fedrelax_alpha >= 0,
@@ -147,6 +154,8 @@ class FedRelaxParams(Params):
                     "a number in [0, 1] (the move toward the neighbours' mean; 0 = off)")
         check_range("relax-server-rule", self.relax_server_rule,
                     self.relax_server_rule in ("mean", "moves"), "mean | moves")
+        check_range("relax-serve", self.relax_serve,
+                    self.relax_serve in SERVE_RULES, " | ".join(SERVE_RULES))
 
     @property
     def learned(self) -> bool:
@@ -178,13 +187,19 @@ class FedRelaxState(ServerState):
     """[int64 (N,)]: the warm-up round whose upload (the client's local model w_iK, trained
     from the shared model) is its candidate model until it uploads after the warm-up (0:
     none; ``graph=loss`` with ``relax-warmup``)."""
+    nearest: Weights
+    """[float64 (N, 2)]: per client, [1 + the client whose data gave its candidate model the
+    lowest loss reported so far (0: none), that loss] (``graph=loss``; ``relax-serve``
+    serves a client without an edge from that client's group)."""
 
     @classmethod
     def from_arrays(cls, saved: Mapping[str, Weights]) -> ServerState:
-        """As ``ServerState``'s, and a checkpoint written before ``probe`` existed resumes with
-        none (what that code kept: no warm-up upload as a candidate model)."""
+        """As ``ServerState``'s, and a checkpoint written before ``probe`` or ``nearest``
+        existed resumes with none (what that code kept)."""
         if "probe" not in saved:
             saved = {**saved, "probe": [np.zeros(0, dtype=np.int64)]}
+        if "nearest" not in saved:
+            saved = {**saved, "nearest": [np.zeros((0, 2), dtype=np.float64)]}
         return super().from_arrays(saved)
 
 
@@ -240,7 +255,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                              measured=[np.zeros(0, dtype=np.int64)],
                              pool=[np.zeros(0, dtype=np.int64)],
                              clock=[np.zeros(1, dtype=np.int64)],
-                             probe=[np.zeros(0, dtype=np.int64)])
+                             probe=[np.zeros(0, dtype=np.int64)],
+                             nearest=[np.zeros((0, 2), dtype=np.float64)])
 
     def model_of(self, state: FedRelaxState, pid: int) -> Weights:
         """The server's copy of client ``pid``'s current model (w_0 before its first upload)."""
@@ -279,6 +295,53 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             for acc, w in zip(total, self.model_of(state, int(j)), strict=True):
                 acc += a * w.astype(np.float64)
         return [(t / degree).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)], degree
+
+    def evaluated_model(self, state: FedRelaxState, partition_id: int,
+                        w_t: Weights) -> Weights | None:
+        """``relax-serve`` other than ``mean``, after the warm-up: ``served``'s model (the
+        train message still carries m_i, so training is unchanged); else None (m_i)."""
+        if self.params.relax_serve == "mean" or self.warming(state):
+            return None
+        return self.served(state, partition_id)
+
+    def serving_group(self, state: FedRelaxState, pid: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, weights) of the others whose models ``served`` averages with w^(i)
+        (``own_group``); for a client with none, under ``graph=loss``, the client whose data
+        fit its candidate model best (``nearest``) and that client's own group, weight 1."""
+        ids, weights = self.own_group(state, pid)
+        nearest = state.nearest[0]
+        if len(ids) or pid >= len(nearest) or nearest[pid, 0] == 0:
+            return ids, weights
+        near = int(nearest[pid, 0]) - 1
+        more, more_weights = self.own_group(state, near)
+        keep = more != pid
+        return (np.concatenate([[near], more[keep]]).astype(np.int64),
+                np.concatenate([[1.0], more_weights[keep]]))
+
+    def own_group(self, state: FedRelaxState, pid: int) -> tuple[np.ndarray, np.ndarray]:
+        """Its own lowest-loss choice under ``chosen`` with ``graph=loss`` (when it has one),
+        else its graph neighbours (A_ij)."""
+        chosen = state.chosen[0]
+        if self.params.relax_serve == "chosen" and self.params.graph == gl.SOURCE and (
+                pid < len(chosen)):
+            row = chosen[pid][chosen[pid] != gl.NONE]
+            if len(row):
+                return row.astype(np.int64), np.ones(len(row))
+        return gr.neighbours(state.graph, pid)
+
+    def served(self, state: FedRelaxState, pid: int) -> Weights:
+        """(w^(i) + sum_j a_j w^(j)) / (1 + sum_j a_j) over ``serving_group``: the client's own
+        model counts once beside its group, so cross-regime edges weigh less. Each model is
+        the client's candidate model: for one that has not uploaded or been stepped since the
+        warm-up, its last warm-up upload (trained on its data, what the loss graph scored)
+        rather than the warm model, so a client without an edge is served what data taught."""
+        ids, weights = self.serving_group(state, pid)
+        total = [w.astype(np.float64) for w in self.candidate_model(state, pid)]
+        for j, a in zip(ids, weights, strict=True):
+            for acc, w in zip(total, self.candidate_model(state, int(j)), strict=True):
+                acc += float(a) * w.astype(np.float64)
+        mass = 1.0 + float(np.sum(weights))
+        return [(t / mass).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)]
 
     def candidates_for(self, state: FedRelaxState, pid: int) -> np.ndarray:
         """The clients whose models ``pid`` scores in its next message (none unless
@@ -350,6 +413,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         measured = gr.grown_rows(state.measured[0], n) if by_loss else state.measured[0]
         pool = gr.grown_rows(state.pool[0], n) if by_loss else state.pool[0]
         probe = gr.grown_rows(state.probe[0], n)
+        nearest = gr.grown_rows(state.nearest[0], n) if by_loss else state.nearest[0]
         remeasured = False
         moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
         moves: dict[int, Weights] = {}
@@ -375,6 +439,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                 chosen[pid] = gl.choice(u.metrics, sent, self.params.graph_k)
                 measured[pid] = rnd.server_round
                 pool[pid] = len(sent)
+                gl.fit_better(nearest, pid, u.metrics, sent)
                 remeasured = True
         graph = state.graph
         rebuild = self.params.graph == "knn" and (
@@ -399,7 +464,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         return w_next, dataclasses.replace(
             state, version=[version], graph=graph, sketch=[sketch], chosen=[chosen],
             measured=[measured], pool=[pool],
-            clock=[np.asarray([rnd.server_round], dtype=np.int64)], probe=[probe])
+            clock=[np.asarray([rnd.server_round], dtype=np.int64)], probe=[probe],
+            nearest=[nearest])
 
     def server_steps(self, state: FedRelaxState, replied: Mapping[int, Weights], n: int,
                      server_round: int) -> Weights:

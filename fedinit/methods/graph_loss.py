@@ -136,6 +136,18 @@ def choice(metrics: Mapping[str, Any], sent: np.ndarray, k: int) -> np.ndarray:
     return np.concatenate([np.sort(best), np.full(k - len(best), NONE, dtype=np.int64)])
 
 
+def fit_better(nearest: np.ndarray, pid: int, metrics: Mapping[str, Any],
+               sent: np.ndarray) -> None:
+    """In place: ``pid`` becomes candidate j's nearest client (row j of ``nearest``: [1 +
+    that client, its loss]) where its reported loss of j's model is the lowest so far, so a
+    client no one chose can still be placed by whose data its model fits; the metrics passed
+    ``losses_problem``."""
+    for j in sent.astype(np.int64):
+        loss = float(metrics[loss_key(int(j))])
+        if nearest[j, 0] == 0 or loss < nearest[j, 1]:
+            nearest[j] = (pid + 1, loss)
+
+
 def union_graph(chosen: np.ndarray) -> list[np.ndarray]:
     """Edge {i, j} with A_ij = 1 when i chose j or j chose i (``fedinit.methods.graph``'s
     arrays)."""

@@ -65,6 +65,10 @@ def row_label(config: dict[str, Any]) -> str:
         step = float(config.get("relax-server-step", 0.0))
         if step > 0:  # issue 45: the server's neighbourhood steps
             label += f", server step {config.get('relax-server-rule', 'mean')} {step:g}"
+        alpha = float(config.get("fedrelax-alpha", 0.1))
+        label += f", alpha {alpha:g}" if alpha != 0.1 else ""  # 0.1: the default, unnamed
+        serve = str(config.get("relax-serve", "mean"))
+        label += f", serve {serve}" if serve != "mean" else ""  # what (a) scores
         label += ")"
     return label
 

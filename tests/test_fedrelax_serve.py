@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord
 
-from methods import graph_loss as gl
-from methods import wire as rk
-from methods.fedrelax import FedRelaxState
-from methods.packed_arrays import unpack
-from task.config import ConfigError, RunConfig
+from fedinit.methods import graph_loss as gl
+from fedinit.methods import wire as rk
+from fedinit.methods.fedrelax import FedRelaxState
+from fedinit.methods.packed_arrays import unpack
+from fedinit.task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import NODE_BASE, Federation, quadratic_problem
 from tests.test_fedrelax import write_graph
 from tests.test_fedrelax_server_step import step_with
@@ -147,7 +147,7 @@ def test_relax_serve_refusal() -> None:
 
 
 def test_the_report_row_names_the_serve_rule() -> None:
-    from scripts.personal_report import row_label
+    from fedinit.scripts.personal_report import row_label
 
     base = {"method": "fedrelax", "beta": 0.0, "graph": "loss", "relax-warmup": 10,
             "relax-server-step": 1.0, "relax-server-rule": "moves"}

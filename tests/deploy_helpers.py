@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedinit.cli.deploy_local import pids_mentioning, stop_pids
-from fedinit.cli.flower_env import flower_env
+from fedinit.cli.flower_env import REPO, flower_env
 
 DEPLOY_LOCAL = [sys.executable, "-m", "fedinit.cli.deploy_local"]
 SIMULATE = [sys.executable, "-m", "fedinit.cli.simulate"]
@@ -213,10 +213,16 @@ def sh(*cmd: str, timeout: float = 120, env: dict[str, str] | None = None,
 
 
 def docker_session(log_dir: Path, project: str) -> Iterator[DockerEngine]:
-    """A module's Docker engine (skip when impossible); at the end, the containers named after
-    ``project`` that are left (probes whose `docker run` client timed out live on) are
-    removed, and the module leaves the engine (DockerEngine.stop: the last user stops a
-    dockerd the tests started)."""
+    """A module's Docker engine (skip when impossible) with the stack's images built from this
+    checkout; at the end, the containers named after ``project`` that are left (probes whose
+    `docker run` client timed out live on) are removed, and the module leaves the engine
+    (DockerEngine.stop: the last user stops a dockerd the tests started).
+
+    The images are brought up to date first (``build_images.sh`` rebuilds only an image whose
+    inputs changed, a few seconds otherwise): ``compose_run.sh`` builds only missing ones,
+    so a module that ran before the build test used whatever images an earlier checkout left
+    on this machine (a node runtime without the namespace move: every ClientApp import
+    failed)."""
     import pytest
 
     engine = DockerEngine(log_dir)
@@ -224,6 +230,8 @@ def docker_session(log_dir: Path, project: str) -> Iterator[DockerEngine]:
         engine.ensure()
         if engine.skip_reason:
             pytest.skip(engine.skip_reason)
+        build = sh("bash", str(REPO / "deploy" / "build_images.sh"), timeout=3600)
+        assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
         yield engine
     finally:
         if not engine.skip_reason:

@@ -54,11 +54,11 @@ from fedinit.methods.registry import METHODS
 from fedinit.methods.ri import relaxed_start, upload_vector
 from fedinit.methods.upload_codec import OFF, encode_reply, residual_keys
 from fedinit.methods.weights import Weights
+from fedinit.secure_aggregation.wire import RECORD as SECAGG
 from fedinit.store.client_store import W_PREV, ClientStore
 from fedinit.store.state_dir import StateDir
 from fedinit.task.models import get_weights, set_weights
 from fedinit.task.sgd_step import sgd_step
-from strategies.secure_upload import SECAGG, mask_upload, secagg_step
 from strategies.wire import INITIAL, client_rule, release_of
 
 Step = Callable[[nn.Module, Any], torch.Tensor]
@@ -289,6 +289,8 @@ def method_train(msg: Message, context: Context, model: nn.Module,
                           release=None if mechanism is None else mechanism.release,
                           losses=user_losses(model, trainloader, step))
     if SECAGG in msg.content.config_records:  # only the masked upload leaves, no figure
+        from strategies.secure_upload import mask_upload  # the protocol: only under SecAgg+
+
         content = mask_upload(msg.content, content, context.state, _client_id(conf, context))
     else:
         content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
@@ -311,6 +313,8 @@ def method_query(msg: Message, context: Context) -> Message:
     ClientApp's (``client_app/secagg_trust.py``)."""
     if SECAGG not in msg.content.config_records:
         return Message(content=RecordDict(), reply_to=msg)
+    from strategies.secure_upload import secagg_step  # the protocol: only under SecAgg+
+
     conf = msg.content.config_records.get(rk.CONFIG) or ConfigRecord()
     reply = secagg_step(msg.content.config_records[SECAGG], context.state,
                         _client_id(conf, context), None, context.run_id,

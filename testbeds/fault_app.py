@@ -15,11 +15,12 @@ from fedinit.cli.flower_env import REPO
 
 
 def app_parts() -> tuple[str, ...]:
-    """pyproject.toml and every package it declares: a hand-kept list missed ``fedinit/store/``
-    once, and the copy's ServerApp failed to import (exit code 607)."""
+    """pyproject.toml and every top-level package the wheel declares (its ``packages.find``
+    patterns: the card's three and the ``fedinit`` namespace): a hand-kept list missed
+    ``store/`` once, and the copy's ServerApp failed to import (exit code 607)."""
     with (REPO / "pyproject.toml").open("rb") as f:
-        packages = tomllib.load(f)["tool"]["setuptools"]["packages"]
-    return ("pyproject.toml", *packages)
+        include = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
+    return ("pyproject.toml", *sorted({p.rstrip("*").split(".")[0] for p in include}))
 
 ANCHOR = "    pid = partition_of(context, cfg, msg)\n    conf ="
 ROUND = "    _round = int(msg.content.config_records[rk.CONFIG][rk.ROUND])\n"

@@ -287,9 +287,10 @@ print(json.dumps({"env": changed, "flower": [k for k, v in patched().items()
 
 
 def project_modules() -> list[str]:
-    """Every module of every top-level package but tests/ and bench/, and not __main__."""
+    """Every module of every top-level package (and of every package in the ``fedinit``
+    namespace) but tests/ and bench/, and not __main__."""
     names = []
-    for init in sorted(REPO.glob("*/__init__.py")):
+    for init in sorted([*REPO.glob("*/__init__.py"), *REPO.glob("fedinit/*/__init__.py")]):
         package = init.parent
         if package.name in ("tests", "bench"):
             continue

@@ -172,7 +172,7 @@ def test_models_build_and_run_without_torchvision() -> None:
         "            out = model(torch.zeros(2, channels, side, side))\n"
         "        assert out.shape == (2, 10), (name, out.shape)\n"
         "import importlib, pkgutil\n"  # and every module of the apps imports without it
-        "for pkg in ('task', 'client_app', 'server_app', 'methods'):\n"
+        "for pkg in ('fedinit.task', 'client_app', 'server_app', 'fedinit.methods'):\n"
         "    for info in pkgutil.walk_packages(importlib.import_module(pkg).__path__, pkg + '.'):\n"
         "        importlib.import_module(info.name)\n"
         "assert 'torchvision' not in sys.modules or sys.modules['torchvision'] is None\n"

@@ -44,7 +44,7 @@ from fedinit.task.federated_data import partition_sizes
 from fedinit.task.models import get_weights, initial_model
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
-from server_app.virtual_clock import VirtualClock
+from strategies.virtual_clock import VirtualClock
 
 METHODS = {"fedavg": {"beta": 0.0}, "fedinit": {"beta": 0.1}}
 MODES = {"sync": {}, "over-select": {"over-select": 0.3}, "async": {"rounds": "async"}}

@@ -19,7 +19,7 @@ from typing import Any
 from bench.cost_runs import cost_args, cost_run
 from fedinit.methods import dp_budget
 from fedinit.task.config import RunConfig
-from server_app import strategy as strategy_module
+from strategies import method_strategy as strategy_module
 from testbeds.lsq_problem import serialized_bytes
 
 BASE: dict[str, Any] = {"num-clients": 10, "fraction-train": 0.5, "train-limit": 5000,

@@ -33,7 +33,7 @@ from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
 from fedinit.task.config import RunConfig
 from fedinit.task.models import get_weights, initial_model
-from server_app.strategy import SERVER_MODELS, MethodStrategy
+from strategies.method_strategy import SERVER_MODELS, MethodStrategy
 from testbeds.lsq_problem import serialized_bytes
 
 METHODS = {"fedavg": {"beta": 0.0},

@@ -34,7 +34,7 @@ from fedinit.methods.scaffold import C_LOCAL
 from fedinit.store.client_store import ClientStore
 from fedinit.task.config import RunConfig
 from server_app import experiment
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 
 SIZE = {"num-clients": 20, "fraction-train": 0.5, "train-limit": 6000, "local-epochs": 1,
         "personal-eval-every": 0, "beta": 0.1}

@@ -22,7 +22,7 @@ from fedinit.methods.registry import METHODS, composes_with_ri
 from fedinit.task.config import RunConfig
 from fedinit.task.federated_data import dataset_of
 from fedinit.task.models import initial_weights
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 from testbeds.lsq_problem import array_bytes, record_bytes, serialized_bytes
 
 MEASURES = (("arrays", array_bytes), ("records", record_bytes),

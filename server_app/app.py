@@ -15,7 +15,8 @@ from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import CheckpointError
 from server_app.clients import FederationError
 from server_app.engine_facts import in_simulation
-from server_app.experiment import ModelDiverged, NothingTrained, TooFewReplies, run_experiment
+from server_app.experiment import ModelDiverged, NothingTrained, run_experiment
+from strategies.round_stages.quorum import TooFewReplies
 
 app = ServerApp()
 

@@ -39,7 +39,7 @@ from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
 from server_app.experiment import dp_fields
 from server_app.privacy import Ledger, budget_spent
-from server_app.round_stages.privacy import zero_contribution
+from strategies.round_stages.privacy import zero_contribution
 
 ASYNC_DP_CONVENTIONS = {
     "dp-epsilon": "replace-one (one client's data replaced, N public); each flush one Gaussian "

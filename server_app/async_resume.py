@@ -33,79 +33,18 @@ names, in ``rk.KEEP_ROUND``, the round of that state (0: none), and the client k
 
 A reply to a task the resumed loop never sent (a task of the killed run, a reply of an
 earlier ServerApp's message) matches no task of the loop: it is logged and dropped, never
-aggregated (``server_app.async_rounds.AsyncLoop.take``).
+aggregated (``strategies.async_loop.AsyncLoop.take``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedinit.methods.weights import Weights
 from server_app.checkpoint import Checkpoint, CheckpointError
-
-TASK_FIELDS = ("pid", "version", "round", "base", "finish", "seq")
-"""One task in flight, as saved: client, version sent, its round number, the round of the
-state it starts from, simulated finish time, dispatch number."""
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """A task out at the checkpoint, to be re-sent as it was."""
-
-    pid: int
-    version: int
-    round: int
-    base: int
-    finish: float
-    seq: int
-
-
-@dataclass(frozen=True)
-class LoopState:
-    """The loop's state at a flush, beside the model and the strategy's server state."""
-
-    version: int
-    rng: dict[str, Any]
-    clock_now: float | None
-    dispatched: int
-    last_round: dict[int, int]
-    in_flight: tuple[InFlight, ...]
-    sent_count: dict[int, int] = field(default_factory=dict)
-    """Tasks each client was chosen for (``refill=balanced``'s order); a checkpoint written
-    before it was kept reads as none."""
-
-    def to_meta(self) -> dict[str, Any]:
-        return {"version": self.version, "rng": self.rng, "clock-now": self.clock_now,
-                "dispatched": self.dispatched,
-                "last-round": {str(p): r for p, r in sorted(self.last_round.items())},
-                "in-flight": [[getattr(t, f) for f in TASK_FIELDS] for t in self.in_flight],
-                "sent-count": {str(p): n for p, n in sorted(self.sent_count.items())}}
-
-    @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> LoopState:
-        """The state ``to_meta`` wrote; KeyError/TypeError/ValueError when it is malformed."""
-        clock = meta["clock-now"]
-        tasks = []
-        for row in meta["in-flight"]:
-            if len(row) != len(TASK_FIELDS):
-                raise ValueError(f"an in-flight task {row!r} has {len(row)} fields, expected "
-                                 f"{len(TASK_FIELDS)}")
-            pid, version, rnd, base, finish, seq = row
-            tasks.append(InFlight(int(pid), int(version), int(rnd), int(base), float(finish),
-                                  int(seq)))
-        rng = meta["rng"]
-        if not isinstance(rng, dict):
-            raise TypeError(f"rng is a {type(rng).__name__}, not an object")
-        return cls(int(meta["version"]), rng, None if clock is None else float(clock),
-                   int(meta["dispatched"]),
-                   {int(p): int(r) for p, r in dict(meta["last-round"]).items()}, tuple(tasks),
-                   {int(p): int(n) for p, n in dict(meta.get("sent-count", {})).items()})
-
-    def versions(self) -> list[int]:
-        """The versions the tasks in flight were sent, older than the checkpoint's model."""
-        return sorted({t.version for t in self.in_flight if t.version != self.version})
+from strategies.async_loop import AsyncLoop
+from strategies.async_state import LoopState
 
 
 def version_key(version: int) -> str:
@@ -208,3 +147,19 @@ def sent_contents_of(run_dir: Path, ckpt: Checkpoint,
                                   "out")
         out[t.seq] = records
     return out
+
+
+def resume_loop(loop: AsyncLoop, run_dir: Path, ckpt: Checkpoint,
+                loaded: tuple[LoopState, dict[int, Weights]]) -> Weights:
+    """Continue ``loop`` from ``ckpt`` (its loop state ``loaded``): the method's server
+    state, then the loop's, each task in flight to be re-sent with its version's model and
+    down arrays; returns the checkpoint's model."""
+    strategy = loop.strategy
+    strategy.load_server_state(ckpt.strategy_state)
+    down = strategy.rule.down(strategy.state)  # the checkpoint's version's
+    state, sent = loaded
+    loop.load(state, sent, {**sent_downs_of(run_dir, ckpt, state, tuple(down)),
+                            state.version: down},
+              sent_contents_of(run_dir, ckpt, state) if strategy.rule.replaces_models
+              else None)
+    return list(ckpt.weights)

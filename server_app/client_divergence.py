@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 from fedinit.methods import wire as rk
 from fedinit.task.config import RunConfig
 from server_app.federated_eval import ClientQuery, usable_replies
-from server_app.personal_summary import sample_clients
+from strategies.personal_summary import sample_clients
 
 SAMPLE_STREAM = 17
 """Seed-sequence word of the sampled clients (apart from training and the evaluations)."""

@@ -43,21 +43,23 @@ from server_app.checkpoint import (
 )
 from server_app.client_divergence import ClientDivergence
 from server_app.clients import Fleet
-from server_app.download_bytes import content_bytes
 from server_app.engine_facts import client_state_entry
 from server_app.federated_eval import FederatedEvaluator
-from server_app.operator_log import log_line
-from server_app.over_select import OVER_SELECT_FIELDS, collect_first
 from server_app.personal_round import personal_round
-from server_app.personal_summary import KINDS
 from server_app.privacy import COUNTED, Ledger, budget_spent, privacy_budget
 from server_app.public_rows import withheld
 from server_app.regime_files import CENTRAL_TEST, write_regimes
 from server_app.results import AGGREGATED, DP_CONVENTIONS, DP_FIELDS, DP_LEFT_OUT, Recorder
 from server_app.status import StatusWriter
-from server_app.strategy import MethodStrategy
 from server_app.tracking import check_available as check_tracking
-from server_app.virtual_clock import CLOCK_FIELDS, VirtualClock
+from strategies.download_bytes import content_bytes
+from strategies.method_strategy import MethodStrategy
+from strategies.operator_log import log_line
+from strategies.over_select import OVER_SELECT_FIELDS, collect_first
+from strategies.personal_summary import KINDS
+from strategies.round_stages.quorum import TooFewReplies
+from strategies.round_stages.replies import state_fallbacks
+from strategies.virtual_clock import CLOCK_FIELDS, VirtualClock
 
 
 def run_name(cfg: RunConfig) -> str:
@@ -73,10 +75,6 @@ def run_name(cfg: RunConfig) -> str:
 RESUME_MAY_CHANGE = config_keys.RESUME_MAY_CHANGE
 """Keys a resumed run may set differently from the checkpoint's config
 (fedinit/task/config_keys.py)."""
-
-
-class TooFewReplies(RuntimeError):
-    """Rounds keep failing for lack of replies; the last checkpoint is there to resume."""
 
 
 class ModelDiverged(RuntimeError):
@@ -329,18 +327,6 @@ def _check_finite(rnd: int, weights: list[np.ndarray], state: dict[str, list[Any
         kept = f"round {rnd - 1}'s checkpoint in {out} is kept" if rnd > 1 else "nothing kept"
         raise ModelDiverged(f"round {rnd}: the aggregated global model holds NaN or Inf in {bad} "
                             f"(training diverged: lower lr or server-lr); stopped, {kept}")
-
-
-def state_fallbacks(replies: list[Message]) -> int:
-    """Clients of this round that could not use their saved state and fell back to an older
-    version or to w_0 (they say so in their reply metrics)."""
-    count = 0
-    for msg in replies:
-        if msg.has_error() or rk.METRICS not in msg.content.metric_records:
-            continue
-        value = msg.content.metric_records[rk.METRICS].get(rk.STATE_FALLBACK, 0)
-        count += 1 if isinstance(value, int | float) and value > 0 else 0
-    return count
 
 
 def _progress_line(row: dict[str, Any], n: int, sent: int, delta: float = 0.0) -> str:

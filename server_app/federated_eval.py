@@ -27,7 +27,7 @@ from flwr.serverapp import Grid
 
 from fedinit.methods import wire as rk
 from fedinit.task.config import RunConfig
-from server_app.personal_summary import sample_clients
+from strategies.personal_summary import sample_clients
 
 T = TypeVar("T")
 SAMPLE_STREAM = 16

@@ -13,8 +13,8 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
-from server_app.personal_summary import client_rows
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
+from strategies.personal_summary import client_rows
 
 
 def personal_round(strategy: MethodStrategy, grid: Grid, server_round: int,

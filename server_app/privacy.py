@@ -24,7 +24,7 @@ from fedinit.store.files import atomic_write_text
 from fedinit.task.config import ConfigError, RunConfig
 from fedinit.task.shown import shown
 from server_app.checkpoint import CheckpointError
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 
 LEDGER_FILE = "privacy_ledger.json"
 """In the run directory: ``{"rounds-counted": k, "last-round": t}``, rewritten (atomically,

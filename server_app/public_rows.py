@@ -27,8 +27,8 @@ from __future__ import annotations
 from fedinit.methods import wire as rk
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
-from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
-from server_app.virtual_clock import CLOCK_FIELDS
+from strategies.personal_summary import FIELDS as PERSONAL_FIELDS
+from strategies.virtual_clock import CLOCK_FIELDS
 
 RELEASE_KEY = "dp-release-client-metrics"
 """The run-config key with which an operator writes CLIENT_FIGURES under DP anyway."""

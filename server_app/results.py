@@ -19,13 +19,13 @@ import numpy as np
 
 from fedinit.methods import wire as rk
 from fedinit.store.files import atomic_write, atomic_write_bytes, atomic_write_text, npz_bytes
-from server_app import operator_log
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
-from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
-from server_app.personal_summary import KINDS
 from server_app.public_rows import TIMING_FIELDS as TIMING_FIELDS  # re-exported
 from server_app.tracking import TensorBoardTracker, client_columns
+from strategies import operator_log
+from strategies.personal_summary import FIELDS as PERSONAL_FIELDS
+from strategies.personal_summary import KINDS
 
 ACCURACY_LABEL = "test accuracy (%)"
 EVAL_SOURCE_LABELS = {"central": "central test set",
@@ -35,11 +35,10 @@ DIVERGENCE_LABEL = r"divergence $\frac{1}{|S|}\sum_{i \in S} \|w_{i,K} - w_{t+1}
 """The paper's consistency term, as ``fedinit.methods.ri.divergence`` computes it each round: the
 mean squared distance of the selected clients' final local models from the new global model."""
 
-AGGREGATED = "aggregated"
-"""Round field: True when the round's replies (an async flush's buffer) moved the global
-model, set by whoever writes the row (server_app/experiment.py, server_app/async_rounds.py).
-The one mark sync, secure (no train loss, no divergence), personalized and async rows share:
-``Recorder.aggregated_rounds`` counts it, kept rows of a resumed run included."""
+AGGREGATED = rk.AGGREGATED
+"""Round field (``fedinit.methods.wire.AGGREGATED``), set by whoever writes the row
+(server_app/experiment.py, strategies/async_loop.py); ``Recorder.aggregated_rounds`` counts it,
+kept rows of a resumed run included."""
 ROUND_FIELDS = ("round", "test-acc", "test-loss", rk.ROUND_TRAIN_LOSS, rk.DIVERGENCE, "lr",
                 rk.NUM_REPLIES, rk.NUM_REJECTED, rk.NUM_MISSING, AGGREGATED, "state-fallbacks",
                 rk.NORM_LIMIT_USED, rk.BYTES_UP, rk.BYTES_DOWN, "round-seconds", "elapsed-seconds",
@@ -108,7 +107,7 @@ class Recorder:
         but was not checkpointed) are dropped, so the files hold each round exactly once.
         ``withheld`` fields (``server_app.public_rows``) stay in ``rows``, the checkpoint's
         copy, and out of every public file. ``private_log`` (DP): the lines that say who was
-        sampled go to the run's operator.log until ``finish`` (``server_app.operator_log``).
+        sampled go to the run's operator.log until ``finish`` (``strategies.operator_log``).
         """
         self.fields = (*(f for f in ROUND_FIELDS if f not in left_out), *extra_fields)
         """The row's columns: ROUND_FIELDS but ``left_out`` (DP_LEFT_OUT under DP), then

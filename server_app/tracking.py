@@ -22,8 +22,8 @@ from fedinit.methods import wire as rk
 from fedinit.task.config_checks import ConfigError
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
-from server_app.personal_summary import FIELDS as PERSONAL_FIELDS
 from server_app.public_rows import TIMING_FIELDS
+from strategies.personal_summary import FIELDS as PERSONAL_FIELDS
 
 EVENTS_DIR = "tensorboard"
 """The run directory's sub-directory that holds the event files."""

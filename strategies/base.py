@@ -3,7 +3,7 @@ like Flower's own, ``FedInit(beta=0.1, fraction_train=0.1)``, and runs with ``st
 
 It holds no rule of its own. Its settings become the project's run-config keys, checked by
 ``RunConfig.parse`` (the one source of the checks and of their one-line errors, reworded to
-name the constructor's arguments); training is ``server_app.strategy.MethodStrategy``, built
+name the constructor's arguments); training is ``strategies.method_strategy.MethodStrategy``, built
 in ``start()`` once the federation is known; federated evaluation of the global model is
 Flower's own ``FedAvg.configure_evaluate``/``aggregate_evaluate`` on the user's
 ``@app.evaluate()``.
@@ -35,7 +35,6 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.registry import METHODS
 from fedinit.task.config import ConfigError, RunConfig
 from fedinit.task.config_checks import bad_value
-from server_app.strategy import MethodStrategy
 from strategies.client_half_check import ClientHalfCheck
 from strategies.components import (
     Aggregation,
@@ -51,6 +50,7 @@ from strategies.components import (
     taken,
 )
 from strategies.flower_args import FlowerArgError, FlowerArgs, MetricsAggr
+from strategies.method_strategy import MethodStrategy
 from strategies.wire import INITIAL, method_config, release_config
 
 if TYPE_CHECKING:

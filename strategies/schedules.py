@@ -1,7 +1,7 @@
 """The ``rounds=`` schedules a strategy's ``start()`` runs on a user's grid, on the project's own
 engines: ``OverSelect`` closes each of Flower's sync rounds at the first m accepted replies
-(``server_app.over_select.collect_first``, the experiment loop's), ``BufferedAsync`` runs the
-FedBuff loop (``server_app.async_rounds.AsyncLoop``, the experiment's) in place of Flower's
+(``strategies.over_select.collect_first``, the experiment loop's), ``BufferedAsync`` runs the
+FedBuff loop (``strategies.async_loop.AsyncLoop``, the experiment's too) in place of Flower's
 round loop. Loaded only when a strategy uses one of them.
 """
 
@@ -21,7 +21,7 @@ from fedinit.flower_compat.grid_view import GridView
 from fedinit.methods import wire as rk
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
-from server_app.over_select import collect_first
+from strategies.over_select import collect_first
 
 
 class FirstReplies(GridView):
@@ -99,7 +99,7 @@ def run_buffered(grid: Grid, cfg: RunConfig, node_of: Mapping[int, int], w0: Wei
     train MetricRecord per flush, the project's flush figures; the loop's strategy).
     ``evaluate_fn`` is called before the first flush and after each, as Flower's loop
     calls it each round."""
-    from server_app.async_rounds import AsyncLoop, BufferedStrategy
+    from strategies.async_loop import AsyncLoop, BufferedStrategy
 
     strategy = BufferedStrategy(cfg, node_of, w0, examples=None, available=available)
     loop = AsyncLoop(grid, cfg, strategy, available, node_of, round_config)

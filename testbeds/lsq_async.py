@@ -27,7 +27,7 @@ from fedinit.methods.packed_arrays import pack, shapes, unpack
 from fedinit.store.client_store import ClientStore
 from fedinit.store.state_dir import StateDir
 from fedinit.task.config import RunConfig
-from server_app.async_rounds import AsyncLoop, BufferedStrategy
+from strategies.async_loop import AsyncLoop, BufferedStrategy
 from testbeds.lsq_problem import Problem, VectorModel
 
 EXPERIMENT = "lsq-async"

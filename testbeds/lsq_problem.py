@@ -28,7 +28,7 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.weights import Weights
 from fedinit.store.client_store import ClientStore
 from fedinit.task.config import RunConfig
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 
 NODE_BASE = 1000
 """Node id of partition 0 (node ids are arbitrary; sampling is by partition id)."""

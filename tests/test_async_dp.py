@@ -30,8 +30,9 @@ from flwr.app import Message
 from fedinit.methods.dp_budget import Budget
 from fedinit.task.config import ConfigError, RunConfig
 from server_app.async_privacy import FlushPrivacy
-from server_app.async_rounds import AsyncLoop, run_async_experiment
+from server_app.async_rounds import run_async_experiment
 from server_app.privacy import LEDGER_FILE
+from strategies.async_loop import AsyncLoop
 from testbeds.lsq_async import Script, ScriptedGrid, make_loop
 from testbeds.lsq_problem import Problem, lsq_problem
 

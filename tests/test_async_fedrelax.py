@@ -26,10 +26,10 @@ from fedinit.methods.fedbuff import Flush
 from fedinit.methods.fedrelax import OWN
 from fedinit.store.state_dir import StateDir
 from fedinit.task.config import ConfigError, RunConfig
-from server_app import async_rounds
-from server_app.async_resume import async_checkpoint, loop_state_of
-from server_app.async_rounds import BufferedStrategy
+from server_app import async_resume
+from server_app.async_resume import async_checkpoint, loop_state_of, resume_loop
 from server_app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from strategies.async_loop import BufferedStrategy
 from testbeds.lsq_async import (
     EXPERIMENT,
     Script,
@@ -251,7 +251,7 @@ def resumable_run(grid: ScriptedGrid, run_dir: Path, ckpt_at: int,
     w = [grid.p.w0.copy()]
     if resume:
         ckpt = load_checkpoint(run_dir)
-        w = loop.resume_from(run_dir, ckpt, loop_state_of(run_dir, ckpt, has_clock=False))
+        w = resume_loop(loop, run_dir, ckpt, loop_state_of(run_dir, ckpt, has_clock=False))
 
     def on_flush(flush: Flush, facts: dict[str, Any]) -> None:
         state = loop.state()
@@ -300,7 +300,7 @@ def test_a_resume_that_rebuilt_m_i_would_end_elsewhere(tmp_path: Path,
     """The kept content matters: re-sending the tasks with m_i rebuilt from the checkpoint's
     models (their saved content left out) ends away from the uninterrupted run."""
     cfg, ref_w, _, run_dir, states = killed_run(tmp_path)
-    monkeypatch.setattr(async_rounds, "sent_contents_of", lambda *args: {})
+    monkeypatch.setattr(async_resume, "sent_contents_of", lambda *args: {})
     w, _ = resumable_run(ScriptedGrid(problem(), cfg, AFTER, states), run_dir,
                          ckpt_at=0, resume=True)
     assert np.abs(w - ref_w).max() > 1e-6

@@ -14,10 +14,10 @@ import pytest
 from fedinit.cli.inprocess_grid import InProcessGrid
 from fedinit.task.config import RunConfig
 from fedinit.task.config_checks import ConfigError
-from server_app import async_rounds
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import load_checkpoint
-from server_app.virtual_clock import VirtualClock
+from strategies import async_loop
+from strategies.virtual_clock import VirtualClock
 from tests.test_async_resume import SIMULATED, KilledGrid, config, final_model, rows, same
 from tests.test_async_rounds import HeldGrid, fedbuff_by_hand, first_model
 from tests.test_fedavg_reference import max_diff
@@ -31,12 +31,12 @@ OVER = {"concurrency": 2, "buffer-size": 2, "num-server-rounds": 8}
 
 @pytest.fixture(autouse=True)
 def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(async_rounds, "POLL_SECONDS", 0.001)
+    monkeypatch.setattr(async_loop, "POLL_SECONDS", 0.001)
 
 
 def pick(idle: set[int], free: int, counts: dict[int, int], seed: int = 0,
          benched: frozenset[int] = frozenset()) -> list[int]:
-    return async_rounds.choose(idle, set(benched), free, np.random.default_rng([seed, 32]),
+    return async_loop.choose(idle, set(benched), free, np.random.default_rng([seed, 32]),
                                counts)
 
 

@@ -36,11 +36,12 @@ from fedinit.store.client_store import W_PREV
 from fedinit.store.files import read_record
 from fedinit.store.state_dir import StateDir
 from fedinit.task.config import RunConfig
-from server_app import async_rounds
 from server_app.async_resume import loop_state_of
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import CheckpointError, load_checkpoint
-from server_app.experiment import TooFewReplies, resume_point, run_experiment
+from server_app.experiment import resume_point, run_experiment
+from strategies import async_loop
+from strategies.round_stages.quorum import TooFewReplies
 from tests.conftest import SIM_HTTP_PORT
 from tests.sim_engine import InProcessSimulation
 from tests.test_resume_and_faults import corrupt
@@ -53,7 +54,7 @@ KILL_AT = 10
 
 @pytest.fixture(autouse=True)
 def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(async_rounds, "POLL_SECONDS", 0.001)
+    monkeypatch.setattr(async_loop, "POLL_SECONDS", 0.001)
 
 
 def config(tmp: Path, speeds: tuple[float, ...] = (1.0, 2.4, 6.3), **over: Any) -> RunConfig:
@@ -221,7 +222,7 @@ def test_without_keep_round_the_redone_task_loses_its_clients_state(
     gone when its round 5 is redone (it starts from w_0, as on its first participation) and
     the model differs from the uninterrupted run's: the test above would catch a broken
     pin."""
-    monkeypatch.setattr(async_rounds.AsyncLoop, "mark",
+    monkeypatch.setattr(async_loop.AsyncLoop, "mark",
                         lambda self, msg, pid, rnd: msg.content.config_records[rk.CONFIG]
                         .__setitem__(rk.ROUND, rnd))
     cfg = config(tmp_path)

@@ -24,12 +24,12 @@ from fedinit.task.config import RunConfig
 from fedinit.task.datasets import to_tensor
 from fedinit.task.federated_data import client_examples, dataset_of
 from fedinit.task.models import get_weights, initial_model, set_weights
-from server_app import async_rounds
 from server_app.app import RunAborted, main
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import load_checkpoint
-from server_app.download_bytes import content_bytes
 from server_app.experiment import run_experiment
+from strategies import async_loop
+from strategies.download_bytes import content_bytes
 from tests.sim_engine import InProcessSimulation
 from tests.test_fedavg_reference import max_diff, reference_fedavg
 from tests.test_resume_and_faults import corrupt
@@ -262,7 +262,7 @@ def test_the_app_selects_the_loop_by_rounds_and_stops_when_every_reply_fails(
 
 
 class FakeClock:
-    """The loop's clock (``server_app.async_rounds.time``): each pull and each pause move it
+    """The loop's clock (``strategies.async_loop.time``): each pull and each pause move it
     ``step`` seconds, so ``round-timeout`` passes in a few in-process pulls."""
 
     def __init__(self, step: float) -> None:
@@ -325,7 +325,7 @@ def test_a_dead_clients_task_is_lost_and_its_slot_goes_to_another_client(
     raw = RunConfig.parse({**SMALL, **over, "output-dir": str(tmp_path)}).to_dict()
     clock = None if error is not None else FakeClock(0.3 if concurrency == 3 else 0.6)
     if clock is not None:
-        monkeypatch.setattr(async_rounds, "time", clock)
+        monkeypatch.setattr(async_loop, "time", clock)
     grid = DeadClientGrid(raw, error, clock)
     with caplog.at_level(logging.INFO):
         _, rows = run(tmp_path, grid, **over)
@@ -354,7 +354,7 @@ def test_a_dead_clients_task_is_lost_and_its_slot_goes_to_another_client(
 
 def test_a_benched_client_takes_only_a_slot_no_other_can() -> None:
     def pick(idle: set[int], benched: set[int], free: int) -> list[int]:
-        return async_rounds.choose(idle, benched, free, np.random.default_rng([0, 32]))
+        return async_loop.choose(idle, benched, free, np.random.default_rng([0, 32]))
 
     assert pick({0, 1, 2, 3}, set(), 3) == [1, 0, 2]  # seed 0's draws, as without a bench
     assert sorted(pick({0, 1, 2, 3}, {2}, 3)) == [0, 1, 3]  # enough others: 2 passed over

@@ -25,9 +25,9 @@ from fedinit.methods.registry import METHODS
 from fedinit.methods.scaffold import C_LOCAL
 from fedinit.store.state_dir import StateDir
 from fedinit.task.config import RunConfig
-from server_app.async_resume import async_checkpoint, loop_state_of
-from server_app.async_rounds import AsyncLoop, BufferedStrategy
+from server_app.async_resume import async_checkpoint, loop_state_of, resume_loop
 from server_app.checkpoint import load_checkpoint, save_checkpoint
+from strategies.async_loop import AsyncLoop, BufferedStrategy
 from testbeds.lsq_async import (
     EXPERIMENT,
     Script,
@@ -196,7 +196,7 @@ def resumable_run(grid: ScriptedGrid, run_dir: Path, ckpt_at: int,
     w = [grid.p.w0.copy()]
     if resume:
         ckpt = load_checkpoint(run_dir)
-        w = loop.resume_from(run_dir, ckpt, loop_state_of(run_dir, ckpt, has_clock=False))
+        w = resume_loop(loop, run_dir, ckpt, loop_state_of(run_dir, ckpt, has_clock=False))
 
     def on_flush(flush: Flush, facts: dict[str, Any]) -> None:
         state = loop.state()  # every flush, as the real loop's (it sets the pins)

@@ -1,4 +1,4 @@
-"""``bytes-down`` (server_app/download_bytes.py) against the serialized size worked out by hand.
+"""``bytes-down`` (strategies/download_bytes.py) against the serialized size worked out by hand.
 
 Flower 1.39 deflates each object of a message's content to ``<type> <child ids> <body
 length>\\0<body>`` (child ids: 64 hex characters each, comma-joined). The small message here:
@@ -14,7 +14,7 @@ from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
 from fedinit.cli.inprocess_grid import set_task_identity
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import pack
-from server_app.download_bytes import content_bytes
+from strategies.download_bytes import content_bytes
 
 ID = 64
 """Hex characters of an object id (SHA-256)."""

@@ -32,7 +32,7 @@ from fedinit.store.simulated_state import RUN_SUBDIR
 from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from server_app.strategy import ACCOUNTED_STATE
+from strategies.method_strategy import ACCOUNTED_STATE
 from tests.sim_engine import InProcessSimulation
 from tests.test_state_consistency import client_sum, lose_train_replies, relative_gap
 

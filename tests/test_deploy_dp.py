@@ -18,9 +18,9 @@ import pytest
 from fedinit.cli.deploy_local import Deployment, pids_mentioning, stop_pids
 from fedinit.methods.dp_budget import Budget
 from server_app.checkpoint import load_checkpoint
-from server_app.operator_log import OPERATOR_LOG
-from server_app.round_stages.sampling import SEED_ENV
 from server_app.status import STATUS_FILE
+from strategies.operator_log import OPERATOR_LOG
+from strategies.round_stages.sampling import SEED_ENV
 from testbeds.deployment_runs import FlwrRun
 from tests.deploy_helpers import deploy_three_insecure, rounds, run_dir
 from tests.public_files import (

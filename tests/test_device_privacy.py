@@ -52,8 +52,8 @@ from fedinit.store.privacy_ledger import LEDGER_NAME, PrivacyLedger
 from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from server_app.operator_log import OPERATOR_LOG
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
+from strategies.operator_log import OPERATOR_LOG
 from tests.deploy_helpers import rounds, run_dir
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots
@@ -303,7 +303,7 @@ def test_a_local_dp_reply_carries_no_data_dependent_metric(tmp_path: Path) -> No
 
 
 def test_the_server_aggregates_replies_without_metrics_under_local_dp() -> None:
-    """server_app.strategy: under dp=local a reply without num-examples, train-loss and
+    """strategies.method_strategy: under dp=local a reply without num-examples, train-loss and
     num-steps is accepted (placeholders; uniform weights), and no train-loss is reported."""
     set_task_identity()
     cfg = RunConfig.parse({**RUN, "fraction-train": 1.0})

@@ -28,8 +28,8 @@ from fedinit.secure_aggregation import wire as sw
 from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from server_app.round_stages.replies import RoundReplies
-from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, params_of
+from strategies.round_stages.replies import RoundReplies
+from strategies.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, params_of
 from tests.test_secagg_run import ProtocolGrid, masked_replies
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # no test here reads a plot

@@ -31,7 +31,7 @@ from fedinit.methods.weights import Weights
 from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 from testbeds.lsq_problem import Federation, lsq_problem
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

@@ -49,7 +49,7 @@ from fedinit.task.config import RunConfig
 from server_app.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
 from server_app.experiment import _progress_line, run_experiment
 from server_app.privacy import LEDGER_FILE, Ledger
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

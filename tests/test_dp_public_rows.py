@@ -31,7 +31,7 @@ from server_app.public_rows import (
 )
 from server_app.results import DP_FIELDS, DP_LEFT_OUT, ROUND_FIELDS
 from server_app.tracking import EVENTS_DIR, tag_of
-from server_app.virtual_clock import CLOCK_FIELDS
+from strategies.virtual_clock import CLOCK_FIELDS
 from tests.flower_log import flower_lines
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

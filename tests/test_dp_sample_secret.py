@@ -24,10 +24,10 @@ from fedinit.cli.inprocess_grid import InProcessGrid
 from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from server_app.operator_log import OPERATOR_LOG
 from server_app.public_rows import SAMPLE_FIGURES, TIMING_FIELDS
-from server_app.round_stages.sampling import SEED_ENV
 from server_app.status import STATUS_FILE
+from strategies.operator_log import OPERATOR_LOG
+from strategies.round_stages.sampling import SEED_ENV
 from tests.flower_log import flower_lines
 from tests.public_files import (
     differences,

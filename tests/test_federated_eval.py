@@ -120,7 +120,7 @@ def test_device_run_evaluates_federated_without_server_data(
     monkeypatch.setattr(experiment, "dataset_of", lambda _c: pytest.fail("server loaded data"))
     monkeypatch.setattr(experiment, "check_present", lambda *_a: pytest.fail("looked for data"))
     warnings: list[str] = []
-    for module in ("server_app.operator_log", "server_app.federated_eval"):  # rejected: replies
+    for module in ("strategies.operator_log", "server_app.federated_eval"):  # rejected: replies
         monkeypatch.setattr(f"{module}.log", lambda _lvl, fmt, *a: warnings.append(fmt % a))
     summary = experiment.run_experiment(grid, cfg)
     run = Path(summary["results-dir"])

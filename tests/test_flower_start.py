@@ -16,7 +16,7 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.task.config import RunConfig
 from fedinit.task.models import initial_weights
 from server_app.experiment import run_experiment
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

@@ -18,19 +18,22 @@ ALLOWED: dict[str, set[str]] = {
     "task": {"methods", "store", "flower_compat"},
     # both halves run the SecAgg+ core's halves:
     # strategies/secure_upload.py (the client's, under method_train and the project's
-    # ClientApp), server_app/round_stages/secure_sum.py
+    # ClientApp), strategies/round_stages/secure_sum.py
     # client_app/app.py reads the node's own slowdown factor (fedinit/node/slowdown.py) and
     # calls the strategies' client half (strategies/secure_upload.py)
     "client_app": {"task", "methods", "store", "flower_compat", "secure_aggregation", "node",
                    "strategies"},
-    "server_app": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
+    # the project's experiment ServerApp over the strategies' round engine: data, central
+    # evaluation, checkpoints, reports, tracking, the fleet's status
+    "server_app": {"strategies", "task", "methods", "store", "flower_compat",
+                   "secure_aggregation"},
     # the commands a user runs (fedinit-simulate, -sweep, -report, -deploy, -dashboard)
     "cli": {"server_app", "client_app", "task", "methods", "store", "flower_compat",
             "secure_aggregation", "node"},
-    # Flower Strategy classes over the server's MethodStrategy, and their client half, which
-    # the project's ClientApp calls too (so nothing here imports client_app)
-    "strategies": {"server_app", "task", "methods", "store", "flower_compat",
-                   "secure_aggregation"},
+    # the round engine (MethodStrategy, its stages, the schedules, the FedBuff loop), the
+    # Flower Strategy classes over it, and their client half, which the project's ClientApp
+    # calls too: under both apps, so it imports neither
+    "strategies": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
     # SecAgg+ protocol core (client and server halves): only Flower, numpy and flower_compat
     "secure_aggregation": {"flower_compat"},
 }

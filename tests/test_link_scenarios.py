@@ -27,7 +27,7 @@ import pytest
 from fedinit.methods.scaffold import C_LOCAL
 from fedinit.store.state_dir import StateDir
 from server_app.checkpoint import load_checkpoint
-from server_app.round_stages.held import ACCOUNTED_STATE
+from strategies.round_stages.held import ACCOUNTED_STATE
 from testbeds.deployment_runs import deployed
 from testbeds.link_deployment import LinkDeployment
 from testbeds.link_runs import Watched, watch

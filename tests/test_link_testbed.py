@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from server_app.round_stages import RoundReplies
-from server_app.round_stages.decode import DecodeReplies
+from strategies.round_stages import RoundReplies
+from strategies.round_stages.decode import DecodeReplies
 from testbeds.fault_proxy import Faults, ProxyThread
 from testbeds.link_scenarios import CELLULAR, CUT, FLAKY_WIFI, NODE_EXPIRY_SECONDS
 from testbeds.links import Namespaces, unavailable

@@ -24,7 +24,7 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.scaffold import DELTA_C
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
-from server_app.strategy import NORM_HISTORY, MethodStrategy
+from strategies.method_strategy import NORM_HISTORY, MethodStrategy
 
 RATIO = 20.0
 """The default ``max-update-norm-ratio``; the tests set it explicitly."""

@@ -26,8 +26,8 @@ from fedinit.store.simulated_state import STATE_ROOT
 from fedinit.task.config import ConfigError, RunConfig
 from fedinit.task.federated_data import dataset_of
 from fedinit.task.models import initial_model, set_weights
-from server_app import personal_summary as pe
 from server_app.experiment import run_experiment
+from strategies import personal_summary as pe
 
 pytestmark = pytest.mark.usefixtures("small_central_test_set")
 

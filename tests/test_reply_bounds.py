@@ -24,7 +24,7 @@ from fedinit.methods.weights import Weights
 from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from server_app.experiment import run_experiment
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

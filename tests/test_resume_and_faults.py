@@ -16,7 +16,8 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.store.client_store import W_PREV, ClientStore
 from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
-from server_app.experiment import TooFewReplies, run_experiment
+from server_app.experiment import run_experiment
+from strategies.round_stages.quorum import TooFewReplies
 
 pytestmark = pytest.mark.usefixtures("quick_runs")
 

@@ -24,7 +24,7 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.robust import combine
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 
 SHAPES = [(3, 2), (4,)]
 

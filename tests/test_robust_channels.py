@@ -28,7 +28,7 @@ from fedinit.methods.robust import SCREEN, combine, select, unaccounted, upload_
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
 from fedinit.task.models import MODEL_NAMES, build_model, get_weights
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 
 SHAPES = [(3, 2), (4,)]
 """One channel's arrays (not a repeat of one shape: one channel is read as one)."""

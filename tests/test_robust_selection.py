@@ -25,7 +25,7 @@ from fedinit.methods.robust import combine, select
 from fedinit.methods.scaffold import DELTA_C
 from fedinit.methods.weights import Weights
 from fedinit.task.config import ConfigError, RunConfig
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
 
 
 def pt(*xs: float) -> Weights:

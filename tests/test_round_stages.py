@@ -1,4 +1,4 @@
-"""The server's round stages (``server_app/round_stages/``), each on its own against a plain
+"""The server's round stages (``strategies/round_stages/``), each on its own against a plain
 numpy computation, and the pipeline they form: a stage can be inserted without touching the
 others, and only the builder reads whether DP is on."""
 
@@ -23,15 +23,15 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.sampling import sample_clients
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
-from server_app.round_stages import RoundReplies
-from server_app.round_stages.combine import Combine, RobustMean
-from server_app.round_stages.decode import DecodeReplies
-from server_app.round_stages.held import HeldMethod
-from server_app.round_stages.norm_filter import NormFilter
-from server_app.round_stages.privacy import ClientLevelDp
-from server_app.round_stages.quorum import MinReplies
-from server_app.round_stages.sampling import AvailableSampler, RegisteredSampler
-from server_app.strategy import MethodStrategy
+from strategies.method_strategy import MethodStrategy
+from strategies.round_stages import RoundReplies
+from strategies.round_stages.combine import Combine, RobustMean
+from strategies.round_stages.decode import DecodeReplies
+from strategies.round_stages.held import HeldMethod
+from strategies.round_stages.norm_filter import NormFilter
+from strategies.round_stages.privacy import ClientLevelDp
+from strategies.round_stages.quorum import MinReplies
+from strategies.round_stages.sampling import AvailableSampler, RegisteredSampler
 
 SIZES = (30, 50, 70, 90)
 W_T: Weights = [np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(4, 3),
@@ -316,11 +316,13 @@ def test_the_dp_decision_shapes_the_pipeline(mode: str) -> None:
 
 def test_only_the_pipeline_builder_reads_whether_dp_is_on() -> None:
     repo = Path(__file__).resolve().parents[1]
-    root = repo / "server_app"
+    root = repo / "strategies"
+    stages = sorted((root / "round_stages").glob("*.py"))
+    assert len(stages) > 10, "the stages moved: point this check at them"
     readers = sorted(p.relative_to(repo).as_posix()
-                     for p in [root / "strategy.py", *(root / "round_stages").glob("*.py")]
+                     for p in [root / "method_strategy.py", *stages]
                      if re.search(r"\.on\b|\.mode\b|\bc(fg)?\.dp\b", p.read_text()))
-    assert readers == ["server_app/round_stages/pipeline.py"]
+    assert readers == ["strategies/round_stages/pipeline.py"]
 
 
 def test_a_subclass_override_of_the_client_config_reaches_the_messages() -> None:

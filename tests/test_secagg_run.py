@@ -31,11 +31,11 @@ from fedinit.secure_aggregation.envelope import token_length
 from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import NothingTrained, run_experiment
-from server_app.round_stages.decode import DecodeReplies
-from server_app.round_stages.held import AccountedRounds
-from server_app.round_stages.method_update import AccountRound
-from server_app.round_stages.replies import RoundReplies, run_stages
-from server_app.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, masked_problem
+from strategies.round_stages.decode import DecodeReplies
+from strategies.round_stages.held import AccountedRounds
+from strategies.round_stages.method_update import AccountRound
+from strategies.round_stages.replies import RoundReplies, run_stages
+from strategies.round_stages.secure_sum import SECAGG, SecAggRound, SecureSum, masked_problem
 from strategies.secure_upload import STATE, mask_upload
 from tests.test_device_privacy import EVALUATE_QUERIES, context, evaluate_message
 

@@ -27,7 +27,7 @@ from fedinit.store.simulated_state import RUN_SUBDIR
 from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from server_app.strategy import ACCOUNTED_STATE
+from strategies.method_strategy import ACCOUNTED_STATE
 from tests.sim_engine import InProcessSimulation
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

@@ -28,7 +28,6 @@ from fedinit.task.config import RunConfig
 from fedinit.task.models import initial_weights
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
-from server_app.round_stages.sampling import SEED_ENV
 from strategies import FedInit, Scaffold
 from strategies.components import (
     BufferedAsync,
@@ -38,6 +37,7 @@ from strategies.components import (
     OverSelect,
     SecAgg,
 )
+from strategies.round_stages.sampling import SEED_ENV
 from tests.test_strategy_components import train_users_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("quick_runs")]

@@ -21,10 +21,10 @@ from fedinit.methods import wire as rk
 from fedinit.task.config import ConfigError, RunConfig
 from fedinit.task.device_speeds import STEP_SECONDS, durations, slowdowns
 from fedinit.task.federated_data import client_examples
-from server_app import async_rounds
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
-from server_app.virtual_clock import VirtualClock
+from strategies import async_loop
+from strategies.virtual_clock import VirtualClock
 from tests.test_async_rounds import fedbuff_by_hand, first_model
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read, no real wait
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read
 @pytest.fixture(autouse=True)
 def quick_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     """The shuffled grid hides replies on purpose: poll again at once, not after 0.1 s."""
-    monkeypatch.setattr(async_rounds, "POLL_SECONDS", 0.001)
+    monkeypatch.setattr(async_loop, "POLL_SECONDS", 0.001)
 
 
 BASE = {"train-limit": 150, "local-epochs": 1, "batch-size": 50, "personal-eval-every": 0,

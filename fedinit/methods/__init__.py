@@ -10,8 +10,9 @@ state, its pure server update and its client rule, plus the pieces they share.
 - ``robust.py``: the robust aggregation statistics (Flower's trimmed mean; the only module
   here that imports Flower).
 
-The one Flower strategy all methods run in is ``server_app/strategy.py``; the client app hands
-the client rule's ``train`` a ``LocalJob`` holding the run's SGD pass (``client_app/round.py``).
+The one Flower strategy all methods run in is ``strategies/method_strategy.py``; the client
+half hands the client rule's ``train`` a ``LocalJob`` holding the run's SGD pass
+(``client_app/round.py``).
 This package imports nothing of the project's other packages.
 
 The method modules import numpy only (torch inside a client hook), so the config check stays

@@ -3,7 +3,7 @@ rule, and the spec that names them. Pure numpy: no Flower, no torch at import ti
 
 A method module (``fedavg.py``, ``scaffold.py``, ...) declares one ``MethodSpec``; the registry
 collects them; the run config is built from the registry. The Flower shell
-(``server_app/strategy.py``) decodes every reply once into a ``ClientUpdate`` and calls the
+(``strategies/method_strategy.py``) decodes every reply once into a ``ClientUpdate`` and calls the
 method's ``ServerRule`` with the round's ``RoundInput``; the client app hands the
 ``ClientRule`` a ``LocalJob`` (the start point, its state, and the run's SGD pass) and sends up
 what its ``train`` returns.
@@ -224,7 +224,7 @@ class ModelFiles(Protocol):
 
 class ReportFiles(Protocol):
     """Where a method writes what it reports into the run directory
-    (``server_app/run_reports.py``: ``RunReports``), atomically and without knowing the store."""
+    (``strategies/run_reports.py``: ``RunReports``), atomically and without knowing the store."""
 
     def replace_text(self, name: str, text: str) -> None:
         """Write file ``name`` whole; readers see the old or the new content, never half."""

@@ -53,7 +53,10 @@ NUM_MISSING = "num-missing"  # sampled clients that did not answer in time
 NORM_LIMIT_USED = "norm-limit-used"  # the largest upload norm / its limit this round
 BYTES_UP = "bytes-up"  # the encoded upload payload bytes of the round's decoded replies
 BYTES_DOWN = "bytes-down"  # the serialized content bytes of the round's train messages sent
-# (server_app/download_bytes.py)
+# (strategies/download_bytes.py)
+AGGREGATED = "aggregated"  # True when the round's replies (an async flush's buffer) moved the
+# global model: the one mark sync, secure, personalized and async rows share (a row
+# without it, from an older run, reads through server_app.results.was_aggregated)
 DIVERGENCE = "divergence"  # the paper's (1/|S|) sum ||w_iK - w_{t+1}||^2
 ROUND_TRAIN_LOSS = TRAIN_LOSS  # the example-weighted mean of the replies' train-loss
 SHELL_METRICS = (ROUND_TRAIN_LOSS, DIVERGENCE, NUM_REPLIES, NUM_REJECTED, NUM_MISSING,

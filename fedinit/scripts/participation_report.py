@@ -18,8 +18,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from fedinit.scripts.run_dirs import run_dirs
-from server_app.personal_summary import KINDS
 from server_app.results import read_personal_clients
+from strategies.personal_summary import KINDS
 
 
 def participations(run_dir: Path, up_to: int) -> Counter[int]:

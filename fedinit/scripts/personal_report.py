@@ -24,9 +24,9 @@ from fedinit.cli.report import CellResult, collect, mean_std
 from fedinit.cli.run_files import read_json
 from fedinit.cli.sweep_plan import Cell, load_plan
 from fedinit.methods.registry import METHODS
-from server_app.personal_summary import KINDS, STATS
 from server_app.regime_files import read_regimes
 from server_app.results import read_personal_clients
+from strategies.personal_summary import KINDS, STATS
 
 COLUMNS: tuple[str, ...] = ("test-acc", *(f"local-{k}-{s}" for k in KINDS for s in STATS))
 HEADER: tuple[str, ...] = ("global (central test)",

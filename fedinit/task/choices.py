@@ -31,7 +31,7 @@ choice (FedBuff's) | one of those sent the fewest tasks so far, ties a seeded ch
 SECURE_AGGREGATIONS: tuple[str, ...] = ("off", "secagg+")
 """``secure-aggregation``: off | secagg+ (SecAgg+, ``fedinit/secure_aggregation/``: the server sees
 only the round's sum of the clients' clipped, quantised uploads;
-``server_app/round_stages/secure_sum.py``)."""
+``strategies/round_stages/secure_sum.py``)."""
 SECAGG_MAX_BITS = 24
 """``secagg-bits`` at most this (``fedinit.secure_aggregation.params.MAX_BITS``; a test holds them
 equal)."""

@@ -7,7 +7,7 @@ slowdown s_i and every task a simulated duration
     d_i = s_i x local-epochs x ceil(n_i / batch-size) x ``STEP_SECONDS``
 
 (n_i: its training examples; ceil(n_i / B) local steps per epoch, the last partial batch kept
-as ``client_app.trainer.local_sgd`` keeps it). The virtual clock (``server_app/virtual_clock.py``)
+as ``client_app.trainer.local_sgd`` keeps it). The virtual clock (``strategies/virtual_clock.py``)
 orders completions by it, so a run's result is the same on any machine.
 
 Specs: ``off`` | ``slow:FRACTION:FACTOR`` (round(FRACTION N) clients, a seeded choice, are
@@ -21,7 +21,7 @@ Availability windows: a line ``2.5 0-600 1800-inf`` is a client 2.5 times slower
 for simulated t in [0, 600) and from 1800 on; a line without windows is always available.
 Windows are half-open [START, END), 0 <= START < END (END may be ``inf``), in increasing
 order without overlap (touching is refused too: write one window). A task started at t must
-also finish by its window's END, or it is lost (``server_app/virtual_clock.py``).
+also finish by its window's END, or it is lost (``strategies/virtual_clock.py``).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from fedinit.methods.method import ClientUpdate
 from fedinit.methods.norms import update_norms, vector_norm
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
-from server_app.round_stages.held import HeldMethod
-from server_app.round_stages.replies import RoundReplies, log_rejected
+from strategies.round_stages.held import HeldMethod
+from strategies.round_stages.replies import RoundReplies, log_rejected
 
 NORM_HISTORY = 64
 """Accepted upload norms kept per uploaded vector: the norm filter's reference in rounds with

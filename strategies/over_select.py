@@ -1,7 +1,7 @@
 """Over-selection for synchronous rounds (Bonawitz et al. 2019, "Towards federated learning
 at scale"): ``over-select`` o > 0 samples ceil(m (1 + o)) clients and closes the round at the
 first m replies that pass the decode checks (``DecodeReplies``), in arrival order; with
-``device-speeds`` on, in simulated order instead (``server_app.virtual_clock``).
+``device-speeds`` on, in simulated order instead (``strategies.virtual_clock``).
 
 The train messages are pushed at once (``Grid.push_messages``) and their replies pulled by
 message id (``Grid.pull_messages``) until m are accepted or ``round-timeout`` passes. Replies

@@ -1,7 +1,7 @@
 """The personalized evaluation flow (``personal-eval-every``): who is asked, what they get
 (the global model, or the client's own content from ``ServerRule.down_to`` or
 ``ServerRule.evaluated_model``), and the summary
-of their scores (``server_app.personal_summary``). The server's other evaluation flows are
+of their scores (``strategies.personal_summary``). The server's other evaluation flows are
 ``server_app/federated_eval.py`` and ``server_app/client_divergence.py``."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from flwr.common.logger import log
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
 from fedinit.task.config import RunConfig
-from server_app import personal_summary
-from server_app.round_stages.messages import TrainMessages, for_client
+from strategies import personal_summary
+from strategies.round_stages.messages import TrainMessages, for_client
 
 
 @dataclasses.dataclass

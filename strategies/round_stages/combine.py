@@ -12,7 +12,7 @@ from fedinit.methods.ri import aggregate_update
 from fedinit.methods.robust import combine
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
-from server_app.round_stages.replies import RoundReplies
+from strategies.round_stages.replies import RoundReplies
 
 Mean = Callable[[Sequence[Weights], Sequence[float]], Weights]
 """How one vector per contribution becomes one: (vectors, weights) -> vector."""

@@ -21,9 +21,9 @@ from fedinit.methods.upload_codec import channels, codec_problem, decode_channel
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
 from fedinit.task.local_steps import num_steps
-from server_app.operator_log import log_line
-from server_app.round_stages.replies import Accepted, RoundReplies, log_rejected
-from server_app.round_stages.secure_sum import masked_problem
+from strategies.operator_log import log_line
+from strategies.round_stages.replies import Accepted, RoundReplies, log_rejected
+from strategies.round_stages.secure_sum import masked_problem
 
 NOT_ARRIVED = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
                          ErrorCode.NODE_UNAVAILABLE})
@@ -66,7 +66,7 @@ class DecodeReplies:
     @property
     def private(self) -> bool:
         """Under DP a line naming a sampled client goes to the operator's file, not the
-        ServerApp's log (server_app/operator_log.py; docs/faults.md, "What each DP mode
+        ServerApp's log (strategies/operator_log.py; docs/faults.md, "What each DP mode
         shows")."""
         return self.cfg.privacy.dp != "off"
 

@@ -43,8 +43,8 @@ from fedinit.secure_aggregation.params import SecAggParams
 from fedinit.secure_aggregation.wire import RoundFailedError, SecAggInputError
 from fedinit.secure_aggregation.wire import Stage as SecAggStage
 from fedinit.task.config import RunConfig
-from server_app.operator_log import log_line
-from server_app.round_stages.replies import RoundReplies
+from strategies.operator_log import log_line
+from strategies.round_stages.replies import RoundReplies
 
 if TYPE_CHECKING:
     from fedinit.secure_aggregation.server import SecAggServer
@@ -107,7 +107,7 @@ class SecAggRound:
     """How many of the server's ``rejected`` replies are logged already."""
     private: bool = False
     """Under ``dp=distributed`` the sample is secret: the protocol's lines (which client
-    dropped, how many signed) go to the operator's file (``server_app.operator_log``)."""
+    dropped, how many signed) go to the operator's file (``strategies.operator_log``)."""
 
     def log_rejected(self, server: SecAggServer) -> None:
         """One line per protocol reply the server refused since the last call: that client

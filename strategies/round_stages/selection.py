@@ -12,7 +12,7 @@ from fedinit.methods.method import ClientUpdate, RoundInput, ServerRule
 from fedinit.methods.robust import SCREEN, select, unaccounted
 from fedinit.methods.robust_choices import min_replies
 from fedinit.task.config import RunConfig
-from server_app.round_stages.replies import RoundReplies
+from strategies.round_stages.replies import RoundReplies
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,23 +10,23 @@ from collections.abc import Mapping, Sequence
 from fedinit.methods.dp import Mechanism
 from fedinit.methods.robust_choices import SELECTIONS
 from fedinit.task.config import RunConfig
-from server_app.round_stages.combine import Combine, RobustMean
-from server_app.round_stages.decode import DecodeReplies
-from server_app.round_stages.held import AccountedRounds, HeldMethod
-from server_app.round_stages.messages import ClientConfig, TrainMessages
-from server_app.round_stages.method_update import AccountRound, MethodUpdate
-from server_app.round_stages.norm_filter import NormFilter
-from server_app.round_stages.privacy import ClientLevelDp
-from server_app.round_stages.quorum import MinReplies
-from server_app.round_stages.replies import RoundReplies, Stage, run_stages
-from server_app.round_stages.sampling import (
+from strategies.round_stages.combine import Combine, RobustMean
+from strategies.round_stages.decode import DecodeReplies
+from strategies.round_stages.held import AccountedRounds, HeldMethod
+from strategies.round_stages.messages import ClientConfig, TrainMessages
+from strategies.round_stages.method_update import AccountRound, MethodUpdate
+from strategies.round_stages.norm_filter import NormFilter
+from strategies.round_stages.privacy import ClientLevelDp
+from strategies.round_stages.quorum import MinReplies
+from strategies.round_stages.replies import RoundReplies, Stage, run_stages
+from strategies.round_stages.sampling import (
     AvailableSampler,
     RegisteredSampler,
     Sampler,
     secret_seed,
 )
-from server_app.round_stages.secure_sum import SecAggRound, SecureSum, params_of, upload_keys
-from server_app.round_stages.selection import RobustSelection
+from strategies.round_stages.secure_sum import SecAggRound, SecureSum, params_of, upload_keys
+from strategies.round_stages.selection import RobustSelection
 
 
 @dataclasses.dataclass(frozen=True)

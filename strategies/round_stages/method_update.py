@@ -11,9 +11,9 @@ from fedinit.methods import wire as rk
 from fedinit.methods.method import RoundInput
 from fedinit.methods.ri import divergence
 from fedinit.task.config import RunConfig
-from server_app.round_stages.combine import Mean
-from server_app.round_stages.held import AccountedRounds, HeldMethod
-from server_app.round_stages.replies import RoundReplies
+from strategies.round_stages.combine import Mean
+from strategies.round_stages.held import AccountedRounds, HeldMethod
+from strategies.round_stages.replies import RoundReplies
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 from fedinit.methods.dp import Mechanism
 from fedinit.methods.method import ClientUpdate
 from fedinit.methods.weights import Weights
-from server_app.round_stages.replies import RoundReplies
+from strategies.round_stages.replies import RoundReplies
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,8 +34,8 @@ from fedinit.task.config import RunConfig
 from fedinit.task.config_checks import ConfigError
 from fedinit.task.device_speeds import KEY, Windows, durations, speeds_and_windows
 from fedinit.task.federated_data import partition_sizes
-from server_app.operator_log import log_line
-from server_app.over_select import Collected
+from strategies.operator_log import log_line
+from strategies.over_select import Collected
 
 CLOCK_FIELDS = ("sim-time",)
 """The column a run with ``device-speeds`` on adds to each rounds.jsonl row: cumulative
@@ -51,7 +51,7 @@ class VirtualClock:
         self.now = float(now)
         self.private = private
         """Under DP the sample is secret: a line naming sampled clients goes to the
-        operator's file (``server_app.operator_log``)."""
+        operator's file (``strategies.operator_log``)."""
         self.windows = windows
         """Per client its availability windows (None: always available); None: no client
         has any, and the clock is exactly the one without windows."""

@@ -12,7 +12,7 @@ from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import pack
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
-from server_app.round_stages.held import HeldMethod
+from strategies.round_stages.held import HeldMethod
 
 ClientConfig = Callable[[ConfigRecord, int], ConfigRecord]
 """The round's settings for one client: (round config, client id) -> its config."""

@@ -1,12 +1,13 @@
-"""Stage 5, the quorum: too few replies and the round is not aggregated (``min-replies``)."""
+"""Stage 5, the quorum: too few replies and the round is not aggregated (``min-replies``); too
+many such rounds in a row and the run stops (``TooFewReplies``, ``max-failed-rounds``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from logging import WARNING
 
-from server_app.operator_log import log_line
-from server_app.round_stages.replies import RoundReplies
+from strategies.operator_log import log_line
+from strategies.round_stages.replies import RoundReplies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,3 +29,7 @@ class MinReplies:
                  "round %d: %d %s replies < min-replies=%d; the global model is "
                  "unchanged", replies.server_round, usable, what, self.min_replies)
         return dataclasses.replace(replies, halted=True)
+
+
+class TooFewReplies(RuntimeError):
+    """Rounds keep failing for lack of replies; the last checkpoint is there to resume."""

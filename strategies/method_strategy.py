@@ -1,5 +1,5 @@
 """The one Flower strategy every method runs in: a thin adapter from Flower's ``Strategy`` API
-to the server's round stages (``server_app/round_stages/``) around a pure core (the method's
+to the server's round stages (``strategies/round_stages/``) around a pure core (the method's
 ``ServerRule`` in ``fedinit/methods/<method>.py``).
 
 ``configure_train`` runs the pipeline's sampler and message builder; ``aggregate_train``
@@ -28,13 +28,13 @@ from fedinit.methods.packed_arrays import pack, unpack
 from fedinit.methods.weights import Weights
 from fedinit.store.server_models import ServerModels
 from fedinit.task.config import RunConfig
-from server_app import personal_summary
-from server_app.round_stages import RoundReplies, TrainPipeline, build_train_pipeline
-from server_app.round_stages.combine import reply_weights
-from server_app.round_stages.decode import NOT_ARRIVED, DecodeReplies
-from server_app.round_stages.held import ACCOUNTED_STATE, AccountedRounds, HeldMethod
-from server_app.round_stages.messages import for_client
-from server_app.round_stages.norm_filter import (
+from strategies import personal_summary
+from strategies.round_stages import RoundReplies, TrainPipeline, build_train_pipeline
+from strategies.round_stages.combine import reply_weights
+from strategies.round_stages.decode import NOT_ARRIVED, DecodeReplies
+from strategies.round_stages.held import ACCOUNTED_STATE, AccountedRounds, HeldMethod
+from strategies.round_stages.messages import for_client
+from strategies.round_stages.norm_filter import (
     FIRST_ROUND_FACTOR,
     MIN_ROUND_NORMS,
     NORM_HISTORY,
@@ -42,9 +42,9 @@ from server_app.round_stages.norm_filter import (
     NormFilter,
     owned,
 )
-from server_app.round_stages.personal_eval import PersonalEvaluation
-from server_app.round_stages.replies import Accepted
-from server_app.run_reports import RunReports
+from strategies.round_stages.personal_eval import PersonalEvaluation
+from strategies.round_stages.replies import Accepted
+from strategies.run_reports import RunReports
 
 __all__ = ["ACCOUNTED_STATE", "FIRST_ROUND_FACTOR", "MIN_ROUND_NORMS", "NORMS_STATE",
            "NORM_HISTORY", "NOT_ARRIVED", "SERVER_MODELS", "Accepted", "MethodStrategy"]

@@ -12,7 +12,7 @@ from flwr.app import Message
 from fedinit.methods import wire as rk
 from fedinit.methods.method import ClientUpdate
 from fedinit.methods.weights import Weights
-from server_app.operator_log import log_line
+from strategies.operator_log import log_line
 
 Accepted = tuple[int, ClientUpdate]
 """A reply that passed the checks: (source node id, its decoded update)."""
@@ -119,3 +119,15 @@ def log_rejected(replies: RoundReplies, node: int, reason: str, private: bool = 
     under DP: to the operator's file, as it names a sampled client)."""
     log_line(private, WARNING, "round %d: rejected reply of node %s (partition %s): %s",
              replies.server_round, node, replies.sent_to.get(node, "?"), reason)
+
+
+def state_fallbacks(replies: list[Message]) -> int:
+    """Clients of this round that could not use their saved state and fell back to an older
+    version or to w_0 (they say so in their reply metrics)."""
+    count = 0
+    for msg in replies:
+        if msg.has_error() or rk.METRICS not in msg.content.metric_records:
+            continue
+        value = msg.content.metric_records[rk.METRICS].get(rk.STATE_FALLBACK, 0)
+        count += 1 if isinstance(value, int | float) and value > 0 else 0
+    return count

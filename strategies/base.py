@@ -58,11 +58,11 @@ if TYPE_CHECKING:
     from strategies.schedules import FirstReplies
 
 ANY_FEDERATION = 1_000_000
-"""The client count the constructor checks with, before the federation is known: checks
-that depend on it (e.g. min_replies <= clients per round) only get stricter for fewer
-clients, so they pass here and run again with the real count at ``start()``. The one check
-a larger federation makes stricter, SecAgg's quantised sum, gets a count it passes
-(``MethodAdapter._any_federation``)."""
+"""The stand-in ``num-clients`` of the constructor's parse, before the federation is known:
+that parse is not ``sized`` (``RunConfig.parse(..., sized=False)``), so no check reads it;
+the checks that need the client count or the round size (Krum's n > 2f + 2, ``min_replies``,
+SecAgg's threshold and quantised sum, ``concurrency``) run at ``start()`` with the nodes
+found."""
 BUFFER_NAMES = frozenset({"running_mean", "running_var", "num_batches_tracked"})
 """The last name component of torch's normalisation buffers in a state dict."""
 ANY_LR = 1e-9
@@ -174,9 +174,8 @@ class MethodAdapter(Strategy):
                                  evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
         """Flower's own federated evaluation of the global model (the user's evaluate)."""
         self._check_over_select(fraction_train)
-        self.checked = self.parse(self._any_federation(fraction_train),
-                                  ANY_LR if lr is None else lr, fraction_train,
-                                  placeholder=True)
+        self.checked = self.parse(ANY_FEDERATION, ANY_LR if lr is None else lr,
+                                  fraction_train, sized=False)
         """The settings as the run config holds them, checked before any work."""
         if self.buffered and fraction_evaluate > 0.0:
             raise self._error(bad_value("fraction_evaluate", fraction_evaluate,
@@ -246,20 +245,6 @@ class MethodAdapter(Strategy):
                               "yet)")
         return out
 
-    def _any_federation(self, fraction_train: float) -> int:
-        """The client count the constructor checks with: ``ANY_FEDERATION``, or under SecAgg
-        the most whose round still fits the quantised sum (``secagg-bits``: at most
-        (2^32 - 1) // 2^bits clients per round), the one check a larger federation makes
-        stricter. Both run again with the nodes found at ``start()``."""
-        secure = self.components.get("secure_aggregation")
-        if not isinstance(secure, SecAgg) or not 0.0 < fraction_train <= 1.0:
-            return ANY_FEDERATION
-        most = (2**32 - 1) // 2**secure.bits
-        n = min(ANY_FEDERATION, max(1, int(most / fraction_train)))
-        while n > 1 and max(1, round(fraction_train * n)) > most:
-            n -= 1
-        return n
-
     def _check_over_select(self, fraction_train: float) -> None:
         """``OverSelect``: ceil(m (1 + o)) clients must exist, so fraction_train x (1 + o)
         must not pass 1 (the exact count is checked at ``start()`` with the nodes found)."""
@@ -277,26 +262,17 @@ class MethodAdapter(Strategy):
         return isinstance(self.components.get("rounds"), BufferedAsync)
 
     def parse(self, num_clients: int, lr: float, fraction_train: float, *,
-              placeholder: bool = False) -> RunConfig:
+              sized: bool = True) -> RunConfig:
         """``RunConfig.parse`` of these settings; its ConfigError reworded to name the
-        constructor's arguments (``FedDyn: alpha=0.0 is not allowed; ...``). With
-        ``placeholder`` (the constructor's count, not a federation's) a line never shows
-        that count or the round size it gives: they read as what ``start()`` will find."""
+        constructor's arguments (``FedDyn: alpha=0.0 is not allowed; ...``). Not ``sized``
+        (the constructor, before the federation is known): ``num_clients`` is a stand-in
+        and no check that reads it or the round size runs."""
         raw = {**self.keys, "num-clients": num_clients, "lr": lr,
                "fraction-train": fraction_train}
         try:
-            return RunConfig.parse(raw)
+            return RunConfig.parse(raw, sized=sized)
         except ConfigError as err:
-            error = self._error(err)
-            if not placeholder or not isinstance(fraction_train, int | float):
-                raise error from None
-            text = str(error)
-            m = max(1, round(fraction_train * num_clients))
-            for count, shown in ((num_clients, "N (the nodes found)"),
-                                 (m, "m (the clients per round)")):
-                if count >= 1000:  # a placeholder's size, not a value a user wrote
-                    text = re.sub(rf"(?<![\d.]){count}(?![\d.])", shown, text)
-            raise ConfigError(text) from None
+            raise self._error(err) from None
 
     def _error(self, err: ConfigError) -> ConfigError:
         """``err`` with this class's name for "run config" and argument names for keys."""

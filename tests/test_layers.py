@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ALLOWED: dict[str, set[str]] = {
     "flower_compat": set(),  # everything that bends Flower and Ray: imports only them
-    "methods": {"flower_compat"},
+    "methods": set(),  # the pure rules: Flower's own functions, no patch layer
     "store": {"flower_compat"},
     "node": {"flower_compat"},
     "task": {"methods", "store", "flower_compat"},

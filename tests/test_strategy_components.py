@@ -221,7 +221,7 @@ def test_a_line_names_the_component_and_never_the_placeholder_federation() -> No
                 fraction_evaluate=0.0, lr=0.05)
     assert one_line(err) == (
         "FedInit: rounds.buffer_size=3 is not allowed; allowed: at least 5 (0: "
-        "rounds.concurrency=m (the clients per round)) with aggregation=Krum(...) and "
+        "rounds.concurrency=the clients per round) with aggregation=Krum(...) and "
         "aggregation.byzantine_f=1 with rounds=BufferedAsync(...) (the rule runs over the K "
         "buffered replies: n > 2f + 2)")
 

@@ -43,12 +43,10 @@ from collections.abc import Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
+from flwr.serverapp.strategy.bulyan import aggregate_n_closest_weights
+from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+from flwr.serverapp.strategy.multikrum import select_multikrum
 
-from fedinit.flower_compat.flower_helpers import (
-    aggregate_n_closest_weights,
-    select_multikrum,
-    trim_mean,
-)
 from fedinit.methods.ri import weighted_mean
 from fedinit.methods.robust_choices import SELECTIONS, min_replies
 from fedinit.methods.weights import Weights

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from fedinit.flower_compat import flower_helpers
 from fedinit.methods.method import ClientUpdate
 from fedinit.methods.ri import aggregate_update
 from fedinit.methods.robust import combine
@@ -23,6 +24,10 @@ class RobustMean:
     """The run's ``aggregation`` rule (``fedinit.methods.robust.combine``) as a ``Mean``."""
 
     cfg: RunConfig
+
+    def __post_init__(self) -> None:
+        if self.cfg.robust.aggregation != "mean":  # a rule computed with Flower's helpers
+            flower_helpers.check()
 
     def __call__(self, vectors: Sequence[Weights], weights: Sequence[float]) -> Weights:
         r = self.cfg.robust

@@ -34,11 +34,15 @@ if TYPE_CHECKING:  # annotations only: run_config imports these checks
     from fedinit.task.config.run_config import RunConfig
 
 
-def check_all(c: RunConfig) -> None:
-    """Every check of ``RunConfig.parse`` but the method's own parameters, in order."""
+def check_all(c: RunConfig, *, sized: bool = True) -> None:
+    """Every check of ``RunConfig.parse`` but the method's own parameters, in order. Not
+    ``sized`` (a strategy's constructor, before it has seen the federation): ``num-clients``
+    is a stand-in, so every check that reads the client count or the round size waits for the
+    parse that has them (``start()``)."""
     _check_finite(c)
-    _check_ranges(c)
-    check_examples(c)
+    _check_ranges(c, sized)
+    if sized:
+        check_examples(c)
 
 
 def _refuse_any(values: Mapping[str, float], bad: Callable[[float], bool], allowed: str) -> None:
@@ -109,8 +113,10 @@ def _check_choices(c: RunConfig) -> None:
                               f"{did_you_mean(value, allowed)}; allowed: {' | '.join(allowed)}")
 
 
-def _check_ranges(c: RunConfig) -> None:
-    """Range checks, one per key, in the order a reader would look for them."""
+def _check_ranges(c: RunConfig, sized: bool) -> None:
+    """Range checks, one per key, in the order a reader would look for them; those that read
+    the client count or the round size only when ``sized``."""
+    n = c.num_clients if sized else None
     t, d, e, f, r = c.train, c.data, c.eval, c.fleet, c.robust
     _check_choices(c)
     if d.on_devices:
@@ -129,10 +135,11 @@ def _check_ranges(c: RunConfig) -> None:
     train.check_server_lr_decay(t)
     robust.check_trim_fraction(r)
     robust.check_byzantine_f(r)
-    cross.check_robust(c)
+    cross.check_robust(c, sized)
     cross.check_per_client(c)
-    fleet.check_min_clients(f, c.num_clients)
-    cross.check_min_replies(c)
+    fleet.check_min_clients(f, n)
+    if sized:
+        cross.check_min_replies(c)
     _refuse_any({"max-examples-per-client": r.max_examples_per_client,
                  "weight-decay": t.weight_decay, "clip-norm": t.clip_norm,
                  "channel-noise": d.channel_noise, "brightness-noise": d.brightness_noise,
@@ -141,7 +148,7 @@ def _check_ranges(c: RunConfig) -> None:
     fleet.check_task_deadline(f)
     robust.check_norm_ratio(r)
     data.check_local_test_fraction(d)
-    data.check_regimes(d, c.num_clients)
+    data.check_regimes(d, n)
     evaluation.check_counts(e)
     cross.check_personal_needs_split(c)
     evaluation.check_federated_clients(e)
@@ -149,15 +156,15 @@ def _check_ranges(c: RunConfig) -> None:
     privacy.check_dp_keys(c.privacy)
     cross.check_dp_refusal(c)
     privacy.check_distributed_needs_secagg(c.privacy)
-    schedule.check_async_keys(c.schedule, c.num_clients)
+    schedule.check_async_keys(c.schedule, n)
     schedule.check_lr_scale(c.schedule, c.fleet.resume_dir)
     train.check_server_momentum(c.train, c.method)
-    cross.check_async(c)
+    cross.check_async(c, sized)
     privacy.check_secagg_keys(c.privacy)
-    cross.check_secagg(c)
+    cross.check_secagg(c, sized)
     train.check_compression(t, c.privacy.secure_aggregation, c.schedule.rounds)
     fleet.check_over_select_value(f)
-    cross.check_over_select(c)
+    cross.check_over_select(c, sized)
     parse_speeds(c.schedule.device_speeds)
     cross.check_speeds_on_devices(c)
     if c.seed < 0:

@@ -38,12 +38,12 @@ def check_model_fits(c: RunConfig) -> None:
                           f"dataset={c.data.dataset!r}: {err}") from None
 
 
-def check_robust(c: RunConfig) -> None:
-    """``byzantine-f`` against the round size (under ``rounds=async`` the buffer's,
-    ``check_async``), and methods whose state a robust rule breaks."""
+def check_robust(c: RunConfig, sized: bool = True) -> None:
+    """``byzantine-f`` against the round size (when ``sized``; under ``rounds=async`` the
+    buffer's, ``check_async``), and methods whose state a robust rule breaks."""
     r = c.robust
     need = min_replies(r.aggregation, r.byzantine_f)
-    if c.schedule.rounds == "sync" and c.clients_per_round < need:  # async: check_async
+    if sized and c.schedule.rounds == "sync" and c.clients_per_round < need:
         rule = "n >= 4f + 3" if r.aggregation == "bulyan" else "n > 2f + 2"
         raise bad_value("byzantine-f", r.byzantine_f,
                         f"at most what aggregation={r.aggregation!r} tolerates in "
@@ -109,9 +109,10 @@ def check_dp_refusal(c: RunConfig) -> None:
         raise bad_value(*refused)
 
 
-def check_async(c: RunConfig) -> None:
+def check_async(c: RunConfig, sized: bool = True) -> None:
     """What ``rounds=async`` cannot run yet, each refused with its reason (a method's own:
-    ``MethodSpec.async_refusal``)."""
+    ``MethodSpec.async_refusal``). Not ``sized``: the bounds that read the client count, or
+    a buffer size that defaults to the round size, wait for the parse that has it."""
     if c.schedule.rounds == "sync":
         return
     why = METHODS[c.method].async_refusal
@@ -132,15 +133,18 @@ def check_async(c: RunConfig) -> None:
          "server's per-flush count would understate it"),
         ("dp", dp, dp != "distributed", "off | central",
          "distributed DP needs secure aggregation, which is sync only"),
-        ("buffer-size", s.buffer_size, dp == "off" or c.async_buffer_size <= c.num_clients,
+        ("buffer-size", s.buffer_size,
+         not sized or dp == "off" or c.async_buffer_size <= c.num_clients,
          f"at most num-clients={c.num_clients} with dp={dp!r}",
          "a client contributes at most once per flush"),
         ("aggregation", r.aggregation, r.aggregation == "mean" or not
          METHODS[c.method].server.up_keys, f"mean with method={c.method!r}",
          "its clients' state is accounted when a reply is buffered, before a robust rule "
          "decides whether it is kept; not built"),
-        ("buffer-size", s.buffer_size, c.async_buffer_size >= need,
-         f"at least {need} (0: concurrency={c.async_concurrency}) with "
+        ("buffer-size", s.buffer_size,
+         c.async_buffer_size >= need or not (sized or s.buffer_size or s.concurrency),
+         f"at least {need} (0: concurrency="
+         f"{c.async_concurrency if sized or s.concurrency else 'the clients per round'}) with "
          f"aggregation={r.aggregation!r} and byzantine-f={r.byzantine_f}",
          "the rule runs over the K buffered replies: "
          + ("n >= 4f + 3" if r.aggregation == "bulyan" else "n > 2f + 2")),
@@ -167,14 +171,14 @@ def check_async(c: RunConfig) -> None:
             raise bad_value(key, value, f"{allowed} with rounds='async' ({why})")
 
 
-def check_over_select(c: RunConfig) -> None:
-    """With o > 0, ceil(m (1 + o)) clients must exist, and what reads who was sampled or needs
-    every sampled reply is refused, each in one line."""
+def check_over_select(c: RunConfig, sized: bool = True) -> None:
+    """With o > 0, ceil(m (1 + o)) clients must exist (when ``sized``), and what reads who
+    was sampled or needs every sampled reply is refused, each in one line."""
     o = c.fleet.over_select
     if o == 0.0:
         return
     k = c.sampled_per_round
-    if k > c.num_clients:
+    if sized and k > c.num_clients:
         most = shown(c.num_clients / c.clients_per_round - 1, o)[0]
         raise bad_value("over-select", o, f"at most {most} "
                         f"(ceil(m (1 + o)) = {k} clients > num-clients={c.num_clients})")
@@ -194,9 +198,9 @@ def check_over_select(c: RunConfig) -> None:
             raise bad_value(key, value, f"{allowed} with over-select={o:g} ({why})")
 
 
-def check_secagg(c: RunConfig) -> None:
+def check_secagg(c: RunConfig, sized: bool = True) -> None:
     """What needs one client's upload, which the server never sees under secure aggregation,
-    each refused in one line."""
+    each refused in one line; the bounds against the round size only when ``sized``."""
     p = c.privacy
     if p.secure_aggregation == "off":
         return
@@ -219,10 +223,10 @@ def check_secagg(c: RunConfig) -> None:
          "noises each upload in full, the sum then carries m times the noise it needs"),
         ("rounds", c.schedule.rounds, c.schedule.rounds == "sync", "sync",
          "a buffer of replies from different rounds has no common key exchange"),
-        ("secagg-threshold", t, t <= c.clients_per_round,
+        ("secagg-threshold", t, not sized or t <= c.clients_per_round,
          f"at most the clients per round ({c.clients_per_round})",
          "fewer clients than the threshold can never unmask a sum"),
-        ("secagg-bits", p.secagg_bits, c.clients_per_round <= max_clients,
+        ("secagg-bits", p.secagg_bits, not sized or c.clients_per_round <= max_clients,
          f"a value with clients per round <= (2^32 - 1) // 2^bits ({max_clients} now)",
          "the quantised sum would wrap around 2^32"),
         # the evaluations answer per client: under secure aggregation the server learns sums
@@ -243,10 +247,10 @@ def check_secagg(c: RunConfig) -> None:
                         f"max-examples-per-client > 0: a masked reply carries no step count, "
                         f"and FedCM's d = -D / (K eta) needs K)")
     if p.dp == "distributed":
-        check_distributed_dp(c)
+        check_distributed_dp(c, sized)
 
 
-def check_distributed_dp(c: RunConfig) -> None:
+def check_distributed_dp(c: RunConfig, sized: bool = True) -> None:
     """``dp=distributed``: t_min = ``min-replies`` is the fewest uploads a released sum holds
     (each device adds 1/t_min of the noise's variance); a released SecAgg+ sum already holds
     at least ``secagg-threshold`` uploads, so t_min below it only adds noise. The quantiser's
@@ -255,8 +259,9 @@ def check_distributed_dp(c: RunConfig) -> None:
     p = c.privacy
     t, t_min = p.secagg_threshold, c.fleet.min_replies
     if t_min < t:
-        raise bad_value("min-replies", t_min, f"secagg-threshold ({t}) to the clients per round "
-                        f"({c.clients_per_round}) with dp='distributed' (min-replies is t_min: "
+        m = f" ({c.clients_per_round})" if sized else ""
+        raise bad_value("min-replies", t_min, f"secagg-threshold ({t}) to the clients per round"
+                        f"{m} with dp='distributed' (min-replies is t_min: "
                         f"each device adds 1/t_min of the noise's variance, and a released sum "
                         f"already holds at least secagg-threshold uploads)")
     # a method's extra uploads (SCAFFOLD's Delta_c_i) share the quantiser: the larger bound

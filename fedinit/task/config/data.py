@@ -75,9 +75,10 @@ def check_local_test_fraction(d: DataConfig) -> None:
                         "0 <= local-test-fraction < 1 (0 turns the local test split off)")
 
 
-def check_regimes(d: DataConfig, num_clients: int) -> None:
-    """``num-regimes``: 0 (off) or 1..num-clients; rotations by 90 degrees give at most 4."""
-    if not 0 <= d.num_regimes <= num_clients:
+def check_regimes(d: DataConfig, num_clients: int | None) -> None:
+    """``num-regimes``: 0 (off) or 1..num-clients; rotations by 90 degrees give at most 4
+    (None: the client count is not known yet, that bound waits for it)."""
+    if not 0 <= d.num_regimes <= (d.num_regimes if num_clients is None else num_clients):
         raise bad_value("num-regimes", d.num_regimes,
                         f"0 (off) to num-clients={num_clients} regimes")
     if d.regime_kind == "rotate" and d.num_regimes > MAX_ROTATIONS:

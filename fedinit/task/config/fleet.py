@@ -28,9 +28,10 @@ class FleetConfig:
     node_registry: str
 
 
-def check_min_clients(f: FleetConfig, num_clients: int) -> None:
-    """The start waits for 0 (all) up to every client."""
-    if not 0 <= f.min_clients <= num_clients:
+def check_min_clients(f: FleetConfig, num_clients: int | None) -> None:
+    """The start waits for 0 (all) up to every client (None: the count is not known yet, the
+    upper bound waits for it)."""
+    if not 0 <= f.min_clients <= (f.min_clients if num_clients is None else num_clients):
         raise bad_value("min-clients", f.min_clients,
                         f"0 (all) to num-clients={num_clients} clients to start with")
 

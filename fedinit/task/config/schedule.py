@@ -29,9 +29,10 @@ class ScheduleConfig:
     (``fedinit.methods.async_server_opt``); 0: off."""
 
 
-def check_async_keys(s: ScheduleConfig, num_clients: int) -> None:
-    """FedBuff's keys, checked whichever ``rounds``."""
-    if not 0 <= s.concurrency <= num_clients:
+def check_async_keys(s: ScheduleConfig, num_clients: int | None) -> None:
+    """FedBuff's keys, checked whichever ``rounds`` (None: the client count is not known yet,
+    the upper bound waits for it)."""
+    if not 0 <= s.concurrency <= (s.concurrency if num_clients is None else num_clients):
         raise bad_value("concurrency", s.concurrency,
                         f"0 (the clients per round) to num-clients={num_clients}")
     for key, value, zero in (("buffer-size", s.buffer_size, "concurrency"),

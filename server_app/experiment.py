@@ -8,6 +8,7 @@ the log sees round, accuracy, loss, divergence and elapsed time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import threading
@@ -52,13 +53,12 @@ from server_app.regime_files import CENTRAL_TEST, write_regimes
 from server_app.results import AGGREGATED, DP_CONVENTIONS, DP_FIELDS, DP_LEFT_OUT, Recorder
 from server_app.status import StatusWriter
 from server_app.tracking import check_available as check_tracking
-from strategies.download_bytes import content_bytes
 from strategies.method_strategy import MethodStrategy
 from strategies.operator_log import log_line
-from strategies.over_select import OVER_SELECT_FIELDS, collect_first
+from strategies.over_select import OVER_SELECT_FIELDS
 from strategies.personal_summary import KINDS
 from strategies.round_stages.quorum import TooFewReplies
-from strategies.round_stages.replies import state_fallbacks
+from strategies.sync_rounds import SyncRounds
 from strategies.virtual_clock import CLOCK_FIELDS, VirtualClock
 
 
@@ -168,7 +168,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                    private_log=budget is not None)
     if clock is not None and rec.rows:  # a resumed run's clock goes on from its last row
         clock.now = float(rec.rows[-1].get("sim-time") or 0.0)
-    windowed = clock if clock is not None and clock.windows is not None else None
+    rounds = SyncRounds(strategy, grid, cfg, clock)  # the engine's synchronous schedule
     write_regimes(out, cfg)
     status = StatusWriter(out, cfg, fleet, first)  # status.json: the operator's live page
     status.watch(strategy)
@@ -185,44 +185,18 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         t0 = time.monotonic()
         fleet.collect()  # newcomers identified beside the last round take part from now on
         fleet.ask()  # identity queries to new nodes, answered beside this round
-        if windowed is not None:  # the round starts once enough clients are in a window;
-            ready = windowed.wait_for(fleet.available(), cfg.sampled_per_round, rnd)
-            strategy.available = ready.copy  # the sampler draws among those
-        messages = strategy.configure_train(rnd, arrays, round_config, grid)
-        if ledger is not None:  # durable before the round's first message: its uploads (local
-            ledger.count(rnd)  # DP) and its model (evaluation, next round) are then counted
-        over: dict[str, int] = {}
-        lost = {} if windowed is None else windowed.lost(strategy.sent_to)
-        sending = messages if windowed is None else windowed.drop_lost(
-            list(messages), lost, strategy.sent_to, rnd)  # a lost task is never sent
-        down = content_bytes(sending)  # bytes-down: the train messages this round sends
-        t_send = time.monotonic()
-        if clock is not None and cfg.fleet.over_select > 0.0:  # the first m in simulated order
-            got = clock.close_first(
-                list(grid.send_and_receive(sending, timeout=cfg.fleet.round_timeout)),
-                cfg.clients_per_round, strategy.sent_to, strategy.accepts, rnd)
-            if got.accepted >= cfg.clients_per_round:  # closed early: the lost don't count
-                lost = {}
-            replies, over = got.replies, got.fields(len(messages))
-        elif cfg.fleet.over_select > 0.0:  # the first m accepted replies close the round
-            got = collect_first(grid, messages, cfg.clients_per_round, strategy.accepts,
-                                cfg.fleet.round_timeout, rnd)
-            replies, over = got.replies, got.fields(len(messages))
-        else:
-            replies = list(grid.send_and_receive(sending, timeout=cfg.fleet.round_timeout))
-        timing = reply_timing(replies, time.monotonic() - t_send)
-        if clock is not None:
-            clock.sync_round(replies, strategy.sent_to, max(lost.values(), default=0.0))
-            timing["sim-time"] = clock.now
+        # under DP the round is counted durably before its first message: its uploads
+        # (local DP) and its model (evaluation, next round) are then counted
+        done = rounds.run(rnd, arrays, round_config,
+                          None if ledger is None else functools.partial(ledger.count, rnd))
+        messages, replies, new_arrays = done.messages, done.replies, done.arrays
         if state_root is not None:  # the clients wrote their state without fsync: one
             sync_filesystem(state_root)  # flush for all, before the checkpoint relies on it
-        new_arrays, metrics = strategy.aggregate_train(rnd, replies)
         failed = 0 if new_arrays is not None else failed + 1
         if new_arrays is not None:  # decoded once: evaluation and checkpoint read ``weights``
             weights = unpack(new_arrays)
             _check_finite(rnd, weights, strategy.server_state(), out)
             arrays = new_arrays
-        m = {**(metrics or {}), "state-fallbacks": state_fallbacks(replies)}
         acc = loss = None
         evaluated: dict[str, Any] = {}
         if (rnd % cfg.eval.eval_every == 0 or rnd == n) and federated is not None:
@@ -236,7 +210,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.train.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
-               rk.BYTES_DOWN: down, **timing, **m, **over, **personal, **evaluated,
+               **done.fields, **done.metrics, **done.over, **personal, **evaluated,
                "clients-trained": clients_trained(replies, strategy.sent_to),
                **(dp_fields(budget, ledger.counted) if budget and ledger else {}),
                AGGREGATED: new_arrays is not None}
@@ -296,20 +270,6 @@ def _warm_server_data(cfg: RunConfig) -> threading.Thread | None:
     thread = threading.Thread(target=warm, name="warm-server-data", daemon=True)
     thread.start()
     return thread
-
-
-def reply_timing(replies: list[Any], collect_seconds: float) -> dict[str, float | None]:
-    """How long the round waited for its replies, and the slowest client's own compute.
-
-    Their difference is the round's overhead (transport, polling, process start-up)."""
-    compute = []
-    for msg in replies:
-        if not msg.has_error() and rk.METRICS in msg.content.metric_records:
-            value = msg.content.metric_records[rk.METRICS].get(rk.COMPUTE_SECONDS)
-            if isinstance(value, float) and math.isfinite(value):
-                compute.append(value)
-    return {"collect-seconds": collect_seconds,
-            "client-seconds-max": max(compute) if compute else None}
 
 
 def clients_trained(replies: list[Message], sent_to: dict[int, int]) -> list[int]:

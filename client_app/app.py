@@ -24,16 +24,6 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.device_privacy import (
-    DeviceFloor,
-    FloorError,
-    account_release,
-    device_multiplier,
-    ledger_for,
-    local_dp,
-    private_failure,
-    refusal,
-)
 from client_app.divergence import divergence_to_global
 from client_app.model_cache import (
     cached_model,
@@ -58,6 +48,16 @@ from fedinit.store.simulated_state import STATE_ROOT
 from fedinit.task.config import RunConfig
 from fedinit.task.evaluation import evaluate as evaluate_model
 from fedinit.task.models import set_weights
+from strategies.device_privacy import (
+    DeviceFloor,
+    DeviceRelease,
+    FloorError,
+    account_release,
+    ledger_for,
+    local_dp,
+    private_failure,
+    refusal,
+)
 from strategies.secure_upload import SECAGG, mask_upload, secagg_step
 
 install("simulation-engine")  # acts only while Flower's engine loads this, before Ray starts
@@ -154,17 +154,17 @@ def train_reply(msg: Message, context: Context, timed: Callable[[float], None]) 
     if refused is not None:
         return refused
     try:
-        if not local_dp(cfg, floor):
+        if not local_dp(DeviceRelease.of_run(cfg), floor):
             return Message(content=train_content(msg, context, cfg, floor, timed),
                            reply_to=msg)
-        spent = floor.budget_spent(cfg)
+        spent = floor.budget_spent(DeviceRelease.of_run(cfg))
         if spent is not None:
             return refusal(msg, "train message", spent)
         return Message(content=train_content(msg, context, cfg, floor, timed), reply_to=msg)
     except PathError as err:
         return refusal(msg, "train message", str(err))
     except Exception as err:
-        if not local_dp(cfg, floor):
+        if not local_dp(DeviceRelease.of_run(cfg), floor):
             raise
         return private_failure(msg, "train message", err)  # its text stays on the device
 
@@ -177,7 +177,8 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
     conf = msg.content.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
     state = client_store(context, cfg, experiment, pid, str(conf.get(STATE_ROOT, "")))
-    ledger = ledger_for(floor, context, state) if local_dp(cfg, floor) else None
+    local = local_dp(DeviceRelease.of_run(cfg), floor)
+    ledger = ledger_for(floor, context, state) if local else None
     # the received arrays' shapes only: client_round decodes the model, once
     accounted = conf.get(rk.ACCOUNTED_ROUND)
     fell_back = state.restore(experiment, server_round,
@@ -195,8 +196,8 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
     else:  # under secure aggregation no per-client figure leaves (secure_upload)
         content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
     if ledger is not None:  # one noised channel per upload (masked ones too), at the device's
-        account_release(ledger, msg, device_multiplier(cfg),  # own multiplier
-                        1 + len(cfg.spec.server.up_keys))
+        asked = DeviceRelease.of_run(cfg)  # own multiplier
+        account_release(ledger, msg, asked.multiplier, asked.channels)
     state.save(experiment, server_round, pin=rk.kept_rounds(conf))
     return content
 
@@ -259,7 +260,7 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     floor, refused = device_floor(context, cfg, msg, task)
     if refused is not None:
         return refused
-    if local_dp(cfg, floor):
+    if local_dp(DeviceRelease.of_run(cfg), floor):
         return refusal(msg, task, "under local DP this device answers no exact query about "
                                   "its data or state")
     if cfg.privacy.secure_aggregation != "off":  # its scores would tell the server what sums hide
@@ -308,7 +309,7 @@ def device_floor(context: Context, cfg: RunConfig, msg: Message,
         floor = DeviceFloor.of(context.node_config)
     except FloorError as err:
         return DeviceFloor(), refusal(msg, task, str(err))
-    short = floor.shortfall(cfg)
+    short = floor.shortfall(DeviceRelease.of_run(cfg))
     return floor, None if short is None else refusal(msg, task, short)
 
 

@@ -15,7 +15,6 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from client_app.device_privacy import train_metrics
 from client_app.trainer import LossFn, SgdSettings, sgd_pass, train_losses
 from fedinit.methods import wire as rk
 from fedinit.methods.dp import Mechanism
@@ -25,6 +24,7 @@ from fedinit.methods.ri import relaxed_start, upload_vector
 from fedinit.methods.upload_codec import OFF, encode_reply
 from fedinit.store.client_store import W_PREV, ClientStore
 from fedinit.task.config import RunConfig
+from strategies.device_privacy import train_metrics
 
 
 def client_round(
@@ -75,7 +75,7 @@ def client_round(
     state.put(W_PREV, final)
     for key, arrays in outcome.state.items():
         state.put(key, arrays)
-    # local DP: none (client_app.device_privacy)
+    # local DP: none (strategies.device_privacy)
     metrics = train_metrics(cfg.privacy.dp == "local", {
         rk.NUM_EXAMPLES: trained.num_examples, rk.TRAIN_LOSS: trained.mean_loss,
         rk.NUM_STEPS: trained.num_steps, rk.COMPUTE_SECONDS: seconds,

@@ -41,6 +41,7 @@ from strategies.components import (
     BufferedAsync,
     Component,
     ComponentError,
+    LocalDP,
     OverSelect,
     Privacy,
     Rounds,
@@ -177,6 +178,11 @@ class MethodAdapter(Strategy):
         self.checked = self.parse(ANY_FEDERATION, ANY_LR if lr is None else lr,
                                   fraction_train, sized=False)
         """The settings as the run config holds them, checked before any work."""
+        if isinstance(self.components.get("privacy"), LocalDP) and fraction_evaluate > 0.0:
+            raise self._error(bad_value("fraction_evaluate", fraction_evaluate,
+                                        "0 with privacy=LocalDP(...) (under local DP a device "
+                                        "answers no exact query about its data; the project's "
+                                        "ClientApp refuses every evaluate message)"))
         if self.buffered and fraction_evaluate > 0.0:
             raise self._error(bad_value("fraction_evaluate", fraction_evaluate,
                                         "0 with rounds=BufferedAsync(...) (federated "

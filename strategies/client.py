@@ -59,7 +59,21 @@ from fedinit.store.client_store import W_PREV, ClientStore
 from fedinit.store.state_dir import StateDir
 from fedinit.task.models import get_weights, set_weights
 from fedinit.task.sgd_step import sgd_step
-from strategies.wire import INITIAL, client_rule, release_of
+from strategies.device_privacy import (
+    DeviceFloor,
+    DeviceRelease,
+    FloorError,
+    account_release,
+    ledger_for,
+    local_dp,
+    private_failure,
+    refusal,
+    train_metrics,
+)
+from strategies.wire import INITIAL, asked_release, client_rule, release_of
+
+TASK = "train message"
+"""How a refusal names the task (``strategies.device_privacy.refusal``)."""
 
 Step = Callable[[nn.Module, Any], torch.Tensor]
 """The user's train step: step(model, batch) -> the batch's scalar loss (not yet backward)."""
@@ -251,6 +265,15 @@ def method_train(msg: Message, context: Context, model: nn.Module,
     (``secure_aggregation=SecAgg()``) the reply carries only the masked upload, as the
     project's ClientApp's does (``strategies.secure_upload``): the app's
     ``@app.query()`` must return ``method_query(msg, context)`` for the protocol's stages.
+
+    The device's privacy is the device's, as in the project's ClientApp
+    (``strategies.device_privacy``): a floor in the node config (``dp-floor="local"``,
+    ``dp-max-clip``, ``dp-min-noise``, ...) refuses a task that asks for less in one log line
+    and an error reply, before anything is read. Under local DP (``privacy=LocalDP(...)``,
+    or a floor) the upload is clipped and noised here, the release is counted in the
+    device's ledger (``dp-ledger`` or ``state-dir`` of the node config, else ``state_dir``,
+    else ``context.state``) before the reply leaves, the reply carries no train loss, step
+    or example count, and a task that fails replies only that it failed.
     """
     if initial is not None and not callable(initial):
         raise ValueError(f"initial= a {type(initial).__name__} is not allowed; allowed: None "
@@ -261,8 +284,38 @@ def method_train(msg: Message, context: Context, model: nn.Module,
         initial = partial(unpack, sent)
     conf = msg.content.config_records[rk.CONFIG]
     name, rule = client_rule(conf)
-    mechanism = release_of(conf)  # DistributedDP: clipped, this client's noise share added
+    asked = DeviceRelease(asked_release(conf), 1 + len(METHODS[name].server.up_keys))
     check_model(model)
+    try:
+        floor = DeviceFloor.of(context.node_config)
+    except FloorError as err:
+        return refusal(msg, TASK, str(err))
+    short = floor.shortfall(asked)
+    if short is not None:
+        return refusal(msg, TASK, short)
+    if not local_dp(asked, floor):
+        return _train(msg, context, conf, name, rule, model, trainloader, epochs, step,
+                      optimizer, clip_norm, initial, state_dir, num_examples, None)
+    spent = floor.budget_spent(asked)
+    if spent is not None:
+        return refusal(msg, TASK, spent)
+    try:
+        return _train(msg, context, conf, name, rule, model, trainloader, epochs, step,
+                      optimizer, clip_norm, initial, state_dir, num_examples, (floor, asked))
+    except Exception as err:  # its text may tell of the data: it stays in the device's log
+        return private_failure(msg, TASK, err)
+
+
+def _train(msg: Message, context: Context, conf: ConfigRecord, name: str,
+           rule: ClientRule[Any], model: nn.Module, trainloader: Iterable[Any], epochs: int,
+           step: Step, optimizer: Optimizer, clip_norm: float,
+           initial: Callable[[], Sequence[np.ndarray]] | None, state_dir: str | Path | None,
+           num_examples: int | None, local: tuple[DeviceFloor, DeviceRelease] | None) -> Message:
+    """``method_train``'s participation once the device's floor admits it; ``local``: the
+    floor and the release under local DP (the ledger read before any data, the release
+    counted before the reply leaves, no per-client figure in it)."""
+    # clipped, and noised: under DistributedDP this client's share, under LocalDP in full
+    mechanism = release_of(conf)
     if num_examples is None:
         dataset = getattr(trainloader, "dataset", None)
         if dataset is None:
@@ -271,6 +324,7 @@ def method_train(msg: Message, context: Context, model: nn.Module,
         num_examples = len(dataset)
     n = num_examples
     store, experiment = client_store(context, conf, state_dir)
+    ledger = None if local is None else ledger_for(local[0], context, store)
     server_round = int(conf[rk.ROUND])  # type: ignore[arg-type]
     accounted = conf.get(rk.ACCOUNTED_ROUND)
     fell_back = store.restore(experiment, server_round,
@@ -288,12 +342,16 @@ def method_train(msg: Message, context: Context, model: nn.Module,
                           next(model.parameters()).device, initial=initial,
                           release=None if mechanism is None else mechanism.release,
                           losses=user_losses(model, trainloader, step))
+    if local is not None:  # each figure depends on the device's data: none leaves
+        content.metric_records[rk.METRICS] = train_metrics(True, {})
     if SECAGG in msg.content.config_records:  # only the masked upload leaves, no figure
         from strategies.secure_upload import mask_upload  # the protocol: only under SecAgg+
 
         content = mask_upload(msg.content, content, context.state, _client_id(conf, context))
     else:
         content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
+    if ledger is not None and local is not None:  # one noised channel per upload
+        account_release(ledger, msg, local[1].multiplier, local[1].channels)
     store.save(experiment, server_round, pin=rk.kept_rounds(conf))
     return Message(content=content, reply_to=msg)
 

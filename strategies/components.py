@@ -1,8 +1,8 @@
 """The capabilities a strategy takes as constructor arguments, each a small frozen object:
-``privacy=`` (``CentralDP``, ``DistributedDP``; ``LocalDP`` refused until the client half has
-it), ``secure_aggregation=`` (``SecAgg``), ``aggregation=`` (``Mean``, ``Median``,
-``TrimmedMean``, ``Krum``, ``MultiKrum``, ``Bulyan``) and ``rounds=`` (``SyncRounds``,
-``OverSelect``, ``BufferedAsync``).
+``privacy=`` (``CentralDP``, ``DistributedDP``, ``LocalDP``), ``secure_aggregation=``
+(``SecAgg``), ``aggregation=`` (``Mean``, ``Median``, ``TrimmedMean``, ``Krum``,
+``MultiKrum``, ``Bulyan``) and ``rounds=`` (``SyncRounds``, ``OverSelect``,
+``BufferedAsync``).
 
 Why objects and not keys: a user composes ``FedInit(privacy=CentralDP(noise_multiplier=1.0),
 aggregation=Krum(byzantine_f=1))`` and a typo fails where it is written. Each component maps
@@ -167,15 +167,12 @@ class DistributedDP(_DP):
 
 @dataclass(frozen=True)
 class LocalDP(_DP):
-    """``dp=local``: each client noises its own upload under its device's floor. Refused by
-    every strategy until the client half (``strategies.client.method_train``) keeps the
-    device's floor and ledger as the project's ClientApp does."""
+    """``dp=local``: each client clips and noises its own upload under its device's floor
+    and counts it in the device's ledger (``strategies.client.method_train``, as the
+    project's ClientApp: ``strategies.device_privacy``); the server aggregates the noised
+    uploads and counts each round as one release per client, no amplification."""
 
     FIXED: ClassVar[Mapping[str, Any]] = {"dp": "local"}
-    MISSING: ClassVar[str | None] = (
-        "strategies.client.method_train does not run local DP under the device's floor and "
-        "ledger yet (a user's ClientApp would send its upload without the noise the run "
-        "counts as released)")
 
 
 Privacy = CentralDP | DistributedDP | LocalDP

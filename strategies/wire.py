@@ -11,10 +11,11 @@ them: the two halves cannot disagree about FedDyn's alpha. Pure: no Flower, no t
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
-from fedinit.methods.dp import Mechanism
+from fedinit.methods.dp import DEVICE_NOISE, Mechanism
 from fedinit.methods.method import ClientRule, Params
 from fedinit.methods.registry import METHOD_NAMES, METHODS
 
@@ -32,10 +33,10 @@ RELEASE = {"mode": "dp", "clip": "dp-clip", "clip_extra": "dp-clip-extra",
 """Train-config keys of the release a client makes (``Mechanism``'s fields by these names):
 under ``privacy=DistributedDP(...)`` each client clips its uploads and adds its share of the
 noise, z x bound / sqrt(t_min), before SecAgg+ masks them."""
-CLIENT_RELEASES = ("off", "central", "distributed")
+CLIENT_RELEASES = ("off", "central", "distributed", "local")
 """The privacy modes ``strategies.client`` serves: nothing to add (``off``; ``central``,
-where the server clips and noises) or its noise share (``distributed``). ``local`` (the
-device's own floor and ledger) is the project's ClientApp's."""
+where the server clips and noises), its noise share (``distributed``) or, under the device's
+floor and into its ledger, its whole noise (``local``: ``strategies.device_privacy``)."""
 
 
 def release_config(mechanism: Mechanism) -> dict[str, Any]:
@@ -43,21 +44,32 @@ def release_config(mechanism: Mechanism) -> dict[str, Any]:
     return {key: getattr(mechanism, name) for name, key in RELEASE.items()}
 
 
-def release_of(config: Mapping[str, Any]) -> Mechanism | None:
-    """The release a train message asks of its client (None: nothing to clip or noise on
-    the client); ValueError (one line) for a mode the client half does not serve."""
+def asked_release(config: Mapping[str, Any]) -> Mechanism:
+    """The release a train message names, whatever its mode (a message without the keys,
+    from a server that names none: ``off``); ValueError (one line) for a mode the client
+    half does not serve."""
     mode = str(config.get(RELEASE["mode"], "off"))
     if mode not in CLIENT_RELEASES:
         raise ValueError(f"the train message asks for privacy mode dp={mode!r}; "
-                         f"strategies.client serves {' | '.join(CLIENT_RELEASES)} (local DP "
-                         "under the device's floor is the project's ClientApp's, client_app/)")
-    if mode != "distributed":
-        return None
+                         f"strategies.client serves {' | '.join(CLIENT_RELEASES)}")
+    if mode == "off" and RELEASE["clip"] not in config:
+        return Mechanism(mode="off", clip=math.inf, clip_extra=math.inf, noise_multiplier=0.0,
+                         expected_clients=1)
     values = {name: config[key] for name, key in RELEASE.items()}
+    # the noise is split into shares only inside a secure sum: under ``local`` each device
+    # adds all of it, whatever a message says (its ledger counts z, never z / sqrt(shares))
+    shares = int(values["noise_shares"]) if mode == "distributed" else 1
     return Mechanism(mode=mode, clip=float(values["clip"]),
                      clip_extra=float(values["clip_extra"]),
                      noise_multiplier=float(values["noise_multiplier"]),
-                     expected_clients=1, noise_shares=int(values["noise_shares"]))
+                     expected_clients=1, noise_shares=shares)
+
+
+def release_of(config: Mapping[str, Any]) -> Mechanism | None:
+    """The release a train message asks its client to apply (None: nothing to clip or
+    noise on the client, ``off`` or ``central``); ValueError as ``asked_release``."""
+    asked = asked_release(config)
+    return asked if asked.mode in DEVICE_NOISE else None
 
 
 def method_config(method: str, params: Params) -> dict[str, Any]:

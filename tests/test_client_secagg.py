@@ -2,8 +2,8 @@
 ClientApp and ``secure_aggregation=SecAgg()``): the protocol's stages are answered, only the
 masked upload leaves, and the server's mean is the plain run's within the quantisation's
 bound, worked out from the settings. Under ``privacy=DistributedDP(...)`` the client clips
-its upload and adds its noise share, z x C / sqrt(t_min), as the server's message says;
-``dp=local`` is refused before any work."""
+its upload and adds its noise share, z x C / sqrt(t_min), as the server's message says
+(local DP: ``tests/test_client_local_dp.py``)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_distributed_dp_clips_and_adds_this_clients_noise_share(
     np.testing.assert_allclose(sent, want, rtol=1e-6)
 
 
-def test_central_dp_sends_the_move_as_it_is_and_local_dp_is_refused_before_training() -> None:
+def test_central_dp_sends_the_move_as_it_is_and_an_unknown_mode_is_refused() -> None:
     x, y = problem(0)
     plain, _ = user_train(message("fedavg", {}, np.zeros(D), 1, delta=True), node(), x, y, 1)
     central, _ = user_train(dp_message("central"), node(), x, y, 1)  # the server clips
@@ -136,9 +136,9 @@ def test_central_dp_sends_the_move_as_it_is_and_local_dp_is_refused_before_train
                           unpack(central.content.array_records[rk.ARRAYS])[0])
     ctx = node()
     with pytest.raises(ValueError) as err:
-        user_train(dp_message("local"), ctx, x, y, 1)
-    assert str(err.value).startswith("the train message asks for privacy mode dp='local'; "
-                                     "strategies.client serves off | central | distributed")
+        user_train(dp_message("sample"), ctx, x, y, 1)
+    assert str(err.value) == ("the train message asks for privacy mode dp='sample'; "
+                              "strategies.client serves off | central | distributed | local")
     assert stored_state(ctx) == {}  # nothing trained, nothing stored
 
 

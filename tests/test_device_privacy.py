@@ -1,4 +1,4 @@
-"""A hostile server against a device that owns its local DP (``client_app.device_privacy``).
+"""A hostile server against a device that owns its local DP (``strategies.device_privacy``).
 
 The server side controls the run config and every message; the device controls only its own
 node config. Each attack is driven through the real ClientApp handlers (``train_fn``,
@@ -38,7 +38,6 @@ from flwr.app import (
 )
 
 from client_app.app import evaluate_fn, query_fn, train_fn
-from client_app.device_privacy import REFUSED, DeviceFloor, FloorError
 from client_app.model_cache import cached_model, client_tensors, initial_weights
 from client_app.round import client_round
 from fedinit.cli.deploy_local import pids_mentioning
@@ -52,6 +51,7 @@ from fedinit.store.privacy_ledger import LEDGER_NAME, PrivacyLedger
 from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
+from strategies.device_privacy import REFUSED, DeviceFloor, DeviceRelease, FloorError
 from strategies.method_strategy import MethodStrategy
 from strategies.operator_log import OPERATOR_LOG
 from tests.deploy_helpers import rounds, run_dir
@@ -553,10 +553,10 @@ def test_a_distributed_run_below_the_devices_own_noise_floor_is_refused(
     assert list(tmp_path.iterdir()) == [] and not ctx.state.config_records
     # the same floor admits z / sqrt(t_min) >= 1 (z = 1.8: 1.039), and a larger clip not
     floor = DeviceFloor.of({**FLOOR, "state-dir": str(tmp_path)})
-    assert floor.shortfall(RunConfig.parse({**DDP_RUN, "dp-noise-multiplier": 1.8,
-                                            "secagg-clip": 12.0})) is None
-    assert floor.shortfall(RunConfig.parse({**DDP_RUN, "dp-noise-multiplier": 1.8,
-                                            "secagg-clip": 33.0, "dp-clip": 1.5})) == \
+    assert floor.shortfall(DeviceRelease.of_run(RunConfig.parse(
+        {**DDP_RUN, "dp-noise-multiplier": 1.8, "secagg-clip": 12.0}))) is None
+    assert floor.shortfall(DeviceRelease.of_run(RunConfig.parse(
+        {**DDP_RUN, "dp-noise-multiplier": 1.8, "secagg-clip": 33.0, "dp-clip": 1.5}))) == \
         "run config dp-clip=1.5 > this device's dp-max-clip=1"
 
 

@@ -16,13 +16,13 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from client_app.app import train_fn
-from client_app.device_privacy import REFUSED
 from client_app.model_cache import initial_weights
 from fedinit.cli.inprocess_grid import set_task_identity
 from fedinit.methods import wire as rk
 from fedinit.methods.dp import min_secagg_clip
 from fedinit.task.config import ConfigError, RunConfig
 from fedinit.task.shown import shown
+from strategies.device_privacy import REFUSED
 
 RUN: dict[str, Any] = {"num-clients": 4, "train-limit": 400, "batch-size": 50,
                        "local-epochs": 1, "dp": "local", "dp-clip": 0.5, "weighting": "uniform",

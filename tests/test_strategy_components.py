@@ -194,13 +194,15 @@ def test_a_strategy_refuses_a_wrong_capability_in_one_line(make: Any, line: str)
     assert one_line(err) == line
 
 
-def test_local_dp_is_refused_naming_what_the_client_half_lacks() -> None:
+def test_local_dp_asks_for_no_federated_evaluation() -> None:
     with pytest.raises(ConfigError) as err:
         FedInit(privacy=LocalDP(), weighting="uniform", lr=0.05)
-    line = one_line(err)
-    assert line.startswith("FedInit: privacy=LocalDP(noise_multiplier=1.0, clipping_norm=1.0")
-    assert "strategies.client.method_train does not run local DP under the device's floor" \
-        in line
+    assert one_line(err) == (
+        "FedInit: fraction_evaluate=1.0 is not allowed; allowed: 0 with privacy=LocalDP(...) "
+        "(under local DP a device answers no exact query about its data; the project's "
+        "ClientApp refuses every evaluate message)")
+    assert FedInit(privacy=LocalDP(), weighting="uniform", lr=0.05,
+                   fraction_evaluate=0.0).checked.privacy.dp == "local"
 
 
 def test_central_dp_with_krum_is_refused_by_both_doors_with_the_same_line() -> None:

@@ -49,7 +49,7 @@ class DecodeReplies:
 
     ``examples``: each client's true training-example count, which its replies must claim,
     or None where the server cannot know it (device data). ``placeholders``: under local DP
-    a device reports nothing that depends on its data (client_app.device_privacy); weights
+    a device reports nothing that depends on its data (strategies.device_privacy); weights
     are uniform under DP and no rule DP runs with reads the counts, so placeholders stand in,
     whatever a reply claims. ``secure``: under secure aggregation a reply carries its masked
     upload and no plain array (``secure_sum.masked_problem``); its update's ``upload`` is

@@ -23,8 +23,9 @@ train loss, step or example count or compute time. Each train release is counted
 device's ledger (``fedinit.store.privacy_ledger``) before it leaves, and its epsilon logged; a
 task that fails under local DP replies only that it failed (its reason stays in the log).
 
-This is the ClientApp's code: it protects a device as far as the device runs only an app
-its owner approved (a run's app is code the server side submits).
+The client half's code, run by the project's ClientApp and by ``strategies.client.method_train``
+in a user's: it protects a device as far as the device runs only an app its owner approved
+(a run's app is code the server side submits).
 """
 
 from __future__ import annotations
@@ -35,17 +36,20 @@ import tomllib
 from collections.abc import Mapping
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context, Error, Message, MetricRecord
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from fedinit.methods import wire as rk
+from fedinit.methods.dp import Mechanism
 from fedinit.store.client_store import ClientStore
 from fedinit.store.privacy_ledger import LEDGER_NAME, PrivacyLedger
-from fedinit.task.config import RunConfig
 from fedinit.task.shown import shown
+
+if TYPE_CHECKING:  # annotations only: the client half does not load the run config
+    from fedinit.task.config import RunConfig
 
 FLOOR = "dp-floor"
 MAX_CLIP = "dp-max-clip"
@@ -141,44 +145,45 @@ class DeviceFloor:
                              "must survive restarts)")
         return cls(True, max_clip, min_noise, delta, ledger, max_epsilon)
 
-    def shortfall(self, cfg: RunConfig) -> str | None:
-        """How the run's DP settings fall short of this floor (one line), or None. Under
-        ``distributed`` the noise this device adds itself, z / sqrt(t_min) in multiples of
-        the clip, is what must reach ``dp-min-noise``: its upload carries no more should the
-        secure sum fail (a server that unmasks one upload sees exactly that)."""
+    def shortfall(self, asked: DeviceRelease) -> str | None:
+        """How the release a task asks for falls short of this floor (one line), or None.
+        Under ``distributed`` the noise this device adds itself, z / sqrt(t_min) in multiples
+        of the clip, is what must reach ``dp-min-noise``: its upload carries no more should
+        the secure sum fail (a server that unmasks one upload sees exactly that)."""
         if not self.local:
             return None
-        if cfg.privacy.dp not in DEVICE_MODES:
-            return (f"run config dp={cfg.privacy.dp!r}; this device's floor is {FLOOR}='local' "
+        m = asked.mechanism
+        if m.mode not in DEVICE_MODES:
+            return (f"run config dp={m.mode!r}; this device's floor is {FLOOR}='local' "
                     f"(allowed: dp='local' or dp='distributed')")
-        bounds = [("dp-clip", cfg.privacy.dp_clip)]
-        if cfg.spec.server.up_keys:  # the method uploads more vectors: each has its bound
-            bounds.append(("dp-clip-extra", cfg.privacy.dp_clip_extra or cfg.privacy.dp_clip))
+        bounds = [("dp-clip", m.clip)]
+        if asked.channels > 1:  # the method uploads more vectors: each has its bound
+            bounds.append(("dp-clip-extra", m.clip_extra))
         for key, bound in bounds:
             if bound > self.max_clip:
                 run, own = shown(bound, self.max_clip)
                 return f"run config {key}={run} > this device's {MAX_CLIP}={own}"
-        z = device_multiplier(cfg)
-        if cfg.privacy.dp == "distributed" and z < self.min_noise:
+        z = asked.multiplier
+        if m.mode == "distributed" and z < self.min_noise:
             run, own = shown(z, self.min_noise, least=4)
             return (f"run config dp='distributed' gives this device noise multiplier "
                     f"dp-noise-multiplier / sqrt(min-replies) = "
-                    f"{shown(cfg.privacy.dp_noise_multiplier)[0]} / "
-                    f"sqrt({cfg.fleet.min_replies}) = {run} < this device's {MIN_NOISE}={own}")
+                    f"{shown(m.noise_multiplier)[0]} / "
+                    f"sqrt({m.noise_shares}) = {run} < this device's {MIN_NOISE}={own}")
         if z < self.min_noise:
             run, own = shown(z, self.min_noise)
             return f"run config dp-noise-multiplier={run} < this device's {MIN_NOISE}={own}"
         return None
 
 
-    def budget_spent(self, cfg: RunConfig) -> str | None:
-        """Why one more release of this run would take the device past ``dp-max-epsilon``
-        (one line), or None; reads the ledger (LedgerError when it is damaged)."""
+    def budget_spent(self, asked: DeviceRelease) -> str | None:
+        """Why one more release like ``asked`` would take the device past
+        ``dp-max-epsilon`` (one line), or None; reads the ledger (LedgerError when it is
+        damaged)."""
         if not (self.local and math.isfinite(self.max_epsilon) and self.ledger is not None):
             return None
-        channels = 1 + len(cfg.spec.server.up_keys)
-        z = device_multiplier(cfg)
-        eps = PrivacyLedger.at(self.ledger, self.delta).epsilon_after(z, channels)
+        z = asked.multiplier
+        eps = PrivacyLedger.at(self.ledger, self.delta).epsilon_after(z, asked.channels)
         if eps <= self.max_epsilon:
             return None
         after, most = shown(eps, self.max_epsilon, least=4)
@@ -191,20 +196,41 @@ DEVICE_MODES = ("local", "distributed")
 admits."""
 
 
-def device_multiplier(cfg: RunConfig) -> float:
-    """The noise multiplier of the device's own noise on one upload: z under ``local``,
-    z / sqrt(t_min) under ``distributed`` (t_min = ``min-replies``; ``Mechanism.device_std``
-    over the clip), 0 otherwise."""
-    if cfg.privacy.dp == "local":
-        return cfg.privacy.dp_noise_multiplier
-    if cfg.privacy.dp == "distributed":
-        return cfg.privacy.dp_noise_multiplier / math.sqrt(cfg.fleet.min_replies)
-    return 0.0
+@dataclasses.dataclass(frozen=True)
+class DeviceRelease:
+    """What a task asks the device to release: the run's DP mechanism (its mode, each
+    channel's clip bound, z and t_min) and how many vectors each reply uploads (the model
+    move and the method's extra uploads, e.g. SCAFFOLD's Delta_c_i). The project's ClientApp
+    reads it from the run config (``of_run``), ``strategies.client.method_train`` from the
+    train message (``strategies.wire.release_of``)."""
+
+    mechanism: Mechanism
+    channels: int
+
+    @classmethod
+    def of_run(cls, cfg: RunConfig) -> DeviceRelease:
+        return cls(Mechanism.from_config(cfg), 1 + len(cfg.spec.server.up_keys))
+
+    @property
+    def local(self) -> bool:
+        return self.mechanism.mode == "local"
+
+    @property
+    def multiplier(self) -> float:
+        """The noise multiplier of the device's own noise on one upload: z under
+        ``local``, z / sqrt(t_min) under ``distributed`` (``Mechanism.device_std`` over the
+        clip), 0 otherwise."""
+        m = self.mechanism
+        if m.mode == "local":
+            return m.noise_multiplier
+        if m.mode == "distributed":
+            return m.noise_multiplier / math.sqrt(m.noise_shares)
+        return 0.0
 
 
-def local_dp(cfg: RunConfig, floor: DeviceFloor) -> bool:
+def local_dp(asked: DeviceRelease, floor: DeviceFloor) -> bool:
     """Whether this task runs under local DP (a floor admits only such runs)."""
-    return floor.local or cfg.privacy.dp == "local"
+    return floor.local or asked.local
 
 
 def refusal(msg: Message, task: str, reason: str) -> Message:

@@ -51,12 +51,12 @@ from fedinit.task.models import set_weights
 from strategies.device_privacy import (
     DeviceFloor,
     DeviceRelease,
-    FloorError,
     account_release,
+    admitted,
     ledger_for,
     local_dp,
-    private_failure,
     refusal,
+    under_floor,
 )
 from strategies.secure_upload import SECAGG, mask_upload, secagg_step
 
@@ -150,23 +150,10 @@ def train_reply(msg: Message, context: Context, timed: Callable[[float], None]) 
     the data). A place on disk that is not the device's is refused (``PathError``: its
     line names only the server's value, or a path relative to the state directory)."""
     cfg = run_config_of(context)
-    floor, refused = device_floor(context, cfg, msg, "train message")
-    if refused is not None:
-        return refused
-    try:
-        if not local_dp(DeviceRelease.of_run(cfg), floor):
-            return Message(content=train_content(msg, context, cfg, floor, timed),
-                           reply_to=msg)
-        spent = floor.budget_spent(DeviceRelease.of_run(cfg))
-        if spent is not None:
-            return refusal(msg, "train message", spent)
-        return Message(content=train_content(msg, context, cfg, floor, timed), reply_to=msg)
-    except PathError as err:
-        return refusal(msg, "train message", str(err))
-    except Exception as err:
-        if not local_dp(DeviceRelease.of_run(cfg), floor):
-            raise
-        return private_failure(msg, "train message", err)  # its text stays on the device
+    return under_floor(msg, context, DeviceRelease.of_run(cfg), "train message",
+                       lambda floor: Message(content=train_content(msg, context, cfg, floor,
+                                                                   timed), reply_to=msg),
+                       refused=(PathError,))
 
 
 def train_content(msg: Message, context: Context, cfg: RunConfig,
@@ -305,12 +292,7 @@ def device_floor(context: Context, cfg: RunConfig, msg: Message,
                  task: str) -> tuple[DeviceFloor, Message | None]:
     """The node's privacy floor, and the refusal of ``task`` when the node's privacy
     settings are unusable or the run asks for less than they allow (else None)."""
-    try:
-        floor = DeviceFloor.of(context.node_config)
-    except FloorError as err:
-        return DeviceFloor(), refusal(msg, task, str(err))
-    short = floor.shortfall(DeviceRelease.of_run(cfg))
-    return floor, None if short is None else refusal(msg, task, short)
+    return admitted(msg, context, DeviceRelease.of_run(cfg), task)
 
 
 def evaluation_kind(conf: ConfigRecord | None) -> str:

@@ -56,19 +56,18 @@ from fedinit.methods.upload_codec import OFF, encode_reply, residual_keys
 from fedinit.methods.weights import Weights
 from fedinit.secure_aggregation.wire import RECORD as SECAGG
 from fedinit.store.client_store import W_PREV, ClientStore
+from fedinit.store.path_names import PathError
 from fedinit.store.state_dir import StateDir
 from fedinit.task.models import get_weights, set_weights
 from fedinit.task.sgd_step import sgd_step
 from strategies.device_privacy import (
     DeviceFloor,
     DeviceRelease,
-    FloorError,
     account_release,
     ledger_for,
     local_dp,
-    private_failure,
-    refusal,
     train_metrics,
+    under_floor,
 )
 from strategies.wire import INITIAL, asked_release, client_rule, release_of
 
@@ -286,24 +285,12 @@ def method_train(msg: Message, context: Context, model: nn.Module,
     name, rule = client_rule(conf)
     asked = DeviceRelease(asked_release(conf), 1 + len(METHODS[name].server.up_keys))
     check_model(model)
-    try:
-        floor = DeviceFloor.of(context.node_config)
-    except FloorError as err:
-        return refusal(msg, TASK, str(err))
-    short = floor.shortfall(asked)
-    if short is not None:
-        return refusal(msg, TASK, short)
-    if not local_dp(asked, floor):
-        return _train(msg, context, conf, name, rule, model, trainloader, epochs, step,
-                      optimizer, clip_norm, initial, state_dir, num_examples, None)
-    spent = floor.budget_spent(asked)
-    if spent is not None:
-        return refusal(msg, TASK, spent)
-    try:
-        return _train(msg, context, conf, name, rule, model, trainloader, epochs, step,
-                      optimizer, clip_norm, initial, state_dir, num_examples, (floor, asked))
-    except Exception as err:  # its text may tell of the data: it stays in the device's log
-        return private_failure(msg, TASK, err)
+    return under_floor(
+        msg, context, asked, TASK, lambda floor: _train(
+            msg, context, conf, name, rule, model, trainloader, epochs, step, optimizer,
+            clip_norm, initial, state_dir, num_examples,
+            (floor, asked) if local_dp(asked, floor) else None),
+        refused=(PathError,))
 
 
 def _train(msg: Message, context: Context, conf: ConfigRecord, name: str,

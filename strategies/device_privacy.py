@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -231,6 +231,45 @@ class DeviceRelease:
 def local_dp(asked: DeviceRelease, floor: DeviceFloor) -> bool:
     """Whether this task runs under local DP (a floor admits only such runs)."""
     return floor.local or asked.local
+
+
+def admitted(msg: Message, context: Context, asked: DeviceRelease,
+             task: str) -> tuple[DeviceFloor, Message | None]:
+    """The node's privacy floor, and the refusal of ``task`` when the node's privacy
+    settings are unusable or the task asks for less than they allow (else None)."""
+    try:
+        floor = DeviceFloor.of(context.node_config)
+    except FloorError as err:
+        return DeviceFloor(), refusal(msg, task, str(err))
+    short = floor.shortfall(asked)
+    return floor, None if short is None else refusal(msg, task, short)
+
+
+def under_floor(msg: Message, context: Context, asked: DeviceRelease, task: str,
+                reply: Callable[[DeviceFloor], Message],
+                refused: tuple[type[Exception], ...] = ()) -> Message:
+    """``reply(floor)`` when the device's floor admits the task (else its refusal, before
+    anything is read). Under local DP one more release must fit the device's epsilon cap,
+    and a task that fails replies only that it failed (its error's text may tell of the
+    data); an error of a ``refused`` type (a place on disk that is not the device's) is a
+    refusal in one line. The train path of the project's ClientApp and of
+    ``strategies.client.method_train``."""
+    floor, refusing = admitted(msg, context, asked, task)
+    if refusing is not None:
+        return refusing
+    local = local_dp(asked, floor)
+    try:
+        if local:
+            spent = floor.budget_spent(asked)
+            if spent is not None:
+                return refusal(msg, task, spent)
+        return reply(floor)
+    except refused as err:
+        return refusal(msg, task, str(err))
+    except Exception as err:
+        if not local:
+            raise
+        return private_failure(msg, task, err)  # its text stays on the device
 
 
 def refusal(msg: Message, task: str, reason: str) -> Message:

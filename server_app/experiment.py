@@ -210,7 +210,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.train.lr_at(rnd),
                "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
-               **done.fields, **done.metrics, **done.over, **personal, **evaluated,
+               **done.fields, **done.metrics, "state-fallbacks": done.fallbacks,
+               **done.over, **personal, **evaluated,
                "clients-trained": clients_trained(replies, strategy.sent_to),
                **(dp_fields(budget, ledger.counted) if budget and ledger else {}),
                AGGREGATED: new_arrays is not None}

@@ -56,7 +56,6 @@ from strategies.wire import INITIAL, method_config, release_config
 
 if TYPE_CHECKING:
     from fedinit.methods.dp_budget import Budget
-    from strategies.schedules import FirstReplies
 
 ANY_FEDERATION = 1_000_000
 """The stand-in ``num-clients`` of the constructor's parse, before the federation is known:
@@ -192,8 +191,6 @@ class MethodAdapter(Strategy):
         """The project's strategy, built by ``start()`` for the federation it finds."""
         self.client_of: dict[int, int] = {}
         """Node id -> client id, from ``start()`` on."""
-        self.first_replies: FirstReplies | None = None
-        """``OverSelect``: the grid closing each round at m accepted replies (``start()``)."""
         self.budget: Budget | None = None
         """``privacy=``: the run's accountant (``fedinit.methods.dp_budget``), from
         ``start()`` on."""
@@ -382,23 +379,21 @@ class MethodAdapter(Strategy):
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
               ) -> Result:
-        """Flower's ``Strategy.start`` once the project's strategy is built for the nodes
-        found (``OverSelect``: each round closes at its first m accepted replies); under
-        ``BufferedAsync`` FedBuff's loop instead, ``num_rounds`` flushes (``evaluate_fn``
-        after each). ``Result.arrays`` keeps the keys of ``initial_arrays``."""
-        rounds = self.components["rounds"]
-        if isinstance(rounds, BufferedAsync):
+        """Flower's ``Strategy.start`` contract, on the engine the project's experiment
+        runs: once the project's strategy is built for the nodes found, ``num_rounds``
+        rounds of its synchronous schedule (``OverSelect``: each closes at its first m
+        accepted replies), each followed by Flower's federated evaluation and
+        ``evaluate_fn``; under ``BufferedAsync`` FedBuff's loop instead, ``num_rounds``
+        flushes (``evaluate_fn`` after each). ``Result.arrays`` keeps the keys of
+        ``initial_arrays``."""
+        from strategies.schedules import run_sync  # the engine: loaded by start() only
+
+        if isinstance(self.components["rounds"], BufferedAsync):
             return self.start_buffered(grid, initial_arrays, num_rounds, timeout, train_config,
                                        evaluate_fn)
         inner = self.prepare(grid, initial_arrays, train_config)
-        if isinstance(rounds, OverSelect):
-            from strategies.schedules import FirstReplies
-
-            grid = self.first_replies = FirstReplies(grid, inner.cfg.clients_per_round,
-                                                     inner.accepts)
-        return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
-                             train_config=train_config, evaluate_config=evaluate_config,
-                             evaluate_fn=evaluate_fn)
+        return run_sync(self, inner, grid, initial_arrays, num_rounds, timeout, train_config,
+                        evaluate_config, evaluate_fn)
 
     def start_buffered(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int,
                        timeout: float, train_config: ConfigRecord | None,
@@ -485,11 +480,10 @@ class MethodAdapter(Strategy):
         inner = self._built()
         arrays, metrics = inner.aggregate_train(server_round, replies)
         user = self.flower.train_metrics(replies, inner.last_rejections)
-        over = {} if self.first_replies is None else self.first_replies.last
         spent = {} if self.budget is None else {  # each round is one release, as counted
             "dp-epsilon": self.budget.epsilon(server_round),  # by the project's experiment
             "dp-epsilon-add-remove": self.budget.epsilon_add_remove(server_round)}
-        merged = MetricRecord({**dict(user), **dict(metrics or {}), **over, **spent})
+        merged = MetricRecord({**dict(user), **dict(metrics or {}), **spent})
         if arrays is None:
             return None, merged
         return self.user_record(unpack(arrays)), merged

@@ -1,13 +1,14 @@
-"""The ``rounds=`` schedules a strategy's ``start()`` runs on a user's grid, on the project's own
-engines: ``OverSelect`` closes each of Flower's sync rounds at the first m accepted replies
-(``strategies.over_select.collect_first``, the experiment loop's), ``BufferedAsync`` runs the
-FedBuff loop (``strategies.async_loop.AsyncLoop``, the experiment's too) in place of Flower's
-round loop. Loaded only when a strategy uses one of them.
+"""The ``rounds=`` schedules a strategy's ``start()`` runs on a user's grid, on the engine the
+project's experiment runs too: ``SyncRounds()`` and ``OverSelect`` are rounds of
+``strategies.sync_rounds.SyncRounds`` (the first m accepted replies close an over-selected
+round) in a loop that keeps Flower's ``Strategy.start`` contract (its ``Result``, the
+evaluations, the log), ``BufferedAsync`` the FedBuff loop (``strategies.async_loop.AsyncLoop``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from logging import INFO
 from typing import Any
@@ -15,36 +16,13 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from fedinit.flower_compat.grid_view import GridView
-from fedinit.methods import wire as rk
 from fedinit.methods.weights import Weights
 from fedinit.task.config import RunConfig
-from strategies.over_select import collect_first
-
-
-class FirstReplies(GridView):
-    """A train round's ``send_and_receive`` pushes its messages and returns at the first
-    ``need`` replies ``accepts`` takes (``OverSelect``)."""
-
-    def __init__(self, grid: Grid, need: int, accepts: Callable[[Message], bool]) -> None:
-        super().__init__(grid)
-        self.need, self.accepts = need, accepts
-        self.last: dict[str, int] = {}
-        """The last train round's over-select figures (``Collected.fields``)."""
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
-        msgs = list(messages)
-        if not msgs or any(m.metadata.message_type != MessageType.TRAIN for m in msgs):
-            return self.inner.send_and_receive(msgs, timeout=timeout)
-        conf = msgs[0].content.config_records[rk.CONFIG]
-        got = collect_first(self.inner, msgs, self.need, self.accepts,
-                            3600.0 if timeout is None else timeout,
-                            int(conf[rk.ROUND]))  # type: ignore[arg-type]
-        self.last = got.fields(len(msgs))
-        return got.replies
+from strategies.method_strategy import MethodStrategy
 
 
 class WithInitial(GridView):
@@ -81,6 +59,54 @@ class CheckedReplies(GridView):
                 self.seen += 1
                 self.check(self.seen, [msg])
         return out
+
+
+def run_sync(front: Strategy, inner: MethodStrategy, grid: Grid, initial_arrays: ArrayRecord,
+             num_rounds: int, timeout: float, train_config: ConfigRecord | None,
+             evaluate_config: ConfigRecord | None,
+             evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None) -> Result:
+    """Flower's ``Strategy.start`` on the engine's synchronous schedule: ``num_rounds``
+    rounds of ``SyncRounds`` calling ``front``'s ``configure_train`` / ``aggregate_train``
+    (each round's train metrics with the over-select counts under ``OverSelect``), then
+    ``front``'s federated evaluation and ``evaluate_fn``, into Flower's ``Result``."""
+    from strategies.sync_rounds import SyncRounds
+
+    log(INFO, "Starting %s strategy:", type(front).__name__)
+    log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
+    front.summary()
+    train_config = ConfigRecord() if train_config is None else train_config
+    evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+    cfg = inner.cfg
+    rounds = SyncRounds(inner, grid, dataclasses.replace(
+        cfg, fleet=dataclasses.replace(cfg.fleet, round_timeout=float(timeout))), front=front)
+    result = Result()
+    t_start = time.time()
+    if evaluate_fn is not None:
+        first = evaluate_fn(0, initial_arrays)
+        log(INFO, "Initial global evaluation results: %s", first)
+        if first is not None:
+            result.evaluate_metrics_serverapp[0] = first
+    arrays = initial_arrays
+    for rnd in range(1, num_rounds + 1):
+        log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
+        done = rounds.run(rnd, arrays, train_config)
+        if done.arrays is not None:
+            result.arrays = arrays = done.arrays
+        metrics = MetricRecord({**done.metrics, **done.over})
+        log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
+        result.train_metrics_clientapp[rnd] = metrics
+        evaluated = front.aggregate_evaluate(rnd, grid.send_and_receive(
+            front.configure_evaluate(rnd, arrays, evaluate_config, grid), timeout=timeout))
+        if evaluated is not None:
+            log(INFO, "\t└──> Aggregated MetricRecord: %s", evaluated)
+            result.evaluate_metrics_clientapp[rnd] = evaluated
+        if evaluate_fn is not None:
+            got = evaluate_fn(rnd, arrays)
+            log(INFO, "\t└──> MetricRecord: %s", got)
+            if got is not None:
+                result.evaluate_metrics_serverapp[rnd] = got
+    log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
+    return result
 
 
 def async_config(cfg: RunConfig, num_rounds: int, timeout: float) -> RunConfig:
@@ -127,5 +153,5 @@ def run_buffered(grid: Grid, cfg: RunConfig, node_of: Mapping[int, int], w0: Wei
     return result, strategy
 
 
-__all__ = ["CheckedReplies", "FirstReplies", "GridView", "WithInitial", "async_config",
-           "run_buffered"]
+__all__ = ["CheckedReplies", "GridView", "WithInitial", "async_config", "run_buffered",
+           "run_sync"]

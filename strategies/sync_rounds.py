@@ -21,6 +21,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
 
 from fedinit.methods import wire as rk
 from fedinit.task.config import RunConfig
@@ -38,7 +39,7 @@ class RoundDone:
     arrays: ArrayRecord | None
     """The next global model (None: a stage held the round back, the model is unchanged)."""
     metrics: dict[str, Any]
-    """The strategy's round counts and metrics, and ``state-fallbacks``."""
+    """The strategy's round counts and metrics (``aggregate_train``'s)."""
     messages: list[Message]
     """The train messages the round made (a lost task's too, never sent)."""
     replies: list[Message]
@@ -47,14 +48,20 @@ class RoundDone:
     ``client-seconds-max`` and, on the clock, ``sim-time``."""
     over: dict[str, int] = field(default_factory=dict)
     """Under over-selection its row fields (``Collected.fields``); else empty."""
+    fallbacks: int = 0
+    """Replies whose client could not use its saved state (``state-fallbacks``)."""
 
 
 class SyncRounds:
     """Runs one synchronous round at a time (module docstring)."""
 
     def __init__(self, strategy: MethodStrategy, grid: Grid, cfg: RunConfig,
-                 clock: VirtualClock | None = None) -> None:
+                 clock: VirtualClock | None = None, front: Strategy | None = None) -> None:
+        """``front``: the Flower strategy whose ``configure_train`` and ``aggregate_train``
+        a round calls, one that wraps ``strategy`` (a ``strategies`` class, which adds what
+        a user's app needs); None: ``strategy``'s own."""
         self.strategy, self.grid, self.cfg, self.clock = strategy, grid, cfg, clock
+        self.front: Strategy = strategy if front is None else front
         self.windowed = clock if clock is not None and clock.windows is not None else None
         """The clock when its file has availability windows (else None)."""
         self.available = strategy.available
@@ -69,7 +76,7 @@ class SyncRounds:
         if windowed is not None:  # the round starts once enough clients are in a window;
             ready = windowed.wait_for(self.available(), cfg.sampled_per_round, rnd)
             strategy.available = ready.copy  # the sampler draws among those
-        messages = list(strategy.configure_train(rnd, arrays, round_config, self.grid))
+        messages = list(self.front.configure_train(rnd, arrays, round_config, self.grid))
         if before_send is not None:
             before_send()
         over: dict[str, int] = {}
@@ -94,10 +101,9 @@ class SyncRounds:
         if clock is not None:
             clock.sync_round(replies, strategy.sent_to, max(lost.values(), default=0.0))
             timing["sim-time"] = clock.now
-        new_arrays, metrics = strategy.aggregate_train(rnd, replies)
-        return RoundDone(new_arrays,
-                         {**dict(metrics or {}), "state-fallbacks": state_fallbacks(replies)},
-                         messages, replies, {rk.BYTES_DOWN: down, **timing}, over)
+        new_arrays, metrics = self.front.aggregate_train(rnd, replies)
+        return RoundDone(new_arrays, dict(metrics or {}), messages, replies,
+                         {rk.BYTES_DOWN: down, **timing}, over, state_fallbacks(replies))
 
 
 def reply_timing(replies: Sequence[Message], collect_seconds: float) -> dict[str, float | None]:

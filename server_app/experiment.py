@@ -58,7 +58,7 @@ from strategies.operator_log import log_line
 from strategies.over_select import OVER_SELECT_FIELDS
 from strategies.personal_summary import KINDS
 from strategies.round_stages.quorum import TooFewReplies
-from strategies.sync_rounds import SyncRounds
+from strategies.sync_schedule import SyncSchedule
 from strategies.virtual_clock import CLOCK_FIELDS, VirtualClock
 
 
@@ -168,7 +168,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
                    private_log=budget is not None)
     if clock is not None and rec.rows:  # a resumed run's clock goes on from its last row
         clock.now = float(rec.rows[-1].get("sim-time") or 0.0)
-    rounds = SyncRounds(strategy, grid, cfg, clock)  # the engine's synchronous schedule
+    rounds = SyncSchedule(strategy, grid, cfg, clock)  # the engine's synchronous schedule
     write_regimes(out, cfg)
     status = StatusWriter(out, cfg, fleet, first)  # status.json: the operator's live page
     status.watch(strategy)

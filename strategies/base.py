@@ -85,7 +85,7 @@ COMMON_ARGS: dict[str, str] = {
 capabilities (``privacy=``, ``secure_aggregation=``, ``aggregation=``, ``rounds=``) are
 components that map themselves (``strategies/components.py``)."""
 SYNC_ROUNDS = SyncRounds()
-"""``rounds=``'s default: Flower's own round loop."""
+"""``rounds=``'s default: rounds that wait for their sampled clients."""
 LEGACY_AGGREGATION: dict[str, str] = {"aggregation": "aggregation",
                                       "trim-fraction": "trim_fraction",
                                       "byzantine-f": "byzantine_f"}

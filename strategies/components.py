@@ -299,7 +299,8 @@ class Rounds(Component):
 
 @dataclass(frozen=True)
 class SyncRounds(Rounds):
-    """Each round waits for its sampled clients (Flower's own loop)."""
+    """Each round waits for its sampled clients (the engine's synchronous schedule,
+    ``strategies.sync_schedule``, in a loop with Flower's ``Strategy.start`` contract)."""
 
     FIXED: ClassVar[Mapping[str, Any]] = {"rounds": "sync", "over-select": 0.0}
 

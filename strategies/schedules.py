@@ -1,6 +1,6 @@
 """The ``rounds=`` schedules a strategy's ``start()`` runs on a user's grid, on the engine the
 project's experiment runs too: ``SyncRounds()`` and ``OverSelect`` are rounds of
-``strategies.sync_rounds.SyncRounds`` (the first m accepted replies close an over-selected
+``strategies.sync_schedule.SyncSchedule`` (the first m accepted replies close an over-selected
 round) in a loop that keeps Flower's ``Strategy.start`` contract (its ``Result``, the
 evaluations, the log), ``BufferedAsync`` the FedBuff loop (``strategies.async_loop.AsyncLoop``).
 """
@@ -66,10 +66,10 @@ def run_sync(front: Strategy, inner: MethodStrategy, grid: Grid, initial_arrays:
              evaluate_config: ConfigRecord | None,
              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None) -> Result:
     """Flower's ``Strategy.start`` on the engine's synchronous schedule: ``num_rounds``
-    rounds of ``SyncRounds`` calling ``front``'s ``configure_train`` / ``aggregate_train``
+    rounds of ``SyncSchedule`` calling ``front``'s ``configure_train`` / ``aggregate_train``
     (each round's train metrics with the over-select counts under ``OverSelect``), then
     ``front``'s federated evaluation and ``evaluate_fn``, into Flower's ``Result``."""
-    from strategies.sync_rounds import SyncRounds
+    from strategies.sync_schedule import SyncSchedule
 
     log(INFO, "Starting %s strategy:", type(front).__name__)
     log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
@@ -77,7 +77,7 @@ def run_sync(front: Strategy, inner: MethodStrategy, grid: Grid, initial_arrays:
     train_config = ConfigRecord() if train_config is None else train_config
     evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
     cfg = inner.cfg
-    rounds = SyncRounds(inner, grid, dataclasses.replace(
+    rounds = SyncSchedule(inner, grid, dataclasses.replace(
         cfg, fleet=dataclasses.replace(cfg.fleet, round_timeout=float(timeout))), front=front)
     result = Result()
     t_start = time.time()

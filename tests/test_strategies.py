@@ -125,7 +125,7 @@ def test_the_layers_strategies_import() -> None:
                "async_state.py": set(), "async_robust.py": {"methods"},
                "download_bytes.py": set(), "operator_log.py": set(), "over_select.py": set(),
                "personal_summary.py": {"methods", "task"}, "run_reports.py": {"store"},
-               "virtual_clock.py": {"task"}, "sync_rounds.py": {"methods", "task"},
+               "virtual_clock.py": {"task"}, "sync_schedule.py": {"methods", "task"},
                "device_privacy.py": {"methods", "store", "task"},
                "__init__.py": set()}
     stages = {"methods", "task", "secure_aggregation", "flower_compat"}

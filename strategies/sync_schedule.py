@@ -52,7 +52,7 @@ class RoundDone:
     """Replies whose client could not use its saved state (``state-fallbacks``)."""
 
 
-class SyncRounds:
+class SyncSchedule:
     """Runs one synchronous round at a time (module docstring)."""
 
     def __init__(self, strategy: MethodStrategy, grid: Grid, cfg: RunConfig,

@@ -168,6 +168,8 @@ def test_a_client_in_no_pair_joins_the_group_most_of_its_choices_are_in() -> Non
     core = gg.components(gg.mutual_graph(chosen), 8)
     assert core.tolist() == [0, 0, 2, 2, 4, 5, 6, 7]
     assert gg.attached(core, chosen).tolist() == [0, 0, 2, 2, 2, 0, 6, 7]
+    # the clients still alone (6, 7) form one group, the pool
+    assert gg.pooled(gg.attached(core, chosen)).tolist() == [0, 0, 2, 2, 2, 0, gg.POOL, gg.POOL]
 
 
 def test_the_loss_graph_scores_uploads_not_the_group_model(tmp_path: Path) -> None:
@@ -180,7 +182,8 @@ def test_the_loss_graph_scores_uploads_not_the_group_model(tmp_path: Path) -> No
         "fraction-train": 1.0, "relax-train": "groups"})
     f.run(4)
     rule, state = f.strategy.rule, f.strategy.state  # type: ignore[attr-defined]
-    labels = gg.attached(gg.components(gg.mutual_graph(state.chosen[0]), 4), state.chosen[0])
+    labels = gg.pooled(gg.attached(gg.components(gg.mutual_graph(state.chosen[0]), 4),
+                                   state.chosen[0]))
     assert rule.groups(state, 4).tolist() == labels.tolist()
     assert len(set(labels.tolist())) < 4  # some group holds two clients
     copies = server_copies(f, 4)

@@ -313,10 +313,10 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
     def groups(self, state: FedRelaxState, n: int) -> np.ndarray:
         """[int64 (n,)]: each client's group (``graph_groups``): the components of the mutual
         choices under ``graph=loss`` (a client in none joined to the group most of its choices
-        are in), else of the graph in use."""
+        are in, the clients still alone pooled in one group), else of the graph in use."""
         if self.params.graph == gl.SOURCE:
             chosen = gl.grown_choice(state.chosen[0], n)
-            return gg.attached(gg.components(gg.mutual_graph(chosen), n), chosen)
+            return gg.pooled(gg.attached(gg.components(gg.mutual_graph(chosen), n), chosen))
         return gg.components(state.graph, n)
 
     def group_model(self, state: FedRelaxState, pid: int,

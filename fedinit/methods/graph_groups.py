@@ -11,7 +11,12 @@ of k-nearest-neighbor graphs for identifying noisy clusters"). A given (``file:`
 graph is used as it stands. A client in no mutual pair joins the group most of its own
 choices belong to (the k-nearest-neighbour rule, Cover and Hart 1967, with the groups of two
 or more as the classes; ties: the smallest group id): its data chose them, so it trains with
-them instead of alone until the choices become mutual. Pure numpy.
+them instead of alone until the choices become mutual. The clients left alone after that
+(under the loss graph: not measured yet, or chosen by no group) form one more group, the
+pool, which goes on training the warm-up's shared model by FedAvg: clustered FL's start in
+one cluster from which groups split off once detected (Sattler, Mueller and Samek 2020,
+"Clustered federated learning"), rather than each training alone on its own few examples.
+Pure numpy.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from fedinit.methods import graph_loss as gl
+
+POOL = -1
+"""The group label of the clients in no other group (``pooled``)."""
 
 
 def mutual_graph(chosen: np.ndarray) -> list[np.ndarray]:
@@ -74,3 +82,10 @@ def attached(labels: np.ndarray, chosen: np.ndarray) -> np.ndarray:
             group, count = np.unique(votes, return_counts=True)
             out[i] = int(group[np.argmax(count)])  # argmax: the first (smallest) of a tie
     return out
+
+
+def pooled(labels: np.ndarray) -> np.ndarray:
+    """``labels`` with every group of one relabelled ``POOL`` (one group of the rest)."""
+    ids, counts = np.unique(labels, return_counts=True)
+    alone = ids[counts == 1]
+    return np.where(np.isin(labels, alone), POOL, labels).astype(np.int64)

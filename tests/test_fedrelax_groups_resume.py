@@ -7,6 +7,7 @@ checks). Round 3 is the first after a 2-round warm-up in which the loss graph me
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ def test_killed_after_training_resumes_bit_identical(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(faults.PER_CLIENT, "fedrelax-groups", GROUPS)
     faults.test_killed_and_resumed_run_ends_bit_identical(tmp_path, "fedrelax-groups")
+    assert_a_group_trained(tmp_path / "ref-run")
 
 
 def test_killed_before_the_checkpoint_resumes_bit_identical(
@@ -30,3 +32,11 @@ def test_killed_before_the_checkpoint_resumes_bit_identical(
     monkeypatch.setitem(faults.PER_CLIENT, "fedrelax-groups", GROUPS)
     faults.test_fedrelax_killed_after_writing_its_client_models_resumes_bit_identical(
         tmp_path, monkeypatch, "fedrelax-groups")
+    assert_a_group_trained(tmp_path / "ref-run")
+
+
+def assert_a_group_trained(run_dir: Path) -> None:
+    """The runs compared held a group of two or more clients after the warm-up (else the
+    group files would not have been exercised)."""
+    lines = [json.loads(line) for line in (run_dir / "groups.jsonl").read_text().splitlines()]
+    assert lines and any(len(set(d["groups"])) < len(d["groups"]) for d in lines)

@@ -45,6 +45,15 @@ sampled (6 of 30 a round: 2-4 times in 20 rounds). The stepped models are stored
 server's copy of the client's model (``START``), so the client trains from what the server
 accounted; its stored w^(i) (personal accuracy (c)) is the one of its last participation.
 
+Groups that train one model each (``relax-train=groups``; issue 45): after the warm-up each
+group of the graph (``graph_groups``: under ``graph=loss`` the components of the mutual
+choices, a client in none joined by its choices' majority, the rest pooled) keeps one model,
+every member's server copy: a sampled client trains from it (``START``) and the server
+replaces it by the example-weighted mean of the members' replies (FedAvg within the group,
+``group_steps``), so the group's model learns from every participation of its members. Each
+client's candidate model is then its own last upload, filed under -1 - id; the loss graph also
+measures during the warm-up, so the groups exist when it ends.
+
 Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
 models the server holds then, and a flush replaces each buffered client's model (its last
 reply): ``replaces_models``; only a ``file:`` graph (``async_refusal``).

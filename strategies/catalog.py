@@ -128,10 +128,11 @@ class FedRelax(MethodAdapter):
                  graph_refresh_every: int = 5, graph_candidates: int = 32,
                  relax_warmup: int = 0, relax_server_step: float = 0.0,
                  relax_server_rule: str = "mean", relax_serve: str = "mean",
-                 **settings: Any) -> None:
+                 relax_train: str = "gtv", **settings: Any) -> None:
         """``relax_server_step``, ``relax_server_rule``: the server's neighbourhood step for
         the clients that did not train in a round (docs/algorithms.md, FedRelax);
-        ``relax_serve``: the model personalized evaluation serves each client."""
+        ``relax_serve``: the model personalized evaluation serves each client;
+        ``relax_train``: each client's own model (``gtv``) or one per graph group."""
         super().__init__({"alpha": ("fedrelax-alpha", alpha), "graph": ("graph", graph),
                           "graph_k": ("graph-k", graph_k),
                           "graph_refresh_every": ("graph-refresh-every", graph_refresh_every),
@@ -140,6 +141,7 @@ class FedRelax(MethodAdapter):
                           "relax_server_step": ("relax-server-step", relax_server_step),
                           "relax_server_rule": ("relax-server-rule", relax_server_rule),
                           "relax_serve": ("relax-serve", relax_serve),
+                          "relax_train": ("relax-train", relax_train),
                           "beta": ("beta", 0.0)}, **settings)
 
 

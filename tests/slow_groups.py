@@ -129,6 +129,7 @@ SLOW_MODULES: dict[str, Slow] = {
     # In-process runs, a browser on port 0, data sets: nothing shared.
     "test_async_rounds": own("test_async_rounds"),
     "test_dashboard_browser": own("test_dashboard_browser", seconds=23),
+    "test_fedrelax_groups_resume": own("test_fedrelax_groups_resume", seconds=6),
     "test_fedrelax_server_step_resume": own("test_fedrelax_server_step_resume", seconds=8),
     "test_methods_state": own("test_methods_state", seconds=45),
     "test_node_fast_paths": own("test_node_fast_paths", seconds=17),

@@ -45,6 +45,15 @@ sampled (6 of 30 a round: 2-4 times in 20 rounds). The stepped models are stored
 server's copy of the client's model (``START``), so the client trains from what the server
 accounted; its stored w^(i) (personal accuracy (c)) is the one of its last participation.
 
+Groups that train one model each (``relax-train=groups``; issue 45): after the warm-up each
+group of the graph (``graph_groups``: under ``graph=loss`` the components of the mutual
+choices, a client in none joined by its choices' majority, the rest pooled) keeps one model,
+every member's server copy: a sampled client trains from it (``START``) and the server
+replaces it by the example-weighted mean of the members' replies (FedAvg within the group,
+``group_steps``), so the group's model learns from every participation of its members. Each
+client's candidate model is then its own last upload, filed under -1 - id; the loss graph also
+measures during the warm-up, so the groups exist when it ends.
+
 Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
 models the server holds then, and a flush replaces each buffered client's model (its last
 reply): ``replaces_models``; only a ``file:`` graph (``async_refusal``).
@@ -66,6 +75,7 @@ from typing import Any
 import numpy as np
 
 from fedinit.methods import graph as gr
+from fedinit.methods import graph_groups as gg
 from fedinit.methods import graph_loss as gl
 from fedinit.methods.method import (
     ClientDown,
@@ -100,10 +110,15 @@ uploaded since the warm-up), and under ``relax-server-step`` every time (the ser
 stepped it); empty otherwise."""
 GRAPH_FILE = "graph.json"
 GRAPH_PNG = "graph.png"
+GROUPS_FILE = "groups.jsonl"
+"""``relax-train=groups``: one line per round after the warm-up, the groups its update used."""
 DRAW_LIMIT = 500
 """Largest federation whose graph is drawn (a PNG of more nodes shows nothing)."""
 SERVE_RULES = ("mean", "own", "chosen")
 """``relax-serve``'s values (``FedRelaxServer.served``)."""
+TRAIN_RULES = ("gtv", "groups")
+"""``relax-train``'s values: each client's own model (GTVMin, the default) or one model per
+group of the graph (``graph_groups``)."""
 PER_CLIENT = ("each client trains from its own model, not from a global one, and the server "
               "needs every client's exact model for its neighbours' terms")
 
@@ -134,6 +149,9 @@ class FedRelaxParams(Params):
     (m_i, its train message's model), ``own`` (its own model counted in: (w^(i) + d_i m_i) /
     (1 + d_i)) or ``chosen`` (``graph=loss``: the mean of w^(i) and the models of its own
     lowest-loss choice, without the clients that only chose it; ``own``'s without a choice)."""
+    relax_train: str
+    """After the warm-up, ``gtv``: each client trains its own w^(i) (GTVMin); ``groups``: each
+    group of the graph (``graph_groups``) keeps one model, trained by FedAvg within the group."""
 
     def check(self) -> None:
         check_range("fedrelax-alpha", self.fedrelax_alpha, self.fedrelax_alpha >= 0,
@@ -156,6 +174,17 @@ class FedRelaxParams(Params):
                     self.relax_server_rule in ("mean", "moves"), "mean | moves")
         check_range("relax-serve", self.relax_serve,
                     self.relax_serve in SERVE_RULES, " | ".join(SERVE_RULES))
+        check_range("relax-train", self.relax_train,
+                    self.relax_train in TRAIN_RULES, " | ".join(TRAIN_RULES))
+        if self.grouped:
+            check_range("relax-server-step", self.relax_server_step,
+                        self.relax_server_step == 0.0,
+                        "0 with relax-train='groups' (the group's FedAvg step moves every "
+                        "member already)")
+
+    @property
+    def grouped(self) -> bool:
+        return self.relax_train == "groups"
 
     @property
     def learned(self) -> bool:
@@ -222,6 +251,11 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             return ("relax-warmup", warmup, "0 with method='fedrelax'",
                     "the warm-up's FedAvg rounds and the switch to GTVMin are counted in rounds; "
                     "not built for tasks that outlive a flush")
+        train = values.get("relax-train", "gtv")
+        if train != "gtv":
+            return ("relax-train", train, "gtv with method='fedrelax'",
+                    "a group's FedAvg step is taken at a round's end; not built for tasks "
+                    "that outlive a flush")
         step = values.get("relax-server-step", 0.0)
         if step != 0.0:
             return ("relax-server-step", step, "0 with method='fedrelax'",
@@ -270,10 +304,46 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         """The model client ``pid`` is scored by (``graph=loss``): its latest upload after
         the warm-up, else its last warm-up upload (``probe``), else its server copy."""
         version, probe = state.version[0], state.probe[0]
+        if self.params.grouped and pid < len(probe) and probe[pid] > 0:
+            assert self.models is not None  # relax-train=groups: its own last upload, always
+            return self.models.read(self.candidate_id(pid), int(probe[pid]))
         if (pid >= len(version) or version[pid] == 0) and pid < len(probe) and probe[pid] > 0:
             assert self.models is not None
             return self.models.read(pid, int(probe[pid]))
         return self.model_of(state, pid)
+
+    def candidate_id(self, pid: int) -> int:
+        """Where client ``pid``'s candidate model (``probe``) is filed: under its own id, or
+        under ``relax-train=groups``, where its own id holds its group's model, under -1 - pid
+        (its last upload, trained on its data: members of one group share a model, which
+        would score them all alike)."""
+        return -1 - pid if self.params.grouped else pid
+
+    def groups(self, state: FedRelaxState, n: int) -> np.ndarray:
+        """[int64 (n,)]: each client's group (``graph_groups``): the components of the mutual
+        choices under ``graph=loss`` (a client in none joined to the group most of its choices
+        are in, the clients still alone pooled in one group), else of the graph in use."""
+        if self.params.graph == gl.SOURCE:
+            chosen = gl.grown_choice(state.chosen[0], n)
+            return gg.pooled(gg.attached(gg.components(gg.mutual_graph(chosen), n), chosen))
+        return gg.components(state.graph, n)
+
+    def group_model(self, state: FedRelaxState, pid: int,
+                    labels: np.ndarray | None = None) -> Weights:
+        """The model of client ``pid``'s group (``labels``, else ``groups``): the mean of its
+        members' server copies (each member holds the group's model once the group has
+        trained; after groups merge, their mean)."""
+        if labels is None:
+            labels = self.groups(state, max(pid + 1, len(state.version[0]),
+                                            len(state.probe[0])))
+        ids = gg.members(labels, pid)
+        if len(ids) == 1:
+            return self.model_of(state, pid)
+        total = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
+        for j in ids:
+            for acc, w in zip(total, self.model_of(state, int(j)), strict=True):
+                acc += w.astype(np.float64)
+        return [(t / len(ids)).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)]
 
     @staticmethod
     def scoreable(state: FedRelaxState) -> np.ndarray:
@@ -300,7 +370,13 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                         w_t: Weights) -> Weights | None:
         """``relax-serve`` other than ``mean``, after the warm-up: ``served``'s model (the
         train message still carries m_i, so training is unchanged); else None (m_i)."""
-        if self.params.relax_serve == "mean" or self.warming(state):
+        if self.warming(state):
+            return None
+        if self.params.grouped:
+            n = max(partition_id + 1, len(state.version[0]), len(state.probe[0]))
+            if len(gg.members(self.groups(state, n), partition_id)) > 1:
+                return self.group_model(state, partition_id)
+        if self.params.relax_serve == "mean":
             return None
         return self.served(state, partition_id)
 
@@ -356,6 +432,13 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         return gl.candidates(pid, have, state.chosen[0], self.params.graph_candidates,
                              upcoming)
 
+    @property
+    def measures_in_warmup(self) -> bool:
+        """``relax-train=groups`` with ``graph=loss``: the warm-up's messages carry the
+        candidates due too (the warm-up uploads so far), so the groups exist when the group
+        training starts rather than forming over the rounds after it."""
+        return self.params.grouped and self.params.graph == gl.SOURCE
+
     def warming(self, state: FedRelaxState) -> bool:
         """Whether the next round is one of the ``relax-warmup`` rounds of FedAvg."""
         return int(state.clock[0][0]) < self.params.relax_warmup
@@ -365,12 +448,16 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         m_i, d_i, the candidates due (``graph=loss``) and, to a client with no upload since
         the warm-up, the warm-up's model to start its w^(i) from."""
         if self.warming(state):
-            self.sent[partition_id] = np.zeros(0, dtype=np.int64)
+            ids = (self.candidates_for(state, partition_id) if self.measures_in_warmup
+                   else np.zeros(0, dtype=np.int64))
+            self.sent[partition_id] = ids
             return ClientDown(w_t, {DEGREE: [np.zeros(1, dtype=np.float64)],
                                     WARMUP: [np.ones(1, dtype=np.float64)],
                                     START: gl.stacked([], state.w0),
-                                    gl.CANDIDATES: gl.stacked([], state.w0),
-                                    gl.CANDIDATE_IDS: [np.zeros(0, dtype=np.int64)]})
+                                    gl.CANDIDATES: gl.stacked(
+                                        [self.candidate_model(state, int(j)) for j in ids],
+                                        state.w0),
+                                    gl.CANDIDATE_IDS: [ids]})
         mean, degree = self.term(state, partition_id)
         ids = self.candidates_for(state, partition_id)
         self.sent[partition_id] = ids
@@ -378,7 +465,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         version = state.version[0]
         fresh = self.params.relax_warmup > 0 and (
             partition_id >= len(version) or version[partition_id] == 0)
-        start = ([self.model_of(state, partition_id)]
+        start = ([self.group_model(state, partition_id)] if self.params.grouped
+                 else [self.model_of(state, partition_id)]
                  if fresh or self.params.relax_server_step > 0 else [])
         return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)],
                                  WARMUP: [np.zeros(1, dtype=np.float64)],
@@ -417,30 +505,34 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         remeasured = False
         moved = [np.zeros(a.shape, dtype=np.float64) for a in w_t]
         moves: dict[int, Weights] = {}
+        # the groups the round's messages were built from (relax-train=groups)
+        labels = self.groups(state, n) if self.params.grouped else None
         # rounds=async: a client may reply twice before a flush; its later model replaces
         last = {u.partition_id: u for u in rnd.updates}
         for u in last.values():
             pid = u.partition_id
-            old = self.model_of(state, pid)
+            old = (self.group_model(state, pid, labels) if labels is not None
+                   else self.model_of(state, pid))
             move = [new.astype(np.float64) - o.astype(np.float64)
                     for new, o in zip(u.upload, old, strict=True)]
-            # keep the file the last checkpoint names: the previous upload or the warm-up's
-            self.models.write(pid, rnd.server_round, u.upload,
-                              int(version[pid]) if version[pid] > 0 else int(probe[pid]))
-            version[pid] = rnd.server_round
-            probe[pid] = 0  # scored by its own model from now on
-            for acc, m in zip(moved, move, strict=True):
-                acc += m
+            if labels is not None:  # its upload is its candidate model; group_steps store
+                self.models.write(self.candidate_id(pid), rnd.server_round, u.upload,
+                                  int(probe[pid]))
+                probe[pid] = rnd.server_round
+            else:
+                # keep the file the last checkpoint names: the previous upload or the warm-up's
+                self.models.write(pid, rnd.server_round, u.upload,
+                                  int(version[pid]) if version[pid] > 0 else int(probe[pid]))
+                version[pid] = rnd.server_round
+                probe[pid] = 0  # scored by its own model from now on
+                for acc, m in zip(moved, move, strict=True):
+                    acc += m
             moves[pid] = move
             if self.params.graph == "knn":
                 sketch[pid] = gr.sketch(move)
-            sent = self.sent.get(pid, np.zeros(0, dtype=np.int64))
-            if by_loss and len(sent):  # its losses passed reply_problem
-                chosen[pid] = gl.choice(u.metrics, sent, self.params.graph_k)
-                measured[pid] = rnd.server_round
-                pool[pid] = len(sent)
-                gl.fit_better(nearest, pid, u.metrics, sent)
-                remeasured = True
+            if by_loss:
+                remeasured |= self.record_losses(u, chosen, measured, pool, nearest,
+                                                 rnd.server_round)
         graph = state.graph
         rebuild = self.params.graph == "knn" and (
             rnd.server_round == 1 or rnd.server_round % self.params.graph_refresh_every == 0)
@@ -454,6 +546,15 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             graph = gl.union_graph(chosen)
         if rebuild or rnd.server_round == 1:
             self.report(graph, n, rnd.server_round)
+        if labels is not None:
+            if self.results is not None:
+                self.results.append_line(GROUPS_FILE, json.dumps(
+                    {"round": rnd.server_round, "groups": labels.tolist()}))
+            weight = {u.partition_id: float(w) for u, w in zip(rnd.updates, rnd.weights,
+                                                               strict=True)}
+            for acc, m in zip(moved, self.group_steps(state, labels, last, weight, version,
+                                                      rnd.server_round), strict=True):
+                acc += m
         if self.params.relax_server_step > 0:
             now = dataclasses.replace(state, version=[version], graph=graph, probe=[probe])
             for acc, m in zip(moved, self.server_steps(now, moves, n, rnd.server_round),
@@ -466,6 +567,44 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             measured=[measured], pool=[pool],
             clock=[np.asarray([rnd.server_round], dtype=np.int64)], probe=[probe],
             nearest=[nearest])
+
+    def record_losses(self, u: ClientUpdate, chosen: np.ndarray, measured: np.ndarray,
+                      pool: np.ndarray, nearest: np.ndarray, server_round: int) -> bool:
+        """``graph=loss``: a reply's losses (they passed ``reply_problem``) become its choice,
+        in place; whether it measured anything."""
+        pid = u.partition_id
+        sent = self.sent.get(pid, np.zeros(0, dtype=np.int64))
+        if not len(sent):
+            return False
+        chosen[pid] = gl.choice(u.metrics, sent, self.params.graph_k)
+        measured[pid] = server_round
+        pool[pid] = len(sent)
+        gl.fit_better(nearest, pid, u.metrics, sent)
+        return True
+
+    def group_steps(self, state: FedRelaxState, labels: np.ndarray,
+                    replies: Mapping[int, ClientUpdate], weight: Mapping[int, float],
+                    version: np.ndarray, server_round: int) -> Weights:
+        """``relax-train=groups``: FedAvg within each group that has a reply, w_g <- sum_i
+        n_i w_i / sum_i n_i over its members' uploads (``weight``: the round's weights,
+        examples or 1), stored as every member's model, version ``server_round`` (``version``
+        updated in place). Returns the sum of the members' moves (the global mean's)."""
+        assert self.models is not None
+        moved = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
+        for label in sorted({int(labels[pid]) for pid in replies}):
+            ids = [pid for pid in sorted(replies) if labels[pid] == label]
+            mass = sum(weight[pid] for pid in ids)
+            total = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
+            for pid in ids:
+                for acc, w in zip(total, replies[pid].upload, strict=True):
+                    acc += weight[pid] * w.astype(np.float64)
+            new = [(t / mass).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)]
+            for member in np.flatnonzero(labels == label):
+                for acc, a, o in zip(moved, new, self.model_of(state, int(member)), strict=True):
+                    acc += a.astype(np.float64) - o.astype(np.float64)
+                self.models.write(int(member), server_round, new, int(version[member]))
+                version[member] = server_round
+        return moved
 
     def server_steps(self, state: FedRelaxState, replied: Mapping[int, Weights], n: int,
                      server_round: int) -> Weights:
@@ -521,11 +660,21 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         n = rnd.num_clients
         w_next = apply_step(w_t, rnd.aggregate, rnd.server_lr)
         probe = state.probe[0]
+        chosen, measured = state.chosen[0], state.measured[0]
+        pool, nearest = state.pool[0], state.nearest[0]
+        remeasured = False
+        if self.measures_in_warmup:
+            chosen, measured = gl.grown_choice(chosen, n), gr.grown_rows(measured, n)
+            pool, nearest = gr.grown_rows(pool, n), gr.grown_rows(nearest, n)
+            for u in rnd.updates:
+                remeasured |= self.record_losses(u, chosen, measured, pool, nearest,
+                                                 rnd.server_round)
         if self.params.graph == gl.SOURCE:
             probe = gr.grown_rows(probe, n)
             for u in rnd.updates:
                 pid = u.partition_id
-                self.models.write(pid, rnd.server_round, u.upload, int(probe[pid]))
+                self.models.write(self.candidate_id(pid), rnd.server_round, u.upload,
+                                  int(probe[pid]))
                 probe[pid] = rnd.server_round
         sketch = state.sketch[0]
         if self.params.graph == "knn":
@@ -538,12 +687,15 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         graph = state.graph
         if last and self.params.graph == "knn":
             graph = gr.knn_graph(sketch, np.any(sketch != 0.0, axis=1), self.params.graph_k)
-        if last or rnd.server_round == 1:
+        if remeasured:
+            graph = gl.union_graph(chosen)
+        if last or rnd.server_round == 1 or remeasured:
             self.report(graph, n, rnd.server_round)
         return w_next, dataclasses.replace(
             state, w0=[a.copy() for a in w_next] if last else state.w0, graph=graph,
             sketch=[sketch], clock=[np.asarray([rnd.server_round], dtype=np.int64)],
-            probe=[probe])
+            probe=[probe], chosen=[chosen], measured=[measured], pool=[pool],
+            nearest=[nearest])
 
     def report(self, graph: list[np.ndarray], n: int, server_round: int) -> None:
         """``graph.json`` (the edge list in use, from which round) and ``graph.png``."""
@@ -571,7 +723,9 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
     def train(self, job: LocalJob) -> LocalOutcome:
         if float(np.asarray(job.down[WARMUP][0]).reshape(-1)[0]) != 0.0:
             # a warm-up round: FedAvg's pass on the shared model; w^(i) is not started yet
-            return LocalOutcome(job.sgd(job.w_t), {}, {})
+            # (relax-train=groups: the candidates' losses are measured first, as after it)
+            metrics = self.measure(job)
+            return LocalOutcome(job.sgd(job.w_t), {}, {}, metrics)
         warm = gl.unstacked(job.down[START])
         own = warm[0] if warm else job.state[OWN]
         degree = float(np.asarray(job.down[DEGREE][0]).reshape(-1)[0])

@@ -24,6 +24,7 @@ from fedinit.cli.report import CellResult, collect, mean_std
 from fedinit.cli.run_files import read_json
 from fedinit.cli.sweep_plan import Cell, load_plan
 from fedinit.methods.registry import METHODS
+from fedinit.task.config.defaults import load_defaults
 from server_app.regime_files import read_regimes
 from server_app.results import read_personal_clients
 from strategies.personal_summary import KINDS, STATS
@@ -60,6 +61,10 @@ def row_label(config: dict[str, Any]) -> str:
     graph = config.get("graph")
     if config["method"] == "fedrelax" and isinstance(graph, str):
         label += " (given graph" if graph.startswith("file:") else f" (learned graph: {graph}"
+        if not graph.startswith("file:"):  # the learned graph's settings, when not defaults
+            for key, name in (("graph-k", "k"), ("graph-refresh-every", "refresh every")):
+                value = int(config.get(key, load_defaults()[key]))
+                label += f", {name} {value}" if value != load_defaults()[key] else ""
         warmup = int(config.get("relax-warmup", 0))
         label += f", warm-up {warmup}" if warmup else ""
         step = float(config.get("relax-server-step", 0.0))
@@ -69,6 +74,8 @@ def row_label(config: dict[str, Any]) -> str:
         label += f", alpha {alpha:g}" if alpha != 0.1 else ""  # 0.1: the default, unnamed
         serve = str(config.get("relax-serve", "mean"))
         label += f", serve {serve}" if serve != "mean" else ""  # what (a) scores
+        train = str(config.get("relax-train", "gtv"))
+        label += f", train {train}" if train != "gtv" else ""  # what trains after the warm-up
         label += ")"
     return label
 

@@ -1,0 +1,91 @@
+"""The groups of FedRelax's graph that ``relax-train=groups`` trains one model each for: the
+connected components of the graph, for the loss graph of its mutual choices.
+
+A client's lowest-loss choice links it to clients whose models fit its data; the union of
+those choices (the graph in use) has 15-20% cross-regime edges in the 6b runs, enough to join
+every regime into one component. The mutual k-nearest-neighbour graph (i chose j and j chose
+i) keeps an edge only when both ends agree, and its connected components are the clusters
+(Brito, Chavez, Quiroz and Yukich 1997, "Connectivity of the mutual k-nearest-neighbor graph
+in clustering and outlier detection"; Maier, Hein and von Luxburg 2009, "Optimal construction
+of k-nearest-neighbor graphs for identifying noisy clusters"). A given (``file:``) or knn
+graph is used as it stands. A client in no mutual pair joins the group most of its own
+choices belong to (the k-nearest-neighbour rule, Cover and Hart 1967, with the groups of two
+or more as the classes; ties: the smallest group id): its data chose them, so it trains with
+them instead of alone until the choices become mutual. The clients left alone after that
+(under the loss graph: not measured yet, or chosen by no group) form one more group, the
+pool, which goes on training the warm-up's shared model by FedAvg: clustered FL's start in
+one cluster from which groups split off once detected (Sattler, Mueller and Samek 2020,
+"Clustered federated learning"), rather than each training alone on its own few examples.
+Pure numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedinit.methods import graph_loss as gl
+
+POOL = -1
+"""The group label of the clients in no other group (``pooled``)."""
+
+
+def mutual_graph(chosen: np.ndarray) -> list[np.ndarray]:
+    """Edge {i, j} (A_ij = 1) when i chose j and j chose i (``fedinit.methods.graph``'s
+    arrays; ``chosen`` is the loss graph's (N, k) choice, ``NONE`` for an empty slot)."""
+    picked = {(i, int(j)) for i, row in enumerate(chosen) for j in row
+              if j != gl.NONE and j != i}
+    keys = sorted((i, j) for i, j in picked if i < j and (j, i) in picked)
+    return [np.asarray(keys, dtype=np.int64).reshape(-1, 2), np.ones(len(keys))]
+
+
+def components(graph: list[np.ndarray], n: int) -> np.ndarray:
+    """[int64 (n,)]: each client's group, the smallest client id of its connected component
+    (a client without an edge is a group of its own)."""
+    root = np.arange(n, dtype=np.int64)
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]  # path halving
+            i = int(root[i])
+        return i
+
+    for i, j in graph[0]:
+        if i >= n or j >= n:
+            continue
+        a, b = find(int(i)), find(int(j))
+        if a != b:
+            root[max(a, b)] = min(a, b)
+    return np.asarray([find(i) for i in range(n)], dtype=np.int64)
+
+
+def members(labels: np.ndarray, pid: int) -> np.ndarray:
+    """The clients (ascending) in client ``pid``'s group; ``pid`` alone when it is beyond
+    ``labels`` (a client that joined after the groups were formed)."""
+    if pid >= len(labels):
+        return np.asarray([pid], dtype=np.int64)
+    return np.flatnonzero(labels == labels[pid]).astype(np.int64)
+
+
+def attached(labels: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """``labels`` with each client of a group of one that chose a member of a larger group
+    moved to the larger group most of its choices are in (ties: the smallest group id); the
+    larger groups are those of ``labels`` (no chains through attached clients)."""
+    ids, counts = np.unique(labels, return_counts=True)
+    size = dict(zip(ids.tolist(), counts.tolist(), strict=True))
+    out = labels.copy()
+    for i in range(min(len(labels), len(chosen))):
+        if size[int(labels[i])] > 1:
+            continue
+        votes = [int(labels[j]) for j in chosen[i] if j != gl.NONE and j < len(labels)
+                 and size[int(labels[j])] > 1]
+        if votes:
+            group, count = np.unique(votes, return_counts=True)
+            out[i] = int(group[np.argmax(count)])  # argmax: the first (smallest) of a tie
+    return out
+
+
+def pooled(labels: np.ndarray) -> np.ndarray:
+    """``labels`` with every group of one relabelled ``POOL`` (one group of the rest)."""
+    ids, counts = np.unique(labels, return_counts=True)
+    alone = ids[counts == 1]
+    return np.where(np.isin(labels, alone), POOL, labels).astype(np.int64)

@@ -70,11 +70,13 @@ SERVER_HALF_MODULES = 93
 """The project's modules ``FedInit(...)`` loads (105 before the SecAgg+ protocol, the data
 modules and torch were taken off its path; issue 43 asks for at most 45: the method registry
 and the run config still load every method and every group)."""
-CLIENT_HALF_MODULES = 44
+CLIENT_HALF_MODULES = 45
 """The project's modules ``strategies.client`` loads (the SecAgg+ protocol only when a round
-asks for it: its wire names here, its client in ``strategies.secure_upload``): 41, and the
+asks for it: its wire names here, its client in ``strategies.secure_upload``): 41; the
 device's privacy floor and ledger since ``method_train`` runs local DP
-(``strategies.device_privacy``, ``fedinit.store.privacy_ledger``, ``fedinit.task.shown``)."""
+(``strategies.device_privacy``, ``fedinit.store.privacy_ledger``, ``fedinit.task.shown``);
+FedRelax's groups (``fedinit.methods.graph_groups``: the method registry loads every method,
+whichever runs)."""
 
 
 def _loaded(code: str) -> tuple[list[str], set[str]]:

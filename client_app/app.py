@@ -164,8 +164,8 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
     conf = msg.content.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
     state = client_store(context, cfg, experiment, pid, str(conf.get(STATE_ROOT, "")))
-    local = local_dp(DeviceRelease.of_run(cfg), floor)
-    ledger = ledger_for(floor, context, state) if local else None
+    asked = DeviceRelease.of_run(cfg)
+    ledger = ledger_for(floor, context, state) if local_dp(asked, floor) else None
     # the received arrays' shapes only: client_round decodes the model, once
     accounted = conf.get(rk.ACCOUNTED_ROUND)
     fell_back = state.restore(experiment, server_round,
@@ -183,8 +183,7 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
     else:  # under secure aggregation no per-client figure leaves (secure_upload)
         content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
     if ledger is not None:  # one noised channel per upload (masked ones too), at the device's
-        asked = DeviceRelease.of_run(cfg)  # own multiplier
-        account_release(ledger, msg, asked.multiplier, asked.channels)
+        account_release(ledger, msg, asked.multiplier, asked.channels)  # own multiplier
     state.save(experiment, server_round, pin=rk.kept_rounds(conf))
     return content
 

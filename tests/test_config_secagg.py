@@ -145,3 +145,40 @@ def test_fedcm_is_refused_where_the_server_cannot_derive_the_step_counts() -> No
                            "other than fedcm with secure-aggregation='secagg+' when the "
                            "server cannot derive each client's step count")
     RunConfig.parse({**SECAGG, "method": "fedavg", "max-examples-per-client": 50})
+
+
+@pytest.mark.parametrize(("codec", "clients", "bits", "field"), [
+    ("q8", 10, 8, 16), ("q4", 10, 4, 8), ("q4", 20, 4, 16), ("off", 10, 16, 32)])
+def test_q_b_under_secagg_quantises_to_b_bits_in_the_narrowest_field(
+        codec: str, clients: int, bits: int, field: int) -> None:
+    """The field follows the codec's bits and the round's sampled clients: 10 clients of
+    8-bit values sum below 2^16 (10 * 256 = 2560), of 4-bit values below 2^8 (160), 20 of
+    them not (320); without a codec, secagg-bits (16) and 10 * 2^16 need 2^32."""
+    from strategies.round_stages.secure_sum import params_of
+
+    cfg = RunConfig.parse({**SECAGG, "compression": codec, "num-clients": clients,
+                           "fraction-train": 1.0, "secagg-threshold": 3})
+    assert cfg.secagg_bits == bits
+    params = params_of(cfg)
+    assert (params.bits, params.field_bits) == (bits, field)
+
+
+@pytest.mark.parametrize(("over", "line"), [
+    ({"compression": "q8/64"},
+     "compression='q8/64' with secure-aggregation='secagg+' is not allowed; allowed: off | q8 "
+     "| q4 (a masked sum needs one quantisation grid for all clients: no top-k indices, no "
+     "per-block scales)"),
+    ({"compression": "topk:0.01+q8"},
+     "compression='topk:0.01+q8' with secure-aggregation='secagg+' is not allowed; allowed: "
+     "off | q8 | q4"),
+    ({"compression": "q8", "secagg-bits": 12},
+     "secagg-bits=12 is not allowed; allowed: 8 (compression='q8' quantises the masked upload "
+     "to 8 bits) or its default 16"),
+])
+def test_what_a_codec_under_secagg_cannot_be_is_one_line(over: dict[str, object],
+                                                          line: str) -> None:
+    assert line in refusal({**SECAGG, **over})
+
+
+def test_the_codecs_bits_given_twice_are_accepted() -> None:
+    assert RunConfig.parse({**SECAGG, "compression": "q8", "secagg-bits": 8}).secagg_bits == 8

@@ -127,7 +127,7 @@ def test_the_server_never_holds_a_plain_upload_nor_the_clients_secrets(tmp_path:
     assert load_checkpoint(plain_out).rows[-1]["train-loss"] is not None
     for reply in replies:
         assert masked_problem(reply.content, unpack(train_msgs(grid)[0].content.array_records[
-            "arrays"])) is None
+            "arrays"]), 0, 4) is None
     stages = [(m.metadata.message_type, m.content.config_records[SECAGG][sw.STAGE])
               for m in grid.sent if SECAGG in m.content.config_records]
     q, t = MessageType.QUERY, MessageType.TRAIN
@@ -500,11 +500,12 @@ def test_too_many_dropouts_halt_the_round_and_count_no_client() -> None:
 def test_a_plain_or_malformed_reply_is_rejected_in_one_line() -> None:
     w_t = [np.zeros((2, 3), dtype=np.float32)]
     plain = RecordDict({"arrays": pack(w_t)})
-    assert "plain arrays ['arrays'] under secure aggregation" in str(masked_problem(plain, w_t))
+    assert "plain arrays ['arrays'] under secure aggregation" in str(
+        masked_problem(plain, w_t, 0, 4))
     short = RecordDict({SECAGG: ConfigRecord({sw.STAGE: "secagg-collect-masked",
                                               sw.MASKED: [b"\x00" * 20]})})
-    assert masked_problem(short, w_t) == "masked array 0 has 20 bytes, expected 24"
-    assert "missing ConfigRecord 'secagg'" in str(masked_problem(RecordDict({}), w_t))
+    assert masked_problem(short, w_t, 0, 4) == "masked array 0 has 20 bytes, expected 24"
+    assert "missing ConfigRecord 'secagg'" in str(masked_problem(RecordDict({}), w_t, 0, 4))
     assert DecodeReplies.__dataclass_fields__["secure"].default is False
 
 
@@ -642,8 +643,8 @@ def test_a_scaffold_round_without_a_sum_accounts_nobody() -> None:
         body = dict(msg.content.config_records[SECAGG])
         masked = grid.clients[node].handle(body, [np.full(2, 0.1), np.full(2, 0.4)])
         replies.append(Message(RecordDict({SECAGG: ConfigRecord(masked)}), reply_to=msg))
-        assert masked_problem(replies[-1].content, w_t, extras=1) is None
-        assert masked_problem(replies[-1].content, w_t) is not None  # 2 vectors, not 1
+        assert masked_problem(replies[-1].content, w_t, 1, 4) is None
+        assert masked_problem(replies[-1].content, w_t, 0, 4) is not None  # 2 vectors, not 1
     accepted = tuple((r.metadata.src_node_id,
                       ClientUpdate(partition_id=sent_to[r.metadata.src_node_id], upload=[],
                                    extras={}, num_examples=1, train_loss=0.0, num_steps=1))
@@ -677,3 +678,26 @@ def test_the_secure_sum_is_split_into_the_model_and_each_extra_upload() -> None:
     assert 0.0 < max_gap(done.sums["arrays"], model) <= 4 * params.step + 1e-6
     assert 0.0 < max_gap(done.sums["scaffold-delta-c"], dc) <= 4 * params.step + 1e-6
     assert max_gap(done.aggregate, [m / 4 for m in model]) <= params.step + 1e-6
+
+
+def test_q8_under_secagg_masks_8_bit_values_in_a_16_bit_field(tmp_path: Path) -> None:
+    """``compression=q8`` under SecAgg+: the field's quantisation is the codec (8 bits over
+    [-secagg-clip, secagg-clip]), so the sum of 4 clients fits 2^16 and each masked
+    coordinate travels in 2 bytes, half of the default 16 bits' 4; no train message asks a
+    client to compress on its own (the masked upload is the codec); round 1's model is within
+    one 8-bit step of the plain run's (the mean of the uploads is off by < 1 step)."""
+    one = {"num-server-rounds": 1, "eval-every": 1}
+    _, plain_dir = run(tmp_path, "plain", one)
+    q8, q8_dir = run(tmp_path, "q8", {**one, "secure-aggregation": "secagg+",
+                                      "compression": "q8"})
+    _, wide_dir = run(tmp_path, "wide", {**one, "secure-aggregation": "secagg+"})
+    w0 = unpack(train_msgs(q8)[0].content.array_records["arrays"])
+    coordinates = sum(a.size for a in w0)
+    assert load_checkpoint(q8_dir).rows[-1]["bytes-up"] == 4 * 2 * coordinates
+    assert load_checkpoint(wide_dir).rows[-1]["bytes-up"] == 4 * 4 * coordinates
+    assert all("compression" not in m.content.config_records["config"]
+               for m in train_msgs(q8))
+    cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+", "compression": "q8"})
+    step = 2 * cfg.privacy.secagg_clip / 2**8
+    gap = max_gap(load_checkpoint(q8_dir).weights, load_checkpoint(plain_dir).weights)
+    assert 0.0 < gap <= step + 1e-6, (gap, step)

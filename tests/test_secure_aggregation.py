@@ -39,6 +39,7 @@ from fedinit.secure_aggregation import (
 from fedinit.secure_aggregation.envelope import token_length
 from fedinit.secure_aggregation.graph import ring_neighbours
 from fedinit.secure_aggregation.masks import expand, pairwise_key
+from fedinit.secure_aggregation.params import narrowest_field
 
 SHAPES = [(4, 3, 3), (4,), (10, 8)]
 
@@ -114,6 +115,39 @@ def test_sum_equals_the_plain_sum_within_the_quantisation_bound(bits: int) -> No
     assert params.sum_error_bound(len(ids)) == pytest.approx(bound)
     if bits == 6:  # coarse enough that rounding shows: the sum is not the float sum by luck
         assert max(errors) > bound / 20
+
+
+@pytest.mark.parametrize("bits,clients,field", [
+    (8, 5, 16), (8, 255, 16), (8, 256, 32),  # 255 * 256 = 65280 < 2^16; 256 * 256 does not
+    (4, 5, 8), (4, 15, 8), (4, 16, 16),      # 15 * 16 = 240 < 2^8; 16 * 16 = 256 does not
+    (16, 2, 32), (6, 1, 8), (24, 300, 32),   # the widest when none is narrower
+])
+def test_the_field_is_the_narrowest_the_sum_cannot_wrap(bits: int, clients: int,
+                                                        field: int) -> None:
+    assert narrowest_field(bits, clients) == field
+
+
+@pytest.mark.parametrize("bits,field", [(8, 16), (4, 8)])
+def test_a_narrow_field_carries_fewer_bytes_and_sums_exactly(bits: int, field: int) -> None:
+    """5 clients of ``bits``-bit values in a 2^``field`` field: each masked coordinate is
+    field/8 bytes on the wire, and on-grid inputs (exact after quantisation) sum to the plain
+    sum to float precision, also with a client dropped after key sharing (its pairwise
+    masks, rebuilt modulo 2^32, cancel modulo 2^field)."""
+    ids = [101, 7, 55, 23, 9]
+    params = SecAggParams(threshold=3, num_shares=5, clip=0.5, bits=bits,
+                          field_bits=narrowest_field(bits, len(ids)))
+    assert params.field_bits == field
+    vectors = grid_vectors(ids, params)
+    for dropped in (set(), {55}):
+        rnd = Round(params, ids, vectors)
+        got = rnd.run(drop_after_keys=dropped)
+        kept = [i for i in ids if i not in dropped]
+        errors = [np.abs(g - p).max() for g, p in zip(got, plain_sum(vectors, kept, 0.5),
+                                                      strict=True)]
+        assert max(errors) < 1e-9
+        for reply in rnd.log[Stage.COLLECT].values():
+            assert [len(b) for b in reply["masked"]] == [field // 8 * int(np.prod(s))
+                                                       for s in SHAPES]
 
 
 def test_flower_sized_node_ids_travel_and_sum() -> None:
@@ -277,7 +311,7 @@ def _client_at_unmask(params: SecAggParams) -> SecAggClient:
 def test_a_device_refuses_a_threshold_at_or_below_half() -> None:
     client = SecAggClient(1)
     setup = {"stage": Stage.SETUP, "sizes": [3], "threshold": 2, "num-shares": 5,
-             "clip": 1.0, "bits": 16}
+             "clip": 1.0, "bits": 16, "field-bits": 32}
     with pytest.raises(SecAggInputError, match=r"threshold must be in 3\.\.5 .*got 2$"):
         client.setup(setup)
 
@@ -590,6 +624,10 @@ def test_a_client_refuses_bad_input_in_one_line() -> None:
     ({"threshold": 3, "num_shares": 5, "clip": 0.0}, "clip must be a finite number > 0"),
     ({"threshold": 3, "num_shares": 5, "clip": 1.0, "bits": 30}, r"bits must be in 1\.\.24"),
     ({"threshold": 6, "num_shares": 5, "clip": 1.0}, r"threshold must be in 3\.\.5"),
+    ({"threshold": 3, "num_shares": 5, "clip": 1.0, "field_bits": 12},
+     r"field-bits must be one of 8, 16, 32 and above bits=16, got 12"),
+    ({"threshold": 3, "num_shares": 5, "clip": 1.0, "bits": 8, "field_bits": 8},
+     r"field-bits must be one of 8, 16, 32 and above bits=8, got 8"),
 ])
 def test_bad_parameters_get_one_line(kwargs: dict[str, Any], pattern: str) -> None:
     with pytest.raises(SecAggInputError, match=pattern) as err:

@@ -39,7 +39,7 @@ from flwr.supercore.primitives.asymmetric import (
 from fedinit.secure_aggregation import wire
 from fedinit.secure_aggregation.envelope import open_shares
 from fedinit.secure_aggregation.masks import add_mask, expand, pairwise_key
-from fedinit.secure_aggregation.params import MODULUS, SecAggParams
+from fedinit.secure_aggregation.params import SecAggParams
 from fedinit.secure_aggregation.quant import check_vector, quantise
 from fedinit.secure_aggregation.signing import KeyTrust
 from fedinit.secure_aggregation.wire import SecAggInputError, Stage
@@ -207,10 +207,11 @@ class SecAggClient:
         for src in srcs:
             add_mask(total, pairwise_key(self._sk1, self._pk1s[src]),
                            1 if self.node_id > src else -1)
-        masked = parameters_mod(total, MODULUS)
+        masked = parameters_mod(total, self.params.modulus)
         self._next = Stage.CHECK  # optional unless this client verifies (``unmask``)
+        dtype = self.params.value_dtype
         return {wire.STAGE: Stage.COLLECT,
-                wire.MASKED: [a.astype("<u4").tobytes() for a in masked], wire.BAD_SRCS: bad}
+                wire.MASKED: [a.astype(dtype).tobytes() for a in masked], wire.BAD_SRCS: bad}
 
     def check(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         """The consistency check: sign the survivor set U3 the server says it will sum, once

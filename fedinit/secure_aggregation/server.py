@@ -37,7 +37,7 @@ from fedinit.secure_aggregation import wire
 from fedinit.secure_aggregation.envelope import key_problem, token_length
 from fedinit.secure_aggregation.graph import ring_neighbours
 from fedinit.secure_aggregation.masks import add_mask, pairwise_key
-from fedinit.secure_aggregation.params import MODULUS, SecAggParams
+from fedinit.secure_aggregation.params import SecAggParams
 from fedinit.secure_aggregation.quant import dequantise_sum
 from fedinit.secure_aggregation.signing import MAX_SIG_BYTES
 from fedinit.secure_aggregation.wire import RoundFailedError, SecAggInputError, Stage
@@ -263,13 +263,16 @@ class SecAggServer:
         self.masked: dict[int, list[np.ndarray]] = {}
 
         def vector(nid: int, reply: Mapping[str, Any]) -> None:
-            """Any 4 bytes are a field element mod 2^32: the length is all there is to check."""
+            """Any f/8 bytes are a field element mod 2^f: the length is all there is to
+            check."""
             who = f"secagg reply from {nid}"
             raw = wire.get_bytes_list(reply, wire.MASKED, who, len(self.sizes))
+            width = self.params.field_bits // 8
             for index, (blob, size) in enumerate(zip(raw, self.sizes, strict=True)):
-                if len(blob) != 4 * size:
-                    raise SecAggInputError(f"{who}: masked array {index} has {len(blob)} bytes, "
-                                           f"expected {4 * size} ({size} uint32)")
+                if len(blob) != width * size:
+                    raise SecAggInputError(
+                        f"{who}: masked array {index} has {len(blob)} bytes, expected "
+                        f"{width * size} ({size} uint{self.params.field_bits})")
 
             bad = reply.get(wire.BAD_SRCS, [])
             if bad:
@@ -281,8 +284,9 @@ class SecAggServer:
 
         u3 = self._drop_reported(replies, self._arrived(replies, Stage.COLLECT, u2, vector))
         self._enough(u3, Stage.COLLECT)
+        dtype = self.params.value_dtype
         for nid in u3:
-            self.masked[nid] = [np.frombuffer(blob, dtype="<u4").astype(np.int64)
+            self.masked[nid] = [np.frombuffer(blob, dtype=dtype).astype(np.int64)
                                 for blob in replies[nid][wire.MASKED]]
         self.dropped = [n for n in u2 if n not in set(u3)]
         self._lacks = {nid: set(replies[nid].get(wire.BAD_SRCS) or []) for nid in u3}
@@ -383,7 +387,7 @@ class SecAggServer:
                 pair_keys = [pairwise_key(key, self.pk1[p]) for p in peers]
             for peer, pair_key in zip(peers, pair_keys, strict=True):
                 add_mask(total, pair_key, -1 if peer > nid else 1)  # peer added +mask if > nid
-        summed = parameters_mod(total, MODULUS)
+        summed = parameters_mod(total, self.params.modulus)
         return dequantise_sum(summed, len(u3), self.params, self.shapes)
 
     def _check_share(self, who: str, owner: int, holder: int, share: bytes) -> None:

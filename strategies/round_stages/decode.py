@@ -19,11 +19,12 @@ from fedinit.methods.method import ClientUpdate, ServerRule
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.upload_codec import channels, codec_problem, decode_channel
 from fedinit.methods.weights import Weights
+from fedinit.secure_aggregation import wire as sw
 from fedinit.task.config import RunConfig
 from fedinit.task.local_steps import num_steps
 from strategies.operator_log import log_line
 from strategies.round_stages.replies import Accepted, RoundReplies, log_rejected
-from strategies.round_stages.secure_sum import masked_problem
+from strategies.round_stages.secure_sum import SECAGG, masked_problem, params_of
 
 NOT_ARRIVED = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
                          ErrorCode.NODE_UNAVAILABLE})
@@ -88,13 +89,12 @@ class DecodeReplies:
                 log_rejected(replies, node, decoded, self.private)
                 continue
             good.append((node, decoded))
-            if not self.secure:
-                sizes[decoded.partition_id] = decoded.upload_bytes
+            sizes[decoded.partition_id] = decoded.upload_bytes
         log_silent(replies, self.cfg.fleet.round_timeout, self.private)
         good.sort(key=lambda item: item[1].partition_id)
         return dataclasses.replace(
             replies, accepted=tuple(good), rejected=rejected, arrived=len(arrived),
-            upload_bytes=None if self.secure else sizes,
+            upload_bytes=sizes,
             rejections=(*replies.rejections, *reasons),
             missing=replies.sampled - len(good) - rejected)
 
@@ -166,13 +166,17 @@ class DecodeReplies:
         """A masked reply: its counts are the ones the server derives itself (the
         partition's size and step count, else 1: uniform weighting reads neither), its train
         loss unknown (NaN); whatever metrics it carries are not read."""
-        problem = masked_problem(content, w_t, len(self.rule.up_keys))
+        width = params_of(self.cfg).field_bits // 8
+        problem = masked_problem(content, w_t, len(self.rule.up_keys), width)
         if problem is not None:
             return problem
         steps = self.expected_steps(pid)
+        blobs = content.config_records[SECAGG][sw.MASKED]
+        assert isinstance(blobs, list)  # masked_problem checked: a list of bytes
         update = ClientUpdate(partition_id=pid, upload=[], extras={},
                               num_examples=self.true_examples(pid) or 1,
-                              train_loss=math.nan, num_steps=steps or 1)
+                              train_loss=math.nan, num_steps=steps or 1,
+                              upload_bytes=sum(len(b) for b in blobs))
         problem = self.rule.reply_problem(update, steps)
         return update if problem is None else problem
 

@@ -43,7 +43,9 @@ class TrainMessages:
             {**dict(config), rk.ROUND: server_round, rk.LR: c.train.lr_at(server_round),
              rk.BETA: c.train.beta, rk.UPLOAD_DELTA: c.train.ri_aggregation == "update"}
         )
-        if c.train.compression != "off":  # the client halves compress as the message asks
+        # the client halves compress as the message asks; under SecAgg+ the masked upload is
+        # the codec (its field quantises to the codec's bits: RunConfig.secagg_bits)
+        if c.train.compression != "off" and c.privacy.secure_aggregation == "off":
             round_config[rk.COMPRESSION] = c.train.compression
         extras = {k: pack(v) for k, v in self.method.rule.down(self.method.state).items()}
         messages, sent_to = [], {}

@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 from fedinit.methods import wire as rk
 from fedinit.methods.weights import Weights
 from fedinit.secure_aggregation import wire as sw
-from fedinit.secure_aggregation.params import SecAggParams
+from fedinit.secure_aggregation.params import SecAggParams, narrowest_field
 from fedinit.secure_aggregation.wire import RoundFailedError, SecAggInputError
 from fedinit.secure_aggregation.wire import Stage as SecAggStage
 from fedinit.task.config import RunConfig
@@ -54,10 +54,13 @@ SECAGG = sw.RECORD
 
 
 def params_of(cfg: RunConfig) -> SecAggParams:
-    """The run's protocol parameters (already range-checked by the run config)."""
-    p = cfg.privacy
+    """The run's protocol parameters (already range-checked by the run config): its bits
+    (``RunConfig.secagg_bits``: the codec's under ``compression=qB``) and the narrowest field
+    the sum of a round's sampled clients fits."""
+    p, bits = cfg.privacy, cfg.secagg_bits
     return SecAggParams(threshold=p.secagg_threshold, num_shares=p.secagg_num_shares,
-                        clip=p.secagg_clip, bits=p.secagg_bits)
+                        clip=p.secagg_clip, bits=bits,
+                        field_bits=narrowest_field(bits, cfg.sampled_per_round))
 
 
 def upload_keys(up_keys: Sequence[str]) -> tuple[str, ...]:
@@ -66,10 +69,11 @@ def upload_keys(up_keys: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(up_keys))
 
 
-def masked_problem(content: RecordDict, w_t: Weights, extras: int = 0) -> str | None:
+def masked_problem(content: RecordDict, w_t: Weights, extras: int, width: int) -> str | None:
     """Why a train reply's content is not a well-formed masked upload, or None: no plain
-    ArrayRecord at all, and one little-endian uint32 byte string per model array, for the
-    model and for each of the method's ``extras`` extra uploads."""
+    ArrayRecord at all, and one byte string of ``width``-byte little-endian field elements
+    (``SecAggParams.field_bits``) per model array, for the model and for each of the
+    method's ``extras`` extra uploads."""
     if content.array_records:
         return (f"the reply carries plain arrays {sorted(content.array_records)} under secure "
                 f"aggregation (only the masked upload may leave a client)")
@@ -84,8 +88,8 @@ def masked_problem(content: RecordDict, w_t: Weights, extras: int = 0) -> str | 
             isinstance(b, bytes) for b in blobs):
         return f"{SECAGG!r} must hold {len(refs)} masked arrays as bytes"
     for i, (blob, ref) in enumerate(zip(blobs, refs, strict=True)):
-        if len(blob) != 4 * ref.size:
-            return f"masked array {i} has {len(blob)} bytes, expected {4 * ref.size}"
+        if len(blob) != width * ref.size:
+            return f"masked array {i} has {len(blob)} bytes, expected {width * ref.size}"
     return None
 
 

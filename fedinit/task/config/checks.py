@@ -26,6 +26,7 @@ from fedinit.task.choices import (
     TRACKINGS,
 )
 from fedinit.task.config import cross, data, evaluation, fleet, privacy, robust, schedule, train
+from fedinit.task.config.defaults import load_defaults
 from fedinit.task.config_checks import ConfigError, bad_value, did_you_mean
 from fedinit.task.data_sets import DATASET_NAMES
 from fedinit.task.device_speeds import parse_speeds
@@ -161,8 +162,10 @@ def _check_ranges(c: RunConfig, sized: bool) -> None:
     train.check_server_momentum(c.train, c.method)
     cross.check_async(c, sized)
     privacy.check_secagg_keys(c.privacy)
+    # before check_secagg: it reads the codec's bits (RunConfig.secagg_bits)
+    train.check_compression(t, c.privacy.secure_aggregation, c.schedule.rounds,
+                            c.privacy.secagg_bits, int(load_defaults()["secagg-bits"]))
     cross.check_secagg(c, sized)
-    train.check_compression(t, c.privacy.secure_aggregation, c.schedule.rounds)
     fleet.check_over_select_value(f)
     cross.check_over_select(c, sized)
     parse_speeds(c.schedule.device_speeds)

@@ -210,7 +210,8 @@ def check_secagg(c: RunConfig, sized: bool = True) -> None:
         raise bad_value("method", c.method, f"{' | '.join(secagg_methods())} {with_it} "
                         f"({c.method}: {why})")
     t, r, e = p.secagg_threshold, c.robust, c.eval
-    max_clients = (2**32 - 1) // 2**p.secagg_bits
+    bits = c.secagg_bits  # the codec's under compression=qB
+    max_clients = (2**32 - 1) // 2**bits
     for key, value, ok, allowed, why in (
         ("weighting", c.train.weighting, c.train.weighting == "uniform", "uniform",
          "the sum is divided by the survivors; example weighting would need each count masked"),
@@ -226,7 +227,7 @@ def check_secagg(c: RunConfig, sized: bool = True) -> None:
         ("secagg-threshold", t, not sized or t <= c.clients_per_round,
          f"at most the clients per round ({c.clients_per_round})",
          "fewer clients than the threshold can never unmask a sum"),
-        ("secagg-bits", p.secagg_bits, not sized or c.clients_per_round <= max_clients,
+        ("secagg-bits", bits, not sized or c.clients_per_round <= max_clients,
          f"a value with clients per round <= (2^32 - 1) // 2^bits ({max_clients} now)",
          "the quantised sum would wrap around 2^32"),
         # the evaluations answer per client: under secure aggregation the server learns sums

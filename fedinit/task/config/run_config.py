@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedinit.methods.compression import Compression
 from fedinit.methods.method import MethodSpec, ParamError, Params
 from fedinit.methods.registry import METHODS, method_param_keys
 from fedinit.task.config.checks import check_all
@@ -72,6 +73,15 @@ class RunConfig:
         if self.fleet.over_select == 0.0:
             return self.clients_per_round
         return math.ceil(self.clients_per_round * (1.0 + self.fleet.over_select) - 1e-9)
+
+    @property
+    def secagg_bits(self) -> int:
+        """The bits SecAgg+ quantises each coordinate to: B under ``compression=qB`` (the
+        field's quantisation is the codec, ``check_compression``), else ``secagg-bits``."""
+        codec = Compression.parse(self.train.compression)
+        if codec is not None and codec.quantiser is not None:
+            return codec.quantiser.bits
+        return self.privacy.secagg_bits
 
     @property
     def async_concurrency(self) -> int:

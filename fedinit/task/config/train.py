@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedinit.methods.compression import Compression, CompressionError
+from fedinit.methods.compression import BITS, Compression, CompressionError
 from fedinit.methods.registry import METHODS
 from fedinit.task.config_checks import ConfigError, bad_value
 
@@ -67,22 +67,34 @@ def check_server_momentum(t: TrainConfig, method: str) -> None:
                         f"0 with method={method!r} ({why})")
 
 
-def check_compression(t: TrainConfig, secure_aggregation: str, rounds: str) -> None:
+def check_compression(t: TrainConfig, secure_aggregation: str, rounds: str,
+                      secagg_bits: int, secagg_bits_default: int) -> None:
     """``compression``: the codec's one line for a name it does not parse; refused with
-    SecAgg+ (its masked sum is of the field's own quantisation, not yet the codec's) and with
-    ``rounds=async`` (its replies are not yet decoded)."""
+    ``rounds=async`` (its replies are not yet decoded). Under SecAgg+ only ``qB`` (one scale
+    for all: the field's [-secagg-clip, secagg-clip] grid at B bits is the codec, so the masked
+    sum is of B-bit values); ``secagg-bits`` then is B or left at its default."""
     try:
         codec = Compression.parse(t.compression)
     except CompressionError as err:
         raise ConfigError(f"run config: {err}") from None
     if codec is None:
         return
-    for key, value, off in (("secure-aggregation", secure_aggregation, "off"),
-                            ("rounds", rounds, "sync")):
-        if value != off:
-            raise ConfigError(f"run config: compression={t.compression!r} with {key}="
-                              f"{value!r} is not allowed yet; allowed: {key}={off!r}, or "
-                              "compression='off'")
+    if rounds != "sync":
+        raise ConfigError(f"run config: compression={t.compression!r} with rounds={rounds!r} "
+                          "is not allowed yet; allowed: rounds='sync', or compression='off'")
+    if secure_aggregation == "off":
+        return
+    q = codec.quantiser
+    if codec.topk is not None or q is None or q.block:
+        raise ConfigError(
+            f"run config: compression={t.compression!r} with secure-aggregation="
+            f"{secure_aggregation!r} is not allowed; allowed: off | "
+            f"{' | '.join(f'q{b}' for b in BITS)} (a masked sum needs one quantisation grid "
+            "for all clients: no top-k indices, no per-block scales)")
+    if secagg_bits not in (q.bits, secagg_bits_default):
+        raise bad_value("secagg-bits", secagg_bits,
+                        f"{q.bits} (compression={t.compression!r} quantises the masked "
+                        f"upload to {q.bits} bits) or its default {secagg_bits_default}")
 
 
 def server_lr_defaults() -> str:

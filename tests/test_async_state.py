@@ -268,7 +268,7 @@ def test_feddyn_under_fedbuff_diverges_where_its_sync_round_converges(
     equally fast (round robin: after the first flush every reply is one version stale): the
     error to the optimum grows past w_0's, while sync FedDyn with 4 of 8 clients a round
     converges, and so does SCAFFOLD in the same asynchronous schedule."""
-    monkeypatch.setitem(METHODS, "feddyn",
+    monkeypatch.setattr("fedinit.methods.feddyn.SPEC",
                         dataclasses.replace(METHODS["feddyn"], async_refusal=None))
     p = lsq_problem(num_clients=8, dim=5, n=20, seed=0)
     opt = lsq_optimum(p)

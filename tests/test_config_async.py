@@ -55,7 +55,7 @@ def test_each_other_method_is_refused_with_its_reason(method: str) -> None:
 def test_a_methods_own_spec_says_whether_it_runs_async(monkeypatch: pytest.MonkeyPatch) -> None:
     """The refusal and the allowed list both follow ``MethodSpec.async_refusal``."""
     assert RunConfig.parse({**ASYNC, "method": "fedsam"}).method == "fedsam"
-    monkeypatch.setitem(METHODS, "fedsam",
+    monkeypatch.setattr("fedinit.methods.fedsam.SPEC",
                         dataclasses.replace(METHODS["fedsam"], async_refusal="a reason"))
     assert "fedsam" not in async_methods() and "fedavg" in async_methods()
     with pytest.raises(ConfigError) as err:

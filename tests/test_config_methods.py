@@ -1,13 +1,19 @@
 """The method-specific run-config keys: defaults, registration and one-line errors."""
 
 import dataclasses
+import importlib
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from fedinit.methods.registry import METHOD_NAMES, METHODS, composes_with_ri
+from fedinit.methods.registry import HOMES, METHOD_NAMES, METHODS, composes_with_ri
 from fedinit.task.config import RunConfig, load_defaults
-from fedinit.task.config.run_config import GROUPS, ORDER, TOP
+from fedinit.task.config.run_config import GENERAL_KEYS, GROUPS, ORDER, TOP
 from tests.test_config import one_line_refusal
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_method_is_registered_under_its_config_name() -> None:
@@ -29,6 +35,26 @@ def test_each_method_key_has_one_owner_and_one_default() -> None:
     assert len(owned) == len(set(owned)), owned
     assert set(owned) <= defaults
     assert defaults == general | set(owned)
+    assert general == GENERAL_KEYS  # what the parse takes for general, the rest the methods'
+
+
+def test_a_parse_loads_the_chosen_methods_module_and_all_only_for_anothers_key() -> None:
+    """The registry imports a method's module on first use: a SCAFFOLD config loads
+    SCAFFOLD's rules, not FedRelax's graphs; a value given for another method's key loads
+    every method, which checks its own (a bad fedcm-alpha fails under SCAFFOLD too)."""
+    probe = ("import sys\nfrom fedinit.task.config import RunConfig\n"
+             "RunConfig.parse({'method': 'scaffold'})\n"
+             "print(sorted(m for m in sys.modules if m.startswith('fedinit.methods.f')\n"
+             "             or m.endswith(('scaffold', 'clustered', 'ditto'))))\n"
+             "RunConfig.parse({'method': 'scaffold', 'fedcm-alpha': 0.5})\n"
+             "print(all(f'fedinit.methods.{h}' in sys.modules for h in "
+             "('fedrelax', 'clustered', 'fedcm', 'ditto')))\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.splitlines()
+    assert out == ["['fedinit.methods.scaffold']", "True"], out
+    assert "fedcm-alpha=1.5" in one_line_refusal({"method": "scaffold", "fedcm-alpha": 1.5})
+    for name, home in HOMES.items():
+        assert METHODS[name] is importlib.import_module(f"fedinit.methods.{home}").SPEC
 
 
 def test_defaults_follow_the_authors_code() -> None:

@@ -68,7 +68,7 @@ def test_each_method_that_needs_an_upload_is_refused_with_its_reason(method: str
 def test_a_methods_own_spec_says_whether_it_runs_on_the_sum(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The refusal and the allowed list both follow ``MethodSpec.secagg_refusal``."""
-    monkeypatch.setitem(METHODS, "fedsam",
+    monkeypatch.setattr("fedinit.methods.fedsam.SPEC",
                         dataclasses.replace(METHODS["fedsam"], secagg_refusal="a reason"))
     assert "fedsam" not in secagg_methods() and "fedavg" in secagg_methods()
     assert refusal({**SECAGG, "method": "fedsam"}) == (

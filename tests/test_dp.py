@@ -210,7 +210,7 @@ def test_a_methods_dp_refusal_is_read_from_its_server_rule(
     """Any method whose ``ServerRule`` names a reason is refused under every DP mode, with
     that reason; off, it runs."""
     rule = type("Refusing", (METHODS["scaffold"].server,), {"dp_refusal": "a reason"})
-    monkeypatch.setitem(METHODS, "scaffold",
+    monkeypatch.setattr("fedinit.methods.scaffold.SPEC",
                         dataclasses.replace(METHODS["scaffold"], server=rule))
     for mode in ("central", "local"):
         with pytest.raises(ConfigError, match=rf"dp='{mode}' is not allowed; allowed: off "

@@ -59,6 +59,7 @@ def test_a_method_without_docs_is_found() -> None:
 def test_the_server_lr_message_reads_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match=r"\(0\.1 for fedadam, 1 otherwise\)"):
         RunConfig.parse({"server-lr": -1.0})
-    monkeypatch.setitem(METHODS, "fedcm", dataclasses.replace(METHODS["fedcm"], server_lr=0.5))
+    monkeypatch.setattr("fedinit.methods.fedcm.SPEC",
+                        dataclasses.replace(METHODS["fedcm"], server_lr=0.5))
     with pytest.raises(ConfigError, match=r"\(0\.1 for fedadam, 0\.5 for fedcm, 1 otherwise\)"):
         RunConfig.parse({"server-lr": -1.0})

@@ -66,17 +66,15 @@ def test_a_fresh_interpreter_imports_the_classes_and_the_client_half_alone() -> 
     assert out.strip() == "[] True"
 
 
-SERVER_HALF_MODULES = 93
+SERVER_HALF_MODULES = 79
 """The project's modules ``FedInit(...)`` loads (105 before the SecAgg+ protocol, the data
-modules and torch were taken off its path; issue 43 asks for at most 45: the method registry
-and the run config still load every method and every group)."""
-CLIENT_HALF_MODULES = 45
+modules and torch were taken off its path; 93 before the method registry imported a method's
+module on first use; issue 43 asks for at most 45: the run config still loads every group
+and the data-set registry every data set)."""
+CLIENT_HALF_MODULES = 29
 """The project's modules ``strategies.client`` loads (the SecAgg+ protocol only when a round
-asks for it: its wire names here, its client in ``strategies.secure_upload``): 41; the
-device's privacy floor and ledger since ``method_train`` runs local DP
-(``strategies.device_privacy``, ``fedinit.store.privacy_ledger``, ``fedinit.task.shown``);
-FedRelax's groups (``fedinit.methods.graph_groups``: the method registry loads every method,
-whichever runs)."""
+asks for it: its wire names here, its client in ``strategies.secure_upload``; a method's
+rules when a round names it): 45 before the method registry loaded lazily."""
 
 
 def _loaded(code: str) -> tuple[list[str], set[str]]:

@@ -240,9 +240,10 @@ def test_what_a_method_cannot_run_is_refused_by_its_own_spec_at_construction(
             f"({METHODS['fedrelax'].secagg_refusal})")):
         FedRelax(secure_aggregation=SecAgg(), lr=0.05)
     # the spec decides: cleared, FedDyn takes the rounds; set, FedInit does not
-    monkeypatch.setitem(METHODS, "feddyn", dataclasses.replace(spec, async_refusal=None))
+    monkeypatch.setattr("fedinit.methods.feddyn.SPEC",
+                        dataclasses.replace(spec, async_refusal=None))
     assert FedDyn(rounds=BufferedAsync(), fraction_evaluate=0.0, lr=0.05).buffered
-    monkeypatch.setitem(METHODS, "fedavg", dataclasses.replace(
+    monkeypatch.setattr("fedinit.methods.fedavg.SPEC", dataclasses.replace(
         METHODS["fedavg"], secagg_refusal="a reason of the spec's own"))
     with pytest.raises(ConfigError, match=r"\(a reason of the spec's own\)$"):
         FedInit(secure_aggregation=SecAgg(), weighting="uniform", max_update_norm_ratio=0.0,

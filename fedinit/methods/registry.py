@@ -9,27 +9,42 @@ docs/architecture.md, "Adding a method".
 
 from __future__ import annotations
 
-from fedinit.methods import (
-    clustered,
-    ditto,
-    fedadam,
-    fedavg,
-    fedcm,
-    feddyn,
-    fedprox,
-    fedrelax,
-    fedsam,
-    scaffold,
-)
+import importlib
+from collections.abc import Iterator, Mapping
+
 from fedinit.methods.method import MethodSpec
 from fedinit.methods.robust_choices import AGGREGATIONS as AGGREGATIONS  # the run config's list
 
-METHODS: dict[str, MethodSpec] = {
-    spec.name: spec for spec in (fedavg.SPEC, fedprox.SPEC, fedadam.SPEC, scaffold.SPEC,
-                                 feddyn.SPEC, fedcm.SPEC, fedsam.SPEC, ditto.SPEC,
-                                 fedrelax.SPEC, clustered.SPEC)
+HOMES: dict[str, str] = {
+    "fedavg": "fedavg", "fedprox": "fedprox", "fedadam": "fedadam", "scaffold": "scaffold",
+    "feddyn": "feddyn", "fedcm": "fedcm", "fedsam": "fedsam", "ditto": "ditto",
+    "fedrelax": "fedrelax", "clustered": "clustered",
 }
-METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
+"""Method name -> its module under ``fedinit.methods`` (which holds its ``SPEC``), in the
+order the docs and reports list them."""
+
+
+class MethodRegistry(Mapping[str, MethodSpec]):
+    """The specs by name, each module imported on first use: a server that runs FedInit
+    loads FedAvg's rules, not FedRelax's graphs or clustered FL's k-means (issue 43: a
+    strategy loads what its half needs). Iterating the values loads every method."""
+
+    def __getitem__(self, name: str) -> MethodSpec:
+        if name not in HOMES:
+            raise KeyError(name)
+        spec = importlib.import_module(f"fedinit.methods.{HOMES[name]}").SPEC
+        assert isinstance(spec, MethodSpec) and spec.name == name, (name, spec)
+        return spec
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(HOMES)
+
+    def __len__(self) -> int:
+        return len(HOMES)
+
+
+METHODS: Mapping[str, MethodSpec] = MethodRegistry()
+METHOD_NAMES: tuple[str, ...] = tuple(HOMES)
 
 RI_AGGREGATIONS: tuple[str, ...] = ("auto", "model", "update")
 """``auto`` is each method's own default (``MethodSpec.ri_aggregation``): ``model`` is

@@ -20,7 +20,7 @@ from typing import Any
 
 from fedinit.methods.compression import Compression
 from fedinit.methods.method import MethodSpec, ParamError, Params
-from fedinit.methods.registry import METHODS, method_param_keys
+from fedinit.methods.registry import METHODS
 from fedinit.task.config.checks import check_all
 from fedinit.task.config.data import DataConfig
 from fedinit.task.config.defaults import load_defaults
@@ -129,21 +129,25 @@ class RunConfig:
         for name in ORDER:
             key = name.replace("_", "-")
             values[name] = _coerce(key, merged[key], type(defaults[key]))
+        # the methods' keys: every default that is no general key (one list with the
+        # registry's, tests/test_config.py), so no method module loads to name them
         method_values = {key: _coerce(key, merged[key], type(defaults[key]))
-                         for key in sorted(method_param_keys())}
+                         for key in sorted(set(defaults) - GENERAL_KEYS)}
         groups = {attr: kind(**{f.name: values[f.name] for f in dataclasses.fields(kind)})
                   for attr, kind in GROUPS.items()}
         cfg = cls(**{name: values[name] for name in TOP}, **groups,
                   method_values=tuple(method_values.items()))
         check_all(cfg, sized=sized)
-        # every method checks its keys (a typo in another method's key still fails fast)
+        # the chosen method checks its keys; another method's key given here (not left at
+        # its default) is checked by its method too, so a bad value fails fast though unused
+        spec = METHODS[cfg.method]
+        others = set(raw) - GENERAL_KEYS - set(spec.params.config_keys())
         try:
-            chosen = {name: spec.params.from_config(method_values)
-                      for name, spec in METHODS.items()}
+            chosen = {name: other.params.from_config(method_values)
+                      for name, other in (METHODS.items() if others else [(cfg.method, spec)])}
             chosen[cfg.method].check_with_lr(cfg.train.lr)  # the others' keys go unused
         except ParamError as err:
             raise ConfigError(str(err)) from None
-        spec = METHODS[cfg.method]
         # ``auto`` and 0 are resolved here, so the rest sees model | update and the method's
         # eta_g; under DP ``auto`` is ``update`` for every method (RI inside the clipped move)
         t = cfg.train
@@ -173,6 +177,8 @@ ORDER: tuple[str, ...] = (
     "stale_correction", "dc_lambda", "refill", "device_speeds", "task_time", "compression",
     "server_momentum", "async_lr_scale",
 )
+GENERAL_KEYS: frozenset[str] = frozenset(name.replace("_", "-") for name in ORDER)
+"""The run-config keys of the groups, not of a method."""
 """Every run-config key's field, in the order keys are coerced (the first wrong type is the
 one reported) and ``to_dict`` lists them (as summaries always have)."""
 

@@ -229,10 +229,10 @@ def device_files(cfg: dict[str, Any], root: Path) -> dict[int, Path]:
     data = dataset_of(bench)
     root.mkdir(parents=True)
     files = {}
-    for pid in range(bench.num_clients):
-        idx = partition_indices(bench, pid)
-        files[pid] = root / f"client-{pid}.npz"
-        np.savez(files[pid], x=data.train_x[idx], y=data.train_y[idx])
+    for cid in range(bench.num_clients):
+        idx = partition_indices(bench, cid)
+        files[cid] = root / f"client-{cid}.npz"
+        np.savez(files[cid], x=data.train_x[idx], y=data.train_y[idx])
     return files
 
 

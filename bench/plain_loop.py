@@ -57,31 +57,31 @@ def plain_run(cfg: RunConfig) -> tuple[dict[str, float], list[np.ndarray]]:
         lr = cfg.train.lr_at(rnd)
         down = rule.down(state)
         updates: list[ClientUpdate] = []
-        for pid in sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round):
-            if pid not in tensors:
-                x, y = client_examples(cfg, pid)
-                tensors[pid] = (to_tensor(x, data.mean, data.std),
+        for cid in sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round):
+            if cid not in tensors:
+                x, y = client_examples(cfg, cid)
+                tensors[cid] = (to_tensor(x, data.mean, data.std),
                                 torch.from_numpy(y.copy()).long())
-            own = rule.down_to(state, pid, w)  # a method with per-client messages
+            own = rule.down_to(state, cid, w)  # a method with per-client messages
             w_i, down_i = (w, down) if own is None else (own.model, dict(own.extras))
-            start = relaxed_start(w_i, w_prev.get(pid, w0), cfg.train.beta)
-            kept = client_state.get(pid, {})
+            start = relaxed_start(w_i, w_prev.get(cid, w0), cfg.train.beta)
+            kept = client_state.get(cid, {})
             job = LocalJob(
                 w_t=w_i, start=start, down=down_i,
                 state={k: kept.get(k) or client.initial_state(k, w_i)
                        for k in client.state_keys},
                 lr=lr, device=torch.device("cpu"),
-                sgd=sgd_pass(model, *tensors[pid], SgdSettings(
+                sgd=sgd_pass(model, *tensors[cid], SgdSettings(
                     epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, lr=lr,
                     weight_decay=cfg.train.weight_decay, clip_norm=cfg.train.clip_norm,
                     seed=cfg.seed,
-                    server_round=rnd, partition_id=pid)),
-                losses=train_losses(model, *tensors[pid], cfg.train.batch_size))
+                    server_round=rnd, partition_id=cid)),
+                losses=train_losses(model, *tensors[cid], cfg.train.batch_size))
             outcome = client.train(job)
             run = outcome.trained
-            w_prev[pid], client_state[pid] = run.final, outcome.state
+            w_prev[cid], client_state[cid] = run.final, outcome.state
             upload = upload_vector(run.final, start, cfg.train.ri_aggregation)
-            updates.append(ClientUpdate(pid, upload,
+            updates.append(ClientUpdate(cid, upload,
                                         outcome.extras, run.num_examples, run.mean_loss,
                                         run.num_steps, outcome.metrics))
         weights = [float(u.num_examples) if cfg.train.weighting == "examples" else 1.0

@@ -34,15 +34,15 @@ from fedinit.store.state_dir import StateDir
 
 def fill(root: Path, clients: int, model: list[np.ndarray]) -> None:
     """Two versions of every client, as after every client trained twice."""
-    for pid in range(clients):
-        disk = StateDir(root, "run", pid)
+    for cid in range(clients):
+        disk = StateDir(root, "run", cid)
         for r in (1, 2):
             disk.save(r, {"w_prev": model})
 
 
 def flat_names(clients: int) -> list[str]:
     """The flat layout's file names for the same federation (empty files: only listed)."""
-    return [f"client-{pid}-r{r:06d}.npz" for pid in range(clients) for r in (1, 2)]
+    return [f"client-{cid}-r{r:06d}.npz" for cid in range(clients) for r in (1, 2)]
 
 
 def median_ms(fn: Callable[[int], None], repeats: int) -> float:

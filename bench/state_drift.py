@@ -54,8 +54,8 @@ class Recorded(MethodStrategy):
 class BeforeStrategy(Recorded):
     """The message without the accounted round: clients continue from their newest state."""
 
-    def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
-        config = super()._client_config(round_config, pid)
+    def _client_config(self, round_config: ConfigRecord, cid: int) -> ConfigRecord:
+        config = super()._client_config(round_config, cid)
         del config[rk.ACCOUNTED_ROUND]
         return config
 
@@ -64,11 +64,11 @@ def effective_state(grid: InProcessGrid, cfg: RunConfig, strategy: MethodStrateg
                     experiment_id: str, key: str, shapes: list[np.ndarray]) -> list[np.ndarray]:
     """sum over all clients of ``key`` as each will start its next participation."""
     total = [np.zeros(a.shape, dtype=np.float64) for a in shapes]
-    for pid in range(cfg.num_clients):
-        ctx = grid.context_of(pid)
+    for cid in range(cfg.num_clients):
+        ctx = grid.context_of(cid)
         store = ClientStore(memory=RecordDict(dict(ctx.state.items())))
         accounted = None if strategy.accounted is None or isinstance(strategy, BeforeStrategy) \
-            else strategy.accounted.get(pid, 0)
+            else strategy.accounted.get(cid, 0)
         store.restore(experiment_id, cfg.train.num_server_rounds + 1, shapes, accounted, (key,))
         held = store.get(key)
         if held is not None:

@@ -94,21 +94,21 @@ def partition_of(context: Context, cfg: RunConfig, msg: Message | None = None) -
     conf = msg.content.config_records.get(rk.CONFIG) if msg is not None else None
     sent = conf.get(rk.CLIENT_ID) if conf is not None else None
     if "partition-id" in nc:
-        pid = int(nc["partition-id"])
-        if sent is not None and int(sent) != pid:
+        cid = int(nc["partition-id"])
+        if sent is not None and int(sent) != cid:
             raise ValueError(f"the message is for client-id={sent}, this node holds "
-                             f"partition-id={pid}: refused")
+                             f"partition-id={cid}: refused")
     elif sent is not None:
-        pid = int(sent)
+        cid = int(sent)
     else:
         raise ValueError(
             "node config has no 'partition-id' and the message names no client-id; start "
             "the SuperNode with --node-config \"partition-id=<i> num-partitions=<N>\" (or "
             "put its node id in the run's node-registry)"
         )
-    if not 0 <= pid < cfg.num_clients:
-        raise ValueError(f"client id {pid} is outside 0..{cfg.num_clients - 1}")
-    return pid
+    if not 0 <= cid < cfg.num_clients:
+        raise ValueError(f"client id {cid} is outside 0..{cfg.num_clients - 1}")
+    return cid
 
 
 def data_dir_of(context: Context) -> str:
@@ -116,7 +116,7 @@ def data_dir_of(context: Context) -> str:
     return str(context.node_config.get("data-dir", ""))
 
 
-def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
+def client_store(context: Context, cfg: RunConfig, experiment: str, cid: int,
                  sim_root: str = "") -> ClientStore:
     """This client's store: memory is ``context.state``; disk is the node's state directory
     (node config ``state-dir``, else, for a client the server hosts, run config
@@ -126,7 +126,7 @@ def client_store(context: Context, cfg: RunConfig, experiment: str, pid: int,
     on disk only, so the simulation process holds nothing of it between participations
     (fedinit/store/simulated_state.py), and writes it without an fsync of its own: the server makes
     a round's files durable at once before its checkpoint (``server_app.experiment``)."""
-    disk = state_dir_of(context.node_config, cfg, experiment, pid, sim_root)
+    disk = state_dir_of(context.node_config, cfg, experiment, cid, sim_root)
     if disk is not None and not disk.sync:  # the simulation's state root: disk only
         return ClientStore(memory=None, disk=disk)
     return ClientStore(memory=context.state, disk=disk)
@@ -160,10 +160,10 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
                   floor: DeviceFloor, timed: Callable[[float], None] | None = None) -> RecordDict:
     """The reply's content; under local DP the device's ledger is read before any data
     (a damaged one stops the task) and counts the release once it is made."""
-    pid = partition_of(context, cfg, msg)
+    cid = partition_of(context, cfg, msg)
     conf = msg.content.config_records[rk.CONFIG]
     server_round, experiment = int(conf[rk.ROUND]), str(conf.get(rk.EXPERIMENT, ""))
-    state = client_store(context, cfg, experiment, pid, str(conf.get(STATE_ROOT, "")))
+    state = client_store(context, cfg, experiment, cid, str(conf.get(STATE_ROOT, "")))
     asked = DeviceRelease.of_run(cfg)
     ledger = ledger_for(floor, context, state) if local_dp(asked, floor) else None
     # the received arrays' shapes only: client_round decodes the model, once
@@ -174,12 +174,12 @@ def train_content(msg: Message, context: Context, cfg: RunConfig,
                               (*cfg.spec.client.accounted_keys,  # and top-k's residuals
                                *residual_keys(str(conf.get(rk.COMPRESSION, OFF)),
                                               cfg.spec.server.up_keys)))
-    x, y = client_tensors(cfg, pid, data_dir_of(context))
+    x, y = client_tensors(cfg, cid, data_dir_of(context))
     content = client_round(cfg, cfg.spec.client(cfg.params), msg.content, state,
                            cached_model(cfg), x, y, initial=lambda: initial_weights(cfg),
-                           partition_id=pid, timed=timed)
+                           partition_id=cid, timed=timed)
     if cfg.privacy.secure_aggregation != "off":  # the plain upload never leaves: only masked
-        content = mask_upload(msg.content, content, context.state, pid)
+        content = mask_upload(msg.content, content, context.state, cid)
     else:  # under secure aggregation no per-client figure leaves (secure_upload)
         content.metric_records[rk.METRICS][rk.STATE_FALLBACK] = int(fell_back)
     if ledger is not None:  # one noised channel per upload (masked ones too), at the device's
@@ -209,7 +209,7 @@ def query_fn(msg: Message, context: Context) -> Message:
     return Message(content=RecordDict({rk.CONFIG: ConfigRecord(info)}), reply_to=msg)
 
 
-def secagg_reply(msg: Message, context: Context, pid: int) -> Message:
+def secagg_reply(msg: Message, context: Context, cid: int) -> Message:
     """The protocol client's answer, under the device's own key settings (node config, not
     the run's: ``secagg_trust``); a protocol step the device refuses (unusable settings,
     keys without the signatures it requires, a second signature for one round, a malformed
@@ -227,7 +227,7 @@ def secagg_reply(msg: Message, context: Context, pid: int) -> Message:
         if stale is not None:
             return refusal(msg, task, stale)
     try:
-        reply = secagg_step(body, context.state, pid, trust, context.run_id, server_round)
+        reply = secagg_step(body, context.state, cid, trust, context.run_id, server_round)
     except SecAggInputError as err:
         return refusal(msg, task, str(err))
     return Message(content=RecordDict({SECAGG: reply}), reply_to=msg)
@@ -254,37 +254,37 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
                                   f"{cfg.privacy.secure_aggregation!r} this "
                                   "device sends no per-client evaluation (the server learns "
                                   "only sums)")
-    pid = partition_of(context, cfg, msg)
+    cid = partition_of(context, cfg, msg)
     data_dir = data_dir_of(context)
     if conf is not None and conf.get(rk.FEDERATED_EVAL):
         return Message(content=RecordDict({rk.METRICS: federated_evaluation(
-            cfg, msg, client_test_tensors(cfg, pid, data_dir))}), reply_to=msg)
+            cfg, msg, client_test_tensors(cfg, cid, data_dir))}), reply_to=msg)
     if conf is not None and (conf.get(rk.DIVERGENCE_EVAL) or conf.get(rk.PERSONAL_EVAL)):
         try:
             return Message(content=RecordDict({rk.METRICS: state_evaluation(
-                cfg, msg, context, conf, pid)}), reply_to=msg)
+                cfg, msg, context, conf, cid)}), reply_to=msg)
         except PathError as err:
             return refusal(msg, task, str(err))
     model = cached_model(cfg)
     set_weights(model, unpack(msg.content.array_records[rk.ARRAYS]))
-    x, y = client_tensors(cfg, pid, data_dir)
+    x, y = client_tensors(cfg, cid, data_dir)
     loss, acc = evaluate_model(model, x, y)
     metrics = MetricRecord({rk.EVAL_LOSS: loss, rk.EVAL_ACC: acc, rk.NUM_EXAMPLES: len(y)})
     return Message(content=RecordDict({rk.METRICS: metrics}), reply_to=msg)
 
 
 def state_evaluation(cfg: RunConfig, msg: Message, context: Context, conf: ConfigRecord,
-                     pid: int) -> MetricRecord:
+                     cid: int) -> MetricRecord:
     """Divergence or personalized evaluation: both read the client's stored state, from the
     device's own place only (PathError otherwise)."""
-    snapshot = client_store(context, cfg, str(conf.get(rk.EXPERIMENT, "")), pid,
+    snapshot = client_store(context, cfg, str(conf.get(rk.EXPERIMENT, "")), cid,
                             str(conf.get(STATE_ROOT, ""))).snapshot()
     if conf.get(rk.DIVERGENCE_EVAL):
         return divergence_to_global(msg.content, snapshot, lambda: initial_weights(cfg))
     data_dir = data_dir_of(context)
     return personal_evaluation(cfg, cfg.spec.client(cfg.params), msg.content, snapshot,
-                               cached_model(cfg), client_tensors(cfg, pid, data_dir),
-                               client_test_tensors(cfg, pid, data_dir), partition_id=pid)
+                               cached_model(cfg), client_tensors(cfg, cid, data_dir),
+                               client_test_tensors(cfg, cid, data_dir), partition_id=cid)
 
 
 def device_floor(context: Context, cfg: RunConfig, msg: Message,

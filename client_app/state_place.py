@@ -48,7 +48,7 @@ def server_hosted() -> bool:
     return False
 
 
-def state_dir_of(node_config: Mapping[str, Any], cfg: RunConfig, experiment: str, pid: int,
+def state_dir_of(node_config: Mapping[str, Any], cfg: RunConfig, experiment: str, cid: int,
                  sim_root: str = "") -> StateDir | None:
     """This client's state directory, checked (``StateDir.check``), or None (no disk state:
     no root, or the server names no experiment). PathError, before any work, when a
@@ -65,10 +65,10 @@ def state_dir_of(node_config: Mapping[str, Any], cfg: RunConfig, experiment: str
                             "names a place on this device; allowed: '' (a device keeps its "
                             "state in its node config's state-dir, else in memory)")
     if sim_root and experiment and not node_root:
-        disk = StateDir(Path(sim_root), experiment, pid, sync=False)
+        disk = StateDir(Path(sim_root), experiment, cid, sync=False)
     else:
         root = node_root or cfg.fleet.client_state_dir
-        disk = StateDir(Path(root), experiment, pid) if root and experiment else None
+        disk = StateDir(Path(root), experiment, cid) if root and experiment else None
     if disk is not None:
         disk.check()
     return disk

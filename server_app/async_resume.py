@@ -142,7 +142,7 @@ def sent_contents_of(run_dir: Path, ckpt: Checkpoint,
                    if k.startswith(prefix)}
         if not records:
             raise CheckpointError(f"resume-dir {run_dir}: the checkpoint lacks the content of "
-                                  f"client {t.pid}'s task in flight (dispatch {t.seq}, sent "
+                                  f"client {t.cid}'s task in flight (dispatch {t.seq}, sent "
                                   f"version {t.version}), which a resume re-sends as it went "
                                   "out")
         out[t.seq] = records

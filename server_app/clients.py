@@ -70,7 +70,7 @@ def load_registry(cfg: RunConfig) -> dict[int, int] | None:
     path = Path(cfg.fleet.node_registry)
     try:
         raw = json.loads(path.read_text())
-        registry = {int(node): int(pid) for node, pid in raw.items()}
+        registry = {int(node): int(cid) for node, cid in raw.items()}
     except (OSError, ValueError, AttributeError, TypeError) as err:
         raise FederationError(f"node-registry {path}: not a readable JSON object of "
                               f"node id -> partition id ({err})") from None
@@ -103,29 +103,29 @@ def claimed_id(reply: Message, cfg: RunConfig, registry: dict[int, int] | None,
         return Refusal(f"the identity query failed: {reply.error.reason}", final=False)
     info = reply.content.config_records.get(rk.CONFIG)
     try:
-        pid = int(info[rk.PARTITION_ID]) if info is not None else -2
+        cid = int(info[rk.PARTITION_ID]) if info is not None else -2
         n_parts = int(info.get(rk.NUM_PARTITIONS, -1)) if info is not None else -1
     except (KeyError, TypeError, ValueError):
-        pid = -2
-    if pid == -2:
+        cid = -2
+    if cid == -2:
         return Refusal(f"its identity answer has no {rk.CONFIG!r} record with an integer "
                        f"{rk.PARTITION_ID!r}")
     if n_parts != -1 and n_parts != cfg.num_clients:
         return Refusal(f"it has num-partitions={n_parts} but num-clients={cfg.num_clients}")
-    if pid == -1:
+    if cid == -1:
         if registry is None:
             return Refusal("it has no partition-id and no node-registry names its client id")
         if node not in registry:
             return Refusal("it has no partition-id and its node id is not in node-registry")
         return registry[node]
-    if not 0 <= pid < cfg.num_clients:
-        return Refusal(f"it has partition-id={pid}, outside 0..{cfg.num_clients - 1}")
+    if not 0 <= cid < cfg.num_clients:
+        return Refusal(f"it has partition-id={cid}, outside 0..{cfg.num_clients - 1}")
     if registry is not None and node not in registry:
-        return Refusal(f"it claims partition-id={pid} but its node id is not in node-registry")
-    if registry is not None and registry[node] != pid:
-        return Refusal(f"it claims partition-id={pid}, node-registry gives it "
+        return Refusal(f"it claims partition-id={cid} but its node id is not in node-registry")
+    if registry is not None and registry[node] != cid:
+        return Refusal(f"it claims partition-id={cid}, node-registry gives it "
                        f"partition-id={registry[node]}")
-    return pid
+    return cid
 
 
 class Fleet:
@@ -272,7 +272,7 @@ class Fleet:
         if self.simulated:
             return sorted(self.node_of)
         online = self.online()
-        return sorted(pid for pid, node in self.node_of.items() if node in online)
+        return sorted(cid for cid, node in self.node_of.items() if node in online)
 
     def online(self) -> set[int]:
         """The connected nodes (Flower 1.39's ``Grid.get_node_ids``), remembered with the
@@ -285,14 +285,14 @@ class Fleet:
         return nodes
 
     # ------------------------------------------------------------------ helpers
-    def _holder_problem(self, node: int, pid: int) -> int | Refusal:
+    def _holder_problem(self, node: int, cid: int) -> int | Refusal:
         """Without a registry a client held by another connected node stays with it."""
-        holder = self.node_of.get(pid)
+        holder = self.node_of.get(cid)
         if self.registry is None and holder not in (None, node) \
                 and holder in self.online():
-            return Refusal(f"it claims partition-id={pid}, held by connected node {holder}",
+            return Refusal(f"it claims partition-id={cid}, held by connected node {holder}",
                            final=False)
-        return pid
+        return cid
 
     def _refuse(self, node: int, why: Refusal) -> None:
         """Log a refusal the first time it is given; remember whether to ask again."""
@@ -362,17 +362,17 @@ def _simulated_clients(grid: InMemoryGrid, cfg: RunConfig) -> dict[int, int]:
     if len(order) != cfg.num_clients:
         raise FederationError(f"the simulation has {len(order)} SuperNodes but "
                               f"num-clients={cfg.num_clients}; " + _size_hint(cfg))
-    spots = {pid: order[pid] for pid in {0, min(1, len(order) - 1), len(order) - 1}}
+    spots = {cid: order[cid] for cid in {0, min(1, len(order) - 1), len(order) - 1}}
     missing = [node for node in spots.values() if node not in claims]
     if missing:
         claims.update(_identify(grid, cfg, missing))
-    for pid, node in sorted(spots.items()):
+    for cid, node in sorted(spots.items()):
         if node not in claims:
             raise FederationError(f"simulated node {node} did not answer the identity query "
                                   f"within node-wait-timeout={cfg.fleet.node_wait_timeout:g}s")
-        if claims[node] != pid:
+        if claims[node] != cid:
             raise FederationError(f"simulated node {node} holds partition-id={claims[node]}, "
-                                  f"not {pid} as its place in the engine's node list says "
+                                  f"not {cid} as its place in the engine's node list says "
                                   "(has Flower's node registration changed?)")
     log(INFO, "federation: %d simulated clients, partition ids from the engine", len(order))
     return dict(enumerate(order))

@@ -32,8 +32,8 @@ def write_regimes(run_dir: Path, cfg: RunConfig) -> None:
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(FIELDS)
-    for pid, regime in enumerate(regimes_of(cfg)):
-        writer.writerow((pid, regime, describe(cfg.data.regime_kind, regime, classes, cfg.seed)))
+    for cid, regime in enumerate(regimes_of(cfg)):
+        writer.writerow((cid, regime, describe(cfg.data.regime_kind, regime, classes, cfg.seed)))
     atomic_write_text(run_dir / REGIMES_FILE, text.getvalue())
 
 

@@ -126,7 +126,7 @@ POLL_SECONDS = 0.1
 class Task:
     """One train message out: who, from which version, with which model, since when."""
 
-    pid: int
+    cid: int
     node: int
     version: int
     weights: Weights
@@ -164,7 +164,7 @@ class BufferedStrategy(MethodStrategy):
 
     def check(self, version: int, msg: Message, task: Task) -> ClientUpdate | str:
         """The reply decoded and norm-filtered as the sync path does, or why not (one line)."""
-        sent_to = {task.node: task.pid}
+        sent_to = {task.node: task.cid}
         decoded = self.decoder.decode(msg, sent_to, task.weights)
         if isinstance(decoded, str):
             return decoded
@@ -204,18 +204,18 @@ class Bench:
     strikes: dict[int, int] = field(default_factory=dict)
     until: dict[int, float] = field(default_factory=dict)
 
-    def lost(self, pid: int, now: float) -> float:
-        self.strikes[pid] = self.strikes.get(pid, 0) + 1
-        pause = self.timeout * 2 ** (self.strikes[pid] - 1)
-        self.until[pid] = now + pause
+    def lost(self, cid: int, now: float) -> float:
+        self.strikes[cid] = self.strikes.get(cid, 0) + 1
+        pause = self.timeout * 2 ** (self.strikes[cid] - 1)
+        self.until[cid] = now + pause
         return pause
 
-    def answered(self, pid: int) -> None:
-        self.strikes.pop(pid, None)
-        self.until.pop(pid, None)
+    def answered(self, cid: int) -> None:
+        self.strikes.pop(cid, None)
+        self.until.pop(cid, None)
 
     def benched(self, now: float) -> set[int]:
-        return {pid for pid, t in self.until.items() if t > now}
+        return {cid for cid, t in self.until.items() if t > now}
 
 
 def choose(idle: set[int], benched: set[int], free: int, rng: np.random.Generator,
@@ -235,9 +235,9 @@ def choose(idle: set[int], benched: set[int], free: int, rng: np.random.Generato
             else:
                 least = min(counts.get(p, 0) for p in pool)
                 ties = [j for j, p in enumerate(pool) if counts.get(p, 0) == least]
-                pid = pool.pop(ties[int(rng.integers(len(ties)))])
-                counts[pid] = least + 1
-                chosen.append(pid)
+                cid = pool.pop(ties[int(rng.integers(len(ties)))])
+                counts[cid] = least + 1
+                chosen.append(cid)
             free -= 1
     return chosen
 
@@ -245,7 +245,7 @@ def choose(idle: set[int], benched: set[int], free: int, rng: np.random.Generato
 def pins_of(last_round: Mapping[int, int], in_flight: Collection[InFlight]) -> dict[int, int]:
     """The round each client's next task after a resume starts from: the state of the round
     before its task in flight, or, idle, of its last round."""
-    return {**last_round, **{t.pid: t.base for t in in_flight}}
+    return {**last_round, **{t.cid: t.base for t in in_flight}}
 
 
 class AsyncLoop:
@@ -312,7 +312,7 @@ class AsyncLoop:
         ``stale-correction=dc``."""
 
     def busy(self) -> set[int]:
-        return {t.pid for t in self.tasks.values()}
+        return {t.cid for t in self.tasks.values()}
 
     def fill(self, weights: Weights) -> None:
         """Send the newest model to seeded idle clients until ``concurrency`` are training."""
@@ -328,42 +328,42 @@ class AsyncLoop:
                         self.sent_count if self.cfg.schedule.refill == "balanced" else None)
         if not chosen:
             return
-        for pid in chosen:
-            self.sent_count[pid] = self.sent_count.get(pid, 0) + 1
+        for cid in chosen:
+            self.sent_count[cid] = self.sent_count.get(cid, 0) + 1
         version = self.buffer.version
         self.strategy.chosen = chosen
         arrays = pack(weights)
         down = self.strategy.rule.down(self.strategy.state)
         messages = list(self.strategy.configure_train(version + 1, arrays, self.round_config,
                                                       self.grid))
-        own = {pid: self.content_of(msg) for msg, pid in zip(messages, chosen, strict=True)}
+        own = {cid: self.content_of(msg) for msg, cid in zip(messages, chosen, strict=True)}
         rounds = {}
-        for i, (msg, pid) in enumerate(zip(messages, chosen, strict=True)):
-            base = self.last_round.get(pid, 0)
-            rounds[pid] = (max(version + 1, base + 1), base)
-            self.mark(msg, pid, rounds[pid][0])
+        for i, (msg, cid) in enumerate(zip(messages, chosen, strict=True)):
+            base = self.last_round.get(cid, 0)
+            rounds[cid] = (max(version + 1, base + 1), base)
+            self.mark(msg, cid, rounds[cid][0])
             self.scale_lr(msg, len(self.tasks) + i)
-            self.last_round[pid] = rounds[pid][0]
+            self.last_round[cid] = rounds[cid][0]
         now = time.monotonic()
         sim = self.clock
         leaves = {} if self.windowed is None else {
-            pid: end for pid in chosen
-            if (end := self.windowed.leaves_at(pid, self.windowed.now)) is not None}
-        sending = [m for m, pid in zip(messages, chosen, strict=True) if pid not in leaves]
+            cid: end for cid in chosen
+            if (end := self.windowed.leaves_at(cid, self.windowed.now)) is not None}
+        sending = [m for m, cid in zip(messages, chosen, strict=True) if cid not in leaves]
         self.counts.bytes_down += content_bytes(sending)
         pushed = iter(self.grid.push_messages(sending))
-        for seq, pid in enumerate(chosen, self.counts.dispatched):
-            if pid in leaves:  # never pushed: the device goes away before it would end
-                self.tasks[f"lost-{seq}"] = Task(pid, self.node_of[pid], version, weights,
-                                                 now, leaves[pid], seq, *rounds[pid],
-                                                 down=down, content=own[pid], doomed=True)
+        for seq, cid in enumerate(chosen, self.counts.dispatched):
+            if cid in leaves:  # never pushed: the device goes away before it would end
+                self.tasks[f"lost-{seq}"] = Task(cid, self.node_of[cid], version, weights,
+                                                 now, leaves[cid], seq, *rounds[cid],
+                                                 down=down, content=own[cid], doomed=True)
                 continue
             msg_id = next(pushed)
             if msg_id:
-                finish = sim.now + sim.duration(pid) if sim is not None else 0.0
-                self.tasks[msg_id] = Task(pid, self.node_of[pid], version, weights, now,
-                                          finish, seq, *rounds[pid], down=down,
-                                          content=own[pid])
+                finish = sim.now + sim.duration(cid) if sim is not None else 0.0
+                self.tasks[msg_id] = Task(cid, self.node_of[cid], version, weights, now,
+                                          finish, seq, *rounds[cid], down=down,
+                                          content=own[cid])
         self.counts.dispatched += len(chosen)
         if self.counts.refill:
             log(INFO, "version %d: %d lost task(s) re-sent: client(s) %s now train", version,
@@ -389,14 +389,14 @@ class AsyncLoop:
             return {}
         return {k: unpack(v) for k, v in msg.content.array_records.items()}
 
-    def mark(self, msg: Message, pid: int, rnd: int) -> None:
+    def mark(self, msg: Message, cid: int, rnd: int) -> None:
         """Set the client's round number and, if it has one, the round it must keep."""
         config = msg.content.config_records[rk.CONFIG]
         config[rk.ROUND] = rnd
-        if pid in self.pins:
-            config[rk.KEEP_ROUND] = self.pins[pid]
-        if self.accounted_pins.get(pid, 0):
-            config[rk.KEEP_ACCOUNTED] = self.accounted_pins[pid]
+        if cid in self.pins:
+            config[rk.KEEP_ROUND] = self.pins[cid]
+        if self.accounted_pins.get(cid, 0):
+            config[rk.KEEP_ACCOUNTED] = self.accounted_pins[cid]
 
     def resend(self) -> None:
         """After a resume: send every task of the checkpoint that was in flight again, as it
@@ -409,32 +409,32 @@ class AsyncLoop:
         for t in redo:
             down = self.sent_downs.get(t.version, {})
             own = self.sent_contents.get(t.seq, {})
-            if self.windowed is not None and self.windowed.doomed(t.pid, t.finish):
+            if self.windowed is not None and self.windowed.doomed(t.cid, t.finish):
                 self.tasks[f"lost-{t.seq}"] = Task(
-                    t.pid, self.node_of.get(t.pid, -1), t.version,
+                    t.cid, self.node_of.get(t.cid, -1), t.version,
                     self.sent_versions[t.version], now, t.finish, t.seq, t.round, t.base,
                     down, own, doomed=True)
                 continue
-            if t.pid not in online or t.pid not in self.node_of:
-                self.lose(Task(t.pid, -1, t.version, self.sent_versions[t.version], now,
+            if t.cid not in online or t.cid not in self.node_of:
+                self.lose(Task(t.cid, -1, t.version, self.sent_versions[t.version], now,
                                t.finish, t.seq, t.round, t.base, down, own),
                           "not connected when the resumed run re-sent its task")
                 continue
             weights = self.sent_versions[t.version]
-            self.strategy.chosen = [t.pid]
+            self.strategy.chosen = [t.cid]
             (msg,) = self.strategy.configure_train(t.version + 1, pack(weights),
                                                    self.round_config, self.grid)
             for key, arrays in down.items():  # the version's own (c_v), not the newest
                 msg.content.array_records[key] = pack(arrays)
             for key, arrays in own.items():  # m_i as sent then, not of the checkpoint's models
                 msg.content.array_records[key] = pack(arrays)
-            self.mark(msg, t.pid, t.round)
+            self.mark(msg, t.cid, t.round)
             self.counts.bytes_down += content_bytes([msg])
             (msg_id,) = self.grid.push_messages([msg])
             if msg_id:
-                self.tasks[msg_id] = Task(t.pid, self.node_of[t.pid], t.version, weights, now,
+                self.tasks[msg_id] = Task(t.cid, self.node_of[t.cid], t.version, weights, now,
                                           t.finish, t.seq, t.round, t.base, down, own)
-                sent.append(f"{t.pid} (version {t.version})")
+                sent.append(f"{t.cid} (version {t.version})")
         log(INFO, "version %d: re-sent %d of the %d task(s) in flight at the checkpoint, each "
             "from its own version: client(s) %s", self.buffer.version, len(sent), len(redo),
             ", ".join(sent))
@@ -443,7 +443,7 @@ class AsyncLoop:
     def state(self) -> LoopState:
         """The loop's state for the checkpoint of the flush just made (buffer empty); from
         now on each client with a task out keeps the state that task started from."""
-        in_flight = tuple(sorted((InFlight(t.pid, t.version, t.round, t.base, t.finish, t.seq)
+        in_flight = tuple(sorted((InFlight(t.cid, t.version, t.round, t.base, t.finish, t.seq)
                                   for t in self.tasks.values()), key=lambda t: t.seq))
         self.pins = pins_of(self.last_round, in_flight)
         self.accounted_pins = self.accounted_at_checkpoint()
@@ -501,20 +501,20 @@ class AsyncLoop:
         if msg.has_error() and msg.error.code in LINK_ERRORS:
             self.lose(task, f"the SuperLink answered for it: {msg.error.reason}")
             return task
-        self.bench.answered(task.pid)
+        self.bench.answered(task.cid)
         self.counts.fallbacks += state_fallbacks([msg])
         decoded = self.strategy.check(version, msg, task)
         privacy = self.privacy
         if isinstance(decoded, str):
             self.counts.rejected += 1
             log(WARNING, "version %d: rejected reply of client %d (sent version %d): %s%s",
-                version, task.pid, task.version, decoded,
+                version, task.cid, task.version, decoded,
                 "; under dp it is a zero contribution" if privacy is not None else "")
             if privacy is not None:  # no data-dependent skip: the slot is filled with zeros
                 zero = privacy.zero(task.weights)
-                if self.buffer.offer(BufferedUpdate(zero.upload, task.version, 1.0, task.pid)):
+                if self.buffer.offer(BufferedUpdate(zero.upload, task.version, 1.0, task.cid)):
                     self.accepted.append((zero, 1.0))
-                    privacy.members.add(task.pid)
+                    privacy.members.add(task.cid)
             self.give_up_check()
             return task
         if privacy is not None:
@@ -526,18 +526,18 @@ class AsyncLoop:
         s = self.cfg.schedule
         if s.stale_correction == "dc" and task.version < version:  # tau 0: nothing to move
             delta = delay_compensated(delta, task.weights, self.newest, s.dc_lambda)
-        if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.pid)):
+        if self.buffer.offer(BufferedUpdate(delta, task.version, weight, task.cid)):
             self.counts.bytes_up += decoded.upload_bytes
             self.losses.append((weight, decoded.train_loss))
             self.accepted.append((decoded if replaces else replace(decoded, upload=delta),
                                   weight))
             # in the next flush: the client's next task starts its c_i from this one
-            self.strategy.accounted_rounds.count([task.pid], task.round)
+            self.strategy.accounted_rounds.count([task.cid], task.round)
             if privacy is not None:
-                privacy.members.add(task.pid)
+                privacy.members.add(task.cid)
         else:
             log(INFO, "version %d: dropped the reply of client %d: staleness %d > "
-                "max-staleness=%d", version, task.pid, version - task.version,
+                "max-staleness=%d", version, task.cid, version - task.version,
                 self.cfg.schedule.max_staleness)
         return task
 
@@ -577,10 +577,10 @@ class AsyncLoop:
         """Count ``task`` as lost (never aggregated), bench its client, refill its slot."""
         self.counts.lost += 1
         self.counts.refill += 1
-        pause = self.bench.lost(task.pid, time.monotonic())
+        pause = self.bench.lost(task.cid, time.monotonic())
         log(WARNING, "version %d: lost the task of client %d (sent version %d): %s; its slot "
             "goes to another idle client, client %d is passed over for %gs",
-            self.buffer.version, task.pid, task.version, why, task.pid, pause)
+            self.buffer.version, task.cid, task.version, why, task.cid, pause)
         self.give_up_check()
 
     def run(self, weights: Weights, on_flush: Callable[[Flush, dict[str, Any]], None]) -> Weights:
@@ -650,7 +650,7 @@ class AsyncLoop:
         self.counts.refill += 1
         log(WARNING, "version %d: lost the task of client %d (sent version %d): its "
             "availability window closed at sim-time %g before the task ended; its slot goes "
-            "to another idle client", self.buffer.version, task.pid, task.version, task.finish)
+            "to another idle client", self.buffer.version, task.cid, task.version, task.finish)
         self.give_up_check()
         return True
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-TASK_FIELDS = ("pid", "version", "round", "base", "finish", "seq")
+TASK_FIELDS = ("cid", "version", "round", "base", "finish", "seq")
 """One task in flight, as saved: client, version sent, its round number, the round of the
 state it starts from, simulated finish time, dispatch number."""
 
@@ -17,7 +17,7 @@ state it starts from, simulated finish time, dispatch number."""
 class InFlight:
     """A task out at the checkpoint, to be re-sent as it was."""
 
-    pid: int
+    cid: int
     version: int
     round: int
     base: int
@@ -55,8 +55,8 @@ class LoopState:
             if len(row) != len(TASK_FIELDS):
                 raise ValueError(f"an in-flight task {row!r} has {len(row)} fields, expected "
                                  f"{len(TASK_FIELDS)}")
-            pid, version, rnd, base, finish, seq = row
-            tasks.append(InFlight(int(pid), int(version), int(rnd), int(base), float(finish),
+            cid, version, rnd, base, finish, seq = row
+            tasks.append(InFlight(int(cid), int(version), int(rnd), int(base), float(finish),
                                   int(seq)))
         rng = meta["rng"]
         if not isinstance(rng, dict):

@@ -199,16 +199,16 @@ class MethodStrategy(Strategy):
         self._sampled = drawn.sampled
         return drawn.messaged
 
-    def _content_for(self, pid: int, arrays: ArrayRecord, extras: dict[str, ArrayRecord],
+    def _content_for(self, cid: int, arrays: ArrayRecord, extras: dict[str, ArrayRecord],
                      w_t: Weights) -> tuple[ArrayRecord, dict[str, ArrayRecord]]:
-        """The model and extra records client ``pid`` receives (``TrainMessages``)."""
-        return self.pipeline.messages.content_for(pid, arrays, extras, w_t)
+        """The model and extra records client ``cid`` receives (``TrainMessages``)."""
+        return self.pipeline.messages.content_for(cid, arrays, extras, w_t)
 
-    def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
-        """The round's settings for client ``pid``: its id and, when tracked, its accounted
+    def _client_config(self, round_config: ConfigRecord, cid: int) -> ConfigRecord:
+        """The round's settings for client ``cid``: its id and, when tracked, its accounted
         round."""
-        config = for_client(round_config, pid)
-        accounted = self.accounted_rounds.round_of(pid)
+        config = for_client(round_config, cid)
+        accounted = self.accounted_rounds.round_of(cid)
         if accounted is not None:
             config[rk.ACCOUNTED_ROUND] = accounted
         return config

@@ -67,36 +67,36 @@ class VirtualClock:
                              cfg.train.batch_size, cfg.schedule.task_time), now, windows,
                    private=cfg.privacy.dp != "off")
 
-    def spans(self, pid: int) -> Sequence[tuple[float, float]] | None:
-        """Client ``pid``'s windows (None: always available)."""
-        return None if self.windows is None else self.windows[pid]
+    def spans(self, cid: int) -> Sequence[tuple[float, float]] | None:
+        """Client ``cid``'s windows (None: always available)."""
+        return None if self.windows is None else self.windows[cid]
 
-    def starts_after_now(self, pids: Iterable[int]) -> list[float]:
-        """Every window start after ``now`` among ``pids``, sorted (only a start can add an
+    def starts_after_now(self, cids: Iterable[int]) -> list[float]:
+        """Every window start after ``now`` among ``cids``, sorted (only a start can add an
         available client)."""
-        return sorted({a for p in pids for a, _ in (self.spans(p) or ()) if a > self.now})
+        return sorted({a for p in cids for a, _ in (self.spans(p) or ()) if a > self.now})
 
-    def window_of(self, pid: int, t: float) -> tuple[float, float] | None:
-        """Client ``pid``'s window holding simulated time ``t`` (start <= t < end), or None;
+    def window_of(self, cid: int, t: float) -> tuple[float, float] | None:
+        """Client ``cid``'s window holding simulated time ``t`` (start <= t < end), or None;
         (t, inf) for a client without windows."""
-        spans = self.spans(pid)
+        spans = self.spans(cid)
         if spans is None:
             return (t, math.inf)
         return next(((a, b) for a, b in spans if a <= t < b), None)
 
-    def available_at(self, t: float, pids: Iterable[int]) -> list[int]:
-        """Those of ``pids`` available at simulated time ``t`` (sorted)."""
-        return sorted(p for p in pids if self.window_of(p, t) is not None)
+    def available_at(self, t: float, cids: Iterable[int]) -> list[int]:
+        """Those of ``cids`` available at simulated time ``t`` (sorted)."""
+        return sorted(p for p in cids if self.window_of(p, t) is not None)
 
-    def wait_for(self, pids: Collection[int], need: int, server_round: int) -> list[int]:
-        """Move ``now`` to the first time >= now at which ``need`` of ``pids`` are available
+    def wait_for(self, cids: Collection[int], need: int, server_round: int) -> list[int]:
+        """Move ``now`` to the first time >= now at which ``need`` of ``cids`` are available
         (only a window's start can add one), or, if the windows never again hold that many,
         to the first time holding the most they will; the clients available then. No client
         ever again: ConfigError in one line (the run cannot go on)."""
-        starts = self.starts_after_now(pids)
+        starts = self.starts_after_now(cids)
         best: tuple[int, float] = (-1, self.now)
         for t in (self.now, *starts):
-            count = len(self.available_at(t, pids))
+            count = len(self.available_at(t, cids))
             if count >= need:
                 best = (count, t)
                 break
@@ -109,35 +109,35 @@ class VirtualClock:
         if best[1] > self.now:
             log(INFO, "round %d: %d client(s) available at sim-time %g, %d needed: the clock "
                 "waits until %g (%d available)", server_round,
-                len(self.available_at(self.now, pids)), self.now, need, best[1], best[0])
+                len(self.available_at(self.now, cids)), self.now, need, best[1], best[0])
         self.now = best[1]
-        return self.available_at(self.now, pids)
+        return self.available_at(self.now, cids)
 
-    def leaves_at(self, pid: int, t: float) -> float | None:
-        """When client ``pid``'s device goes away during a task started at ``t`` (the end of
+    def leaves_at(self, cid: int, t: float) -> float | None:
+        """When client ``cid``'s device goes away during a task started at ``t`` (the end of
         the window holding t), or None when the task finishes inside it (t + d_i < end)."""
-        span = self.window_of(pid, t)
+        span = self.window_of(cid, t)
         end = t if span is None else span[1]
-        return end if t + self.duration(pid) >= end else None
+        return end if t + self.duration(cid) >= end else None
 
-    def doomed(self, pid: int, finish: float) -> bool:
-        """Whether a task of ``pid`` whose recorded finish is ``finish`` is a lost one (its
+    def doomed(self, cid: int, finish: float) -> bool:
+        """Whether a task of ``cid`` whose recorded finish is ``finish`` is a lost one (its
         finish is then its window's end, which no task that ends inside a window can be)."""
-        return any(finish == b for _, b in (self.spans(pid) or ()))
+        return any(finish == b for _, b in (self.spans(cid) or ()))
 
     def lost(self, sent_to: Mapping[int, int]) -> dict[int, float]:
         """{node: seconds after ``now`` its device left} for this round's tasks (started at
         ``now``) that would not finish inside their client's window: lost."""
         out = {}
-        for node, pid in sent_to.items():
-            end = self.leaves_at(pid, self.now)
+        for node, cid in sent_to.items():
+            end = self.leaves_at(cid, self.now)
             if end is not None:
                 out[node] = end - self.now
         return out
 
-    def next_start(self, pids: Iterable[int]) -> float | None:
-        """The first window start after ``now`` among ``pids`` (None: none opens again)."""
-        starts = self.starts_after_now(pids)
+    def next_start(self, cids: Iterable[int]) -> float | None:
+        """The first window start after ``now`` among ``cids`` (None: none opens again)."""
+        starts = self.starts_after_now(cids)
         return starts[0] if starts else None
 
     def drop_lost(self, messages: Sequence[Message], lost: Mapping[int, float],
@@ -150,17 +150,17 @@ class VirtualClock:
                      sorted(sent_to[n] for n in lost if n in sent_to))
         return [m for m in messages if m.metadata.dst_node_id not in lost]
 
-    def duration(self, pid: int) -> float:
-        """d_i: simulated seconds of one task of client ``pid``."""
-        return float(self.task_seconds[pid])
+    def duration(self, cid: int) -> float:
+        """d_i: simulated seconds of one task of client ``cid``."""
+        return float(self.task_seconds[cid])
 
     def sync_round(self, replies: Sequence[Message], sent_to: Mapping[int, int],
                    left: float = 0.0) -> float:
         """Advance by the slowest of the round's replies (none: 0), or by ``left`` (when its
         last lost device went away) if later; the round's seconds."""
-        pids = [sent_to[m.metadata.src_node_id] for m in replies
+        cids = [sent_to[m.metadata.src_node_id] for m in replies
                 if m.metadata.src_node_id in sent_to]
-        took = max(max((self.duration(p) for p in pids), default=0.0), left)
+        took = max(max((self.duration(p) for p in cids), default=0.0), left)
         self.now += took
         return took
 

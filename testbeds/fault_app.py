@@ -1,7 +1,7 @@
 """A copy of this project's Flower App whose ClientApp misbehaves on purpose (tests, bench).
 
 The train handler gets extra code right after it knows its round and partition
-(``_round``, ``pid``): raise, SIGKILL its own worker, or hang. The copy is a separate FAB, so
+(``_round``, ``cid``): raise, SIGKILL its own worker, or hang. The copy is a separate FAB, so
 a deployment serves it beside the unchanged app.
 """
 
@@ -22,27 +22,27 @@ def app_parts() -> tuple[str, ...]:
         include = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
     return ("pyproject.toml", *sorted({p.rstrip("*").split(".")[0] for p in include}))
 
-ANCHOR = "    pid = partition_of(context, cfg, msg)\n    conf ="
+ANCHOR = "    cid = partition_of(context, cfg, msg)\n    conf ="
 ROUND = "    _round = int(msg.content.config_records[rk.CONFIG][rk.ROUND])\n"
 
 
-def raise_at(server_round: int, pid: int) -> str:
-    return f'''    if (_round, pid) == ({server_round}, {pid}):
+def raise_at(server_round: int, cid: int) -> str:
+    return f'''    if (_round, cid) == ({server_round}, {cid}):
         raise RuntimeError("injected fault")
 '''
 
 
-def sigkill_at(server_round: int, pid: int) -> str:
-    return f'''    if (_round, pid) == ({server_round}, {pid}):
+def sigkill_at(server_round: int, cid: int) -> str:
+    return f'''    if (_round, cid) == ({server_round}, {cid}):
         import os, signal
         os.kill(os.getpid(), signal.SIGKILL)
 '''
 
 
-def hang_at(server_round: int, pid: int, child_pid_file: Path) -> str:
+def hang_at(server_round: int, cid: int, child_pid_file: Path) -> str:
     """The task sleeps forever, beside a child process (as a data loader's workers would be)
     whose pid it writes to ``child_pid_file``: a kill must take the child too."""
-    return f'''    if (_round, pid) == ({server_round}, {pid}):
+    return f'''    if (_round, cid) == ({server_round}, {cid}):
         import subprocess, sys, time
         _child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10**6)"])
         open({str(child_pid_file)!r}, "w").write(str(_child.pid))
@@ -51,12 +51,12 @@ def hang_at(server_round: int, pid: int, child_pid_file: Path) -> str:
 '''
 
 
-def hang_when_told(order_file: Path, pid: int, child_pid_file: Path) -> str:
-    """``hang_at`` for a round chosen while the run goes on: client ``pid`` hangs in the round
+def hang_when_told(order_file: Path, cid: int, child_pid_file: Path) -> str:
+    """``hang_at`` for a round chosen while the run goes on: client ``cid`` hangs in the round
     whose number ``order_file`` holds (written by the caller before that round starts)."""
-    body = hang_at(0, pid, child_pid_file).split("\n", 1)[1]
+    body = hang_at(0, cid, child_pid_file).split("\n", 1)[1]
     return f'''    import os as _os
-    if pid == {pid} and _os.path.exists({str(order_file)!r}) and \\
+    if cid == {cid} and _os.path.exists({str(order_file)!r}) and \\
             _round == int(open({str(order_file)!r}).read()):
 ''' + body
 
@@ -74,6 +74,6 @@ def fault_app(dest: Path, *faults: str) -> Path:
     app = dest / "client_app" / "app.py"
     text = app.read_text()
     assert ANCHOR in text, "client_app/app.py changed: update the fault injection anchor"
-    head = "    pid = partition_of(context, cfg, msg)\n"
+    head = "    cid = partition_of(context, cfg, msg)\n"
     app.write_text(text.replace(ANCHOR, head + ROUND + "".join(faults) + "    conf =", 1))
     return dest

@@ -47,12 +47,12 @@ class ScriptedGrid(Grid):
         set_task_identity()
         self.p, self.cfg, self.root, self.experiment = p, cfg, root, experiment
         self.script = list(script)
-        self.memory = {pid: RecordDict() for pid in range(p.num_clients)}
+        self.memory = {cid: RecordDict() for cid in range(p.num_clients)}
         self.pending: dict[int, tuple[Message, Message]] = {}
         self.pushed = 0
 
-    def store(self, pid: int) -> ClientStore:
-        return ClientStore(self.memory[pid], StateDir(self.root, self.experiment, pid))
+    def store(self, cid: int) -> ClientStore:
+        return ClientStore(self.memory[cid], StateDir(self.root, self.experiment, cid))
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
@@ -60,29 +60,29 @@ class ScriptedGrid(Grid):
             self.pushed += 1
             msg.metadata.__dict__["_message_id"] = f"task-{self.pushed}"
             ids.append(msg.metadata.message_id)
-            pid = msg.metadata.dst_node_id - 1000
-            assert pid not in self.pending, "a client was sent two tasks at once"
-            self.pending[pid] = (msg, self.answer(pid, msg))
+            cid = msg.metadata.dst_node_id - 1000
+            assert cid not in self.pending, "a client was sent two tasks at once"
+            self.pending[cid] = (msg, self.answer(cid, msg))
         return ids
 
-    def answer(self, pid: int, msg: Message) -> Message:
+    def answer(self, cid: int, msg: Message) -> Message:
         """What ``client_app.app.train_content`` does, on the problem's data and model."""
         conf = msg.content.config_records[rk.CONFIG]
         rnd, accounted = int(conf[rk.ROUND]), int(conf[rk.ACCOUNTED_ROUND])
-        store = self.store(pid)
+        store = self.store(cid)
         store.restore(self.experiment, rnd, shapes(msg.content.array_records[rk.ARRAYS]), accounted,
                       self.cfg.spec.client.accounted_keys)
         p = self.p
         content = client_round(self.cfg, self.cfg.spec.client(self.cfg.params), msg.content,
-                               store, VectorModel(p.w0, p.linear), p.xs[pid], p.ys[pid],
-                               initial=lambda: [p.w0], partition_id=pid, loss_fn=p.loss_fn)
+                               store, VectorModel(p.w0, p.linear), p.xs[cid], p.ys[cid],
+                               initial=lambda: [p.w0], partition_id=cid, loss_fn=p.loss_fn)
         store.save(self.experiment, rnd, pin=rk.kept_rounds(conf))
         return Message(content=content, reply_to=msg)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         assert self.script, "the loop wants more replies than the script holds"
-        pid, fate = self.script.pop(0)
-        task, reply = self.pending.pop(pid)
+        cid, fate = self.script.pop(0)
+        task, reply = self.pending.pop(cid)
         assert task.metadata.message_id in set(message_ids)
         if fate == "lost":
             return [Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node gone"),
@@ -120,7 +120,7 @@ def make_loop(grid: ScriptedGrid) -> tuple[AsyncLoop, BufferedStrategy]:
     """The real loop and strategy of ``grid``'s run config, as ``run_async_experiment``
     builds them."""
     p, cfg = grid.p, grid.cfg
-    node_of = {pid: 1000 + pid for pid in range(p.num_clients)}
+    node_of = {cid: 1000 + cid for cid in range(p.num_clients)}
     strategy = BufferedStrategy(cfg, node_of, [p.w0.copy()], available=lambda: list(node_of),
                                 examples=[len(y) for y in p.ys])
     loop = AsyncLoop(grid, cfg, strategy, lambda: list(node_of), node_of,
@@ -131,12 +131,12 @@ def make_loop(grid: ScriptedGrid) -> tuple[AsyncLoop, BufferedStrategy]:
 def speed_order(speeds: list[float], replies: int) -> Script:
     """The first ``replies`` completions when client i takes ``speeds[i]`` per task and is
     always busy (ties: the lower id), each ``ok``: the virtual clock's order."""
-    due = {pid: s for pid, s in enumerate(speeds)}
+    due = {cid: s for cid, s in enumerate(speeds)}
     out: Script = []
     while len(out) < replies:
-        pid = min(due, key=lambda i: (due[i], i))
-        out.append((pid, "ok"))
-        due[pid] += speeds[pid]
+        cid = min(due, key=lambda i: (due[i], i))
+        out.append((cid, "ok"))
+        due[cid] += speeds[cid]
     return out
 
 

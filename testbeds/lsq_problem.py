@@ -70,11 +70,11 @@ class Problem:
     def num_clients(self) -> int:
         return len(self.xs)
 
-    def gradient(self, pid: int, w: np.ndarray) -> np.ndarray:
-        """The full-batch gradient of client ``pid``'s half-MSE at ``w``, in float64: the
+    def gradient(self, cid: int, w: np.ndarray) -> np.ndarray:
+        """The full-batch gradient of client ``cid``'s half-MSE at ``w``, in float64: the
         tests' numpy oracles step with it (linear problems only)."""
         assert self.linear and self.loss_fn is half_mse, "the gradient of lsq_problem's loss"
-        x, y = self.xs[pid].double().numpy(), self.ys[pid].double().numpy()
+        x, y = self.xs[cid].double().numpy(), self.ys[cid].double().numpy()
         return x.T @ (x @ w - y) / len(y)
 
 
@@ -133,9 +133,9 @@ class Federation:
                 **self.raw}
         self.cfg = RunConfig.parse(full)
         self.strategy = MethodStrategy(
-            self.cfg, {pid: NODE_BASE + pid for pid in range(n)}, [self.problem.w0.copy()],
+            self.cfg, {cid: NODE_BASE + cid for cid in range(n)}, [self.problem.w0.copy()],
             examples=[len(y) for y in self.problem.ys])
-        self.states = {pid: RecordDict() for pid in range(n)}
+        self.states = {cid: RecordDict() for cid in range(n)}
         self.arrays = ArrayRecord([self.problem.w0.copy()])
         self.metrics: list[dict[str, Any]] = []
         self.round = 0
@@ -145,19 +145,19 @@ class Federation:
         """The current global model as one vector."""
         return unpack(self.arrays)[0]
 
-    def state_of(self, pid: int, key: str) -> Weights | None:
+    def state_of(self, cid: int, key: str) -> Weights | None:
         """A client's stored state arrays (None before it stored any)."""
-        return ClientStore(self.states[pid]).get(key)
+        return ClientStore(self.states[cid]).get(key)
 
     def answer(self, msg: Message) -> Message:
         """The client's reply, computed by the real client path."""
-        pid = msg.metadata.dst_node_id - NODE_BASE
+        cid = msg.metadata.dst_node_id - NODE_BASE
         p = self.problem
         model = VectorModel(p.w0, p.linear)
         content = client_round(
             self.cfg, self.cfg.spec.client(self.cfg.params), msg.content,
-            ClientStore(self.states[pid]), model, p.xs[pid], p.ys[pid],
-            initial=lambda: [p.w0], partition_id=pid, loss_fn=p.loss_fn)
+            ClientStore(self.states[cid]), model, p.xs[cid], p.ys[cid],
+            initial=lambda: [p.w0], partition_id=cid, loss_fn=p.loss_fn)
         return Message(content=content, reply_to=msg)
 
     def step(self) -> list[int]:

@@ -54,14 +54,14 @@ def oracle(p: Problem, script: list[tuple[int, str]], buffer_size: int, flushes:
     k_steps, lr = LOCAL["local-epochs"], LOCAL["lr"]
     w = p.w0.astype(np.float64)
     version, buffer, taus = 0, [], []
-    task = {pid: (0, w.copy()) for pid in range(p.num_clients)}
-    for pid, fate in script:
+    task = {cid: (0, w.copy()) for cid in range(p.num_clients)}
+    for cid, fate in script:
         if version == flushes:
             break
-        v_sent, w_sent = task[pid]
+        v_sent, w_sent = task[cid]
         y = w_sent.copy()
         for _ in range(k_steps):
-            y -= lr * p.gradient(pid, y)
+            y -= lr * p.gradient(cid, y)
         d = y - w_sent
         tau = version - v_sent
         if tau > 0:
@@ -74,7 +74,7 @@ def oracle(p: Problem, script: list[tuple[int, str]], buffer_size: int, flushes:
             w = w.astype(np.float32).astype(np.float64)  # float32 between flushes
             taus.append(sorted(t for _, t in buffer))
             version, buffer = version + 1, []
-        task[pid] = (version, w.copy())
+        task[cid] = (version, w.copy())
     assert version == flushes, "the script ends before the last flush"
     return w, taus
 
@@ -100,7 +100,7 @@ def test_no_stale_reply_means_no_correction(tmp_path: Path) -> None:
     """One buffer of all clients, each from version 0: the same model as without it."""
     raw = {"method": "fedavg", "buffer-size": N, "num-server-rounds": 1,
            "stale-correction": "dc", "dc-lambda": 1.0}
-    script = [(pid, "ok") for pid in range(N)]
+    script = [(cid, "ok") for cid in range(N)]
     got, _, _, _ = run_async(raw, script, tmp_path / "dc")
     off, _, _, _ = run_async({**raw, "stale-correction": "off"}, script, tmp_path / "off")
     assert got.tobytes() == off.tobytes()

@@ -107,14 +107,14 @@ def oracle(script: Script, flushes: int, *, clip: float | None, noise: bool,
     p, rng = problem(), np.random.default_rng(SEED)
     w = p.w0.astype(np.float64)
     version, buffer, norms = 0, [], []
-    task = {pid: (0, w.copy()) for pid in range(N)}
-    for pid, fate in script:
+    task = {cid: (0, w.copy()) for cid in range(N)}
+    for cid, fate in script:
         if version == flushes:
             break
-        v_sent, w_sent = task.pop(pid)
+        v_sent, w_sent = task.pop(cid)
         y = w_sent.copy()
         for _ in range(K_STEPS):
-            y -= LR * p.gradient(pid, y)
+            y -= LR * p.gradient(cid, y)
         norms.append(float(np.linalg.norm(y - w_sent)))
         tau = version - v_sent
         if fate == "ok":
@@ -123,7 +123,7 @@ def oracle(script: Script, flushes: int, *, clip: float | None, noise: bool,
         elif fate == "nan":
             buffer.append((1.0, np.zeros(DIM)))
         else:  # lost: re-sent at once from the current version
-            task[pid] = (version, w.copy())
+            task[cid] = (version, w.copy())
         if len(buffer) == k:
             total = sum(s * d for s, d in buffer)
             if noise:
@@ -216,8 +216,8 @@ def test_a_client_in_the_buffer_gets_no_task_until_the_flush(tmp_path: Path) -> 
     script: Script = [(0, "ok"), (1, "ok")]
     _, _, dp_grid, _ = run(tmp_path / "dp", script, 1)
     _, _, plain, _ = run(tmp_path / "off", script, 1, dp="off")
-    assert sorted(pid for pid, _, _ in dp_grid.pushes) == [0, 1, 2, 3]
-    assert sorted(pid for pid, _, _ in plain.pushes) == [0, 0, 1, 2, 3]
+    assert sorted(cid for cid, _, _ in dp_grid.pushes) == [0, 1, 2, 3]
+    assert sorted(cid for cid, _, _ in plain.pushes) == [0, 0, 1, 2, 3]
     assert plain.pushes[-1][0] == 0
 
 
@@ -255,26 +255,26 @@ def scaffold_oracle(script: Script, flushes: int, k: int = 2) -> dict[str, Any]:
     z C_c) / N, the two draws in that order from ``default_rng(SEED)``."""
     p, rng = problem(), np.random.default_rng(SEED)
     w, c = p.w0.astype(np.float64), np.zeros(DIM)
-    acc = {pid: np.zeros(DIM) for pid in range(N)}
+    acc = {cid: np.zeros(DIM) for cid in range(N)}
     version, buffer = 0, []
-    task = {pid: (0, w.copy(), c.copy()) for pid in range(N)}
-    for pid, fate in script:
+    task = {cid: (0, w.copy(), c.copy()) for cid in range(N)}
+    for cid, fate in script:
         if version == flushes:
             break
-        v_sent, w_sent, c_sent = task.pop(pid)
+        v_sent, w_sent, c_sent = task.pop(cid)
         y = w_sent.copy()
         for _ in range(K_STEPS):
-            y -= LR * (p.gradient(pid, y) + c_sent - acc[pid])
-        new = acc[pid] - c_sent + (w_sent - y) / (K_STEPS * LR)
+            y -= LR * (p.gradient(cid, y) + c_sent - acc[cid])
+        new = acc[cid] - c_sent + (w_sent - y) / (K_STEPS * LR)
         tau = version - v_sent
         if fate == "ok":
             buffer.append(((1.0 + tau) ** -0.5, clipped(y - w_sent, CLIP),
-                           clipped(new - acc[pid], CLIP_C)))
-            acc[pid] = new
+                           clipped(new - acc[cid], CLIP_C)))
+            acc[cid] = new
         elif fate == "nan":
             buffer.append((1.0, np.zeros(DIM), np.zeros(DIM)))
         else:
-            task[pid] = (version, w.copy(), c.copy())
+            task[cid] = (version, w.copy(), c.copy())
         if len(buffer) == k:
             total = sum(s * d for s, d, _ in buffer) + rng.normal(0.0, Z * CLIP, size=DIM)
             total_c = sum(dc for _, _, dc in buffer) + rng.normal(0.0, Z * CLIP_C, size=DIM)

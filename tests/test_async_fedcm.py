@@ -41,14 +41,14 @@ def oracle(script: Script, buffer_size: int, flushes: int, a: float,
     p = problem()
     w, d = p.w0.astype(np.float64), np.zeros(DIM)
     version, buffer = 0, []
-    task = {pid: (0, w.copy(), d.copy()) for pid in range(N)}
-    for pid, fate in script:
+    task = {cid: (0, w.copy(), d.copy()) for cid in range(N)}
+    for cid, fate in script:
         if version == flushes:
             break
-        v_sent, w_sent, d_sent = task[pid]
+        v_sent, w_sent, d_sent = task[cid]
         y = w_sent.copy()
         for _ in range(K_STEPS):
-            y -= LR * (ALPHA * p.gradient(pid, y) + (1.0 - ALPHA) * d_sent)
+            y -= LR * (ALPHA * p.gradient(cid, y) + (1.0 - ALPHA) * d_sent)
         if fate == "ok":
             buffer.append((y - w_sent, version - v_sent))
         if len(buffer) == buffer_size:
@@ -56,7 +56,7 @@ def oracle(script: Script, buffer_size: int, flushes: int, a: float,
             w = (w + server_lr * big_d).astype(np.float32).astype(np.float64)
             d = (-big_d / (K_STEPS * LR)).astype(np.float32).astype(np.float64)
             version, buffer = version + 1, []
-        task[pid] = (version, w.copy(), d.copy())
+        task[cid] = (version, w.copy(), d.copy())
     assert version == flushes, "the script ends before the last flush"
     return {"w": w, "d": d}
 

@@ -97,40 +97,40 @@ def oracle(script: Script, buffer_size: int, flushes: int, max_staleness: int = 
     task: dict[int, tuple[int, np.ndarray]] = {}
     version, buffer = 0, []
 
-    def send(pid: int) -> None:
-        m = f32(sum(a[pid, j] * held[j] for j in range(N)) / a[pid].sum())  # of held now
-        y = own.get(pid, m).copy()
+    def send(cid: int) -> None:
+        m = f32(sum(a[cid, j] * held[j] for j in range(N)) / a[cid].sum())  # of held now
+        y = own.get(cid, m).copy()
         for _ in range(K_STEPS):
-            y -= LR * (p.gradient(pid, y) + 2.0 * ALPHA * a[pid].sum() * (y - m))
-        own[pid] = f32(y)
-        task[pid] = (version, own[pid])
+            y -= LR * (p.gradient(cid, y) + 2.0 * ALPHA * a[cid].sum() * (y - m))
+        own[cid] = f32(y)
+        task[cid] = (version, own[cid])
 
-    for pid in range(N):
-        send(pid)
-    for pid, fate in script:
-        v_sent, y = task.pop(pid)
+    for cid in range(N):
+        send(cid)
+    for cid, fate in script:
+        v_sent, y = task.pop(cid)
         if fate == "ok" and not (max_staleness and version - v_sent > max_staleness):
-            buffer.append((pid, y))
+            buffer.append((cid, y))
             if at_once:
-                held[pid] = y
+                held[cid] = y
         if len(buffer) == buffer_size:
             for j, w in buffer:  # event k: A(k) = the buffered clients, the last reply wins
                 held[j] = w
             version, buffer = version + 1, []
         if version == flushes:
             break
-        send(pid)
+        send(cid)
     assert version == flushes, "the script ends before the last flush"
     return {"held": np.stack(held), "own": np.stack([own[i] for i in range(N)])}
 
 
 def held_models(strategy: BufferedStrategy) -> np.ndarray:
     rule, state = strategy.rule, strategy.state
-    return np.stack([rule.model_of(state, pid)[0] for pid in range(N)])  # type: ignore[attr-defined]
+    return np.stack([rule.model_of(state, cid)[0] for cid in range(N)])  # type: ignore[attr-defined]
 
 
 def own_models(grid: ScriptedGrid) -> np.ndarray:
-    return np.stack([grid.store(pid).get(OWN)[0] for pid in range(N)])  # type: ignore[index]
+    return np.stack([grid.store(cid).get(OWN)[0] for cid in range(N)])  # type: ignore[index]
 
 
 # ---------------------------------------------------------------------------- the oracle
@@ -159,7 +159,7 @@ def test_the_oracle_tells_the_rule_from_near_misses(tmp_path: Path, buffer_size:
     cfg = async_cfg(tmp_path, **{"buffer-size": buffer_size, "num-server-rounds": flushes})
     _, strategy, _, _ = run_lsq_async(problem(), cfg, SCRIPT, tmp_path / "state")
     held = held_models(strategy)
-    fresh = [(pid, "ok") for pid, _ in SCRIPT]
+    fresh = [(cid, "ok") for cid, _ in SCRIPT]
     misses = [oracle(fresh, buffer_size, flushes)]
     misses.append(oracle(SCRIPT, 2, 5, max_staleness=1) if buffer_size == 2 else
                   oracle(SCRIPT, 3, 4, at_once=True))
@@ -172,18 +172,18 @@ def test_one_buffer_of_all_clients_is_the_sync_round(tmp_path: Path) -> None:
     """concurrency = buffer-size = N: flush 1 is sync round 1 of ``Federation`` (the sync
     strategy on the same problem): the global model, every held model and every client's."""
     cfg = async_cfg(tmp_path, **{"buffer-size": N, "num-server-rounds": 1})
-    script: Script = [(pid, "ok") for pid in (2, 0, 3, 1)]
+    script: Script = [(cid, "ok") for cid in (2, 0, 3, 1)]
     w, strategy, grid, _ = run_lsq_async(problem(), cfg, script, tmp_path / "state")
     fed = Federation(problem(), {**LOCAL, "graph": graph_file(tmp_path), "fraction-train": 1.0})
     sync = fed.run(1)
     np.testing.assert_allclose(w, sync, rtol=1e-6, atol=1e-7)
     assert np.abs(w - problem().w0).max() > 1e-2
-    sync_held = np.stack([fed.strategy.rule.model_of(fed.strategy.state, pid)[0]  # type: ignore[attr-defined]
-                          for pid in range(N)])
+    sync_held = np.stack([fed.strategy.rule.model_of(fed.strategy.state, cid)[0]  # type: ignore[attr-defined]
+                          for cid in range(N)])
     np.testing.assert_allclose(held_models(strategy), sync_held, rtol=1e-6, atol=1e-7)
-    sync_own = np.stack([fed.state_of(pid, OWN)[0] for pid in range(N)])  # type: ignore[index]
-    round_1 = np.stack([StateDir(tmp_path / "state", EXPERIMENT, pid).load_version(
-        1, [np.zeros(DIM)])[OWN][0] for pid in range(N)])  # later tasks trained at push
+    sync_own = np.stack([fed.state_of(cid, OWN)[0] for cid in range(N)])  # type: ignore[index]
+    round_1 = np.stack([StateDir(tmp_path / "state", EXPERIMENT, cid).load_version(
+        1, [np.zeros(DIM)])[OWN][0] for cid in range(N)])  # later tasks trained at push
     np.testing.assert_allclose(round_1, sync_own, rtol=1e-6, atol=1e-7)
 
 

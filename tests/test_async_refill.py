@@ -74,16 +74,16 @@ def simulated_flushes(cfg: RunConfig) -> list[list[int]]:
         while len(out) < cfg.async_concurrency:
             idle = [p for p in range(cfg.num_clients) if p not in {c for _, _, c in out}]
             least = [p for p in idle if sent[p] == min(sent[q] for q in idle)]
-            pid = least[int(rng.integers(len(least)))]
-            sent[pid] += 1
-            out.append((now + d[pid], seq, pid))
+            cid = least[int(rng.integers(len(least)))]
+            sent[cid] += 1
+            out.append((now + d[cid], seq, cid))
             seq += 1
 
     fill()
     while len(flushes) < cfg.train.num_server_rounds:
         out.sort()
-        now, _, pid = out.pop(0)
-        buffer.append(pid)
+        now, _, cid = out.pop(0)
+        buffer.append(cid)
         if len(buffer) == cfg.async_buffer_size:
             flushes.append(buffer)
             buffer = []

@@ -123,8 +123,8 @@ SIMULATED = ("round", "num-replies", "num-rejected", "num-missing", "train-loss"
 """Row fields that do not measure wall time: equal in the resumed and uninterrupted runs."""
 
 
-def saved_rounds(state_root: Path, experiment: str, pid: int) -> list[int]:
-    return sorted(int(f.stem[1:]) for f in (state_root / experiment / f"client-{pid}")
+def saved_rounds(state_root: Path, experiment: str, cid: int) -> list[int]:
+    return sorted(int(f.stem[1:]) for f in (state_root / experiment / f"client-{cid}")
                   .glob("r*.npz"))
 
 
@@ -132,10 +132,10 @@ def newest_states(state_root: Path, experiment: str) -> dict[int, tuple[int, lis
     """Each client's newest saved round and its state (w_prev, and c_i under SCAFFOLD), in
     one list."""
     out = {}
-    for pid in range(3):
-        files = sorted((state_root / experiment / f"client-{pid}").glob("r*.npz"))
+    for cid in range(3):
+        files = sorted((state_root / experiment / f"client-{cid}").glob("r*.npz"))
         groups, meta = read_record(files[-1])
-        out[pid] = (int(meta["round"]), [*groups[W_PREV], *groups.get(C_LOCAL, [])])
+        out[cid] = (int(meta["round"]), [*groups[W_PREV], *groups.get(C_LOCAL, [])])
     return out
 
 
@@ -223,7 +223,7 @@ def test_without_keep_round_the_redone_task_loses_its_clients_state(
     the model differs from the uninterrupted run's: the test above would catch a broken
     pin."""
     monkeypatch.setattr(async_loop.AsyncLoop, "mark",
-                        lambda self, msg, pid, rnd: msg.content.config_records[rk.CONFIG]
+                        lambda self, msg, cid, rnd: msg.content.config_records[rk.CONFIG]
                         .__setitem__(rk.ROUND, rnd))
     cfg = config(tmp_path)
     run_async_experiment(InProcessGrid(3, cfg.to_dict()), cfg, tmp_path / "ref-run")
@@ -471,7 +471,7 @@ def test_a_run_stopped_for_bad_replies_names_its_checkpoint_and_resumes(
     run_async_experiment(InProcessGrid(3, cfg.to_dict()), cfg, tmp_path / "ref-run")
     run_dir = tmp_path / "bad-run"
     grid = InProcessGrid(3, cfg.to_dict())
-    broken = [corrupt("nan", 1000 + pid) for pid in range(3)]
+    broken = [corrupt("nan", 1000 + cid) for cid in range(3)]
 
     def after_version_2(reply: Message) -> Message | None:
         if (run_dir / "rounds.jsonl").is_file() and len(rows(run_dir)) >= 2:
@@ -525,8 +525,8 @@ def test_fedrelax_killed_mid_buffer_and_resumed_ends_bit_identical(tmp_path: Pat
     assert set(got_state) == set(want_state)
     assert all(same(got_state[k], want_state[k]) for k in want_state)
     version = want_state["version"][0]  # each client's current copy (FedRelaxState)
-    for pid in range(3):
-        path = Path("server-models") / str(pid) / f"r{int(version[pid])}.npz"
+    for cid in range(3):
+        path = Path("server-models") / str(cid) / f"r{int(version[cid])}.npz"
         mine, ref = read_record(run_dir / path)[0]["w"], read_record(
             tmp_path / "ref-run" / path)[0]["w"]
         assert same(mine, ref)

@@ -57,20 +57,20 @@ def oracle(rule: Any) -> tuple[np.ndarray, list[list[int]]]:
     p = problem()
     w = p.w0.astype(np.float64)
     version, buffer, kept = 0, [], []
-    task = {pid: (0, w.copy()) for pid in range(N)}
-    for pid, fate in SCRIPT:
-        v_sent, w_sent = task[pid]
+    task = {cid: (0, w.copy()) for cid in range(N)}
+    for cid, fate in SCRIPT:
+        v_sent, w_sent = task[cid]
         y = w_sent.copy()
         for _ in range(K_STEPS):
-            y -= LR * p.gradient(pid, y)
+            y -= LR * p.gradient(cid, y)
         delta = (y - w_sent) * (-10.0 if fate == "flip" else 1.0)
-        buffer.append((pid, delta, (1.0 + version - v_sent) ** -0.5))
+        buffer.append((cid, delta, (1.0 + version - v_sent) ** -0.5))
         if len(buffer) == K:
             d, chosen = rule([b[1] for b in buffer], [b[2] for b in buffer])
             kept.append([buffer[i][0] for i in chosen])
             w = (w + d.astype(np.float32)).astype(np.float32).astype(np.float64)
             version, buffer = version + 1, []
-        task[pid] = (version, w.copy())
+        task[cid] = (version, w.copy())
     return w, kept
 
 

@@ -173,16 +173,16 @@ def test_a_slow_clients_stale_reply_is_weighted_by_s_tau(tmp_path: Path,
         assert dropped == 1 and rows[-1]["dropped-stale"] == 1
 
 
-def local_final(cfg: RunConfig, pid: int, start: list[np.ndarray], rnd: int,
+def local_final(cfg: RunConfig, cid: int, start: list[np.ndarray], rnd: int,
                 lr: float) -> list[np.ndarray]:
-    """Client ``pid``'s local SGD from ``start`` in round ``rnd``, written as the reference
+    """Client ``cid``'s local SGD from ``start`` in round ``rnd``, written as the reference
     FedAvg above runs it."""
     data = dataset_of(cfg)
     model = initial_model(cfg, data)
     set_weights(model, start)
-    x, y = client_examples(cfg, pid)
+    x, y = client_examples(cfg, cid)
     gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
-        [cfg.seed, rnd, pid]).generate_state(1)[0]))
+        [cfg.seed, rnd, cid]).generate_state(1)[0]))
     local_sgd(model, to_tensor(x, data.mean, data.std), torch.tensor(y),
               epochs=cfg.train.local_epochs, batch_size=cfg.train.batch_size, lr=lr,
               weight_decay=cfg.train.weight_decay, clip_norm=cfg.train.clip_norm, generator=gen)
@@ -200,12 +200,12 @@ def test_fedinit_starts_from_the_version_sent_and_its_own_last_model(tmp_path: P
     for reply in grid.pulled:
         task = sent[reply.metadata.reply_to_message_id]
         by_client.setdefault(task.metadata.dst_node_id - 1000, []).append((task, reply))
-    twice = [pid for pid, done in by_client.items() if len(done) >= 2]
+    twice = [cid for cid, done in by_client.items() if len(done) >= 2]
     assert twice, "no client trained twice: the scenario does not test w_prev"
     w0 = first_model(grid)
     newer = 0
-    for pid in twice:
-        (task1, reply1), (task2, reply2) = by_client[pid][:2]
+    for cid in twice:
+        (task1, reply1), (task2, reply2) = by_client[cid][:2]
         conf = task2.content.config_records[rk.CONFIG]
         carried = unpack(task2.content.array_records[rk.ARRAYS])
         newer += max_diff(carried, w0) > 1e-4  # its second task carried version 1
@@ -214,7 +214,7 @@ def test_fedinit_starts_from_the_version_sent_and_its_own_last_model(tmp_path: P
                                                                          strict=True)]
         rnd = int(conf[rk.ROUND])
         assert rnd > int(task1.content.config_records[rk.CONFIG][rk.ROUND])
-        want = local_final(cfg, pid, start, rnd, float(conf[rk.LR]))
+        want = local_final(cfg, cid, start, rnd, float(conf[rk.LR]))
         assert max_diff(unpack(reply2.content.array_records[rk.ARRAYS]), want) < 1e-5
     assert newer, "no second task carried a newer version: the scenario tests too little"
 

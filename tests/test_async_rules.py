@@ -97,14 +97,14 @@ def oracle(p: Problem, script: list[tuple[int, str]], buffer_size: int, flushes:
     w = p.w0.astype(np.float64)
     v = np.zeros_like(w)
     version, buffer = 0, []
-    task = {pid: (0, w.copy()) for pid in range(p.num_clients)}
-    for pid, fate in script:
+    task = {cid: (0, w.copy()) for cid in range(p.num_clients)}
+    for cid, fate in script:
         if version == flushes:
             break
-        v_sent, w_sent = task[pid]
+        v_sent, w_sent = task[cid]
         y = w_sent.copy()
         for _ in range(k_steps):
-            y -= lr * p.gradient(pid, y)
+            y -= lr * p.gradient(cid, y)
         if fate == "ok":
             buffer.append((y - w_sent, version - v_sent))
         if len(buffer) == buffer_size:
@@ -112,7 +112,7 @@ def oracle(p: Problem, script: list[tuple[int, str]], buffer_size: int, flushes:
             v = mu * v + d
             w = (w + v).astype(np.float32).astype(np.float64)
             version, buffer = version + 1, []
-        task[pid] = (version, w.copy())
+        task[cid] = (version, w.copy())
     assert version == flushes, "the script ends before the last flush"
     return w
 
@@ -192,17 +192,17 @@ def lr_oracle(p: Problem, script: list[tuple[int, str]], buffer_size: int, flush
     version, buffer, scales = 0, [], []
     # the first fill: its i-th task sees i tasks out, none buffered
     task = {}
-    for i, pid in enumerate(first):
+    for i, cid in enumerate(first):
         scales.append((1.0 + i / buffer_size) ** -a)
-        task[pid] = (0, w.copy(), scales[-1])
+        task[cid] = (0, w.copy(), scales[-1])
     assert sorted(first) == list(range(n))
-    for pid, fate in script:
+    for cid, fate in script:
         if version == flushes:
             break
-        v_sent, w_sent, scale = task[pid]
+        v_sent, w_sent, scale = task[cid]
         y = w_sent.copy()
         for _ in range(k_steps):
-            y -= scale * lr * p.gradient(pid, y)
+            y -= scale * lr * p.gradient(cid, y)
         if fate == "ok":
             buffer.append((y - w_sent, version - v_sent))
         if len(buffer) == buffer_size:
@@ -211,7 +211,7 @@ def lr_oracle(p: Problem, script: list[tuple[int, str]], buffer_size: int, flush
             version, buffer = version + 1, []
         # refilled at once: N - 1 others in flight, the buffer after this reply (and flush)
         scales.append((1.0 + (n - 1 + len(buffer)) / buffer_size) ** -a)
-        task[pid] = (version, w.copy(), scales[-1])
+        task[cid] = (version, w.copy(), scales[-1])
     assert version == flushes
     return w, scales
 
@@ -222,7 +222,7 @@ def test_the_loop_with_scaled_client_lr_equals_the_oracle(tmp_path: Path) -> Non
     grid = LrGrid(problem(), async_cfg(raw), SCRIPT, tmp_path / "s")
     loop, _ = make_loop(grid)
     got = loop.run([grid.p.w0.copy()], lambda flush, facts: None)[0]
-    first = [pid for pid, _ in grid.sent_lr[:N]]
+    first = [cid for cid, _ in grid.sent_lr[:N]]
     want, scales = lr_oracle(problem(), SCRIPT, 2, 5, 1.0, first)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     sent = [lr / LOCAL["lr"] for _, lr in grid.sent_lr]

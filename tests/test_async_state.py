@@ -69,29 +69,29 @@ def oracle(script: Script, buffer_size: int, flushes: int, s: dict[int, float],
     """FedBuff with SCAFFOLD's c over ``script``, in float64."""
     p = problem()
     w, c = p.w0.astype(np.float64), np.zeros(DIM)
-    acc = {pid: np.zeros(DIM) for pid in range(N)}  # each client's accounted c_i
+    acc = {cid: np.zeros(DIM) for cid in range(N)}  # each client's accounted c_i
     version, buffer = 0, []
-    task = {pid: (0, w.copy(), c.copy()) for pid in range(N)}
+    task = {cid: (0, w.copy(), c.copy()) for cid in range(N)}
     taus = []
-    for pid, fate in script:
+    for cid, fate in script:
         if version == flushes:
             break
-        v_sent, w_sent, c_sent = task[pid]
+        v_sent, w_sent, c_sent = task[cid]
         y = w_sent.copy()
         for _ in range(K_STEPS):
-            y -= LR * (p.gradient(pid, y) + c_sent - acc[pid])
-        new = acc[pid] - c_sent + (w_sent - y) / (K_STEPS * LR)
+            y -= LR * (p.gradient(cid, y) + c_sent - acc[cid])
+        new = acc[cid] - c_sent + (w_sent - y) / (K_STEPS * LR)
         tau = version - v_sent
         if fate == "ok" and not (max_staleness and tau > max_staleness):
-            buffer.append((y - w_sent, tau, new - acc[pid]))
-            acc[pid] = new
+            buffer.append((y - w_sent, tau, new - acc[cid]))
+            acc[cid] = new
         if len(buffer) == buffer_size:
             w = w + server_lr * sum(s[t] * d for d, t, _ in buffer) / buffer_size
             c = c + sum(dc for _, _, dc in buffer) / N  # unweighted, each reply once
             w = w.astype(np.float32).astype(np.float64)  # the model is float32 between flushes
             taus.append(sorted(t for _, t, _ in buffer))
             version, buffer = version + 1, []
-        task[pid] = (version, w.copy(), c.copy())
+        task[cid] = (version, w.copy(), c.copy())
     assert version == flushes, "the script ends before the last flush"
     return {"w": w, "c": c, "acc": acc, "taus": taus}
 
@@ -130,12 +130,12 @@ def test_server_c_is_the_mean_of_the_clients_accounted_c_i(tmp_path: Path) -> No
     _, strategy, grid, _ = run_async(raw, SCRIPT, tmp_path)
     rounds = strategy.accounted or {}
     accounted, newest = [], []
-    for pid in range(N):
-        disk = StateDir(tmp_path, EXPERIMENT, pid)
-        a = rounds.get(pid, 0)
+    for cid in range(N):
+        disk = StateDir(tmp_path, EXPERIMENT, cid)
+        a = rounds.get(cid, 0)
         accounted.append(disk.load_version(a, [np.zeros(DIM)])[C_LOCAL][0].astype(np.float64)
                          if a else np.zeros(DIM))
-        newest.append(grid.store(pid).get(C_LOCAL)[0].astype(np.float64))  # type: ignore[index]
+        newest.append(grid.store(cid).get(C_LOCAL)[0].astype(np.float64))  # type: ignore[index]
     assert set(rounds) == set(range(N)) and min(rounds.values()) >= 1
     got = strategy.state.c[0]
     np.testing.assert_allclose(got, np.mean(accounted, axis=0), rtol=1e-5, atol=1e-6)
@@ -149,7 +149,7 @@ def test_one_buffer_of_all_clients_is_the_sync_round(tmp_path: Path) -> None:
     of ``Federation`` (the sync strategy on the same problem): model, c and every c_i."""
     raw = {"method": "scaffold", "buffer-size": N, "num-server-rounds": 1,
            "staleness": "constant", "server-lr": 1.0}
-    script: Script = [(pid, "ok") for pid in range(N)]
+    script: Script = [(cid, "ok") for cid in range(N)]
     w, strategy, grid, _ = run_async(raw, script, tmp_path)
     fed = Federation(problem(), {k: v for k, v in {**LOCAL, **raw}.items()
                                  if k not in ("buffer-size", "staleness")}
@@ -160,9 +160,9 @@ def test_one_buffer_of_all_clients_is_the_sync_round(tmp_path: Path) -> None:
     np.testing.assert_allclose(strategy.state.c[0], fed.strategy.state.c[0],
                                rtol=1e-6, atol=1e-7)
     assert np.abs(strategy.state.c[0]).max() > 1e-2
-    for pid in range(N):
-        mine = StateDir(tmp_path, EXPERIMENT, pid).load_version(1, [np.zeros(DIM)])[C_LOCAL][0]
-        np.testing.assert_allclose(mine, fed.state_of(pid, C_LOCAL)[0],  # type: ignore[index]
+    for cid in range(N):
+        mine = StateDir(tmp_path, EXPERIMENT, cid).load_version(1, [np.zeros(DIM)])[C_LOCAL][0]
+        np.testing.assert_allclose(mine, fed.state_of(cid, C_LOCAL)[0],  # type: ignore[index]
                                    rtol=1e-6, atol=1e-7)
 
 

@@ -39,8 +39,8 @@ def by_hand(run_dir: Path, cfg: RunConfig) -> tuple[float, int, float]:
     w0 = initial_weights(cfg)
     exp = run_dir / RUN_SUBDIR / run_dir.name
     total, trained, untrained = [], [], 0
-    for pid in range(cfg.num_clients):
-        files = sorted((exp / f"client-{pid}").glob("r*.npz"))
+    for cid in range(cfg.num_clients):
+        files = sorted((exp / f"client-{cid}").glob("r*.npz"))
         if files:
             w_prev = read_record(files[-1])[0]["w_prev"]
         else:

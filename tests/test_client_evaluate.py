@@ -60,15 +60,15 @@ def test_evaluate_fn_scores_the_received_model_on_the_clients_partition() -> Non
                                       data.image_size))
     msg = _message(weights)
     results = {}
-    for pid in (1, 2):
-        reply = evaluate_fn(msg, _context(pid))
+    for cid in (1, 2):
+        reply = evaluate_fn(msg, _context(cid))
         assert reply.metadata.reply_to_message_id == "evaluate-1"
         metrics = reply.content.metric_records[rk.METRICS]
-        loss, acc, n = _independent(weights, pid)
+        loss, acc, n = _independent(weights, cid)
         assert metrics[rk.NUM_EXAMPLES] == n
         assert metrics["eval-loss"] == pytest.approx(loss, rel=1e-5)
         assert metrics["eval-acc"] == pytest.approx(acc, abs=1.0 / n)
-        results[pid] = (metrics["eval-loss"], n)
+        results[cid] = (metrics["eval-loss"], n)
     assert results[1] != results[2]  # each client scores its own partition
     assert 0.0 < results[1][0] < 10.0
 

@@ -66,9 +66,9 @@ def test_two_regimes_fall_into_two_clusters_each_with_its_least_squares(
         got = models[assignment[members[0]]]
         assert np.abs(got - want).max() < 0.05 * np.abs(want).max(), (got, want)
     for msg in f.sent:  # each client is sent its own cluster's model
-        pid = msg.metadata.dst_node_id - 1000
+        cid = msg.metadata.dst_node_id - 1000
         sent = unpack(msg.content.array_records[rk.ARRAYS])[0]
-        np.testing.assert_array_equal(sent, before[assignment[pid]])
+        np.testing.assert_array_equal(sent, before[assignment[cid]])
     assert (tmp_path / "clusters.jsonl").read_text().count("\n") == 1  # no change, no line
 
 
@@ -134,8 +134,8 @@ def test_loss_assignment_puts_each_client_with_its_regime_and_reaches_its_least_
     want = [plus] * 4 + [1 - plus] * 4
     f.step()
     for msg in f.sent:  # K models down: its cluster's and the other one, and its index
-        pid = msg.metadata.dst_node_id - NODE_BASE
-        assert unpack(msg.content.array_records[CURRENT])[0].tolist() == [pid % 2]
+        cid = msg.metadata.dst_node_id - NODE_BASE
+        assert unpack(msg.content.array_records[CURRENT])[0].tolist() == [cid % 2]
         assert unpack(msg.content.array_records[OTHERS])[0].shape == (1, 4)
     assert [r.content.metric_records[rk.METRICS][CHOICE] for r in f.replies] == want
     assert cast(ClusteredState, f.strategy.state).assignment[0].tolist() == want
@@ -150,8 +150,8 @@ def test_loss_assignment_puts_each_client_with_its_regime_and_reaches_its_least_
     assert (tmp_path / "clusters.jsonl").read_text().count("\n") == 2  # rounds 1 and 2
 
 
-def message_for(f: Federation, pid: int) -> Message:
-    return next(m for m in f.sent if m.metadata.dst_node_id - NODE_BASE == pid)
+def message_for(f: Federation, cid: int) -> Message:
+    return next(m for m in f.sent if m.metadata.dst_node_id - NODE_BASE == cid)
 
 
 def answer_with(f: Federation, msg: Message, data_of: int,
@@ -159,11 +159,11 @@ def answer_with(f: Federation, msg: Message, data_of: int,
     """Client ``msg``'s reply computed by the real client round on client ``data_of``'s
     data (a fresh state store)."""
     p = f.problem
-    pid = msg.metadata.dst_node_id - NODE_BASE
+    cid = msg.metadata.dst_node_id - NODE_BASE
     return client_round(f.cfg, rule or f.cfg.spec.client(f.cfg.params), msg.content,
                         ClientStore(RecordDict()), VectorModel(p.w0, p.linear),
                         p.xs[data_of], p.ys[data_of], initial=lambda: [p.w0],
-                        partition_id=pid, loss_fn=p.loss_fn)
+                        partition_id=cid, loss_fn=p.loss_fn)
 
 
 def test_the_choice_is_made_on_the_clients_own_data_and_is_all_that_leaves_with_the_update(
@@ -216,8 +216,8 @@ def test_a_reply_with_a_bad_choice_is_rejected_with_one_line_and_not_aggregated(
     _, counts = f.strategy.aggregate_train(2, replies)
     assert counts is not None and counts[rk.NUM_REJECTED] == 1 and counts[rk.NUM_REPLIES] == 7
     after = cast(ClusteredState, f.strategy.state)
-    pid = replies[0].metadata.src_node_id - NODE_BASE
-    assert after.assignment[0][pid] == state.assignment[0][pid]  # it was not counted
+    cid = replies[0].metadata.src_node_id - NODE_BASE
+    assert after.assignment[0][cid] == state.assignment[0][cid]  # it was not counted
 
 
 def test_cluster_assign_refuses_other_values() -> None:
@@ -329,9 +329,9 @@ def test_warmup_clusters_its_clients_and_newcomers_probe_their_way_to_their_regi
     for _ in range(10):
         trained = f.step()
         for msg in f.sent:  # w_0 down to a newcomer only, for its probe
-            pid = msg.metadata.dst_node_id - NODE_BASE
+            cid = msg.metadata.dst_node_id - NODE_BASE
             origin = unpack(msg.content.array_records[ORIGIN])[0]
-            assert origin.shape == ((1, 4) if pid in newcomers else (0, 4))
+            assert origin.shape == ((1, 4) if cid in newcomers else (0, 4))
         newcomers -= set(trained)
     assert not newcomers
     g = continued(f, **{"fraction-train": 1.0})
@@ -496,7 +496,7 @@ def test_a_client_with_no_cluster_is_evaluated_on_the_member_weighted_mean() -> 
             for m in f.strategy.configure_evaluate(3, f.arrays, ConfigRecord(),
                                                    cast(Grid, None))}
     assert sorted(sent) == list(range(12))
-    for pid in never:
-        np.testing.assert_allclose(sent[pid], want, rtol=1e-6, atol=1e-6)
-    for pid in seen:
-        np.testing.assert_array_equal(sent[pid], state.models[0][a[pid]])
+    for cid in never:
+        np.testing.assert_allclose(sent[cid], want, rtol=1e-6, atol=1e-6)
+    for cid in seen:
+        np.testing.assert_array_equal(sent[cid], state.models[0][a[cid]])

@@ -90,7 +90,7 @@ def run(tmp: Path, method: str, compression: str) -> dict[str, Any]:
                     continue
                 asked = to[r.metadata.src_node_id].content
                 conf = asked.config_records[rk.CONFIG]
-                rnd, pid = int(conf[rk.ROUND]), int(conf[rk.CLIENT_ID])
+                rnd, cid = int(conf[rk.ROUND]), int(conf[rk.CLIENT_ID])
                 assert conf[rk.COMPRESSION] == compression
                 if rnd == HOSTILE_ROUND and not out["hostile"]:
                     hostile(r.content, codec)
@@ -99,9 +99,9 @@ def run(tmp: Path, method: str, compression: str) -> dict[str, Any]:
                 w_t = unpack(asked.array_records[rk.ARRAYS])
                 move = codec.decode(unpack(r.content.array_records[rk.ARRAYS]),
                                     [w.shape for w in w_t])
-                groups, _ = read_record(run_dir / RUN_SUBDIR / run_dir.name / f"client-{pid}"
+                groups, _ = read_record(run_dir / RUN_SUBDIR / run_dir.name / f"client-{cid}"
                                         / f"r{rnd:06d}.npz")  # pruned in later rounds
-                sent.setdefault(pid, {})[rnd] = (w_t, groups[W_PREV], move)
+                sent.setdefault(cid, {})[rnd] = (w_t, groups[W_PREV], move)
 
         lose_train_replies(sim.grid, rng, 0.3, run_dir, check, out, record)
         run_experiment(sim.grid, cfg, out_dir=run_dir)
@@ -112,12 +112,12 @@ def run(tmp: Path, method: str, compression: str) -> dict[str, Any]:
             "codec": codec, "shapes": shapes}
 
 
-def residual_of_files(run_dir: Path, pid: int, sent: dict[int, Any],
+def residual_of_files(run_dir: Path, cid: int, sent: dict[int, Any],
                       accounted: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(the residual file of the client's accounted round, meant - sent summed over its
     accounted participations: each one's w_iK (its w_prev file then) - w_t, minus the
     server's decode)."""
-    exp = run_dir / RUN_SUBDIR / run_dir.name / f"client-{pid}"
+    exp = run_dir / RUN_SUBDIR / run_dir.name / f"client-{cid}"
     expected: list[np.ndarray] | None = None
     for rnd in sorted(r for r in sent if r <= accounted):
         w_t, final, move = sent[rnd]
@@ -160,10 +160,10 @@ def test_compressed_rounds_train_count_bytes_and_keep_state_consistent(
     if codec.keeps_residual and method == "fedavg":  # residual + sent = meant, accounted
         accounted = load_checkpoint(got["run_dir"]).strategy_state[ACCOUNTED_STATE][0]
         checked = 0
-        for pid, rounds in got["sent"].items():
-            if accounted[pid] == 0:
+        for cid, rounds in got["sent"].items():
+            if accounted[cid] == 0:
                 continue
-            held, expected = residual_of_files(got["run_dir"], pid, rounds, int(accounted[pid]))
+            held, expected = residual_of_files(got["run_dir"], cid, rounds, int(accounted[cid]))
             for h, e in zip(held, expected, strict=True):
                 np.testing.assert_allclose(h, e, atol=2e-5)
             checked += 1

@@ -282,7 +282,7 @@ def test_a_malformed_check_reply_drops_only_its_sender_from_the_unmask() -> None
     unmask = rnd.server.unmask_after_check(signed)
     assert sorted(unmask) == [0, 1, 2, 4]
     assert all(m[sw.SIGNERS] == [0, 1, 2, 4] for m in unmask.values())
-    assert [(pid, stage) for pid, stage, _ in rnd.server.rejected] == [(3, Stage.CHECK)]
+    assert [(cid, stage) for cid, stage, _ in rnd.server.rejected] == [(3, Stage.CHECK)]
     total = rnd.server.aggregate(rnd.ask(unmask))
     for g, p in zip(total, plain_sum(vectors, ids, 1.0), strict=True):
         np.testing.assert_array_equal(g, p)

@@ -40,9 +40,9 @@ def test_device_data_run_equals_the_partitioned_run_bit_for_bit(tmp_path: Path,
     bench = RunConfig.parse({**BENCH, "method": method, "output-dir": str(tmp_path / "b")})
     data = dataset_of(bench)
     files = []
-    for pid in range(bench.num_clients):
-        idx = partition_indices(bench, pid)
-        files.append(tmp_path / f"device-{pid}.npz")
+    for cid in range(bench.num_clients):
+        idx = partition_indices(bench, cid)
+        files.append(tmp_path / f"device-{cid}.npz")
         np.savez(files[-1], x=data.train_x[idx], y=data.train_y[idx])
     schema = FASHION.schema
     assert schema is not None
@@ -57,8 +57,8 @@ def test_device_data_run_equals_the_partitioned_run_bit_for_bit(tmp_path: Path,
     run_experiment(InProcessGrid(bench.num_clients, bench.to_dict()), bench,
                    out_dir=tmp_path / "bench")
     grid = InProcessGrid(device.num_clients, device.to_dict())
-    for pid, path in enumerate(files):
-        grid.context_of(pid).node_config["data-dir"] = str(path)
+    for cid, path in enumerate(files):
+        grid.context_of(cid).node_config["data-dir"] = str(path)
     summary = run_experiment(grid, device, out_dir=tmp_path / "device")
 
     want, got = final_model(tmp_path / "bench"), final_model(tmp_path / "device")

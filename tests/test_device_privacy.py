@@ -65,23 +65,23 @@ RUN: dict[str, Any] = {"num-clients": 4, "train-limit": 400, "batch-size": 50,
 FLOOR = {"dp-floor": "local", "dp-max-clip": 1.0, "dp-min-noise": 1.0}
 
 
-def context(state_dir: Path | None, run: dict[str, Any], pid: int = 1,
+def context(state_dir: Path | None, run: dict[str, Any], cid: int = 1,
             **node: Any) -> Context:
-    nc: dict[str, Any] = {"partition-id": pid, "num-partitions": 4, **node}
+    nc: dict[str, Any] = {"partition-id": cid, "num-partitions": 4, **node}
     if state_dir is not None:
         nc["state-dir"] = str(state_dir)
     return Context(run_id=1, node_id=NODE, node_config=nc, state=RecordDict(),
                    run_config=dict(run))
 
 
-def train_message(cfg: RunConfig, server_round: int = 1, pid: int = 1) -> Message:
+def train_message(cfg: RunConfig, server_round: int = 1, cid: int = 1) -> Message:
     set_task_identity()
     w0 = list(initial_weights(cfg))
     records: dict[str, Any] = {
         rk.ARRAYS: ArrayRecord(w0),
         rk.CONFIG: ConfigRecord({rk.ROUND: server_round, rk.LR: 0.05, rk.BETA: 0.0,
                                  rk.UPLOAD_DELTA: True, rk.EXPERIMENT: "exp",
-                                 rk.CLIENT_ID: pid})}
+                                 rk.CLIENT_ID: cid})}
     for key in cfg.spec.client.down_keys:  # SCAFFOLD's c: zeros, as at the start
         records[key] = ArrayRecord([np.zeros_like(a) for a in w0])
     msg = Message(content=RecordDict(records), dst_node_id=NODE,
@@ -97,10 +97,10 @@ EVALUATE_QUERIES: list[tuple[str | None, str]] = [
 
 
 def evaluate_message(weights: list[np.ndarray], flag: str | None, server_round: int = 1,
-                     pid: int = 1) -> Message:
+                     cid: int = 1) -> Message:
     set_task_identity()
     conf: dict[str, Any] = {rk.ROUND: server_round, rk.LR: 0.05, rk.EXPERIMENT: "exp",
-                            rk.CLIENT_ID: pid}
+                            rk.CLIENT_ID: cid}
     if flag is not None:
         conf[flag] = True
     msg = Message(content=RecordDict({rk.ARRAYS: ArrayRecord(weights),
@@ -290,13 +290,13 @@ def test_a_local_dp_reply_carries_no_data_dependent_metric(tmp_path: Path) -> No
     for dp, nodes in (("local", FLOOR), ("local", {})):
         run = {**RUN, "dp": dp}
         cfg = RunConfig.parse(run)
-        metrics = [dict(train_fn(train_message(cfg, pid=p), context(
-            tmp_path / f"{dp}{bool(nodes)}{p}", run, pid=p, **nodes)
+        metrics = [dict(train_fn(train_message(cfg, cid=p), context(
+            tmp_path / f"{dp}{bool(nodes)}{p}", run, cid=p, **nodes)
         ).content.metric_records[rk.METRICS]) for p in (0, 1)]
         assert metrics == [{rk.STATE_FALLBACK: 0}] * 2
     off = {**RUN, "dp": "off"}
     cfg = RunConfig.parse(off)
-    plain = [train_fn(train_message(cfg, pid=p), context(None, off, pid=p)).content
+    plain = [train_fn(train_message(cfg, cid=p), context(None, off, cid=p)).content
              .metric_records[rk.METRICS] for p in (0, 1)]
     assert {rk.NUM_EXAMPLES, rk.TRAIN_LOSS, rk.NUM_STEPS} <= set(plain[0])
     assert plain[0][rk.TRAIN_LOSS] != plain[1][rk.TRAIN_LOSS]
@@ -504,9 +504,9 @@ def test_a_run_under_device_floors_completes_without_data_dependent_fields(
            "output-dir": str(tmp_path)}
     cfg = RunConfig.parse(run)
     grid = InProcessGrid(3, cfg.to_dict())
-    for pid in range(3):
-        ctx = grid.context_of(pid)
-        ctx.node_config.update({**FLOOR, "state-dir": str(tmp_path / f"node{pid}")})
+    for cid in range(3):
+        ctx = grid.context_of(cid)
+        ctx.node_config.update({**FLOOR, "state-dir": str(tmp_path / f"node{cid}")})
     summary = run_experiment(grid, cfg, out_dir=tmp_path / "run")
     rows = load_checkpoint(tmp_path / "run").rows  # the server's own rows, withheld ones too
     assert [r["num-replies"] for r in rows] == [3, 3]
@@ -514,8 +514,8 @@ def test_a_run_under_device_floors_completes_without_data_dependent_fields(
     assert all(r.get("divergence-clients") == 0 and r.get("local-eval-clients") == 0
                for r in rows)
     assert summary["final-test-acc"] is not None
-    for pid in range(3):
-        ledger = json.loads((tmp_path / f"node{pid}" / LEDGER_NAME).read_text())
+    for cid in range(3):
+        ledger = json.loads((tmp_path / f"node{cid}" / LEDGER_NAME).read_text())
         assert ledger["participations"] == 2
         assert ledger["epsilon"] == pytest.approx(_reference_epsilon(1.2, 2, 1e-5))
     refused = [r for r in grid.replies if r.has_error()]

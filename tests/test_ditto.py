@@ -88,8 +88,8 @@ def test_ditto_global_model_is_fedavgs_and_large_lambda_pins_v_to_it() -> None:
         d = _run("ditto", lam, lr)
         d.run(rounds)
         np.testing.assert_array_equal(d.weights, avg.weights)  # bit for bit, any lambda
-        errors[lam] = {pid: float(np.linalg.norm(d.state_of(pid, PERSONAL)[0] - w_received))
-                       for pid in last}
-    for pid in last:
-        assert errors[500.0][pid] < 0.05 * moves[pid], (pid, errors, moves)
+        errors[lam] = {cid: float(np.linalg.norm(d.state_of(cid, PERSONAL)[0] - w_received))
+                       for cid in last}
+    for cid in last:
+        assert errors[500.0][cid] < 0.05 * moves[cid], (cid, errors, moves)
     assert max(errors[500.0].values()) < max(errors[50.0].values()) / 5  # about 1 / lambda

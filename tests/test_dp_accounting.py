@@ -204,13 +204,13 @@ def one_round(s: MethodStrategy, answers: dict[int, Weights | str],
                                   ConfigRecord(), cast(Grid, None)))
     replies = []
     for msg in msgs:
-        pid = msg.metadata.dst_node_id - 1000
-        answer = answers.get(pid)
+        cid = msg.metadata.dst_node_id - 1000
+        answer = answers.get(cid)
         if isinstance(answer, str):
             replies.append(Message(Error(code=getattr(ErrorCode, answer), reason=answer),
                                    reply_to=msg))
         elif answer is not None:
-            replies.append(reply(msg, answer, None if extras is None else extras[pid]))
+            replies.append(reply(msg, answer, None if extras is None else extras[cid]))
     arrays, metrics = s.aggregate_train(1, replies)
     return (None if arrays is None else unpack(arrays)), metrics
 

@@ -51,9 +51,9 @@ class HalfOnline(InProcessGrid):
 
     def __init__(self, run_config: dict[str, Any]) -> None:
         super().__init__(N, run_config)
-        for pid in range(N):
-            if pid not in ONLINE:
-                self.contexts.pop(1000 + pid)
+        for cid in range(N):
+            if cid not in ONLINE:
+                self.contexts.pop(1000 + cid)
 
 
 def run(tmp: Path, name: str, seed: int, monkeypatch: pytest.MonkeyPatch,

@@ -30,11 +30,11 @@ def reference_fedavg(cfg: RunConfig) -> list[np.ndarray]:
     for rnd in range(1, cfg.train.num_server_rounds + 1):
         acc = [np.zeros_like(a) for a in w]
         total = 0
-        for pid in sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round):
+        for cid in sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round):
             set_weights(model, [a.astype(np.float32) for a in w])
-            x, y = client_examples(cfg, pid)
+            x, y = client_examples(cfg, cid)
             gen = torch.Generator().manual_seed(int(np.random.SeedSequence(
-                [cfg.seed, rnd, pid]).generate_state(1)[0]))
+                [cfg.seed, rnd, cid]).generate_state(1)[0]))
             local_sgd(model, to_tensor(x, data.mean, data.std), torch.tensor(y),
                       epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr_at(rnd),
                       weight_decay=t.weight_decay, clip_norm=t.clip_norm, generator=gen)

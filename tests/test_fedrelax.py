@@ -66,7 +66,7 @@ def gtvmin_closed_form(p: Problem, edges: Edges, alpha: float) -> np.ndarray:
 
 
 def own_models(f: Federation) -> np.ndarray:
-    return np.stack([f.state_of(pid, OWN)[0] for pid in range(f.problem.num_clients)])
+    return np.stack([f.state_of(cid, OWN)[0] for cid in range(f.problem.num_clients)])
 
 
 def fedrelax(p: Problem, graph: str, alpha: float, **raw: object) -> Federation:
@@ -98,9 +98,9 @@ def test_alpha_zero_is_each_clients_own_least_squares(tmp_path: Path) -> None:
     p = regression(4)
     f = fedrelax(p, write_graph(tmp_path, CHAIN), 0.0)
     f.run(15)
-    for pid in range(4):
-        own = lsq_optimum(Problem([p.xs[pid]], [p.ys[pid]], p.w0, True, mse))
-        assert rel_gap(own_models(f)[pid], own) < 2e-5
+    for cid in range(4):
+        own = lsq_optimum(Problem([p.xs[cid]], [p.ys[cid]], p.w0, True, mse))
+        assert rel_gap(own_models(f)[cid], own) < 2e-5
 
 
 def test_large_alpha_tends_to_the_pooled_least_squares(tmp_path: Path) -> None:

@@ -36,11 +36,11 @@ def problem() -> Problem:
     return Problem(xs, ys, W0.astype(np.float32), False, half_sq_norm)
 
 
-def local(start: np.ndarray, pid: int) -> np.ndarray:
-    """Client pid's SGD from ``start``: one step of lr 0.1 per example, batch 1 (alpha 0)."""
+def local(start: np.ndarray, cid: int) -> np.ndarray:
+    """Client cid's SGD from ``start``: one step of lr 0.1 per example, batch 1 (alpha 0)."""
     w = start.copy()
-    for _ in range(EXAMPLES[pid]):
-        w = w - LR * (w - TARGETS[pid])
+    for _ in range(EXAMPLES[cid]):
+        w = w - LR * (w - TARGETS[cid])
     return w
 
 

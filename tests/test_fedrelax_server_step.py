@@ -54,7 +54,7 @@ def step_with(f: Federation, trained: set[int]) -> dict[int, dict[str, np.ndarra
 
 def server_copies(f: Federation, n: int) -> np.ndarray:
     rule, state = f.strategy.rule, f.strategy.state  # type: ignore[attr-defined]
-    return np.stack([rule.model_of(state, pid)[0] for pid in range(n)])
+    return np.stack([rule.model_of(state, cid)[0] for cid in range(n)])
 
 
 def test_two_rounds_by_hand_on_three_clients(tmp_path: Path) -> None:

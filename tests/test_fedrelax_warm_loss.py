@@ -39,17 +39,17 @@ def warm_loss(**raw: object) -> Federation:
         "graph-k": 2, "graph-refresh-every": 1000, "relax-warmup": WARMUP, **raw})
 
 
-def local_steps(p: Problem, pid: int, start: np.ndarray) -> np.ndarray:
+def local_steps(p: Problem, cid: int, start: np.ndarray) -> np.ndarray:
     """EPOCHS full-batch steps of L_i(w) = (1/m_i) ||X_i w - y_i||^2 from ``start`` (float64)."""
-    x, y = p.xs[pid].double().numpy(), p.ys[pid].double().numpy()
+    x, y = p.xs[cid].double().numpy(), p.ys[cid].double().numpy()
     w = start.astype(np.float64)
     for _ in range(EPOCHS):
         w = w - LR * 2.0 * x.T @ (x @ w - y) / len(y)
     return w
 
 
-def mse(p: Problem, pid: int, w: np.ndarray) -> float:
-    x, y = p.xs[pid].double().numpy(), p.ys[pid].double().numpy()
+def mse(p: Problem, cid: int, w: np.ndarray) -> float:
+    x, y = p.xs[cid].double().numpy(), p.ys[cid].double().numpy()
     return float(np.mean((x @ w.astype(np.float64) - y) ** 2))
 
 
@@ -69,7 +69,7 @@ def replay_warmup(f: Federation, rounds: int) -> dict[int, np.ndarray]:
         trained = f.step()
         for msg in f.sent:  # warm-up rounds measure nothing
             assert candidates_of(msg)[1] == []
-        moves = {pid: local_steps(p, pid, w) for pid in trained}
+        moves = {cid: local_steps(p, cid, w) for cid in trained}
         last.update(moves)
         w = np.mean(list(moves.values()), axis=0)
         np.testing.assert_allclose(f.weights, w, atol=1e-5)
@@ -88,14 +88,14 @@ def test_round_r_plus_1_scores_the_warmups_uploads_and_the_graph_is_pure_and_rea
     assert learned_edges(f) == []
     f.step()  # round R+1
     for msg in f.sent:
-        pid, ids, models = candidates_of(msg)
-        assert ids == [j for j in range(8) if j != pid]
+        cid, ids, models = candidates_of(msg)
+        assert ids == [j for j in range(8) if j != cid]
         np.testing.assert_allclose(models, np.stack([warm_models[j] for j in ids]), atol=1e-5)
     for reply in f.replies:
-        pid = reply.metadata.src_node_id - NODE_BASE
+        cid = reply.metadata.src_node_id - NODE_BASE
         metrics = reply.content.metric_records[rk.METRICS]
-        for j in (j for j in range(8) if j != pid):
-            want = mse(p, pid, warm_models[j])
+        for j in (j for j in range(8) if j != cid):
+            want = mse(p, cid, warm_models[j])
             assert metrics[gl.loss_key(j)] == approx(want)
     edges = learned_edges(f)
     assert edges and all((i < 4) == (j < 4) for i, j, _ in edges), edges
@@ -129,21 +129,21 @@ def test_candidates_are_the_clients_the_warmup_trained_then_their_own_uploads() 
     for _ in range(4):
         f.step()
         for msg in f.sent:
-            pid, ids, models = candidates_of(msg)
+            cid, ids, models = candidates_of(msg)
             if not ids:
                 continue
-            assert ids == sorted((trained | set(own)) - {pid})
+            assert ids == sorted((trained | set(own)) - {cid})
             scored_by_own += len(set(ids) & set(own))
             for j, model in zip(ids, models, strict=True):
                 np.testing.assert_allclose(model, own[j] if j in own else warm_models[j],
                                            atol=1e-5)
         for msg in f.sent:
-            pid = msg.metadata.dst_node_id - NODE_BASE
-            own[pid] = cast(list[np.ndarray], f.state_of(pid, OWN))[0].astype(np.float64)
+            cid = msg.metadata.dst_node_id - NODE_BASE
+            own[cid] = cast(list[np.ndarray], f.state_of(cid, OWN))[0].astype(np.float64)
         assert all((i < 4) == (j < 4) for i, j, _ in learned_edges(f)), learned_edges(f)
     assert scored_by_own > 0  # both kinds of candidate model were checked
     probe = state_of(f).probe[0]
-    assert [pid for pid in range(8) if probe[pid] > 0] == sorted(trained - set(own))
+    assert [cid for cid in range(8) if probe[cid] > 0] == sorted(trained - set(own))
 
 
 def test_a_hostile_loss_reply_in_round_r_plus_1_is_rejected_and_not_used() -> None:
@@ -183,10 +183,10 @@ def test_the_warmup_stores_its_uploads_only_under_graph_loss(tmp_path: Path) -> 
     f.run(WARMUP)
     assert state_of(f).probe[0].tolist() == [WARMUP] * 8
     root = tmp_path / "loss" / "server-models"
-    files = lambda pid: sorted(p.name for p in (root / str(pid)).glob("r*.npz"))  # noqa: E731
-    assert all(files(pid) == ["r1.npz", "r2.npz"] for pid in range(8))
+    files = lambda cid: sorted(p.name for p in (root / str(cid)).glob("r*.npz"))  # noqa: E731
+    assert all(files(cid) == ["r1.npz", "r2.npz"] for cid in range(8))
     f.run(2)  # the first upload keeps the warm-up's file, the second drops it
-    assert all(files(pid) == ["r3.npz", "r4.npz"] for pid in range(8))
+    assert all(files(cid) == ["r3.npz", "r4.npz"] for cid in range(8))
 
 
 def test_a_checkpoint_from_before_probe_resumes_with_none() -> None:

@@ -32,34 +32,34 @@ NBRS = {0: [(1, 1.0), (2, 0.5)], 1: [(0, 1.0), (2, 2.0)], 2: [(0, 0.5), (1, 2.0)
 LR, EPOCHS, ALPHA = 0.05, 4, 0.3
 
 
-def grad(p: Problem, pid: int, w: np.ndarray) -> np.ndarray:
+def grad(p: Problem, cid: int, w: np.ndarray) -> np.ndarray:
     """The gradient of test_fedrelax's L_i(w) = (1/m_i) ||y_i - X_i w||^2, float64."""
-    x, y = p.xs[pid].double().numpy(), p.ys[pid].double().numpy()
+    x, y = p.xs[cid].double().numpy(), p.ys[cid].double().numpy()
     return 2.0 * x.T @ (x @ w - y) / len(y)
 
 
-def local_steps(p: Problem, pid: int, start: np.ndarray, pull: float = 0.0,
+def local_steps(p: Problem, cid: int, start: np.ndarray, pull: float = 0.0,
                 anchor: np.ndarray | None = None) -> np.ndarray:
     """EPOCHS full-batch steps (batch-size 1000 > 20 points) of L_i + (pull / 2)||w - anchor||^2."""
     w = start.astype(np.float64)
     for _ in range(EPOCHS):
-        g = grad(p, pid, w)
+        g = grad(p, cid, w)
         if anchor is not None:
             g = g + pull * (w - anchor)
         w = w - LR * g
     return w
 
 
-def neighbourhood(own: dict[int, np.ndarray], pid: int) -> tuple[np.ndarray, float]:
+def neighbourhood(own: dict[int, np.ndarray], cid: int) -> tuple[np.ndarray, float]:
     """(m_i, d_i) of eq. (123) from the clients' current models."""
-    d = sum(a for _, a in NBRS[pid])
-    return sum(a * own[j] for j, a in NBRS[pid]) / d, d
+    d = sum(a for _, a in NBRS[cid])
+    return sum(a * own[j] for j, a in NBRS[cid]) / d, d
 
 
 def gtvmin_message(got: dict[str, list[np.ndarray]], own: dict[int, np.ndarray],
-                   pid: int) -> tuple[np.ndarray, float]:
+                   cid: int) -> tuple[np.ndarray, float]:
     """(m_i, d_i) after checking a GTVMin round's message carries m_i, not the warm-up flag."""
-    m_i, d = neighbourhood(own, pid)
+    m_i, d = neighbourhood(own, cid)
     np.testing.assert_allclose(got["model"][0], m_i, atol=1e-5)
     assert got["warmup"][0][0] == 0.0
     return m_i, d
@@ -95,23 +95,23 @@ def test_warmup_is_fedavg_then_gtvmin_starts_every_client_from_the_warm_model(
         for got in msgs.values():  # every client is sent the shared model, flagged
             np.testing.assert_allclose(got["model"][0], w, atol=1e-6)
             assert got["warmup"][0][0] == 1.0 and got["start"] == []
-        w = np.mean([local_steps(p, pid, w) for pid in range(6)], axis=0)
+        w = np.mean([local_steps(p, cid, w) for cid in range(6)], axis=0)
         np.testing.assert_allclose(f.weights, w, atol=1e-5)
-        assert all(f.state_of(pid, OWN) is None for pid in range(6))  # no w^(i) yet
+        assert all(f.state_of(cid, OWN) is None for cid in range(6))  # no w^(i) yet
     warm = w
-    own = {pid: warm.copy() for pid in range(6)}
+    own = {cid: warm.copy() for cid in range(6)}
     for rnd in range(3):
         f.step()
         msgs = sent_by_client(f)
         new = {}
-        for pid, got in msgs.items():
-            m_i, d = gtvmin_message(got, own, pid)
+        for cid, got in msgs.items():
+            m_i, d = gtvmin_message(got, own, cid)
             if rnd == 0:  # no upload since the warm-up: the warm model to start from
                 assert len(got["start"]) == 1
                 np.testing.assert_allclose(got["start"][0][0], warm, atol=1e-6)
             else:
                 assert got["start"] == []
-            new[pid] = local_steps(p, pid, own[pid], 2 * ALPHA * d, m_i)
+            new[cid] = local_steps(p, cid, own[cid], 2 * ALPHA * d, m_i)
         own = new
         np.testing.assert_allclose(own_models(f), np.stack([own[i] for i in range(6)]),
                                    atol=1e-5)
@@ -128,24 +128,24 @@ def test_a_client_first_sampled_after_the_warmup_starts_from_the_warm_model(
     f = warm_federation(p, tmp_path, 2, **{"fraction-train": 0.5})
     f.run(2)
     warm = f.weights.astype(np.float64)
-    own = {pid: warm.copy() for pid in range(6)}
+    own = {cid: warm.copy() for cid in range(6)}
     uploaded: set[int] = set()
     checked_moved = False
     for _ in range(6):
         f.step()
         msgs = sent_by_client(f)
         new = {}
-        for pid, got in msgs.items():
-            m_i, d = gtvmin_message(got, own, pid)
-            assert len(got["start"]) == (0 if pid in uploaded else 1)
-            if pid not in uploaded:
+        for cid, got in msgs.items():
+            m_i, d = gtvmin_message(got, own, cid)
+            assert len(got["start"]) == (0 if cid in uploaded else 1)
+            if cid not in uploaded:
                 np.testing.assert_allclose(got["start"][0][0], warm, atol=1e-6)
                 checked_moved |= rel_gap(m_i, warm) > 0.01  # m_i is not the warm model
-            new[pid] = local_steps(p, pid, own[pid], 2 * ALPHA * d, m_i)
+            new[cid] = local_steps(p, cid, own[cid], 2 * ALPHA * d, m_i)
         own.update(new)
         uploaded |= set(msgs)
-        for pid in msgs:
-            np.testing.assert_allclose(f.state_of(pid, OWN)[0], own[pid], atol=1e-5)
+        for cid in msgs:
+            np.testing.assert_allclose(f.state_of(cid, OWN)[0], own[cid], atol=1e-5)
     assert checked_moved and uploaded == set(range(6))
 
 

@@ -49,7 +49,7 @@ def test_an_event_window_ends_at_the_next_event() -> None:
 
 def _handler(snippet: str) -> str:
     """The snippet inside a train handler of its own, returning when it does not hang."""
-    return "def train(_round, pid):\n" + snippet + "    return 'served'\n"
+    return "def train(_round, cid):\n" + snippet + "    return 'served'\n"
 
 
 def test_hang_when_told_hangs_only_the_named_client_in_the_ordered_round(tmp_path: Path

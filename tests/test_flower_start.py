@@ -34,7 +34,7 @@ def test_flowers_strategy_start_trains_what_run_experiment_trains(tmp_path: Path
 
     w0 = initial_weights(cfg)
     grid = InProcessGrid(cfg.num_clients, cfg.to_dict())
-    strategy = MethodStrategy.for_run(cfg, {pid: 1000 + pid for pid in range(4)}, w0)
+    strategy = MethodStrategy.for_run(cfg, {cid: 1000 + cid for cid in range(4)}, w0)
     result = strategy.start(grid, ArrayRecord(w0), num_rounds=cfg.train.num_server_rounds,
                             timeout=cfg.fleet.round_timeout,
                             train_config=ConfigRecord({rk.EXPERIMENT: "run"}))

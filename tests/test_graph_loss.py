@@ -43,9 +43,9 @@ def test_the_loss_graph_has_no_cross_regime_edge_and_gtvmin_reaches_its_closed_f
     assert learned_edges(f) == []  # nothing measured in round 1
     f.step()
     for msg in f.sent:  # round 2: every other client's model to score, 7 losses up
-        pid = msg.metadata.dst_node_id - NODE_BASE
+        cid = msg.metadata.dst_node_id - NODE_BASE
         ids = unpack(msg.content.array_records[gl.CANDIDATE_IDS])[0]
-        assert ids.tolist() == [j for j in range(8) if j != pid]
+        assert ids.tolist() == [j for j in range(8) if j != cid]
         assert unpack(msg.content.array_records[gl.CANDIDATES])[0].shape == (7, 4)
     for reply in f.replies:
         assert len([k for k in reply.content.metric_records[rk.METRICS]

@@ -78,12 +78,12 @@ def c_gap(dep: LinkDeployment, run_dir: Path) -> float:
     c = ckpt.strategy_state["c"]  # ScaffoldState.c (C_GLOBAL is its name on the wire)
     accounted = ckpt.strategy_state[ACCOUNTED_STATE][0]
     per_client = []
-    for pid in range(NODES):
-        rnd = int(accounted[pid])
+    for cid in range(NODES):
+        rnd = int(accounted[cid])
         if rnd == 0:
             per_client.append([np.zeros_like(a) for a in c])
             continue
-        state = StateDir(dep.work_dir / f"node-{pid}" / "client-state", run_dir.name, pid)
+        state = StateDir(dep.work_dir / f"node-{cid}" / "client-state", run_dir.name, cid)
         per_client.append(state.load_version(rnd, ckpt.weights)[C_LOCAL])
     mean = [np.mean([ci[k].astype(np.float64) for ci in per_client], axis=0)
             for k in range(len(c))]

@@ -50,14 +50,14 @@ def test_fraction_zero_and_tiny_clients_have_no_test_split() -> None:
 
 def test_clients_train_on_their_partition_less_the_test_split() -> None:
     cfg = RunConfig.parse(RUN)
-    for pid in range(cfg.num_clients):
-        train, test, whole = (client_indices(cfg, pid), local_test_indices(cfg, pid),
-                              partition_indices(cfg, pid))
+    for cid in range(cfg.num_clients):
+        train, test, whole = (client_indices(cfg, cid), local_test_indices(cfg, cid),
+                              partition_indices(cfg, cid))
         assert np.intersect1d(train, test).size == 0
         np.testing.assert_array_equal(np.sort(np.concatenate([train, test])), whole)
         assert test.size == round(0.2 * whole.size)
-        assert client_examples(cfg, pid)[1].size == train.size
-        assert client_test_examples(cfg, pid)[1].size == test.size
+        assert client_examples(cfg, cid)[1].size == train.size
+        assert client_test_examples(cfg, cid)[1].size == test.size
     # the server's expected example counts (to reject false claims) follow the train split
     assert partition_sizes(cfg) == tuple(len(client_indices(cfg, p)) for p in range(5))
     off = RunConfig.parse({**RUN, "local-test-fraction": 0.0, "personal-eval-every": 0})

@@ -43,8 +43,8 @@ def sent(f: Federation, key: str) -> np.ndarray:
     return unpack(f.sent[0].content.array_records[key])[0]
 
 
-def replied(f: Federation, pid: int, key: str = "arrays") -> np.ndarray:
-    msg = next(r for r in f.replies if r.metadata.src_node_id == 1000 + pid)
+def replied(f: Federation, cid: int, key: str = "arrays") -> np.ndarray:
+    msg = next(r for r in f.replies if r.metadata.src_node_id == 1000 + cid)
     return unpack(msg.content.array_records[key])[0]
 
 

@@ -42,19 +42,19 @@ def run_checked(method: str, rounds: int = 5) -> Federation:
     ever: set[int] = set()
     kept = 0  # times a client with state sat a round out
     for _ in range(rounds):
-        before = {pid: snapshot(s) for pid, s in f.states.items()}
+        before = {cid: snapshot(s) for cid, s in f.states.items()}
         trained = set(f.step())
-        for pid, store in f.states.items():
+        for cid, store in f.states.items():
             after = snapshot(store)
-            if pid in trained:
+            if cid in trained:
                 assert set(after) == keys
                 for k in keys:
-                    assert after[k] != before[pid].get(k), (method, pid, k)
+                    assert after[k] != before[cid].get(k), (method, cid, k)
             else:
-                assert after == before[pid], (method, pid)
-                kept += pid in ever
+                assert after == before[cid], (method, cid)
+                kept += cid in ever
         ever |= trained
-        assert {pid for pid, s in f.states.items() if snapshot(s)} == ever
+        assert {cid for cid, s in f.states.items() if snapshot(s)} == ever
     assert kept > 0
     return f
 
@@ -69,21 +69,21 @@ def test_w_prev_is_the_clients_last_final_model() -> None:
                    {**RAW, "method": "fedavg", "ri-aggregation": "model"})
     f.step()
     for reply in f.replies:  # under ``model`` the upload is the final model
-        pid = reply.metadata.src_node_id - 1000
-        np.testing.assert_array_equal(f.state_of(pid, W_PREV)[0],
+        cid = reply.metadata.src_node_id - 1000
+        np.testing.assert_array_equal(f.state_of(cid, W_PREV)[0],
                                       unpack(reply.content.array_records["arrays"])[0])
 
 
 def test_scaffold_server_c_is_the_mean_of_all_client_c_i() -> None:
     f = run_checked("scaffold")
-    c_i = [f.state_of(pid, C_LOCAL) or [np.zeros(4, np.float32)] for pid in range(N)]
+    c_i = [f.state_of(cid, C_LOCAL) or [np.zeros(4, np.float32)] for cid in range(N)]
     mean = np.sum([c[0] for c in c_i], axis=0) / N  # absent clients count as zeros
     np.testing.assert_allclose(f.strategy.state.c[0], mean, atol=1e-5)  # type: ignore[attr-defined]
 
 
 def test_feddyn_server_h_is_the_sum_of_all_client_h_i() -> None:
     f = run_checked("feddyn")
-    h = np.sum([(f.state_of(pid, H_LOCAL) or [np.zeros(4)])[0] for pid in range(N)], axis=0)
+    h = np.sum([(f.state_of(cid, H_LOCAL) or [np.zeros(4)])[0] for cid in range(N)], axis=0)
     np.testing.assert_allclose(f.strategy.state.h_sum[0], h, atol=1e-5)  # type: ignore[attr-defined]
 
 

@@ -12,7 +12,7 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import ALIGN, PACKED, pack, shapes, unpack
-from tests.test_reply_bounds import W_T, answer, final, pid, send, server
+from tests.test_reply_bounds import W_T, answer, cid, final, send, server
 
 RNG = np.random.default_rng(3)
 MIXED = [RNG.standard_normal((8, 1, 5, 5)).astype(np.float32),
@@ -97,7 +97,7 @@ def test_a_malformed_pack_is_refused_with_its_reason(record: ArrayRecord, reason
 def test_the_server_rejects_a_reply_whose_pack_is_malformed_and_aggregates_the_rest() -> None:
     s = server()
     msgs = send(s, 1)
-    replies = [answer(m, final(W_T, pid(m))) for m in msgs]
+    replies = [answer(m, final(W_T, cid(m))) for m in msgs]
     bad = replies[1].content
     bad.array_records[rk.ARRAYS] = packed_bytes(header([["<f4", [3]]], b"\0" * 32))
     got, metrics = s.aggregate_train(1, replies)

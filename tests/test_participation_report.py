@@ -20,8 +20,8 @@ def write_run(run_dir: Path) -> None:
     rows = [{"round": r, "clients-trained": c} for r, c in TRAINED.items()]
     (run_dir / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = ["round,partition-id,num-test,acc-global,acc-finetuned,acc-own"]
-    lines += [f"1,{pid},10,0.1,0.1,0.1" for pid in OWN]  # an earlier evaluation: ignored
-    lines += [f"3,{pid},10,{0.9 - own},0.6,{own}" for pid, own in OWN.items()]
+    lines += [f"1,{cid},10,0.1,0.1,0.1" for cid in OWN]  # an earlier evaluation: ignored
+    lines += [f"3,{cid},10,{0.9 - own},0.6,{own}" for cid, own in OWN.items()]
     (run_dir / "personal_clients.csv").write_text("\n".join(lines) + "\n")
 
 

@@ -33,10 +33,10 @@ def refresh(fleet: Fleet) -> None:
     fleet.collect()
 
 
-def add_node(grid: InProcessGrid, node: int, pid: int) -> None:
-    """A late SuperNode that says it holds partition ``pid``."""
+def add_node(grid: InProcessGrid, node: int, cid: int) -> None:
+    """A late SuperNode that says it holds partition ``cid``."""
     grid.contexts[node] = Context(run_id=1, node_id=node,
-                                  node_config={"partition-id": pid, "num-partitions": 3},
+                                  node_config={"partition-id": cid, "num-partitions": 3},
                                   state=RecordDict(), run_config={})
 
 

@@ -123,8 +123,8 @@ def _stored_models(msg: Message, ctx: Context, raw: dict[str, Any]) -> dict[str,
     name (not through the evaluation's own choice of key); {} before it trained."""
     cfg = RunConfig.parse(raw)
     conf = msg.content.config_records[rk.CONFIG]
-    pid = int(ctx.node_config["partition-id"])
-    store = client_app.client_store(ctx, cfg, str(conf[rk.EXPERIMENT]), pid,
+    cid = int(ctx.node_config["partition-id"])
+    store = client_app.client_store(ctx, cfg, str(conf[rk.EXPERIMENT]), cid,
                                     str(conf.get(STATE_ROOT, ""))).snapshot()
     store.restore(str(conf[rk.EXPERIMENT]), int(conf[rk.ROUND]) + 1,
                   unpack(msg.content.array_records[rk.ARRAYS]))

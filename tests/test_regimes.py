@@ -81,30 +81,30 @@ def test_rotated_clients_see_rot90_of_their_raw_images_in_both_splits() -> None:
     cfg = RunConfig.parse(RUN)
     plain = RunConfig.parse({**RUN, "num-regimes": 0})
     assert sorted(set(regimes_of(cfg))) == [0, 1, 2, 3]
-    for pid in range(cfg.num_clients):
-        k = regime_of(cfg, pid)
+    for cid in range(cfg.num_clients):
+        k = regime_of(cfg, cid)
         for examples, indices in ((client_examples, client_indices),
                                   (client_test_examples, local_test_indices)):
-            x, y = examples(cfg, pid)
-            raw_x, raw_y = _raw(cfg, indices(cfg, pid))
+            x, y = examples(cfg, cid)
+            raw_x, raw_y = _raw(cfg, indices(cfg, cid))
             assert x.shape[0] > 0
             np.testing.assert_array_equal(y, raw_y)
             for i in range(x.shape[0]):
                 np.testing.assert_array_equal(x[i], np.rot90(raw_x[i], k=k))
             # the same examples as without regimes, only turned
-            np.testing.assert_array_equal(examples(plain, pid)[0], raw_x)
+            np.testing.assert_array_equal(examples(plain, cid)[0], raw_x)
             if k:
                 assert not np.array_equal(x, raw_x)
 
 
 def test_label_permutation_applies_to_train_and_test_alike() -> None:
     cfg = RunConfig.parse({**RUN, "regime-kind": "permute-labels", "num-regimes": 3})
-    for pid in range(cfg.num_clients):
-        perm = label_permutation(10, regime_of(cfg, pid), cfg.seed)
+    for cid in range(cfg.num_clients):
+        perm = label_permutation(10, regime_of(cfg, cid), cfg.seed)
         for examples, indices in ((client_examples, client_indices),
                                   (client_test_examples, local_test_indices)):
-            x, y = examples(cfg, pid)
-            raw_x, raw_y = _raw(cfg, indices(cfg, pid))
+            x, y = examples(cfg, cid)
+            raw_x, raw_y = _raw(cfg, indices(cfg, cid))
             np.testing.assert_array_equal(x, raw_x)
             np.testing.assert_array_equal(y, perm[raw_y])
     assert {regime_of(cfg, p) for p in range(cfg.num_clients)} == {0, 1, 2}
@@ -112,9 +112,9 @@ def test_label_permutation_applies_to_train_and_test_alike() -> None:
 
 def test_regimes_off_leaves_the_data_untouched() -> None:
     cfg = RunConfig.parse({**RUN, "num-regimes": 0})
-    for pid in (0, 5):
-        x, y = client_examples(cfg, pid)
-        raw_x, raw_y = _raw(cfg, client_indices(cfg, pid))
+    for cid in (0, 5):
+        x, y = client_examples(cfg, cid)
+        raw_x, raw_y = _raw(cfg, client_indices(cfg, cid))
         np.testing.assert_array_equal(x, raw_x)
         np.testing.assert_array_equal(y, raw_y)
 

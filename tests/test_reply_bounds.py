@@ -50,7 +50,7 @@ def send(strategy: MethodStrategy, rnd: int, w_t: Weights = W_T) -> list[Message
                                          cast(Grid, None)))
 
 
-def pid(msg: Message) -> int:
+def cid(msg: Message) -> int:
     return msg.metadata.dst_node_id - 1000
 
 
@@ -69,9 +69,9 @@ def answer(msg: Message, up: Weights, n: int | None = None,
            extra: dict[str, Weights] | None = None, steps: int | None = None) -> Message:
     """A well-formed reply uploading ``up`` and claiming ``n`` examples and ``steps`` local
     steps (the truth where None)."""
-    metrics = MetricRecord({rk.NUM_EXAMPLES: SIZES[pid(msg)] if n is None else n,
+    metrics = MetricRecord({rk.NUM_EXAMPLES: SIZES[cid(msg)] if n is None else n,
                             rk.TRAIN_LOSS: 0.5,
-                            rk.NUM_STEPS: STEPS[pid(msg)] if steps is None else steps})
+                            rk.NUM_STEPS: STEPS[cid(msg)] if steps is None else steps})
     content = RecordDict({rk.ARRAYS: ArrayRecord(up), rk.METRICS: metrics,
                           rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: False}),
                           **{k: ArrayRecord(v) for k, v in (extra or {}).items()}})
@@ -99,7 +99,7 @@ def weights_of(result: tuple[ArrayRecord | None, MetricRecord | None]) -> Weight
 def test_a_false_example_count_is_rejected_and_left_out(claim: int) -> None:
     s = server()
     msgs = send(s, 1)
-    replies = [answer(m, final(W_T, pid(m)), claim if pid(m) == 2 else None) for m in msgs]
+    replies = [answer(m, final(W_T, cid(m)), claim if cid(m) == 2 else None) for m in msgs]
     got, metrics = s.aggregate_train(1, replies)
     assert metrics is not None and metrics["num-rejected"] == 1
     for a, b in zip(weights_of((got, metrics)), numpy_mean([0, 1, 3]), strict=True):
@@ -110,7 +110,7 @@ def test_a_ceiling_replaces_the_exact_count_for_clients_with_their_own_data() ->
     s = server(**{"max-examples-per-client": 100})
     msgs = send(s, 1)
     claims = {0: 7, 1: 100, 2: 101, 3: 99}
-    _, metrics = s.aggregate_train(1, [answer(m, final(W_T, pid(m)), claims[pid(m)])
+    _, metrics = s.aggregate_train(1, [answer(m, final(W_T, cid(m)), claims[cid(m)])
                                        for m in msgs])
     assert metrics is not None and metrics["num-rejected"] == 1
 
@@ -120,7 +120,7 @@ def test_fedcm_rejects_a_false_step_count(claim: int) -> None:
     """FedCM's momentum is -D / (K eta): fewer claimed steps would inflate it."""
     s = server("fedcm")
     msgs = send(s, 1)
-    replies = [answer(m, final(W_T, pid(m)), steps=claim if pid(m) == 2 else None)
+    replies = [answer(m, final(W_T, cid(m)), steps=claim if cid(m) == 2 else None)
                for m in msgs]
     got, metrics = s.aggregate_train(1, replies)
     assert metrics is not None and metrics["num-rejected"] == 1
@@ -135,7 +135,7 @@ def test_an_upload_of_another_kind_is_rejected(said: bool | None) -> None:
     s = server()
     msgs = send(s, 1)
     assert all(m.content.config_records[rk.CONFIG][rk.UPLOAD_DELTA] is False for m in msgs)
-    replies = [answer(m, final(W_T, pid(m))) for m in msgs]
+    replies = [answer(m, final(W_T, cid(m))) for m in msgs]
     bad = replies[1].content
     if said is None:
         del bad[rk.CONFIG]
@@ -143,7 +143,7 @@ def test_an_upload_of_another_kind_is_rejected(said: bool | None) -> None:
         bad[rk.CONFIG] = ConfigRecord({rk.UPLOAD_DELTA: said})
     got, metrics = s.aggregate_train(1, replies)
     assert metrics is not None and metrics["num-rejected"] == 1
-    kept = [pid(m) for i, m in enumerate(msgs) if i != 1]
+    kept = [cid(m) for i, m in enumerate(msgs) if i != 1]
     for a, b in zip(weights_of((got, metrics)), numpy_mean(kept), strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
@@ -152,7 +152,7 @@ def test_an_upload_of_another_kind_is_rejected(said: bool | None) -> None:
 def test_a_move_scaled_by_50_among_3_replies_is_rejected() -> None:
     s = server(n=3)
     msgs = send(s, 1)
-    replies = [answer(m, final(W_T, pid(m), 50.0 if pid(m) == 1 else 1.0)) for m in msgs]
+    replies = [answer(m, final(W_T, cid(m), 50.0 if cid(m) == 1 else 1.0)) for m in msgs]
     got, metrics = s.aggregate_train(1, replies)
     assert metrics is not None and metrics["num-rejected"] == 1
     w = weights_of((got, metrics))
@@ -165,10 +165,10 @@ def test_a_move_scaled_by_50_among_3_replies_is_rejected() -> None:
 def test_a_huge_move_alone_in_round_1_is_rejected_without_any_history() -> None:
     s = server(n=3, fraction=0.34)
     (msg,) = send(s, 1)
-    got, metrics = s.aggregate_train(1, [answer(msg, final(W_T, pid(msg), 1e6))])
+    got, metrics = s.aggregate_train(1, [answer(msg, final(W_T, cid(msg), 1e6))])
     assert got is None and metrics is not None and metrics["num-rejected"] == 1
     (msg,) = send(s, 2)  # an honest single reply still gets in
-    got, metrics = s.aggregate_train(2, [answer(msg, final(W_T, pid(msg)))])
+    got, metrics = s.aggregate_train(2, [answer(msg, final(W_T, cid(msg)))])
     assert got is not None and metrics is not None and metrics["num-rejected"] == 0
 
 
@@ -176,10 +176,10 @@ def test_a_huge_move_alone_in_round_1_is_rejected_without_any_history() -> None:
 def test_a_scaled_move_alone_in_a_later_round_is_judged_by_the_history(scale: float) -> None:
     s = server(n=3)
     msgs = send(s, 1)
-    s.aggregate_train(1, [answer(m, final(W_T, pid(m))) for m in msgs])
+    s.aggregate_train(1, [answer(m, final(W_T, cid(m))) for m in msgs])
     msgs = send(s, 2)
     # only the attacker answers this round
-    got, metrics = s.aggregate_train(2, [answer(msgs[0], final(W_T, pid(msgs[0]), scale))])
+    got, metrics = s.aggregate_train(2, [answer(msgs[0], final(W_T, cid(msgs[0]), scale))])
     assert got is None and metrics is not None and metrics["num-rejected"] == 1
 
 
@@ -199,13 +199,13 @@ def test_scaffold_delta_c_scaled_by_1e6_is_rejected_with_an_honest_model(
         n: int, fraction: float) -> None:
     s = server("scaffold", n=n, fraction=fraction)
     msgs = send(s, 1)
-    victim = pid(msgs[0])
-    replies = [answer(m, final(W_T, pid(m)),
-                      extra={DELTA_C: delta_c(pid(m), 1e6 if pid(m) == victim else 1.0)})
+    victim = cid(msgs[0])
+    replies = [answer(m, final(W_T, cid(m)),
+                      extra={DELTA_C: delta_c(cid(m), 1e6 if cid(m) == victim else 1.0)})
                for m in msgs]
     _, metrics = s.aggregate_train(1, replies)
     assert metrics is not None and metrics["num-rejected"] == 1
-    honest = [pid(m) for m in msgs if pid(m) != victim]
+    honest = [cid(m) for m in msgs if cid(m) != victim]
     # c = (1/N) sum of the honest Delta_c (zero when the attacker was the only one)
     want = [sum((delta_c(i)[k].astype(np.float64) for i in honest), np.zeros(a.shape)) / n
             for k, a in enumerate(W_T)]
@@ -217,7 +217,7 @@ def test_scaffold_delta_c_scaled_by_1e6_is_rejected_with_an_honest_model(
 def test_the_norm_history_survives_a_checkpoint(tmp_path: Path) -> None:
     s = server("scaffold", n=3)
     msgs = send(s, 1)
-    s.aggregate_train(1, [answer(m, final(W_T, pid(m)), extra={DELTA_C: delta_c(pid(m))})
+    s.aggregate_train(1, [answer(m, final(W_T, cid(m)), extra={DELTA_C: delta_c(cid(m))})
                           for m in msgs])
     assert set(s.norm_history) == {rk.ARRAYS, DELTA_C}
     save_checkpoint(tmp_path, Checkpoint(1, W_T, s.server_state(), {}))
@@ -225,8 +225,8 @@ def test_the_norm_history_survives_a_checkpoint(tmp_path: Path) -> None:
     resumed.load_server_state(load_checkpoint(tmp_path).strategy_state)
     assert resumed.norm_history == s.norm_history  # exact floats: a resume filters alike
     (msg,) = send(resumed, 2)
-    _, metrics = resumed.aggregate_train(2, [answer(msg, final(W_T, pid(msg), 50.0),
-                                                    extra={DELTA_C: delta_c(pid(msg))})])
+    _, metrics = resumed.aggregate_train(2, [answer(msg, final(W_T, cid(msg), 50.0),
+                                                    extra={DELTA_C: delta_c(cid(msg))})])
     assert metrics is not None and metrics["num-rejected"] == 1
 
 

@@ -192,8 +192,8 @@ def test_restarted_supernode_restores_its_saved_state(tmp_path: Path) -> None:
     # what each restarted node saved on disk is exactly what it held in memory
     from fedinit.store.state_dir import StateDir
     for node, saved in restarted.items():
-        pid = node - 1000
-        mirror = StateDir(tmp_path / "state", "run", pid)
+        cid = node - 1000
+        mirror = StateDir(tmp_path / "state", "run", cid)
         _, on_disk = mirror.load_before(10**6) or (0, {})
         later = ClientStore(grid.contexts[node].state).tag()
         if later and later[1] > 3:

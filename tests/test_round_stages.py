@@ -51,30 +51,30 @@ def strategy(**raw: Any) -> MethodStrategy:
     return MethodStrategy(cfg, {p: 1000 + p for p in range(4)}, W_T, examples=SIZES)
 
 
-def request(pid: int) -> Message:
+def request(cid: int) -> Message:
     set_task_identity()
-    return Message(content=RecordDict(), message_type="train", dst_node_id=1000 + pid)
+    return Message(content=RecordDict(), message_type="train", dst_node_id=1000 + cid)
 
 
-def move(pid: int, length: float) -> Weights:
+def move(cid: int, length: float) -> Weights:
     """A model-shaped move of L2 norm ``length`` (all arrays jointly), different per client."""
-    r = np.random.default_rng(10 + pid)
+    r = np.random.default_rng(10 + cid)
     vec = [r.standard_normal(a.shape) for a in W_T]
     scale = length / math.sqrt(sum(float(np.sum(v ** 2)) for v in vec))
     return [(scale * v).astype(np.float32) for v in vec]
 
 
-def reply(pid: int, up: Weights | None = None, *, metrics: dict[str, Any] | None = None,
+def reply(cid: int, up: Weights | None = None, *, metrics: dict[str, Any] | None = None,
           delta: bool = True, drop: str = "") -> Message:
-    """Client ``pid``'s well-formed reply (``up``, its true counts), or with ``metrics``
+    """Client ``cid``'s well-formed reply (``up``, its true counts), or with ``metrics``
     overriding, the upload-delta flag ``delta``, or the record ``drop`` left out."""
-    m = {rk.NUM_EXAMPLES: SIZES[pid], rk.TRAIN_LOSS: 0.5,
-         rk.NUM_STEPS: math.ceil(SIZES[pid] / 32) * 2, **(metrics or {})}
-    records: dict[str, Any] = {rk.ARRAYS: ArrayRecord(up if up is not None else move(pid, 0.1)),
+    m = {rk.NUM_EXAMPLES: SIZES[cid], rk.TRAIN_LOSS: 0.5,
+         rk.NUM_STEPS: math.ceil(SIZES[cid] / 32) * 2, **(metrics or {})}
+    records: dict[str, Any] = {rk.ARRAYS: ArrayRecord(up if up is not None else move(cid, 0.1)),
                                rk.METRICS: MetricRecord(m),
                                rk.CONFIG: ConfigRecord({rk.UPLOAD_DELTA: delta})}
     records.pop(drop, None)
-    return Message(content=RecordDict(records), reply_to=request(pid))
+    return Message(content=RecordDict(records), reply_to=request(cid))
 
 
 def round_of(messages: list[Message], rnd: int = 1, sampled: int = 4) -> RoundReplies:
@@ -329,8 +329,8 @@ def test_a_subclass_override_of_the_client_config_reaches_the_messages() -> None
     """``bench/state_drift.py`` overrides ``_client_config``; the messages stage calls it."""
 
     class WithoutAccounted(MethodStrategy):
-        def _client_config(self, round_config: ConfigRecord, pid: int) -> ConfigRecord:
-            config = super()._client_config(round_config, pid)
+        def _client_config(self, round_config: ConfigRecord, cid: int) -> ConfigRecord:
+            config = super()._client_config(round_config, cid)
             del config[rk.ACCOUNTED_ROUND]
             return config
 

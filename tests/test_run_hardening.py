@@ -78,7 +78,7 @@ def test_a_run_whose_every_reply_is_rejected_fails(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- damaged client state
-def damage(path: Path, kind: str, pid: int) -> None:
+def damage(path: Path, kind: str, cid: int) -> None:
     """Spoil one saved state file the way a crash, a person or a bad copy would."""
     if kind == "truncated":
         data = path.read_bytes()
@@ -87,13 +87,13 @@ def damage(path: Path, kind: str, pid: int) -> None:
         with np.load(path) as z:
             data = {k: z[k] for k in z.files}
         meta = json.loads(data["meta"].tobytes().decode())
-        meta["partition-id"] = pid + 1
+        meta["partition-id"] = cid + 1
         data["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         with path.open("wb") as f:
             np.savez(f, **data)
     else:  # wrong shapes: one array too few
-        exp = path.parent.parent  # <root>/<experiment>/client-<pid>/r<round>.npz
-        mirror = StateDir(exp.parent, exp.name, pid)
+        exp = path.parent.parent  # <root>/<experiment>/client-<cid>/r<round>.npz
+        mirror = StateDir(exp.parent, exp.name, cid)
         with np.load(path) as z:
             arrays = [z[f"w_prev/{i}"] for i in range(sum(k.startswith("w_prev/")
                                                           for k in z.files))]
@@ -116,10 +116,10 @@ def test_damaged_client_state_falls_back_and_is_counted(tmp_path: Path, kind: st
                 grid.contexts[node] = Context(run_id=1, node_id=node,
                                               node_config=dict(ctx.node_config),
                                               state=RecordDict(), run_config=dict(ctx.run_config))
-            for pid in range(4):
-                files = sorted((tmp_path / "state" / "run").glob(f"client-{pid}/r*.npz"))
+            for cid in range(4):
+                files = sorted((tmp_path / "state" / "run").glob(f"client-{cid}/r*.npz"))
                 if files:
-                    damage(files[-1], kind, pid)
+                    damage(files[-1], kind, cid)
                     damaged.append(files[-1])
         return out
 

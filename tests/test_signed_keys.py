@@ -246,7 +246,7 @@ def test_one_swapped_neighbour_is_dropped_and_gets_no_share() -> None:
     total = rnd.finish(shared)
     for g, p in zip(total, plain_sum(vectors, [0, 1, 3], 1.0), strict=True):
         np.testing.assert_array_equal(g, p)
-    assert sorted({pid for pid, _, _ in rnd.server.rejected}) == [VICTIM, 4]
+    assert sorted({cid for cid, _, _ in rnd.server.rejected}) == [VICTIM, 4]
 
 
 # ------------------------------------------------------------------ replay
@@ -322,12 +322,12 @@ def write_keys(tmp: Path, ids: list[int]) -> tuple[dict[int, Path], Path]:
     return paths, peers
 
 
-def query(stage_body: dict[str, Any], server_round: int = 1, pid: int = 0) -> Message:
+def query(stage_body: dict[str, Any], server_round: int = 1, cid: int = 0) -> Message:
     set_task_identity()
     msg = Message(content=RecordDict({
         sw.RECORD: ConfigRecord(stage_body),
-        rk.CONFIG: ConfigRecord({rk.CLIENT_ID: pid, rk.ROUND: server_round})}),
-        dst_node_id=1000 + pid, message_type=MessageType.QUERY)
+        rk.CONFIG: ConfigRecord({rk.CLIENT_ID: cid, rk.ROUND: server_round})}),
+        dst_node_id=1000 + cid, message_type=MessageType.QUERY)
     msg.metadata.__dict__["_message_id"] = f"q-{server_round}"
     return msg
 
@@ -471,7 +471,7 @@ def test_an_unsigned_client_is_dropped_by_every_verifying_neighbour() -> None:
     total = rnd.finish(shared)
     for g, p in zip(total, plain_sum(vectors, [0, 1, 2, 3], 1.0), strict=True):
         np.testing.assert_array_equal(g, p)
-    assert [(pid, why) for pid, _, why in rnd.server.rejected] == [
+    assert [(cid, why) for cid, _, why in rnd.server.rejected] == [
         (4, "secagg: the signed public keys of client 4 do not verify at [0, 1, 2, 3] "
             "(reported by them in the share-keys stage)")]
 
@@ -510,5 +510,5 @@ def test_a_malformed_signature_or_report_drops_only_its_sender(
     total = rnd.finish(shared)
     for g, p in zip(total, plain_sum(vectors, [0, 1, 2, 4], 1.0), strict=True):
         np.testing.assert_array_equal(g, p)
-    assert [pid for pid, _, _ in rnd.server.rejected] == [3]
+    assert [cid for cid, _, _ in rnd.server.rejected] == [3]
     assert re.search(why, rnd.server.rejected[0][2]), rnd.server.rejected

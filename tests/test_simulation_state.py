@@ -99,7 +99,7 @@ def test_simulation_partitions_come_from_the_engine_with_three_queries() -> None
     overrides = {"num-clients": 12, "train-limit": 120}
     with CountingSim(12, overrides) as sim:
         node_of = discover_clients(sim.grid, RunConfig.parse(overrides))
-    assert node_of == {pid: node for node, pid in sim.mapping.items()}
+    assert node_of == {cid: node for node, cid in sim.mapping.items()}
     assert [m.metadata.message_type for m in sim.sent] == [MessageType.QUERY] * 3
 
 

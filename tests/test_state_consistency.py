@@ -45,10 +45,10 @@ def client_sum(run_dir: Path, key: str, accounted: np.ndarray, like: list[np.nda
     """sum_i of ``key`` over all clients, each from the file of its accounted round."""
     exp = run_dir / RUN_SUBDIR / run_dir.name
     total = [np.zeros(a.shape, dtype=np.float64) for a in like]
-    for pid, rnd in enumerate(accounted):
+    for cid, rnd in enumerate(accounted):
         if rnd == 0:
             continue
-        groups, _ = read_record(exp / f"client-{pid}" / f"r{int(rnd):06d}.npz")
+        groups, _ = read_record(exp / f"client-{cid}" / f"r{int(rnd):06d}.npz")
         for acc, a in zip(total, groups[key], strict=True):
             acc += a
     return total

@@ -147,11 +147,11 @@ def test_files_of_the_flat_layout_move_into_the_clients_directory(tmp_path: Path
     in the experiment's directory) resumes from its files; each client moves only its own."""
     w = model()
     (tmp_path / "run").mkdir()
-    for pid in (3, 4):
+    for cid in (3, 4):
         for r in (2, 5):
-            write_record(tmp_path / "run" / f"client-{pid}-r{r:06d}.npz",
-                         {W_PREV: [a + pid + r for a in w]},
-                         {"experiment": "run", "partition-id": pid, "round": r,
+            write_record(tmp_path / "run" / f"client-{cid}-r{r:06d}.npz",
+                         {W_PREV: [a + cid + r for a in w]},
+                         {"experiment": "run", "partition-id": cid, "round": r,
                           "entries": {W_PREV: 2}})
     disk = StateDir(tmp_path, "run", 3)
     saved = disk.load_before(6)
@@ -171,8 +171,8 @@ def test_listing_a_clients_versions_reads_only_its_own_directory(
     """The cost of a participation must not grow with the federation: once the experiment's
     directory has been looked at for files of the flat layout, only the client's is listed."""
     import os
-    for pid in range(50):
-        StateDir(tmp_path, "run", pid).save(1, {W_PREV: model()})
+    for cid in range(50):
+        StateDir(tmp_path, "run", cid).save(1, {W_PREV: model()})
     listed: list[str] = []
     real = os.listdir
     monkeypatch.setattr(os, "listdir", lambda p: listed.append(str(p)) or real(p))

@@ -121,8 +121,8 @@ def test_the_run_clock_takes_task_time_from_the_config(tmp_path: Path) -> None:
 def hand_durations(cfg: RunConfig, slow: list[float]) -> list[float]:
     """d_i from each client's own examples (``client_examples``, not partition_sizes)."""
     t = cfg.train
-    return [s * t.local_epochs * math.ceil(len(client_examples(cfg, pid)[1]) / t.batch_size)
-            * STEP_SECONDS for pid, s in enumerate(slow)]
+    return [s * t.local_epochs * math.ceil(len(client_examples(cfg, cid)[1]) / t.batch_size)
+            * STEP_SECONDS for cid, s in enumerate(slow)]
 
 
 def test_a_sync_round_advances_sim_time_by_its_slowest_reply(tmp_path: Path) -> None:

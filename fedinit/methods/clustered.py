@@ -255,9 +255,9 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
             centroids=[np.zeros((k, gr.SKETCH_DIM), dtype=np.float32)])
 
     @staticmethod
-    def cluster_of(state: ClusteredState, pid: int) -> int:
+    def cluster_of(state: ClusteredState, cid: int) -> int:
         a = state.assignment[0]
-        return int(a[pid]) if pid < len(a) else 0
+        return int(a[cid]) if cid < len(a) else 0
 
     @staticmethod
     def model(state: ClusteredState, cluster: int) -> Weights:
@@ -344,10 +344,10 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         if (k > 1 or self.auto) and self.by_loss and int(state.clustered[0][0]) == 0:
             pending = [gr.grown_rows(m, n) for m in state.pending]
             weights = gr.grown_rows(state.pending_weight[0], n)
-            for pid, move, weight in moves:
+            for cid, move, weight in moves:
                 for m, mv in zip(pending, move, strict=True):
-                    m[pid] = mv
-                weights[pid] = weight
+                    m[cid] = mv
+                weights[cid] = weight
             pending_weight = [weights]
             known = np.flatnonzero(weights > 0)
             if rnd.server_round < self.params.cluster_warmup or len(known) < (
@@ -370,16 +370,16 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
             assignment[known] = labels
             centroids = [gr.unit_rows(np.stack([
                 unit[labels == c].sum(axis=0) for c in range(k)])).astype(np.float32)]
-            moves = [(int(pid), [m[pid] for m in pending], float(weights[pid]))
-                     for pid in known]
+            moves = [(int(cid), [m[cid] for m in pending], float(weights[cid]))
+                     for cid in known]
             clustered = [np.asarray([rnd.server_round], dtype=np.int64)]
             pending = [m[:0] for m in pending]
             pending_weight = [weights[:0]]
         elif k > 1 and self.by_loss and self.params.cluster_split > -1.0:
             assignment, models, splits = self.split(assignment, sketch, models, moves)
         by_cluster: dict[int, list[tuple[Weights, float]]] = {}
-        for pid, move, weight in moves:
-            by_cluster.setdefault(int(assignment[pid]), []).append((move, weight))
+        for cid, move, weight in moves:
+            by_cluster.setdefault(int(assignment[cid]), []).append((move, weight))
         for c, mine in sorted(by_cluster.items()):
             total = sum(wt for _, wt in mine)
             for i, m in enumerate(models):
@@ -420,8 +420,8 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
         empty = sorted(set(range(len(models[0]))) - set(assignment[trained].tolist()))
         splits: list[dict[str, float]] = []
         by_cluster: dict[int, list[tuple[int, Weights]]] = {}
-        for pid, move, _ in sorted(moves, key=lambda t: t[0]):
-            by_cluster.setdefault(int(assignment[pid]), []).append((pid, move))
+        for cid, move, _ in sorted(moves, key=lambda t: t[0]):
+            by_cluster.setdefault(int(assignment[cid]), []).append((cid, move))
         for c, mine in sorted(by_cluster.items()):
             if len(mine) < 2 or not empty:
                 continue
@@ -430,9 +430,9 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
             if cross >= self.params.cluster_split:
                 continue
             target = empty.pop(0)
-            for (pid, _), g in zip(mine, groups, strict=True):
+            for (cid, _), g in zip(mine, groups, strict=True):
                 if g == 1:
-                    assignment[pid] = target
+                    assignment[cid] = target
             for m in models:
                 m[target] = m[c]
             splits.append({"from": c, "to": target, "cross-cosine": round(cross, 4)})

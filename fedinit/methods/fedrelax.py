@@ -292,32 +292,32 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                              probe=[np.zeros(0, dtype=np.int64)],
                              nearest=[np.zeros((0, 2), dtype=np.float64)])
 
-    def model_of(self, state: FedRelaxState, pid: int) -> Weights:
-        """The server's copy of client ``pid``'s current model (w_0 before its first upload)."""
+    def model_of(self, state: FedRelaxState, cid: int) -> Weights:
+        """The server's copy of client ``cid``'s current model (w_0 before its first upload)."""
         version = state.version[0]
-        if pid >= len(version) or version[pid] == 0:
+        if cid >= len(version) or version[cid] == 0:
             return state.w0
         assert self.models is not None
-        return self.models.read(pid, int(version[pid]))
+        return self.models.read(cid, int(version[cid]))
 
-    def candidate_model(self, state: FedRelaxState, pid: int) -> Weights:
-        """The model client ``pid`` is scored by (``graph=loss``): its latest upload after
+    def candidate_model(self, state: FedRelaxState, cid: int) -> Weights:
+        """The model client ``cid`` is scored by (``graph=loss``): its latest upload after
         the warm-up, else its last warm-up upload (``probe``), else its server copy."""
         version, probe = state.version[0], state.probe[0]
-        if self.params.grouped and pid < len(probe) and probe[pid] > 0:
+        if self.params.grouped and cid < len(probe) and probe[cid] > 0:
             assert self.models is not None  # relax-train=groups: its own last upload, always
-            return self.models.read(self.candidate_id(pid), int(probe[pid]))
-        if (pid >= len(version) or version[pid] == 0) and pid < len(probe) and probe[pid] > 0:
+            return self.models.read(self.candidate_id(cid), int(probe[cid]))
+        if (cid >= len(version) or version[cid] == 0) and cid < len(probe) and probe[cid] > 0:
             assert self.models is not None
-            return self.models.read(pid, int(probe[pid]))
-        return self.model_of(state, pid)
+            return self.models.read(cid, int(probe[cid]))
+        return self.model_of(state, cid)
 
-    def candidate_id(self, pid: int) -> int:
-        """Where client ``pid``'s candidate model (``probe``) is filed: under its own id, or
-        under ``relax-train=groups``, where its own id holds its group's model, under -1 - pid
+    def candidate_id(self, cid: int) -> int:
+        """Where client ``cid``'s candidate model (``probe``) is filed: under its own id, or
+        under ``relax-train=groups``, where its own id holds its group's model, under -1 - cid
         (its last upload, trained on its data: members of one group share a model, which
         would score them all alike)."""
-        return -1 - pid if self.params.grouped else pid
+        return -1 - cid if self.params.grouped else cid
 
     def groups(self, state: FedRelaxState, n: int) -> np.ndarray:
         """[int64 (n,)]: each client's group (``graph_groups``): the components of the mutual
@@ -328,17 +328,17 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             return gg.pooled(gg.attached(gg.components(gg.mutual_graph(chosen), n), chosen))
         return gg.components(state.graph, n)
 
-    def group_model(self, state: FedRelaxState, pid: int,
+    def group_model(self, state: FedRelaxState, cid: int,
                     labels: np.ndarray | None = None) -> Weights:
-        """The model of client ``pid``'s group (``labels``, else ``groups``): the mean of its
+        """The model of client ``cid``'s group (``labels``, else ``groups``): the mean of its
         members' server copies (each member holds the group's model once the group has
         trained; after groups merge, their mean)."""
         if labels is None:
-            labels = self.groups(state, max(pid + 1, len(state.version[0]),
+            labels = self.groups(state, max(cid + 1, len(state.version[0]),
                                             len(state.probe[0])))
-        ids = gg.members(labels, pid)
+        ids = gg.members(labels, cid)
         if len(ids) == 1:
-            return self.model_of(state, pid)
+            return self.model_of(state, cid)
         total = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
         for j in ids:
             for acc, w in zip(total, self.model_of(state, int(j)), strict=True):
@@ -353,13 +353,13 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         n = max(len(version), len(probe))
         return np.maximum(gr.grown_rows(version, n), gr.grown_rows(probe, n))
 
-    def term(self, state: FedRelaxState, pid: int) -> tuple[Weights, float]:
-        """(m_i, d_i): the A-weighted mean of client ``pid``'s neighbours' models and its
+    def term(self, state: FedRelaxState, cid: int) -> tuple[Weights, float]:
+        """(m_i, d_i): the A-weighted mean of client ``cid``'s neighbours' models and its
         degree; its own model and 0 without neighbours."""
-        ids, weights = gr.neighbours(state.graph, pid)
+        ids, weights = gr.neighbours(state.graph, cid)
         degree = float(weights.sum())
         if degree == 0.0:
-            return self.model_of(state, pid), 0.0
+            return self.model_of(state, cid), 0.0
         total = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
         for j, a in zip(ids, weights, strict=True):
             for acc, w in zip(total, self.model_of(state, int(j)), strict=True):
@@ -380,56 +380,56 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             return None
         return self.served(state, partition_id)
 
-    def serving_group(self, state: FedRelaxState, pid: int) -> tuple[np.ndarray, np.ndarray]:
+    def serving_group(self, state: FedRelaxState, cid: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, weights) of the others whose models ``served`` averages with w^(i)
         (``own_group``); for a client with none, under ``graph=loss``, the client whose data
         fit its candidate model best (``nearest``) and that client's own group, weight 1."""
-        ids, weights = self.own_group(state, pid)
+        ids, weights = self.own_group(state, cid)
         nearest = state.nearest[0]
-        if len(ids) or pid >= len(nearest) or nearest[pid, 0] == 0:
+        if len(ids) or cid >= len(nearest) or nearest[cid, 0] == 0:
             return ids, weights
-        near = int(nearest[pid, 0]) - 1
+        near = int(nearest[cid, 0]) - 1
         more, more_weights = self.own_group(state, near)
-        keep = more != pid
+        keep = more != cid
         return (np.concatenate([[near], more[keep]]).astype(np.int64),
                 np.concatenate([[1.0], more_weights[keep]]))
 
-    def own_group(self, state: FedRelaxState, pid: int) -> tuple[np.ndarray, np.ndarray]:
+    def own_group(self, state: FedRelaxState, cid: int) -> tuple[np.ndarray, np.ndarray]:
         """Its own lowest-loss choice under ``chosen`` with ``graph=loss`` (when it has one),
         else its graph neighbours (A_ij)."""
         chosen = state.chosen[0]
         if self.params.relax_serve == "chosen" and self.params.graph == gl.SOURCE and (
-                pid < len(chosen)):
-            row = chosen[pid][chosen[pid] != gl.NONE]
+                cid < len(chosen)):
+            row = chosen[cid][chosen[cid] != gl.NONE]
             if len(row):
                 return row.astype(np.int64), np.ones(len(row))
-        return gr.neighbours(state.graph, pid)
+        return gr.neighbours(state.graph, cid)
 
-    def served(self, state: FedRelaxState, pid: int) -> Weights:
+    def served(self, state: FedRelaxState, cid: int) -> Weights:
         """(w^(i) + sum_j a_j w^(j)) / (1 + sum_j a_j) over ``serving_group``: the client's own
         model counts once beside its group, so cross-regime edges weigh less. Each model is
         the client's candidate model: for one that has not uploaded or been stepped since the
         warm-up, its last warm-up upload (trained on its data, what the loss graph scored)
         rather than the warm model, so a client without an edge is served what data taught."""
-        ids, weights = self.serving_group(state, pid)
-        total = [w.astype(np.float64) for w in self.candidate_model(state, pid)]
+        ids, weights = self.serving_group(state, cid)
+        total = [w.astype(np.float64) for w in self.candidate_model(state, cid)]
         for j, a in zip(ids, weights, strict=True):
             for acc, w in zip(total, self.candidate_model(state, int(j)), strict=True):
                 acc += float(a) * w.astype(np.float64)
         mass = 1.0 + float(np.sum(weights))
         return [(t / mass).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)]
 
-    def candidates_for(self, state: FedRelaxState, pid: int) -> np.ndarray:
-        """The clients whose models ``pid`` scores in its next message (none unless
+    def candidates_for(self, state: FedRelaxState, cid: int) -> np.ndarray:
+        """The clients whose models ``cid`` scores in its next message (none unless
         ``graph=loss`` and its measurement is due)."""
         upcoming = int(state.clock[0][0]) + 1
         have = self.scoreable(state)
         if self.params.graph != gl.SOURCE or not gl.due(
-                state.measured[0], state.pool[0], pid, upcoming,
+                state.measured[0], state.pool[0], cid, upcoming,
                 self.params.graph_refresh_every,
-                gl.available(pid, have, self.params.graph_candidates)):
+                gl.available(cid, have, self.params.graph_candidates)):
             return np.zeros(0, dtype=np.int64)
-        return gl.candidates(pid, have, state.chosen[0], self.params.graph_candidates,
+        return gl.candidates(cid, have, state.chosen[0], self.params.graph_candidates,
                              upcoming)
 
     @property
@@ -510,26 +510,26 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         # rounds=async: a client may reply twice before a flush; its later model replaces
         last = {u.partition_id: u for u in rnd.updates}
         for u in last.values():
-            pid = u.partition_id
-            old = (self.group_model(state, pid, labels) if labels is not None
-                   else self.model_of(state, pid))
+            cid = u.partition_id
+            old = (self.group_model(state, cid, labels) if labels is not None
+                   else self.model_of(state, cid))
             move = [new.astype(np.float64) - o.astype(np.float64)
                     for new, o in zip(u.upload, old, strict=True)]
             if labels is not None:  # its upload is its candidate model; group_steps store
-                self.models.write(self.candidate_id(pid), rnd.server_round, u.upload,
-                                  int(probe[pid]))
-                probe[pid] = rnd.server_round
+                self.models.write(self.candidate_id(cid), rnd.server_round, u.upload,
+                                  int(probe[cid]))
+                probe[cid] = rnd.server_round
             else:
                 # keep the file the last checkpoint names: the previous upload or the warm-up's
-                self.models.write(pid, rnd.server_round, u.upload,
-                                  int(version[pid]) if version[pid] > 0 else int(probe[pid]))
-                version[pid] = rnd.server_round
-                probe[pid] = 0  # scored by its own model from now on
+                self.models.write(cid, rnd.server_round, u.upload,
+                                  int(version[cid]) if version[cid] > 0 else int(probe[cid]))
+                version[cid] = rnd.server_round
+                probe[cid] = 0  # scored by its own model from now on
                 for acc, m in zip(moved, move, strict=True):
                     acc += m
-            moves[pid] = move
+            moves[cid] = move
             if self.params.graph == "knn":
-                sketch[pid] = gr.sketch(move)
+                sketch[cid] = gr.sketch(move)
             if by_loss:
                 remeasured |= self.record_losses(u, chosen, measured, pool, nearest,
                                                  rnd.server_round)
@@ -572,14 +572,14 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                       pool: np.ndarray, nearest: np.ndarray, server_round: int) -> bool:
         """``graph=loss``: a reply's losses (they passed ``reply_problem``) become its choice,
         in place; whether it measured anything."""
-        pid = u.partition_id
-        sent = self.sent.get(pid, np.zeros(0, dtype=np.int64))
+        cid = u.partition_id
+        sent = self.sent.get(cid, np.zeros(0, dtype=np.int64))
         if not len(sent):
             return False
-        chosen[pid] = gl.choice(u.metrics, sent, self.params.graph_k)
-        measured[pid] = server_round
-        pool[pid] = len(sent)
-        gl.fit_better(nearest, pid, u.metrics, sent)
+        chosen[cid] = gl.choice(u.metrics, sent, self.params.graph_k)
+        measured[cid] = server_round
+        pool[cid] = len(sent)
+        gl.fit_better(nearest, cid, u.metrics, sent)
         return True
 
     def group_steps(self, state: FedRelaxState, labels: np.ndarray,
@@ -591,13 +591,13 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         updated in place). Returns the sum of the members' moves (the global mean's)."""
         assert self.models is not None
         moved = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
-        for label in sorted({int(labels[pid]) for pid in replies}):
-            ids = [pid for pid in sorted(replies) if labels[pid] == label]
-            mass = sum(weight[pid] for pid in ids)
+        for label in sorted({int(labels[cid]) for cid in replies}):
+            ids = [cid for cid in sorted(replies) if labels[cid] == label]
+            mass = sum(weight[cid] for cid in ids)
             total = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
-            for pid in ids:
-                for acc, w in zip(total, replies[pid].upload, strict=True):
-                    acc += weight[pid] * w.astype(np.float64)
+            for cid in ids:
+                for acc, w in zip(total, replies[cid].upload, strict=True):
+                    acc += weight[cid] * w.astype(np.float64)
             new = [(t / mass).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)]
             for member in np.flatnonzero(labels == label):
                 for acc, a, o in zip(moved, new, self.model_of(state, int(member)), strict=True):
@@ -616,36 +616,36 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         beta = self.params.relax_server_step
         version, probe = state.version[0], state.probe[0]
         stepped: dict[int, tuple[Weights, Weights]] = {}  # client -> (its model, stepped)
-        for pid in range(n):
-            if pid in replied:
+        for cid in range(n):
+            if cid in replied:
                 continue
             if self.params.relax_server_rule == "moves":
-                ids, weights = gr.neighbours(state.graph, pid)
+                ids, weights = gr.neighbours(state.graph, cid)
                 pairs = [(replied[int(j)], a) for j, a in zip(ids, weights, strict=True)
                          if int(j) in replied]
                 if not pairs:
                     continue
                 total = sum(a for _, a in pairs)
-                own = self.model_of(state, pid)
-                stepped[pid] = (own, [(w.astype(np.float64) + beta * sum(
+                own = self.model_of(state, cid)
+                stepped[cid] = (own, [(w.astype(np.float64) + beta * sum(
                     a * m[k] for m, a in pairs) / total).astype(w.dtype)
                     for k, w in enumerate(own)])
                 continue
-            mean, degree = self.term(state, pid)
+            mean, degree = self.term(state, cid)
             if degree == 0.0:
                 continue
-            own = self.model_of(state, pid)
-            stepped[pid] = (own, [(w.astype(np.float64) + beta * (
+            own = self.model_of(state, cid)
+            stepped[cid] = (own, [(w.astype(np.float64) + beta * (
                 m.astype(np.float64) - w.astype(np.float64))).astype(w.dtype)
                 for w, m in zip(own, mean, strict=True)])
         moved = [np.zeros(a.shape, dtype=np.float64) for a in state.w0]
-        for pid, (own, new) in stepped.items():  # each model read once, above
+        for cid, (own, new) in stepped.items():  # each model read once, above
             for acc, a, o in zip(moved, new, own, strict=True):
                 acc += a.astype(np.float64) - o.astype(np.float64)
-            self.models.write(pid, server_round, new,
-                              int(version[pid]) if version[pid] > 0 else int(probe[pid]))
-            version[pid] = server_round
-            probe[pid] = 0
+            self.models.write(cid, server_round, new,
+                              int(version[cid]) if version[cid] > 0 else int(probe[cid]))
+            version[cid] = server_round
+            probe[cid] = 0
         return moved
 
     def warm_update(self, state: FedRelaxState, w_t: Weights,
@@ -672,10 +672,10 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         if self.params.graph == gl.SOURCE:
             probe = gr.grown_rows(probe, n)
             for u in rnd.updates:
-                pid = u.partition_id
-                self.models.write(self.candidate_id(pid), rnd.server_round, u.upload,
-                                  int(probe[pid]))
-                probe[pid] = rnd.server_round
+                cid = u.partition_id
+                self.models.write(self.candidate_id(cid), rnd.server_round, u.upload,
+                                  int(probe[cid]))
+                probe[cid] = rnd.server_round
         sketch = state.sketch[0]
         if self.params.graph == "knn":
             sketch = gr.grown_rows(sketch, n)

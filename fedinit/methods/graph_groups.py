@@ -58,12 +58,12 @@ def components(graph: list[np.ndarray], n: int) -> np.ndarray:
     return np.asarray([find(i) for i in range(n)], dtype=np.int64)
 
 
-def members(labels: np.ndarray, pid: int) -> np.ndarray:
-    """The clients (ascending) in client ``pid``'s group; ``pid`` alone when it is beyond
+def members(labels: np.ndarray, cid: int) -> np.ndarray:
+    """The clients (ascending) in client ``cid``'s group; ``cid`` alone when it is beyond
     ``labels`` (a client that joined after the groups were formed)."""
-    if pid >= len(labels):
-        return np.asarray([pid], dtype=np.int64)
-    return np.flatnonzero(labels == labels[pid]).astype(np.int64)
+    if cid >= len(labels):
+        return np.asarray([cid], dtype=np.int64)
+    return np.flatnonzero(labels == labels[cid]).astype(np.int64)
 
 
 def attached(labels: np.ndarray, chosen: np.ndarray) -> np.ndarray:

@@ -44,38 +44,38 @@ def loss_key(candidate: int) -> str:
     return f"{LOSS_PREFIX}{candidate}"
 
 
-def due(measured: np.ndarray, pool: np.ndarray, pid: int, upcoming: int, every: int,
+def due(measured: np.ndarray, pool: np.ndarray, cid: int, upcoming: int, every: int,
         available: int) -> bool:
-    """Whether client ``pid``, sampled for round ``upcoming``, measures its candidates: when
+    """Whether client ``cid``, sampled for round ``upcoming``, measures its candidates: when
     there are any (from round 2 on), at its first participation, once ``every`` rounds have
     passed since its last measurement, and whenever more candidates are available than its
     last choice was made from (``pool``: early choices, made among the few clients trained
     by then, are remade as the federation fills)."""
     if upcoming < 2 or available == 0:
         return False
-    last = int(measured[pid]) if pid < len(measured) else 0
-    scored = int(pool[pid]) if pid < len(pool) else 0
+    last = int(measured[cid]) if cid < len(measured) else 0
+    scored = int(pool[cid]) if cid < len(pool) else 0
     return last == 0 or upcoming - last >= every or available > scored
 
 
-def available(pid: int, version: np.ndarray, limit: int) -> int:
-    """How many candidates ``pid`` would score now: the other clients with a model (``version``
+def available(cid: int, version: np.ndarray, limit: int) -> int:
+    """How many candidates ``cid`` would score now: the other clients with a model (``version``
     > 0), at most ``limit``."""
-    have = int(np.count_nonzero(version > 0)) - int(pid < len(version) and version[pid] > 0)
+    have = int(np.count_nonzero(version > 0)) - int(cid < len(version) and version[cid] > 0)
     return min(have, limit)
 
 
-def candidates(pid: int, version: np.ndarray, chosen: np.ndarray, limit: int,
+def candidates(cid: int, version: np.ndarray, chosen: np.ndarray, limit: int,
                upcoming: int) -> np.ndarray:
-    """Client ids whose models ``pid`` scores, ascending: every other client with a stored
+    """Client ids whose models ``cid`` scores, ascending: every other client with a stored
     model if at most ``limit``, else its current choice plus a seeded sample of the rest."""
-    have = np.asarray([j for j in np.flatnonzero(version > 0) if j != pid], dtype=np.int64)
+    have = np.asarray([j for j in np.flatnonzero(version > 0) if j != cid], dtype=np.int64)
     if len(have) <= limit:
         return have
-    mine = chosen[pid] if pid < len(chosen) else np.zeros(0, dtype=np.int64)
+    mine = chosen[cid] if cid < len(chosen) else np.zeros(0, dtype=np.int64)
     keep = np.intersect1d(mine[mine != NONE], have)
     rest = np.setdiff1d(have, keep)
-    rng = np.random.default_rng((SAMPLE_SEED, upcoming, pid))
+    rng = np.random.default_rng((SAMPLE_SEED, upcoming, cid))
     picked = rng.choice(rest, size=limit - len(keep), replace=False)
     return np.sort(np.concatenate([keep, picked]).astype(np.int64))
 
@@ -136,16 +136,16 @@ def choice(metrics: Mapping[str, Any], sent: np.ndarray, k: int) -> np.ndarray:
     return np.concatenate([np.sort(best), np.full(k - len(best), NONE, dtype=np.int64)])
 
 
-def fit_better(nearest: np.ndarray, pid: int, metrics: Mapping[str, Any],
+def fit_better(nearest: np.ndarray, cid: int, metrics: Mapping[str, Any],
                sent: np.ndarray) -> None:
-    """In place: ``pid`` becomes candidate j's nearest client (row j of ``nearest``: [1 +
+    """In place: ``cid`` becomes candidate j's nearest client (row j of ``nearest``: [1 +
     that client, its loss]) where its reported loss of j's model is the lowest so far, so a
     client no one chose can still be placed by whose data its model fits; the metrics passed
     ``losses_problem``."""
     for j in sent.astype(np.int64):
         loss = float(metrics[loss_key(int(j))])
         if nearest[j, 0] == 0 or loss < nearest[j, 1]:
-            nearest[j] = (pid + 1, loss)
+            nearest[j] = (cid + 1, loss)
 
 
 def union_graph(chosen: np.ndarray) -> list[np.ndarray]:

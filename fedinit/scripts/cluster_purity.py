@@ -26,8 +26,8 @@ from server_app.regime_files import read_regimes
 def purity(assignment: list[int], regimes: dict[int, int], clients: set[int]) -> float:
     """Share of ``clients`` in their cluster's majority regime."""
     by_cluster: dict[int, Counter[int]] = {}
-    for pid in clients:
-        by_cluster.setdefault(assignment[pid], Counter())[regimes[pid]] += 1
+    for cid in clients:
+        by_cluster.setdefault(assignment[cid], Counter())[regimes[cid]] += 1
     kept = sum(c.most_common(1)[0][1] for c in by_cluster.values())
     return kept / max(len(clients), 1)
 
@@ -51,8 +51,8 @@ def by_round(run_dir: Path) -> list[dict[str, float]]:
         trained |= set(sample_clients(cfg.seed, rnd, cfg.num_clients, cfg.clients_per_round))
         assignment = changes.get(rnd, assignment)
         used: dict[int, set[int]] = {}
-        for pid in trained:
-            used.setdefault(assignment[pid], set()).add(regimes[pid])
+        for cid in trained:
+            used.setdefault(assignment[cid], set()).add(regimes[cid])
         rows.append({"round": rnd, "trained": len(trained),
                      "purity": purity(assignment, regimes, trained),
                      "clusters": len(used), "mixed": sum(len(r) > 1 for r in used.values())})

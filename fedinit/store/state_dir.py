@@ -1,13 +1,13 @@
 """The disk half of the client store: one client's versioned state files in a directory.
 
-``<root>/<experiment>/client-<pid>/r<round>.npz``, one record per participation, the newest
+``<root>/<experiment>/client-<cid>/r<round>.npz``, one record per participation, the newest
 ``KEEP_VERSIONS`` kept: a round that was in flight when the server died is redone from the
 version before it, exactly as the uninterrupted run did. Under ``rounds=async`` a client may
 train several times between two checkpoints, so the server also names the version a resume
 would start it from (``rk.KEEP_ROUND``), kept beside the newest two.
 
 One directory per client, so finding a client's versions lists only its own files: with every
-client's files in one directory (the layout before, ``<experiment>/client-<pid>-r<round>.npz``)
+client's files in one directory (the layout before, ``<experiment>/client-<cid>-r<round>.npz``)
 each participation listed the whole federation's files, which grows with the number of
 clients. Files in that layout are still read: a client moves its own into its directory the
 first time it looks (one rename each, atomic), so a run started before resumes unchanged.
@@ -62,7 +62,7 @@ writes that layout any more, so one look per directory and process is enough."""
 
 
 class StateDir:
-    """One client's state files: ``<root>/<experiment>/client-<pid>/r<round>.npz``."""
+    """One client's state files: ``<root>/<experiment>/client-<cid>/r<round>.npz``."""
 
     def __init__(self, root: Path, experiment: str, partition_id: int,
                  sync: bool = True) -> None:
@@ -80,7 +80,7 @@ class StateDir:
         self.sync = sync
         self.client_dir = self.dir / f"client-{partition_id}"
         self.experiment = experiment
-        self.pid = partition_id
+        self.cid = partition_id
         self._moved_flat = False
 
     def version_path(self, server_round: int) -> Path:
@@ -123,7 +123,7 @@ class StateDir:
             names = []
         flat = [m for name in names if (m := FLAT_NAME.fullmatch(name))]
         for m in flat:
-            if int(m.group(1)) != self.pid:
+            if int(m.group(1)) != self.cid:
                 continue
             self.inside(self.client_dir).mkdir(parents=True, exist_ok=True)
             source = self.inside(self.dir / m.group(0))
@@ -145,7 +145,7 @@ class StateDir:
         pins = {pin} if isinstance(pin, int) else set(pin)
         self._move_flat_files()
         self.inside(self.client_dir).mkdir(parents=True, exist_ok=True)
-        meta = {"experiment": self.experiment, "partition-id": self.pid, "round": server_round,
+        meta = {"experiment": self.experiment, "partition-id": self.cid, "round": server_round,
                 "entries": {k: len(v) for k, v in entries.items()}}
         write_record(self.inside(self.version_path(server_round)), entries, meta,
                      sync=self.sync)
@@ -201,10 +201,10 @@ class StateDir:
             expect_counts(path, groups, counts)
         except RecordError as err:
             raise StateError(path, err.problem) from None
-        if meta.get("experiment") != self.experiment or meta.get("partition-id") != self.pid:
+        if meta.get("experiment") != self.experiment or meta.get("partition-id") != self.cid:
             raise StateError(path, f"belongs to experiment {meta.get('experiment')} partition "
                                    f"{meta.get('partition-id')}, not {self.experiment} "
-                                   f"partition {self.pid}")
+                                   f"partition {self.cid}")
         return {k: groups.get(k, []) for k in counts}
 
 

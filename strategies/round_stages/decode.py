@@ -106,7 +106,7 @@ class DecodeReplies:
         node = msg.metadata.src_node_id
         if node not in sent_to:
             return "reply from a node that was not sampled this round"
-        pid = sent_to[node]
+        cid = sent_to[node]
         content = msg.content
         if rk.METRICS not in content.metric_records:
             return f"missing MetricRecord {rk.METRICS!r}"
@@ -117,7 +117,7 @@ class DecodeReplies:
             return (f"the reply says {rk.UPLOAD_DELTA}={said!r}; the round asked for "
                     f"{'Delta_i' if self.cfg.train.ri_aggregation == 'update' else 'w_iK'}")
         if self.secure:  # only the sum may be learnt: no per-client figure is read
-            return self.decode_masked(content, pid, w_t)
+            return self.decode_masked(content, cid, w_t)
         problem = codec_problem(self.cfg.train.compression,
                                 content.config_records[rk.CONFIG].get(rk.COMPRESSION))
         if problem is not None:
@@ -133,7 +133,7 @@ class DecodeReplies:
                 if not isinstance(value, int) or value <= 0:
                     return f"{key}={value!r} is not a positive integer"
             assert isinstance(n, int) and isinstance(steps, int)
-            problem = self.examples_problem(pid, n)
+            problem = self.examples_problem(cid, n)
             if problem is not None:
                 return problem
             if not isinstance(loss, int | float) or not math.isfinite(float(loss)):
@@ -156,13 +156,13 @@ class DecodeReplies:
             problem = arrays_problem(key, arrays[key], w_t)
             if problem is not None:
                 return problem
-        update = ClientUpdate(partition_id=pid, upload=arrays.pop(rk.ARRAYS), extras=arrays,
+        update = ClientUpdate(partition_id=cid, upload=arrays.pop(rk.ARRAYS), extras=arrays,
                               num_examples=n, train_loss=float(loss), num_steps=steps,
                               metrics=dict(metrics), upload_bytes=upload_bytes)
-        problem = self.rule.reply_problem(update, self.expected_steps(pid))
+        problem = self.rule.reply_problem(update, self.expected_steps(cid))
         return update if problem is None else problem
 
-    def decode_masked(self, content: RecordDict, pid: int, w_t: Weights) -> ClientUpdate | str:
+    def decode_masked(self, content: RecordDict, cid: int, w_t: Weights) -> ClientUpdate | str:
         """A masked reply: its counts are the ones the server derives itself (the
         partition's size and step count, else 1: uniform weighting reads neither), its train
         loss unknown (NaN); whatever metrics it carries are not read."""
@@ -170,11 +170,11 @@ class DecodeReplies:
         problem = masked_problem(content, w_t, len(self.rule.up_keys), width)
         if problem is not None:
             return problem
-        steps = self.expected_steps(pid)
+        steps = self.expected_steps(cid)
         blobs = content.config_records[SECAGG][sw.MASKED]
         assert isinstance(blobs, list)  # masked_problem checked: a list of bytes
-        update = ClientUpdate(partition_id=pid, upload=[], extras={},
-                              num_examples=self.true_examples(pid) or 1,
+        update = ClientUpdate(partition_id=cid, upload=[], extras={},
+                              num_examples=self.true_examples(cid) or 1,
                               train_loss=math.nan, num_steps=steps or 1,
                               upload_bytes=sum(len(b) for b in blobs))
         problem = self.rule.reply_problem(update, steps)

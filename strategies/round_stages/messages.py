@@ -49,29 +49,29 @@ class TrainMessages:
             round_config[rk.COMPRESSION] = c.train.compression
         extras = {k: pack(v) for k, v in self.method.rule.down(self.method.state).items()}
         messages, sent_to = [], {}
-        for pid in chosen:
-            node = self.node_of_partition[pid]
-            sent_to[node] = pid
-            model, own = self.content_for(pid, arrays, extras, w_t)
+        for cid in chosen:
+            node = self.node_of_partition[cid]
+            sent_to[node] = cid
+            model, own = self.content_for(cid, arrays, extras, w_t)
             content = RecordDict({rk.ARRAYS: model,
-                                  rk.CONFIG: self.client_config(round_config, pid), **own})
+                                  rk.CONFIG: self.client_config(round_config, cid), **own})
             messages.append(
                 Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node))
         return messages, sent_to
 
-    def evaluated_for(self, pid: int, arrays: ArrayRecord, w_t: Weights) -> ArrayRecord:
-        """The model client ``pid`` is scored on in personalized evaluation: the method's
+    def evaluated_for(self, cid: int, arrays: ArrayRecord, w_t: Weights) -> ArrayRecord:
+        """The model client ``cid`` is scored on in personalized evaluation: the method's
         own choice for it (``ServerRule.evaluated_model``), else its train message's model."""
-        own = self.method.rule.evaluated_model(self.method.state, pid, w_t)
+        own = self.method.rule.evaluated_model(self.method.state, cid, w_t)
         if own is not None:
             return pack(own)
-        return self.content_for(pid, arrays, {}, w_t)[0]
+        return self.content_for(cid, arrays, {}, w_t)[0]
 
-    def content_for(self, pid: int, arrays: ArrayRecord, extras: dict[str, ArrayRecord],
+    def content_for(self, cid: int, arrays: ArrayRecord, extras: dict[str, ArrayRecord],
                     w_t: Weights) -> tuple[ArrayRecord, dict[str, ArrayRecord]]:
-        """The model and extra records client ``pid`` receives: the shared ones, unless the
+        """The model and extra records client ``cid`` receives: the shared ones, unless the
         method gives each client its own (``ServerRule.down_to``)."""
-        own = self.method.rule.down_to(self.method.state, pid, w_t)
+        own = self.method.rule.down_to(self.method.state, cid, w_t)
         if own is None:
             return arrays, extras
         return pack(own.model), {k: pack(v) for k, v in own.extras.items()}

@@ -45,13 +45,13 @@ class PersonalEvaluation:
                                     rk.LR: c.train.lr_at(server_round), rk.PERSONAL_EVAL: True})
         messages = []
         online = set(self.available())
-        for pid in personal_summary.eval_clients(c):
-            if pid not in online:  # not identified or not connected: no score this time
+        for cid in personal_summary.eval_clients(c):
+            if cid not in online:  # not identified or not connected: no score this time
                 continue
-            node = self.node_of_partition[pid]
-            self.sent_to[node] = pid
-            model = self.content.evaluated_for(pid, arrays, w_t)
-            content = RecordDict({rk.ARRAYS: model, rk.CONFIG: for_client(eval_config, pid)})
+            node = self.node_of_partition[cid]
+            self.sent_to[node] = cid
+            model = self.content.evaluated_for(cid, arrays, w_t)
+            content = RecordDict({rk.ARRAYS: model, rk.CONFIG: for_client(eval_config, cid)})
             messages.append(
                 Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node))
         return messages

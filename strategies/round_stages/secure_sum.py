@@ -116,11 +116,11 @@ class SecAggRound:
     def log_rejected(self, server: SecAggServer) -> None:
         """One line per protocol reply the server refused since the last call: that client
         is dropped from the protocol, the round goes on without it."""
-        for pid, stage, why in server.rejected[self.logged:]:
+        for cid, stage, why in server.rejected[self.logged:]:
             log_line(self.private, WARNING,
                 "round %d: secure aggregation: client %d (node %s) dropped at %s, "
-                "its reply is rejected: %s", self.server_round, pid,
-                self.node_of.get(pid, "?"), stage, why)
+                "its reply is rejected: %s", self.server_round, cid,
+                self.node_of.get(cid, "?"), stage, why)
         self.logged = len(server.rejected)
 
     def key_exchange(self, grid: Grid, server_round: int, w_t: Weights,
@@ -129,7 +129,7 @@ class SecAggRound:
         messages of those that completed both, each with its collect-stage dict; none (one
         line logged) when the round cannot have a sum."""
         self.server, self.grid, self.server_round = None, grid, server_round
-        self.node_of = {pid: node for node, pid in sent_to.items()}
+        self.node_of = {cid: node for node, cid in sent_to.items()}
         self.logged = 0
         server = None
         # the protocol's server (its cryptography) loads only when a round runs SecAgg+
@@ -161,9 +161,9 @@ class SecAggRound:
         self.server = server
         out = []
         for msg in messages:
-            pid = sent_to[msg.metadata.dst_node_id]
-            if pid in collect:
-                msg.content.config_records[SECAGG] = ConfigRecord(collect[pid])
+            cid = sent_to[msg.metadata.dst_node_id]
+            if cid in collect:
+                msg.content.config_records[SECAGG] = ConfigRecord(collect[cid])
                 out.append(msg)
         return out
 
@@ -187,26 +187,26 @@ class SecAggRound:
         assert self.grid is not None
         msgs = [Message(content=RecordDict({
                     SECAGG: ConfigRecord(dict(body)),
-                    rk.CONFIG: ConfigRecord({rk.CLIENT_ID: pid, rk.ROUND: self.server_round})}),
-                    message_type=MessageType.QUERY, dst_node_id=self.node_of[pid])
-                for pid, body in outgoing.items()]
-        client_of = {node: pid for pid, node in self.node_of.items()}
+                    rk.CONFIG: ConfigRecord({rk.CLIENT_ID: cid, rk.ROUND: self.server_round})}),
+                    message_type=MessageType.QUERY, dst_node_id=self.node_of[cid])
+                for cid, body in outgoing.items()]
+        client_of = {node: cid for cid, node in self.node_of.items()}
         got: dict[int, dict[str, Any]] = {}
         for reply in self.grid.send_and_receive(msgs, timeout=self.timeout):
             node = reply.metadata.src_node_id
-            pid = client_of.get(node)
-            if pid is None or pid not in outgoing:
+            cid = client_of.get(node)
+            if cid is None or cid not in outgoing:
                 continue
             if reply.has_error():
                 why = "client error: " + (reply.error.reason.strip().splitlines() or [""])[-1]
             elif SECAGG not in reply.content.config_records:
                 why = f"the reply lacks ConfigRecord {SECAGG!r}"
             else:
-                got[pid] = dict(reply.content.config_records[SECAGG])
+                got[cid] = dict(reply.content.config_records[SECAGG])
                 continue
             log_line(self.private, WARNING,
                 "round %d: secure aggregation: client %d (node %d) dropped: %s",
-                self.server_round, pid, node, why)
+                self.server_round, cid, node, why)
         return got
 
 

@@ -123,3 +123,26 @@ def test_cli_holds_the_users_commands_and_only_what_they_use() -> None:
         todo += [m for m in found if re.search(rf"\bcli(\.| import ){m}\b", source)]
     assert found - reached == set(), \
         f"fedinit/cli/ modules no command uses: {sorted(found - reached)}"
+
+
+CLIENT_ID_PACKAGES = ("strategies", "server_app", "client_app", "methods", "store", "task",
+                      "secure_aggregation")
+"""The packages that speak of clients, never of processes: a client (partition) id is
+``cid`` there; ``pid`` is a process id (the commands, the node runtime, the test tooling)."""
+
+
+def test_pid_names_a_process_and_never_a_client() -> None:
+    """One meaning per name: no ``pid`` or ``pids`` identifier in the client-speaking packages
+    (attribute access like ``proc.pid`` is a process's, and allowed)."""
+    import io
+    import tokenize
+
+    found = []
+    for package in CLIENT_ID_PACKAGES:
+        for path in sorted(layer_dir(package).rglob("*.py")):
+            tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
+            for prev, tok in zip([None, *tokens], tokens, strict=False):
+                if (tok.type == tokenize.NAME and tok.string in ("pid", "pids")
+                        and (prev is None or prev.string != ".")):
+                    found.append(f"{path.relative_to(REPO)}:{tok.start[0]}")
+    assert not found, found

@@ -19,12 +19,10 @@ from fedinit.methods.method import ClientUpdate, ServerRule
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.upload_codec import channels, codec_problem, decode_channel
 from fedinit.methods.weights import Weights
-from fedinit.secure_aggregation import wire as sw
 from fedinit.task.config import RunConfig
 from fedinit.task.local_steps import num_steps
 from strategies.operator_log import log_line
 from strategies.round_stages.replies import Accepted, RoundReplies, log_rejected
-from strategies.round_stages.secure_sum import SECAGG, masked_problem, params_of
 
 NOT_ARRIVED = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
                          ErrorCode.NODE_UNAVAILABLE})
@@ -166,6 +164,9 @@ class DecodeReplies:
         """A masked reply: its counts are the ones the server derives itself (the
         partition's size and step count, else 1: uniform weighting reads neither), its train
         loss unknown (NaN); whatever metrics it carries are not read."""
+        from fedinit.secure_aggregation import wire as sw  # only a secure run's replies
+        from strategies.round_stages.secure_sum import SECAGG, masked_problem, params_of
+
         width = params_of(self.cfg).field_bits // 8
         problem = masked_problem(content, w_t, len(self.rule.up_keys), width)
         if problem is not None:

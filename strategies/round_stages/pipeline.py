@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from fedinit.methods.dp import Mechanism
 from fedinit.methods.robust_choices import SELECTIONS
@@ -16,7 +17,6 @@ from strategies.round_stages.held import AccountedRounds, HeldMethod
 from strategies.round_stages.messages import ClientConfig, TrainMessages
 from strategies.round_stages.method_update import AccountRound, MethodUpdate
 from strategies.round_stages.norm_filter import NormFilter
-from strategies.round_stages.privacy import ClientLevelDp
 from strategies.round_stages.quorum import MinReplies
 from strategies.round_stages.replies import RoundReplies, Stage, run_stages
 from strategies.round_stages.sampling import (
@@ -25,8 +25,9 @@ from strategies.round_stages.sampling import (
     Sampler,
     secret_seed,
 )
-from strategies.round_stages.secure_sum import SecAggRound, SecureSum, params_of, upload_keys
-from strategies.round_stages.selection import RobustSelection
+
+if TYPE_CHECKING:  # the stages a run's settings may leave out load when they are built
+    from strategies.round_stages.secure_sum import SecAggRound
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,13 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
         RegisteredSampler(secret_seed(), cfg.num_clients, cfg.clients_per_round) if dp
         else AvailableSampler(cfg.seed, cfg.num_clients, cfg.sampled_per_round))
     if cfg.privacy.secure_aggregation != "off":
+        from strategies.round_stages.secure_sum import (
+            SecAggRound,
+            SecureSum,
+            params_of,
+            upload_keys,
+        )
+
         # dp=distributed (the only DP mode allowed here): the devices clip and noise, the
         # server adds nothing; the quorum counts the uploads in the sum (t_min = min-replies),
         # the mean divides by the fixed m as central does
@@ -100,8 +108,10 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
         stages.append(NormFilter(cfg, method))
     stages.append(MinReplies(cfg.fleet.min_replies, count_arrived=dp))
     if cfg.robust.aggregation in SELECTIONS:
+        from strategies.round_stages.selection import RobustSelection
         stages.append(RobustSelection(cfg, rule))
     if dp:
+        from strategies.round_stages.privacy import ClientLevelDp
         stages.append(ClientLevelDp(privacy, rule.up_keys))
     stages += [Combine(cfg.train.ri_aggregation, cfg.train.weighting,
                        privacy.mean if dp else robust),

@@ -103,7 +103,16 @@ def test_connections_are_reset_every_period(echo: tuple[str, int], proxies: Prox
         with pytest.raises((ConnectionResetError, BrokenPipeError, AssertionError)):
             round_trip(listen, b"y", s)
     assert proxy.counters.resets >= 1
-    assert round_trip(listen) < 0.5  # a new connection works
+    # a new connection works; one opened just before a reset tick is reset with the rest
+    # (CI: connect() reset by peer), so it gets three tries, 0.1 s apart, inside a period
+    for attempt in range(3):
+        try:
+            assert round_trip(listen) < 0.5
+            break
+        except (ConnectionResetError, BrokenPipeError):
+            if attempt == 2:
+                raise
+            time.sleep(0.1)
 
 
 def test_a_cut_forwards_nothing_then_resets_and_the_link_comes_back(

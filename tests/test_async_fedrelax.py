@@ -14,20 +14,16 @@ the GTVMin closed form (eq. (58)), and a kill and resume ends bit-identical.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Message
 
-from fedinit.methods.fedbuff import Flush
 from fedinit.methods.fedrelax import OWN
 from fedinit.store.state_dir import StateDir
 from fedinit.task.config import ConfigError, RunConfig
 from server_app import async_resume
-from server_app.async_resume import async_checkpoint, loop_state_of, resume_loop
 from server_app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from strategies.async_loop import BufferedStrategy
 from testbeds.lsq_async import (
@@ -39,6 +35,7 @@ from testbeds.lsq_async import (
     speed_order,
 )
 from testbeds.lsq_problem import Federation, Problem, lsq_problem
+from testbeds.lsq_resume import DyingGrid, resumable_run
 
 N, DIM, K_STEPS, LR, ALPHA = 4, 5, 5, 0.05, 0.5
 EDGES = [(0, 1, 1.0), (1, 2, 0.5), (2, 3, 2.0), (0, 3, 1.0)]
@@ -229,38 +226,6 @@ and 2 training on m_i built from version 1's held models (clients 2 and 3's chan
 AFTER: Script = [(1, "ok"), (0, "ok"), (2, "ok"), (3, "ok"), (1, "ok"), (0, "ok"),
                  (2, "ok"), (3, "ok")]
 """What follows the checkpoint in the uninterrupted run (the resumed one redoes the first)."""
-
-
-class DyingGrid(ScriptedGrid):
-    """Killed (``KeyboardInterrupt``) when the loop pulls past the end of its script."""
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        if not self.script:
-            raise KeyboardInterrupt("server killed")
-        return super().pull_messages(message_ids)
-
-
-def resumable_run(grid: ScriptedGrid, run_dir: Path, ckpt_at: int,
-                  resume: bool = False) -> tuple[np.ndarray, BufferedStrategy]:
-    """The real loop with the server's model copies in ``run_dir`` (as
-    ``run_async_experiment`` binds them), writing the checkpoint of version ``ckpt_at``
-    there, or resumed from the one there."""
-    loop, strategy = make_loop(grid)
-    run_dir.mkdir(exist_ok=True)
-    strategy.bind_run_dir(run_dir)
-    w = [grid.p.w0.copy()]
-    if resume:
-        ckpt = load_checkpoint(run_dir)
-        w = resume_loop(loop, run_dir, ckpt, loop_state_of(run_dir, ckpt, has_clock=False))
-
-    def on_flush(flush: Flush, facts: dict[str, Any]) -> None:
-        state = loop.state()
-        if flush.version == ckpt_at:
-            save_checkpoint(run_dir, async_checkpoint(
-                state, flush.weights, loop.sent(), strategy.server_state(),
-                grid.cfg.to_dict(), [], loop.sent_down(), loop.sent_content()))
-
-    return loop.run(w, on_flush)[0], strategy
 
 
 def killed_run(tmp_path: Path) -> tuple[RunConfig, np.ndarray, BufferedStrategy, Path, Path]:

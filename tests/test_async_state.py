@@ -12,31 +12,27 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Message
 
-from fedinit.methods.fedbuff import Flush
 from fedinit.methods.registry import METHODS
 from fedinit.methods.scaffold import C_LOCAL
 from fedinit.store.state_dir import StateDir
 from fedinit.task.config import RunConfig
-from server_app.async_resume import async_checkpoint, loop_state_of, resume_loop
-from server_app.checkpoint import load_checkpoint, save_checkpoint
+from server_app.checkpoint import load_checkpoint
 from strategies.async_loop import AsyncLoop, BufferedStrategy
 from testbeds.lsq_async import (
     EXPERIMENT,
     Script,
     ScriptedGrid,
-    make_loop,
     run_lsq_async,
     speed_order,
 )
 from testbeds.lsq_problem import Federation, Problem, lsq_optimum, lsq_problem
+from testbeds.lsq_resume import DyingGrid, resumable_run
 
 N, DIM, K_STEPS, LR = 4, 5, 5, 0.05
 FLUSHES = 40
@@ -176,36 +172,6 @@ names again, is kept only because the server asks for it (``keep-accounted``).""
 AFTER: Script = [(1, "ok"), (0, "ok"), (2, "ok"), (3, "ok"), (1, "ok"), (0, "ok"),
                  (2, "ok"), (3, "ok")]
 """What follows the checkpoint in the uninterrupted run (the resumed one redoes the first)."""
-
-
-class DyingGrid(ScriptedGrid):
-    """Killed (``KeyboardInterrupt``) when the loop pulls past the end of its script."""
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        if not self.script:
-            raise KeyboardInterrupt("server killed")
-        return super().pull_messages(message_ids)
-
-
-def resumable_run(grid: ScriptedGrid, run_dir: Path, ckpt_at: int,
-                  resume: bool = False) -> tuple[np.ndarray, BufferedStrategy]:
-    """``run_async`` writing the checkpoint of version ``ckpt_at`` to ``run_dir`` (as
-    ``run_async_experiment`` writes each), or resumed from the one there."""
-    loop, strategy = make_loop(grid)
-    run_dir.mkdir(exist_ok=True)
-    w = [grid.p.w0.copy()]
-    if resume:
-        ckpt = load_checkpoint(run_dir)
-        w = resume_loop(loop, run_dir, ckpt, loop_state_of(run_dir, ckpt, has_clock=False))
-
-    def on_flush(flush: Flush, facts: dict[str, Any]) -> None:
-        state = loop.state()  # every flush, as the real loop's (it sets the pins)
-        if flush.version == ckpt_at:
-            save_checkpoint(run_dir, async_checkpoint(
-                state, flush.weights, loop.sent(), strategy.server_state(),
-                grid.cfg.to_dict(), [], loop.sent_down()))
-
-    return loop.run(w, on_flush)[0], strategy
 
 
 def uninterrupted_and_killed(tmp_path: Path) -> tuple[Any, np.ndarray, Any, Path, Path]:

@@ -163,8 +163,8 @@ def _check_ranges(c: RunConfig, sized: bool) -> None:
     cross.check_async(c, sized)
     privacy.check_secagg_keys(c.privacy)
     # before check_secagg: it reads the codec's bits (RunConfig.secagg_bits)
-    train.check_compression(t, c.privacy.secure_aggregation, c.schedule.rounds,
-                            c.privacy.secagg_bits, int(load_defaults()["secagg-bits"]))
+    train.check_compression(t, c.privacy.secure_aggregation, c.privacy.secagg_bits,
+                            int(load_defaults()["secagg-bits"]))
     cross.check_secagg(c, sized)
     fleet.check_over_select_value(f)
     cross.check_over_select(c, sized)

@@ -67,21 +67,18 @@ def check_server_momentum(t: TrainConfig, method: str) -> None:
                         f"0 with method={method!r} ({why})")
 
 
-def check_compression(t: TrainConfig, secure_aggregation: str, rounds: str,
-                      secagg_bits: int, secagg_bits_default: int) -> None:
-    """``compression``: the codec's one line for a name it does not parse; refused with
-    ``rounds=async`` (its replies are not yet decoded). Under SecAgg+ only ``qB`` (one scale
-    for all: the field's [-secagg-clip, secagg-clip] grid at B bits is the codec, so the masked
-    sum is of B-bit values); ``secagg-bits`` then is B or left at its default."""
+def check_compression(t: TrainConfig, secure_aggregation: str, secagg_bits: int,
+                      secagg_bits_default: int) -> None:
+    """``compression``: the codec's one line for a name it does not parse. Under SecAgg+ only
+    ``qB`` (one scale for all: the field's [-secagg-clip, secagg-clip] grid at B bits is the
+    codec, so the masked sum is of B-bit values); ``secagg-bits`` then is B or left at its
+    default."""
     try:
         codec = Compression.parse(t.compression)
     except CompressionError as err:
         raise ConfigError(f"run config: {err}") from None
     if codec is None:
         return
-    if rounds != "sync":
-        raise ConfigError(f"run config: compression={t.compression!r} with rounds={rounds!r} "
-                          "is not allowed yet; allowed: rounds='sync', or compression='off'")
     if secure_aggregation == "off":
         return
     q = codec.quantiser

@@ -71,6 +71,11 @@ class Round:
             self.tamper[stage](self.log[stage])
         return self.log[stage]
 
+    def keys_shared(self) -> dict[int, dict[str, Any]]:
+        """Setup and key sharing with every client: the key-sharing replies."""
+        replies = self._ask(Stage.SETUP, self.server.setup_messages(), set())
+        return self._ask(Stage.SHARE_KEYS, self.server.share_keys_messages(replies), set())
+
     def run(self, drop_after_keys: set[int] = frozenset(),  # type: ignore[assignment]
             drop_in_unmask: set[int] = frozenset(),  # type: ignore[assignment]
             drop_in_keys: set[int] = frozenset()) -> list[np.ndarray]:  # type: ignore[assignment]
@@ -302,8 +307,7 @@ def _client_at_unmask(params: SecAggParams) -> SecAggClient:
     ids = [1, 2, 3, 4, 5]
     rnd = Round(params, ids, grid_vectors(ids, params))
     s = rnd.server
-    replies = rnd._ask(Stage.SETUP, s.setup_messages(), set())
-    replies = rnd._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), set())
+    replies = rnd.keys_shared()
     rnd._ask(Stage.COLLECT, s.collect_messages(replies), set())
     return rnd.clients[1]
 
@@ -550,8 +554,7 @@ def test_a_client_reveals_no_mask_key_of_a_survivor() -> None:
     ids = [1, 2, 3, 4, 5]
     rnd = Round(params, ids, grid_vectors(ids, params))
     s = rnd.server
-    replies = rnd._ask(Stage.SETUP, s.setup_messages(), set())
-    replies = rnd._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), set())
+    replies = rnd.keys_shared()
     replies = rnd._ask(Stage.COLLECT, over_wire(s.collect_messages(replies)), set())
     ask = dict(s.unmask_messages(replies)[1])
     ask["reveal"] = [2]
@@ -600,8 +603,7 @@ def test_a_client_refuses_bad_input_in_one_line() -> None:
     ids = [1, 2, 3, 4, 5]
     rnd = Round(params, ids, grid_vectors(ids, params))
     s = rnd.server
-    replies = rnd._ask(Stage.SETUP, s.setup_messages(), set())
-    replies = rnd._ask(Stage.SHARE_KEYS, s.share_keys_messages(replies), set())
+    replies = rnd.keys_shared()
     msgs = over_wire(s.collect_messages(replies))
     good = rnd.vectors[1]
     nan = [good[0], good[1].copy(), good[2]]

@@ -12,10 +12,12 @@ import numpy as np
 from flwr.app import Message
 
 from fedinit.methods.fedbuff import Flush
+from fedinit.task.config import RunConfig
 from server_app.async_resume import async_checkpoint, loop_state_of, resume_loop
 from server_app.checkpoint import load_checkpoint, save_checkpoint
 from strategies.async_loop import BufferedStrategy
-from testbeds.lsq_async import ScriptedGrid, make_loop
+from testbeds.lsq_async import Script, ScriptedGrid, make_loop
+from testbeds.lsq_problem import Problem
 
 
 class DyingGrid(ScriptedGrid):
@@ -48,3 +50,19 @@ def resumable_run(grid: ScriptedGrid, run_dir: Path, ckpt_at: int,
                 grid.cfg.to_dict(), [], loop.sent_down(), loop.sent_content()))
 
     return loop.run(w, on_flush)[0], strategy
+
+
+def uninterrupted_and_killed(p: Problem, cfg: RunConfig, tmp: Path, killed: Script,
+                             after: Script, ckpt_at: int
+                             ) -> tuple[np.ndarray, BufferedStrategy, Path, Path]:
+    """The uninterrupted run's model and strategy (``killed`` but its last reply, then
+    ``after``, which redoes it), and the run and state directories of the same run killed
+    where ``killed`` ends, its checkpoint of version ``ckpt_at`` on disk."""
+    ref_grid = ScriptedGrid(p, cfg, killed[:-1] + after, tmp / "ref-state")
+    ref_w, ref = resumable_run(ref_grid, tmp / "ref-run", ckpt_at=ckpt_at)
+    run_dir, states = tmp / "run", tmp / "state"
+    try:
+        resumable_run(DyingGrid(p, cfg, killed, states), run_dir, ckpt_at=ckpt_at)
+    except KeyboardInterrupt:
+        return ref_w, ref, run_dir, states
+    raise AssertionError("the killed run went past the end of its script")

@@ -35,7 +35,7 @@ from testbeds.lsq_async import (
     speed_order,
 )
 from testbeds.lsq_problem import Federation, Problem, lsq_problem
-from testbeds.lsq_resume import DyingGrid, resumable_run
+from testbeds.lsq_resume import resumable_run, uninterrupted_and_killed
 
 N, DIM, K_STEPS, LR, ALPHA = 4, 5, 5, 0.05, 0.5
 EDGES = [(0, 1, 1.0), (1, 2, 0.5), (2, 3, 2.0), (0, 3, 1.0)]
@@ -232,12 +232,7 @@ def killed_run(tmp_path: Path) -> tuple[RunConfig, np.ndarray, BufferedStrategy,
     """The uninterrupted run's model and strategy, and the run and state directories of the
     same run killed after checkpoint 2."""
     cfg = async_cfg(tmp_path, **{"buffer-size": 2, "num-server-rounds": 5})
-    ref_grid = ScriptedGrid(problem(), cfg, KILLED[:5] + AFTER, tmp_path / "ref-state")
-    ref_w, ref = resumable_run(ref_grid, tmp_path / "ref-run", ckpt_at=2)
-    run_dir, states = tmp_path / "run", tmp_path / "state"
-    with pytest.raises(KeyboardInterrupt):
-        resumable_run(DyingGrid(problem(), cfg, KILLED, states), run_dir, ckpt_at=2)
-    return cfg, ref_w, ref, run_dir, states
+    return cfg, *uninterrupted_and_killed(problem(), cfg, tmp_path, KILLED, AFTER, ckpt_at=2)
 
 
 def test_killed_and_resumed_ends_bit_identical(tmp_path: Path) -> None:

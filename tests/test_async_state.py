@@ -24,6 +24,7 @@ from fedinit.store.state_dir import StateDir
 from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from strategies.async_loop import AsyncLoop, BufferedStrategy
+from testbeds import lsq_resume
 from testbeds.lsq_async import (
     EXPERIMENT,
     Script,
@@ -32,7 +33,7 @@ from testbeds.lsq_async import (
     speed_order,
 )
 from testbeds.lsq_problem import Federation, Problem, lsq_optimum, lsq_problem
-from testbeds.lsq_resume import DyingGrid, resumable_run
+from testbeds.lsq_resume import resumable_run
 
 N, DIM, K_STEPS, LR = 4, 5, 5, 0.05
 FLUSHES = 40
@@ -180,12 +181,8 @@ def uninterrupted_and_killed(tmp_path: Path) -> tuple[Any, np.ndarray, Any, Path
     raw = {"method": "scaffold", "buffer-size": 2, "num-server-rounds": 5,
            "staleness": "poly", "staleness-a": 0.5}
     cfg = async_cfg(raw)
-    ref_grid = ScriptedGrid(problem(), cfg, KILLED[:5] + AFTER, tmp_path / "ref-state")
-    ref_w, ref = resumable_run(ref_grid, tmp_path / "ref-run", ckpt_at=2)
-    run_dir, states = tmp_path / "run", tmp_path / "state"
-    with pytest.raises(KeyboardInterrupt):
-        resumable_run(DyingGrid(problem(), cfg, KILLED, states), run_dir, ckpt_at=2)
-    return cfg, ref_w, ref, run_dir, states
+    return cfg, *lsq_resume.uninterrupted_and_killed(problem(), cfg, tmp_path, KILLED, AFTER,
+                                                     ckpt_at=2)
 
 
 def test_killed_after_the_accounted_round_moved_and_resumed_ends_bit_identical(

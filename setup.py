@@ -1,6 +1,6 @@
 """setuptools hook (the metadata is in pyproject.toml): a wheel carries the run-config
 defaults, pyproject.toml's ``[tool.flwr.app.config]``, as package data of
-``fedinit.task.config``, since an installed wheel has no checkout to read them from."""
+``fedinit.config``, since an installed wheel has no checkout to read them from."""
 
 from pathlib import Path
 
@@ -11,11 +11,11 @@ PYPROJECT = Path(__file__).resolve().parent / "pyproject.toml"
 
 
 class BuildPyWithDefaults(build_py):
-    """build_py, plus the copy of pyproject.toml that ``fedinit/task/config/defaults.py`` reads."""
+    """build_py, plus the copy of pyproject.toml that ``fedinit/config/defaults.py`` reads."""
 
     def run(self) -> None:
         super().run()
-        target = Path(self.build_lib) / "fedinit" / "task" / "config" / "pyproject.toml"
+        target = Path(self.build_lib) / "fedinit" / "config" / "pyproject.toml"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(PYPROJECT.read_bytes())
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from testbeds.lsq_async import run_lsq_async, speed_order
 from testbeds.lsq_problem import Federation, lsq_optimum, lsq_problem
 

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
-from fedinit.task.device_speeds import slowdowns
+from fedinit.config import RunConfig
+from fedinit.config.device_speeds import slowdowns
 from fedinit.task.federated_data import partition_sizes
 from fedinit.task.models import get_weights, initial_model
 from server_app.async_rounds import run_async_experiment

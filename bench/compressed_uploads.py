@@ -25,8 +25,8 @@ from typing import Any
 from fedinit.cli.inprocess_grid import InProcessGrid
 from fedinit.cli.paired import pair, report
 from fedinit.cli.run_dirs import read_rows
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
 
 RUN_HEAD = ("seed", "compression", "bytes-up", "replies", "bytes-per-reply", "test-acc",

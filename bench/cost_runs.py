@@ -21,7 +21,7 @@ import torch
 
 from fedinit.cli.inprocess_grid import InProcessGrid
 from fedinit.cli.simulate import parse_overrides
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 

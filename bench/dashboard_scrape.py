@@ -54,7 +54,7 @@ from flwr.superlink.grid import InMemoryGrid
 
 from fedinit.cli.dashboard import make_server
 from fedinit.cli.dashboard_metrics import registry_for, scrape
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app.clients import Fleet
 from server_app.status import STATUS_FILE, NodeTally, StatusWriter
 

@@ -49,11 +49,11 @@ from flwr.app import ArrayRecord, Message, RecordDict
 
 from bench.reply_attacks import move_base, scaled_upload
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.norms import vector_norm
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.scaffold import DELTA_C
-from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
 
 BASE: dict[str, Any] = {"num-clients": 50, "fraction-train": 0.2, "train-limit": 6000,

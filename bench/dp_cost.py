@@ -17,8 +17,8 @@ import statistics
 from typing import Any
 
 from bench.cost_runs import cost_args, cost_run
+from fedinit.config import RunConfig
 from fedinit.methods import dp_budget
-from fedinit.task.config import RunConfig
 from strategies import method_strategy as strategy_module
 from testbeds.lsq_problem import serialized_bytes
 

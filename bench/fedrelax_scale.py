@@ -28,10 +28,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import clustered
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import RunConfig
 from fedinit.task.models import get_weights, initial_model
 from strategies.method_strategy import SERVER_MODELS, MethodStrategy
 from testbeds.lsq_problem import serialized_bytes

@@ -222,7 +222,7 @@ def events_run(args: argparse.Namespace, tmp: Path, app: Path, order: Path) -> t
 # ------------------------------------------------------------------- baseline and device data
 def device_files(cfg: dict[str, Any], root: Path) -> dict[int, Path]:
     """Each client's benchmark partition as its own .npz (``x`` uint8 NHWC, ``y``)."""
-    from fedinit.task.config import RunConfig
+    from fedinit.config import RunConfig
     from fedinit.task.federated_data import dataset_of, partition_indices
 
     bench = RunConfig.parse(cfg)
@@ -239,7 +239,7 @@ def device_files(cfg: dict[str, Any], root: Path) -> dict[int, Path]:
 def device_config(partitioned: dict[str, Any]) -> dict[str, Any]:
     """``partitioned`` on device data: the Fashion-MNIST schema, claimed counts capped high
     enough that no partition is cut (so the weights are the partition sizes)."""
-    from fedinit.task.data_sets.fashion_mnist import SCHEMA
+    from fedinit.data_sets.fashion_mnist import SCHEMA
 
     return {**partitioned, "dataset": "device",
             "device-classes": "tshirt,trouser,pullover,dress,coat,sandal,shirt,sneaker,bag,boot",
@@ -286,7 +286,7 @@ def partitioned_in_process(cfg: dict[str, Any], out: Path) -> Path:
     import torch
 
     from fedinit.cli.inprocess_grid import InProcessGrid
-    from fedinit.task.config import RunConfig
+    from fedinit.config import RunConfig
     from server_app.experiment import run_experiment
 
     raw = {k: v for k, v in cfg.items() if k not in ("node-registry", "min-clients")}
@@ -298,7 +298,7 @@ def partitioned_in_process(cfg: dict[str, Any], out: Path) -> Path:
 
 def central_score(cfg: dict[str, Any], run: Path) -> tuple[float, float, list[np.ndarray]]:
     """(test accuracy, test loss, weights) of ``run``'s final model on the central test set."""
-    from fedinit.task.config import RunConfig
+    from fedinit.config import RunConfig
     from server_app.central_eval import CentralEvaluator
 
     with np.load(run / "final_model.npz") as z:

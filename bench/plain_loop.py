@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from client_app.trainer import SgdSettings, sgd_pass, train_losses
+from fedinit.config import RunConfig
 from fedinit.methods.method import ClientUpdate, LocalJob, RoundInput
 from fedinit.methods.ri import aggregate_update, relaxed_start, upload_vector
 from fedinit.methods.robust import combine
 from fedinit.methods.sampling import sample_clients
 from fedinit.store.server_models import ServerModels
-from fedinit.task.config import RunConfig
 from fedinit.task.datasets import to_tensor
 from fedinit.task.evaluation import evaluate
 from fedinit.task.federated_data import client_examples, dataset_of

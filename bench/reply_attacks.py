@@ -23,11 +23,11 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.norms import update_norms, vector_norm
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.scaffold import DELTA_C
-from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
 
 ATTACKER = 1000  # node of partition 0

@@ -23,12 +23,12 @@ from flwr.app import Message
 
 from bench.reply_attacks import ATTACKER, poison
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.norms import vector_norm
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.ri import weighted_mean
 from fedinit.methods.robust import combine
-from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
 
 TWENTY = {"num-clients": 20, "fraction-train": 0.5, "train-limit": 6000,

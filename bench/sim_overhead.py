@@ -20,7 +20,7 @@ from pathlib import Path
 from bench.plain_loop import plain_fedinit
 from fedinit.cli.flower_env import flower_env
 from fedinit.cli.simulate import parse_value
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 
 
 def main() -> None:

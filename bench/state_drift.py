@@ -28,11 +28,11 @@ import numpy as np
 from flwr.app import ConfigRecord, MessageType, RecordDict
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.feddyn import H_LOCAL
 from fedinit.methods.scaffold import C_LOCAL
 from fedinit.store.client_store import ClientStore
-from fedinit.task.config import RunConfig
 from server_app import experiment
 from strategies.method_strategy import MethodStrategy
 

@@ -18,8 +18,8 @@ import tempfile
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods.registry import METHODS, composes_with_ri
-from fedinit.task.config import RunConfig
 from fedinit.task.federated_data import dataset_of
 from fedinit.task.models import initial_weights
 from strategies.method_strategy import MethodStrategy

@@ -35,6 +35,7 @@ from client_app.personal_accuracy import personal_evaluation
 from client_app.round import client_round
 from client_app.secagg_trust import TrustError, fresh_round, trust_of
 from client_app.state_place import state_dir_of
+from fedinit.config import RunConfig
 from fedinit.flower_compat import install
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import shapes, unpack
@@ -45,7 +46,6 @@ from fedinit.secure_aggregation import wire as sw
 from fedinit.store.client_store import ClientStore
 from fedinit.store.path_names import PathError
 from fedinit.store.simulated_state import STATE_ROOT
-from fedinit.task.config import RunConfig
 from fedinit.task.evaluation import evaluate as evaluate_model
 from fedinit.task.models import set_weights
 from strategies.device_privacy import (

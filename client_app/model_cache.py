@@ -19,9 +19,9 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
+from fedinit.config import RunConfig
+from fedinit.config.data import schema_of
 from fedinit.task import models
-from fedinit.task.config import RunConfig
-from fedinit.task.data_sets import schema_of
 from fedinit.task.datasets import to_tensor
 from fedinit.task.device import describe, device
 from fedinit.task.federated_data import client_examples, client_test_examples

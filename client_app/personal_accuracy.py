@@ -18,11 +18,11 @@ from flwr.app import MetricRecord, RecordDict
 from torch import nn
 
 from client_app.trainer import local_generator, local_sgd
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.method import ClientRule
 from fedinit.methods.packed_arrays import unpack
 from fedinit.store.client_store import W_PREV, ClientStore
-from fedinit.task.config import RunConfig
 from fedinit.task.evaluation import evaluate
 from fedinit.task.models import set_weights
 

@@ -16,6 +16,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from client_app.trainer import LossFn, SgdSettings, sgd_pass, train_losses
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.dp import Mechanism
 from fedinit.methods.method import ClientRule, LocalJob
@@ -23,7 +24,6 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.ri import relaxed_start, upload_vector
 from fedinit.methods.upload_codec import OFF, encode_reply
 from fedinit.store.client_store import W_PREV, ClientStore
-from fedinit.task.config import RunConfig
 from strategies.device_privacy import train_metrics
 
 

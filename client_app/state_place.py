@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedinit.config import RunConfig
 from fedinit.store.path_names import PathError
 from fedinit.store.simulated_state import STATE_ROOT
 from fedinit.store.state_dir import StateDir
-from fedinit.task.config import RunConfig
 
 HOSTS = (("flwr.simulation.ray_transport.ray_actor", "VirtualClientEngineActor.run"),
          ("flwr.server.superlink.fleet.vce.vce_api", "worker"),

@@ -8,8 +8,8 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.flower_compat import install
-from fedinit.task.config import ConfigError, RunConfig
 from fedinit.task.datasets import DataFormatError, DataNotFoundError
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import CheckpointError

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from fedinit.config import RunConfig
 from fedinit.methods.dp import Mechanism, add, clip, gaussian_like
 from fedinit.methods.dp_budget import Budget
 from fedinit.methods.method import ClientUpdate
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from server_app.experiment import dp_fields
 from server_app.privacy import Ledger, budget_spent
 from strategies.round_stages.privacy import zero_contribution

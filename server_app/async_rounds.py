@@ -21,10 +21,10 @@ from flwr.app import ConfigRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedinit.config import RunConfig, check_examples, check_writable
 from fedinit.methods import wire as rk
 from fedinit.methods.fedbuff import Flush
 from fedinit.store.files import atomic_write_bytes
-from fedinit.task.config import RunConfig, check_examples, check_writable
 from fedinit.task.data_paths import check_present
 from fedinit.task.federated_data import dataset_of, partition_sizes
 from fedinit.task.models import get_weights, initial_model, set_weights

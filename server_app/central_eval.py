@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from fedinit.task.datasets import to_tensor
 from fedinit.task.device import device
 from fedinit.task.evaluation import evaluate

@@ -22,8 +22,8 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.task.config import RunConfig
 from server_app.federated_eval import ClientQuery, usable_replies
 from strategies.personal_summary import sample_clients
 

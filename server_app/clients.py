@@ -40,8 +40,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.task.config import RunConfig
 from server_app.engine_facts import in_simulation, nodes_in_registration_order
 
 RETRY_SECONDS = 10.0

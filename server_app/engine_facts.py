@@ -16,8 +16,8 @@ from pathlib import Path
 from flwr.serverapp import Grid
 from flwr.superlink.grid import InMemoryGrid
 
+from fedinit.config import RunConfig, check_writable
 from fedinit.store.simulated_state import STATE_ROOT, state_root
-from fedinit.task.config import RunConfig, check_writable
 
 
 def in_simulation(grid: Grid) -> bool:

@@ -24,13 +24,13 @@ from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedinit.config import RunConfig, check_examples, check_writable
+from fedinit.config import keys as config_keys
 from fedinit.methods import wire as rk
 from fedinit.methods.dp_budget import Budget
 from fedinit.methods.packed_arrays import pack, unpack
 from fedinit.store.files import atomic_write_bytes, sync_filesystem
 from fedinit.store.simulated_state import STATE_ROOT
-from fedinit.task import config_keys
-from fedinit.task.config import RunConfig, check_examples, check_writable
 from fedinit.task.data_paths import check_present
 from fedinit.task.federated_data import dataset_of, partition_sizes
 from fedinit.task.models import get_weights, initial_model, set_weights
@@ -74,7 +74,7 @@ def run_name(cfg: RunConfig) -> str:
 
 RESUME_MAY_CHANGE = config_keys.RESUME_MAY_CHANGE
 """Keys a resumed run may set differently from the checkpoint's config
-(fedinit/task/config_keys.py)."""
+(fedinit/config/keys.py)."""
 
 
 class ModelDiverged(RuntimeError):

@@ -25,8 +25,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.task.config import RunConfig
 from strategies.personal_summary import sample_clients
 
 T = TypeVar("T")

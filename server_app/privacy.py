@@ -19,10 +19,10 @@ from typing import Any
 
 from flwr.common.logger import log
 
+from fedinit.config import ConfigError, RunConfig
+from fedinit.config.shown import shown
 from fedinit.methods.dp_budget import Budget
 from fedinit.store.files import atomic_write_text
-from fedinit.task.config import ConfigError, RunConfig
-from fedinit.task.shown import shown
 from server_app.checkpoint import CheckpointError
 from strategies.method_strategy import MethodStrategy
 

@@ -12,9 +12,9 @@ import csv
 import io
 from pathlib import Path
 
+from fedinit.config import RunConfig
+from fedinit.config.data import schema_of
 from fedinit.store.files import atomic_write_text
-from fedinit.task.config import RunConfig
-from fedinit.task.data_sets import schema_of
 from fedinit.task.federated_data import regimes_of
 from fedinit.task.regimes import describe
 

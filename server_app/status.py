@@ -48,9 +48,9 @@ from typing import Any
 from flwr.app import Message
 from flwr.common.logger import log
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.store.files import atomic_write
-from fedinit.task.config import RunConfig
 from server_app.clients import Fleet
 
 STATUS_FILE = "status.json"

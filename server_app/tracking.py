@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from fedinit.config.errors import ConfigError
 from fedinit.methods import wire as rk
-from fedinit.task.config_checks import ConfigError
 from server_app.client_divergence import FIELDS as DIVERGENCE_FIELDS
 from server_app.federated_eval import FIELDS as FEDERATED_FIELDS
 from server_app.public_rows import TIMING_FIELDS

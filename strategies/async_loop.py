@@ -61,6 +61,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fedinit.config import RunConfig
 from fedinit.flower_compat.object_pulls import pulls_until
 from fedinit.methods import wire as rk
 from fedinit.methods.async_server_opt import expected_staleness, lr_scale
@@ -76,7 +77,6 @@ from fedinit.methods.method import ClientUpdate, RoundInput
 from fedinit.methods.packed_arrays import pack, unpack
 from fedinit.methods.stale_correction import delay_compensated
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from strategies.async_robust import robust_flush
 from strategies.async_state import InFlight, LoopState
 from strategies.download_bytes import content_bytes

@@ -29,12 +29,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from fedinit.config import ConfigError, RunConfig
+from fedinit.config.errors import bad_value
 from fedinit.methods import wire as rk
 from fedinit.methods.dp import Mechanism
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.registry import METHODS
-from fedinit.task.config import ConfigError, RunConfig
-from fedinit.task.config_checks import bad_value
 from strategies.client_half_check import ClientHalfCheck
 from strategies.components import (
     Aggregation,

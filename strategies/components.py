@@ -8,7 +8,7 @@ Why objects and not keys: a user composes ``FedInit(privacy=CentralDP(noise_mult
 aggregation=Krum(byzantine_f=1))`` and a typo fails where it is written. Each component maps
 itself to the project's run-config keys (``keys()``: the one mapping) and names its fields for
 the errors (``names()``); at construction it checks its own values with the run config's own
-checks of those keys (``fedinit/task/config``: the one source of the rules and their one-line
+checks of those keys (``fedinit/config``: the one source of the rules and their one-line
 errors,
 reworded to name the component's fields). What depends on the rest of the strategy (the
 method, the federation's size) is checked by the strategy: at construction against the run
@@ -24,13 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fedinit.task.choices import REFILLS, STALE_CORRECTIONS, STALENESS_KINDS
-from fedinit.task.config import ConfigError, load_defaults
-from fedinit.task.config.fleet import FleetConfig, check_over_select_value
-from fedinit.task.config.privacy import PrivacyConfig, check_dp_keys, check_secagg_keys
-from fedinit.task.config.robust import RobustConfig, check_byzantine_f, check_trim_fraction
-from fedinit.task.config.schedule import ScheduleConfig, check_async_keys
-from fedinit.task.config_checks import did_you_mean
+from fedinit.config import ConfigError, load_defaults
+from fedinit.config.choices import REFILLS, STALE_CORRECTIONS, STALENESS_KINDS
+from fedinit.config.errors import did_you_mean
+from fedinit.config.fleet import FleetConfig, check_over_select_value
+from fedinit.config.privacy import PrivacyConfig, check_dp_keys, check_secagg_keys
+from fedinit.config.robust import RobustConfig, check_byzantine_f, check_trim_fraction
+from fedinit.config.schedule import ScheduleConfig, check_async_keys
 
 _KINDS: dict[str, tuple[type, ...]] = {"float": (int, float), "int": (int,), "str": (str,)}
 _ALLOWED: dict[str, str] = {"float": "a number", "int": "an integer", "str": "a string"}

@@ -42,14 +42,14 @@ from flwr.app import Context, Error, Message, MetricRecord
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
+from fedinit.config.shown import shown
 from fedinit.methods import wire as rk
 from fedinit.methods.dp import Mechanism
 from fedinit.store.client_store import ClientStore
 from fedinit.store.privacy_ledger import LEDGER_NAME, PrivacyLedger
-from fedinit.task.shown import shown
 
 if TYPE_CHECKING:  # annotations only: the client half does not load the run config
-    from fedinit.task.config import RunConfig
+    from fedinit.config import RunConfig
 
 FLOOR = "dp-floor"
 MAX_CLIP = "dp-max-clip"

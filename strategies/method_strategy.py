@@ -20,6 +20,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.async_server_opt import with_server_momentum
 from fedinit.methods.dp import Mechanism
@@ -27,7 +28,6 @@ from fedinit.methods.method import ClientUpdate, ServerRule, ServerState
 from fedinit.methods.packed_arrays import pack, unpack
 from fedinit.methods.weights import Weights
 from fedinit.store.server_models import ServerModels
-from fedinit.task.config import RunConfig
 from strategies import personal_summary
 from strategies.round_stages import RoundReplies, TrainPipeline, build_train_pipeline
 from strategies.round_stages.combine import reply_weights

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.task.config import RunConfig
 
 KINDS: dict[str, str] = {"global": rk.ACC_GLOBAL, "finetuned": rk.ACC_FINETUNED,
                          "own": rk.ACC_OWN}

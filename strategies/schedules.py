@@ -19,9 +19,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
+from fedinit.config import RunConfig
 from fedinit.flower_compat.grid_view import GridView
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from strategies.method_strategy import MethodStrategy
 
 

@@ -23,8 +23,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.task.config import RunConfig
 from strategies.download_bytes import content_bytes
 from strategies.method_strategy import MethodStrategy
 from strategies.over_select import collect_first

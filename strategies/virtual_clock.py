@@ -1,6 +1,6 @@
 """The virtual clock of ``device-speeds``: simulated time, independent of the machine's load.
 
-Each client's task takes its simulated duration d_i (``fedinit.task.device_speeds``). A sync round
+Each client's task takes its simulated duration d_i (``fedinit.config.device_speeds``). A sync round
 waits for its slowest reply: the clock advances by max d_i over the replies the round took.
 With over-selection the round closes on simulated order, not arrival order: all replies are
 collected, sorted by (d_i, client id), and the first m the decode checks accept are kept; the
@@ -8,7 +8,7 @@ round took d of the last one kept. ``rounds=async`` keeps its own times on the s
 (``server_app/async_rounds.py``: each dispatch finishes at its send time + d_i). Every row
 then carries ``sim-time``, the cumulative simulated seconds, beside the wall time.
 
-Availability windows (a ``file:`` spec's ``START-END`` spans, ``fedinit.task.device_speeds``): a
+Availability windows (a ``file:`` spec's ``START-END`` spans, ``fedinit.config.device_speeds``): a
 client may be sampled at simulated t only if t lies in one of its windows, and a task it
 starts at t is lost unless it finishes before that window's end (the device goes away
 mid-task: the task is never sent, and it counts missing exactly as a dead node's). A sync
@@ -30,9 +30,9 @@ import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
-from fedinit.task.config import RunConfig
-from fedinit.task.config_checks import ConfigError
-from fedinit.task.device_speeds import KEY, Windows, durations, speeds_and_windows
+from fedinit.config import RunConfig
+from fedinit.config.device_speeds import KEY, Windows, durations, speeds_and_windows
+from fedinit.config.errors import ConfigError
 from fedinit.task.federated_data import partition_sizes
 from strategies.operator_log import log_line
 from strategies.over_select import Collected

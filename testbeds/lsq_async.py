@@ -22,11 +22,11 @@ from flwr.serverapp import Grid
 
 from client_app.round import client_round
 from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import pack, shapes, unpack
 from fedinit.store.client_store import ClientStore
 from fedinit.store.state_dir import StateDir
-from fedinit.task.config import RunConfig
 from strategies.async_loop import AsyncLoop, BufferedStrategy
 from testbeds.lsq_problem import Problem, VectorModel
 

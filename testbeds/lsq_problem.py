@@ -24,10 +24,10 @@ from torch import nn
 
 from client_app.round import client_round
 from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.weights import Weights
 from fedinit.store.client_store import ClientStore
-from fedinit.task.config import RunConfig
 from strategies.method_strategy import MethodStrategy
 
 NODE_BASE = 1000

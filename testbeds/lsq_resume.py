@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Message
 
+from fedinit.config import RunConfig
 from fedinit.methods.fedbuff import Flush
-from fedinit.task.config import RunConfig
 from server_app.async_resume import async_checkpoint, loop_state_of, resume_loop
 from server_app.checkpoint import load_checkpoint, save_checkpoint
 from strategies.async_loop import BufferedStrategy

@@ -21,7 +21,7 @@ HASH_SEED = "123"
 
 CODE = """
 import hashlib, json, sys
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from fedinit.task.federated_data import client_examples, local_test_indices, regimes_of
 split, regimes = (RunConfig.parse(json.loads(raw)) for raw in sys.argv[1:3])
 def digest(arrays): return hashlib.sha256(b''.join(a.tobytes() for a in arrays)).hexdigest()

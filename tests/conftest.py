@@ -17,8 +17,8 @@ from fedinit.cli.flower_env import flower_env
 from tests.slow_groups import SIM_PORT_BASE, SLOW_MODULES, group_seconds, sim_ports
 
 if TYPE_CHECKING:
-    from fedinit.task.config import RunConfig
-    from fedinit.task.data_sets.spec import DataSplits
+    from fedinit.config import RunConfig
+    from fedinit.data_sets.spec import DataSplits
 
 # Private local SuperLink ports for the tests' `flwr run`s; FEDINIT_TEST_*_PORT move them when
 # several checkouts test on one machine, and each pytest-xdist worker adds its own offset

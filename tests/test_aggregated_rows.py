@@ -14,7 +14,7 @@ import torch
 from flwr.app import Message, MessageType
 
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import NothingTrained, run_experiment
 from server_app.results import AGGREGATED, Recorder, was_aggregated

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
+from fedinit.config.errors import ConfigError
 from fedinit.methods.stale_correction import dc_contraction, delay_compensated
-from fedinit.task.config import RunConfig
-from fedinit.task.config_checks import ConfigError
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import load_checkpoint
 from testbeds.lsq_problem import Problem

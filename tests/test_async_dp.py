@@ -27,8 +27,8 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 from flwr.app import Message
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods.dp_budget import Budget
-from fedinit.task.config import ConfigError, RunConfig
 from server_app.async_privacy import FlushPrivacy
 from server_app.async_rounds import run_async_experiment
 from server_app.privacy import LEDGER_FILE

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods.fedrelax import OWN
 from fedinit.store.state_dir import StateDir
-from fedinit.task.config import ConfigError, RunConfig
 from server_app import async_resume
 from server_app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from strategies.async_loop import BufferedStrategy

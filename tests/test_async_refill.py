@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
-from fedinit.task.config_checks import ConfigError
+from fedinit.config import RunConfig
+from fedinit.config.errors import ConfigError
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import load_checkpoint
 from strategies import async_loop

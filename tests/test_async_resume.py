@@ -30,12 +30,12 @@ import pytest
 from flwr.app import Message
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.scaffold import C_LOCAL
 from fedinit.store.client_store import W_PREV
 from fedinit.store.files import read_record
 from fedinit.store.state_dir import StateDir
-from fedinit.task.config import RunConfig
 from server_app.async_resume import loop_state_of
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import CheckpointError, load_checkpoint

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedinit.task.config import ConfigError, RunConfig
+from fedinit.config import ConfigError, RunConfig
 from testbeds.lsq_async import Script, run_lsq_async
 from testbeds.lsq_problem import Problem, lsq_problem
 

@@ -18,9 +18,9 @@ from flwr.common.constant import ErrorCode
 
 from client_app.trainer import local_sgd
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import RunConfig
 from fedinit.task.datasets import to_tensor
 from fedinit.task.federated_data import client_examples, dataset_of
 from fedinit.task.models import get_weights, initial_model, set_weights

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
+from fedinit.config import RunConfig
+from fedinit.config.errors import ConfigError
 from fedinit.methods import wire as rk
 from fedinit.methods.async_server_opt import (
     VELOCITY,
@@ -28,8 +30,6 @@ from fedinit.methods.fedavg import FedAvgServer
 from fedinit.methods.fedbuff import BufferedUpdate, FedBuff
 from fedinit.methods.method import Params, RoundInput
 from fedinit.methods.scaffold import ScaffoldServer
-from fedinit.task.config import RunConfig
-from fedinit.task.config_checks import ConfigError
 from testbeds.lsq_async import ScriptedGrid, make_loop
 from testbeds.lsq_problem import Federation, Problem, lsq_problem
 from tests.test_async_state import LOCAL, SCRIPT, N, async_cfg, problem, run_async

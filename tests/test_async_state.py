@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedinit.config import RunConfig
 from fedinit.methods.registry import METHODS
 from fedinit.methods.scaffold import C_LOCAL
 from fedinit.store.state_dir import StateDir
-from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from strategies.async_loop import AsyncLoop, BufferedStrategy
 from testbeds import lsq_resume

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app.checkpoint import (
     CHECKPOINT_FILE,
     Checkpoint,

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from flwr.app import Message, MessageType
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.store.files import read_record
 from fedinit.store.simulated_state import RUN_SUBDIR
-from fedinit.task.config import ConfigError, RunConfig
 from fedinit.task.models import initial_weights
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment

@@ -10,8 +10,8 @@ from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 
 from client_app.app import evaluate_fn
 from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.task.config import RunConfig
 from fedinit.task.federated_data import client_examples, dataset_of
 from fedinit.task.models import build_model, get_weights
 

@@ -7,10 +7,10 @@ import pytest
 from flwr.app import RecordDict
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
 from fedinit.store.client_store import W_PREV, ClientStore
-from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

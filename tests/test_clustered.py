@@ -17,6 +17,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from client_app.round import client_round
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.clustered import (
     CHOICE,
@@ -29,7 +30,6 @@ from fedinit.methods.clustered import (
 from fedinit.methods.method import ClientRule
 from fedinit.methods.packed_arrays import pack, unpack
 from fedinit.store.client_store import ClientStore
-from fedinit.task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import NODE_BASE, Federation, Problem, VectorModel, lsq_optimum
 from tests.test_fedrelax import two_regimes
 

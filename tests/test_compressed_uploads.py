@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.compression import Compression
 from fedinit.methods.packed_arrays import pack, unpack
@@ -29,7 +30,6 @@ from fedinit.methods.upload_codec import codec_problem, encode_reply, residual_k
 from fedinit.store.client_store import W_PREV, ClientStore
 from fedinit.store.files import read_record
 from fedinit.store.simulated_state import RUN_SUBDIR
-from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from strategies.method_strategy import ACCOUNTED_STATE

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fedinit.task.config import (
+from fedinit.config import (
     ConfigError,
     RunConfig,
     check_examples,

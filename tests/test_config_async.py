@@ -6,10 +6,9 @@ import dataclasses
 
 import pytest
 
+from fedinit.config import ConfigError, RunConfig, choices
 from fedinit.methods.fedbuff import STALENESS_KINDS
 from fedinit.methods.registry import METHOD_NAMES, METHODS, async_methods
-from fedinit.task import choices
-from fedinit.task.config import ConfigError, RunConfig
 
 ASYNC = {"rounds": "async", "personal-eval-every": 0}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fedinit.cli import sweep_plan
-from fedinit.task.config import RunConfig, load_defaults
-from fedinit.task.config_keys import EXPERIMENT, NOT_IDENTITY, RESUME_MAY_CHANGE, SPECIAL
+from fedinit.config import RunConfig, load_defaults
+from fedinit.config.keys import EXPERIMENT, NOT_IDENTITY, RESUME_MAY_CHANGE, SPECIAL
 from server_app import experiment
 from server_app.checkpoint import CheckpointError
 
@@ -18,9 +18,9 @@ def test_every_run_config_key_is_classified_once() -> None:
     keys = set(load_defaults())
     unclassified = keys - EXPERIMENT - set(SPECIAL)
     assert not unclassified, (f"new run-config keys {sorted(unclassified)}: add each to "
-                              "fedinit/task/config_keys.py (EXPERIMENT, or SPECIAL with a reason)")
+                              "fedinit/config/keys.py (EXPERIMENT, or SPECIAL with a reason)")
     assert not EXPERIMENT & set(SPECIAL)
-    assert not (EXPERIMENT | set(SPECIAL)) - keys, "fedinit/task/config_keys.py names removed keys"
+    assert not (EXPERIMENT | set(SPECIAL)) - keys, "fedinit/config/keys.py names removed keys"
     assert all(role.why for role in SPECIAL.values())
 
 

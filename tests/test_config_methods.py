@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from fedinit.config import RunConfig, load_defaults
+from fedinit.config.run_config import GENERAL_KEYS, GROUPS, ORDER, TOP
 from fedinit.methods.registry import HOMES, METHOD_NAMES, METHODS, composes_with_ri
-from fedinit.task.config import RunConfig, load_defaults
-from fedinit.task.config.run_config import GENERAL_KEYS, GROUPS, ORDER, TOP
 from tests.test_config import one_line_refusal
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def test_a_parse_loads_the_chosen_methods_module_and_all_only_for_anothers_key()
     """The registry imports a method's module on first use: a SCAFFOLD config loads
     SCAFFOLD's rules, not FedRelax's graphs; a value given for another method's key loads
     every method, which checks its own (a bad fedcm-alpha fails under SCAFFOLD too)."""
-    probe = ("import sys\nfrom fedinit.task.config import RunConfig\n"
+    probe = ("import sys\nfrom fedinit.config import RunConfig\n"
              "RunConfig.parse({'method': 'scaffold'})\n"
              "print(sorted(m for m in sys.modules if m.startswith('fedinit.methods.f')\n"
              "             or m.endswith(('scaffold', 'clustered', 'ditto'))))\n"

@@ -7,10 +7,9 @@ import dataclasses
 
 import pytest
 
+from fedinit.config import ConfigError, RunConfig, choices
 from fedinit.methods.registry import METHOD_NAMES, METHODS, secagg_methods
 from fedinit.secure_aggregation.params import MAX_BITS, SecAggParams
-from fedinit.task import choices
-from fedinit.task.config import ConfigError, RunConfig
 
 SECAGG = {"secure-aggregation": "secagg+", "weighting": "uniform", "personal-eval-every": 0,
           "max-update-norm-ratio": 0.0}

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fedinit.task.config import ConfigError, RunConfig
+from fedinit.config import ConfigError, RunConfig
 
 STAND_IN = {"num-clients": 1_000_000}
 """What the constructor parses with (``strategies.base.ANY_FEDERATION``)."""

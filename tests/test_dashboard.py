@@ -19,7 +19,7 @@ from flwr.app import Error, Message, MessageType
 
 from fedinit.cli.dashboard import main, make_server, run_body, run_facts
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app import clients
 from server_app.experiment import run_experiment
 from server_app.status import STATUS_FILE

@@ -13,7 +13,7 @@ import pytest
 from flwr.app import Message, MessageType
 
 from fedinit.cli.dashboard import make_server
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app import clients
 from server_app.experiment import run_experiment
 from tests.browser_page import FLEET_LOOK, browse

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fedinit.cli.dashboard import make_server
 from fedinit.cli.dashboard_metrics import NODE_STATES, Families, add_run
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app.experiment import run_experiment
 from server_app.status import STATUS_FILE
 from tests import test_dashboard

@@ -20,11 +20,11 @@ from bench.defence_table import (
     unit_direction,
 )
 from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.norms import vector_norm
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.scaffold import DELTA_C
-from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots

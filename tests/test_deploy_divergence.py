@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedinit.config import RunConfig
 from fedinit.store.files import read_record
-from fedinit.task.config import RunConfig
 from fedinit.task.models import initial_weights
 from server_app.checkpoint import load_checkpoint
 from tests.deploy_helpers import deploy_three_insecure, rounds, run_dir

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app.experiment import run_experiment
 from tests.deploy_helpers import DEPLOY_LOCAL, diffs, rounds, run_dir
 from tests.test_deploy_process import TOLERANCE, leftovers

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from fedinit.cli.deploy_local import Deployment
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from testbeds.deployment_runs import FlwrRun, completed_run, deployed, final_model
 from tests.deploy_helpers import rounds
 

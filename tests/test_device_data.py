@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedinit.task.config import ConfigError, RunConfig
-from fedinit.task.data_sets import Schema, device_schema, schema_of
-from fedinit.task.data_sets.device import DeviceDataError, load_device_data
+from fedinit.config import ConfigError, RunConfig
+from fedinit.config.data import device_schema, schema_of
+from fedinit.data_sets import Schema
+from fedinit.data_sets.device import DeviceDataError, load_device_data
 from fedinit.task.federated_data import NO_DATA_DIR, client_examples, client_test_examples
 from fedinit.task.local_split import local_test_count
 from fedinit.task.models import get_weights, initial_model

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
-from fedinit.task.data_sets.fashion_mnist import SPEC as FASHION
+from fedinit.config import RunConfig
+from fedinit.data_sets.fashion_mnist import SPEC as FASHION
 from fedinit.task.federated_data import dataset_of, partition_indices
 from server_app.experiment import run_experiment
 

@@ -24,12 +24,12 @@ import fedinit.store.state_dir as state_dir_module
 from client_app.app import evaluate_fn, train_fn
 from client_app.model_cache import initial_weights
 from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.store.path_names import ALLOWED, PathError, path_name
 from fedinit.store.privacy_ledger import LEDGER_NAME
 from fedinit.store.simulated_state import STATE_ROOT
 from fedinit.store.state_dir import StateDir
-from fedinit.task.config import RunConfig
 from strategies.device_privacy import REFUSED
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

@@ -42,13 +42,13 @@ from client_app.model_cache import cached_model, client_tensors, initial_weights
 from client_app.round import client_round
 from fedinit.cli.deploy_local import pids_mentioning
 from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.dp import Mechanism, norm
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.scaffold import DELTA_C
 from fedinit.store.client_store import ClientStore
 from fedinit.store.privacy_ledger import LEDGER_NAME, PrivacyLedger
-from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from strategies.device_privacy import REFUSED, DeviceFloor, DeviceRelease, FloorError

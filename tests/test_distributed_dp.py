@@ -20,12 +20,12 @@ from flwr.app import Message, MessageType
 
 import fedinit.methods.dp as dp_module
 from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods.dp import CLIP_SIGMAS, Mechanism, min_secagg_clip
 from fedinit.methods.dp_budget import Budget
 from fedinit.methods.packed_arrays import unpack
 from fedinit.secure_aggregation import SecAggClient
 from fedinit.secure_aggregation import wire as sw
-from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from strategies.round_stages.replies import RoundReplies

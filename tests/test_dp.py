@@ -21,6 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.dp import Mechanism, clip, norm
 from fedinit.methods.dp_budget import Budget
@@ -28,7 +29,6 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.registry import METHODS, composes_with_ri
 from fedinit.methods.scaffold import DELTA_C
 from fedinit.methods.weights import Weights
-from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from strategies.method_strategy import MethodStrategy

@@ -38,6 +38,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.dp import clip
 from fedinit.methods.dp_budget import Budget
@@ -45,7 +46,6 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.sampling import sample_available, sample_clients
 from fedinit.methods.scaffold import DELTA_C
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from server_app.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
 from server_app.experiment import _progress_line, run_experiment
 from server_app.privacy import LEDGER_FILE, Ledger

@@ -19,7 +19,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.public_rows import (

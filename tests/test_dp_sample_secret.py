@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from server_app.public_rows import SAMPLE_FIGURES, TIMING_FIELDS

@@ -77,7 +77,7 @@ def test_the_wheel_installs_the_card_packages_and_one_namespace(
     site = wheel_site(wheel_bin.parent)
     assert {p.name for p in site.iterdir() if p.is_dir() and not p.name.endswith(
         (".dist-info", "__pycache__"))} == TOP_LEVEL
-    code = ("import strategies, fedinit, fedinit.task.config.defaults as d; "
+    code = ("import strategies, fedinit, fedinit.config.defaults as d; "
             "s = strategies.FedInit(beta=0.1, lr=0.05); "
             "print(strategies.__file__, *fedinit.__path__, d.defaults_file(), sep='\\n')")
     out = subprocess.run([str(wheel_bin / "python"), "-c", code], cwd=tmp_path, env=env,

@@ -74,7 +74,7 @@ def test_config_check_imports_neither_torch_nor_flower() -> None:
     # The method modules (the registry the config is built from) need numpy (60 ms), not
     # torch (a client hook imports it when it runs) and not Flower (the server's strategy
     # shell and the robust statistics do).
-    code = ("import sys; from fedinit.task.config import RunConfig; import fedinit.cli.simulate; "
+    code = ("import sys; from fedinit.config import RunConfig; import fedinit.cli.simulate; "
             "RunConfig.parse({}); "
             "print(sorted(({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'ray'}) "
             "| ({m for m in sys.modules} "

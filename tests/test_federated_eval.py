@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 import server_app.experiment as experiment
 from client_app.model_cache import client_test_tensors
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from fedinit.task.data_paths import default_data_dir
 from fedinit.task.datasets import load_dataset
 from fedinit.task.evaluation import evaluate

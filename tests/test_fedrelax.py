@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.fedrelax import DEGREE, OWN
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import Federation, Problem, lsq_optimum, quadratic_problem
 
 Edges = list[tuple[int, int, float]]

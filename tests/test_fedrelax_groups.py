@@ -13,10 +13,10 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import graph_groups as gg
 from fedinit.methods import graph_loss as gl
 from fedinit.methods.fedrelax import OWN
-from fedinit.task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import Federation, Problem, half_sq_norm
 from tests.test_fedrelax import own_models, regression, write_graph
 from tests.test_fedrelax_server_step import server_copies, step_with

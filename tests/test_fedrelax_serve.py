@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import graph_loss as gl
 from fedinit.methods import wire as rk
 from fedinit.methods.fedrelax import FedRelaxState
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import NODE_BASE, Federation, quadratic_problem
 from tests.test_fedrelax import write_graph
 from tests.test_fedrelax_server_step import step_with

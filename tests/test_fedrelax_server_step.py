@@ -15,11 +15,11 @@ import torch
 from flwr.common import ConfigRecord
 from flwr.server import Grid
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.fedrelax import DEGREE, OWN, START
 from fedinit.methods.graph_loss import unstacked
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import NODE_BASE, Federation, Problem, quadratic_problem
 from tests.test_fedrelax import (
     TWO_CLUSTERS,

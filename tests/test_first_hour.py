@@ -21,6 +21,7 @@ from fedinit.cli.superlink_port import (
     checkout_ports,
     foreign_superlink,
 )
+from fedinit.config import load_defaults
 from fedinit.scripts.flower_setup import (
     BEGIN,
     CONNECTION,
@@ -29,7 +30,6 @@ from fedinit.scripts.flower_setup import (
     install,
     with_block,
 )
-from fedinit.task.config import load_defaults
 
 SETUP = REPO / "scripts" / "setup.sh"
 STAMP = REPO / ".venv" / ".fedinit-installed"

@@ -15,9 +15,9 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from client_app.app import partition_of
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.sampling import sample_available, sample_clients
-from fedinit.task.config import ConfigError, RunConfig
 from server_app import clients
 from server_app.clients import FederationError, Fleet
 from server_app.experiment import run_experiment

@@ -11,9 +11,9 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import RunConfig
 from fedinit.task.models import initial_weights
 from server_app.experiment import run_experiment
 from strategies.method_strategy import MethodStrategy

@@ -14,11 +14,11 @@ import pytest
 from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import graph_loss as gl
 from fedinit.methods import wire as rk
 from fedinit.methods.fedrelax import DEGREE, FedRelaxState
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import ConfigError, RunConfig
 from testbeds.lsq_problem import NODE_BASE, Federation
 from tests.test_clustered import answer_with, message_for
 from tests.test_fedrelax import fedrelax, gtvmin_closed_form, own_models, rel_gap, two_regimes

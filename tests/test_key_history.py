@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fedinit.cli.sweep_plan import load_plan, matches
-from fedinit.task.config import RunConfig
-from fedinit.task.config_keys import BEFORE_KEY, value_before
+from fedinit.config import RunConfig
+from fedinit.config.keys import BEFORE_KEY, value_before
 from server_app import experiment
 from server_app.checkpoint import CheckpointError
 

@@ -15,25 +15,30 @@ ALLOWED: dict[str, set[str]] = {
     "methods": set(),  # the pure rules: Flower's own functions, no patch layer
     "store": {"flower_compat"},
     "node": {"flower_compat"},
-    "task": {"methods", "store", "flower_compat"},
+    # the data sets: one module each, where each is found and how it loads
+    "data_sets": {"store"},
+    # the run config: typed groups checked against the method registry and the data sets
+    "config": {"methods", "data_sets"},
+    "task": {"methods", "store", "flower_compat", "config", "data_sets"},
     # both halves run the SecAgg+ core's halves:
     # strategies/secure_upload.py (the client's, under method_train and the project's
     # ClientApp), strategies/round_stages/secure_sum.py
     # client_app/app.py reads the node's own slowdown factor (fedinit/node/slowdown.py) and
     # calls the strategies' client half (strategies/secure_upload.py)
-    "client_app": {"task", "methods", "store", "flower_compat", "secure_aggregation", "node",
-                   "strategies"},
+    "client_app": {"task", "config", "data_sets", "methods", "store", "flower_compat",
+                   "secure_aggregation", "node", "strategies"},
     # the project's experiment ServerApp over the strategies' round engine: data, central
     # evaluation, checkpoints, reports, tracking, the fleet's status
-    "server_app": {"strategies", "task", "methods", "store", "flower_compat",
-                   "secure_aggregation"},
+    "server_app": {"strategies", "task", "config", "data_sets", "methods", "store",
+                   "flower_compat", "secure_aggregation"},
     # the commands a user runs (fedinit-simulate, -sweep, -report, -deploy, -dashboard)
-    "cli": {"server_app", "client_app", "task", "methods", "store", "flower_compat",
-            "secure_aggregation", "node"},
+    "cli": {"server_app", "client_app", "task", "config", "data_sets", "methods", "store",
+            "flower_compat", "secure_aggregation", "node"},
     # the round engine (MethodStrategy, its stages, the schedules, the FedBuff loop), the
     # Flower Strategy classes over it, and their client half, which the project's ClientApp
     # calls too: under both apps, so it imports neither
-    "strategies": {"task", "methods", "store", "flower_compat", "secure_aggregation"},
+    "strategies": {"task", "config", "data_sets", "methods", "store", "flower_compat",
+                   "secure_aggregation"},
     # SecAgg+ protocol core (client and server halves): only Flower, numpy and flower_compat
     "secure_aggregation": {"flower_compat"},
 }
@@ -126,7 +131,7 @@ def test_cli_holds_the_users_commands_and_only_what_they_use() -> None:
 
 
 CLIENT_ID_PACKAGES = ("strategies", "server_app", "client_app", "methods", "store", "task",
-                      "secure_aggregation")
+                      "config", "data_sets", "secure_aggregation")
 """The packages that speak of clients, never of processes: a client (partition) id is
 ``cid`` there; ``pid`` is a process id (the commands, the node runtime, the test tooling)."""
 

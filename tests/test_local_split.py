@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedinit.task.config import ConfigError, RunConfig
+from fedinit.config import ConfigError, RunConfig
 from fedinit.task.federated_data import (
     client_examples,
     client_indices,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods.method import MethodSpec
 from fedinit.methods.registry import METHODS
-from fedinit.task.config import ConfigError, RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,12 +16,12 @@ import pytest
 from flwr.app import RecordDict
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods.feddyn import H_LOCAL
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.registry import METHODS, composes_with_ri
 from fedinit.methods.scaffold import C_LOCAL
 from fedinit.store.client_store import W_PREV, ClientStore
-from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
 from testbeds.lsq_problem import Federation, lsq_problem
 

@@ -16,9 +16,9 @@ import pytest
 from flwr.app import Message
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import ConfigError, RunConfig
 from server_app.experiment import run_experiment
 from tests.test_resume_and_faults import corrupt
 

@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app.clients import FederationError, Fleet, discover_clients
 
 pytestmark = pytest.mark.usefixtures("fake_clock")

@@ -18,12 +18,12 @@ import client_app.app as client_app
 from client_app.model_cache import client_test_tensors
 from fedinit.cli import inprocess_grid
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.ditto import PERSONAL
 from fedinit.methods.packed_arrays import unpack
 from fedinit.store.client_store import W_PREV
 from fedinit.store.simulated_state import STATE_ROOT
-from fedinit.task.config import ConfigError, RunConfig
 from fedinit.task.federated_data import dataset_of
 from fedinit.task.models import initial_model, set_weights
 from server_app.experiment import run_experiment

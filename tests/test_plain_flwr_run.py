@@ -17,8 +17,8 @@ import pytest
 
 from fedinit.cli.flower_env import REPO, flower_env
 from fedinit.cli.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, listening, superlinks_on
+from fedinit.config import load_defaults
 from fedinit.scripts.flower_setup import flower_config, shell_env
-from fedinit.task.config import load_defaults
 from tests.conftest import SIM_CONTROL_PORT, SIM_HTTP_PORT, kill_local_superlink
 
 SMALL = "num-server-rounds=2 train-limit=2000"  # the README's small-data override

@@ -13,8 +13,8 @@ import pytest
 
 from bench.plain_loop import plain_run
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods.registry import METHODS, composes_with_ri
-from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 

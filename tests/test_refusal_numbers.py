@@ -1,4 +1,4 @@
-"""A refusal's numbers read as true as the comparison it states (``fedinit.task.shown``).
+"""A refusal's numbers read as true as the comparison it states (``fedinit.config.shown``).
 
 A run asking for noise 0.9999999 of a device whose floor is 1 was refused with
 ``dp-noise-multiplier=1 < this device's dp-min-noise=1``: rounded until the line read false.
@@ -18,10 +18,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from client_app.app import train_fn
 from client_app.model_cache import initial_weights
 from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.config import ConfigError, RunConfig
+from fedinit.config.shown import shown
 from fedinit.methods import wire as rk
 from fedinit.methods.dp import min_secagg_clip
-from fedinit.task.config import ConfigError, RunConfig
-from fedinit.task.shown import shown
 from strategies.device_privacy import REFUSED
 
 RUN: dict[str, Any] = {"num-clients": 4, "train-limit": 400, "batch-size": 50,

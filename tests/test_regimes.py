@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedinit.config import ConfigError, RunConfig
 from fedinit.scripts.regime_graph import main as graph_main
 from fedinit.scripts.regime_graph import read_edges
-from fedinit.task.config import ConfigError, RunConfig
 from fedinit.task.datasets import load_dataset
 from fedinit.task.federated_data import (
     client_examples,

@@ -17,11 +17,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.scaffold import DELTA_C
 from fedinit.methods.weights import Weights
-from fedinit.task.config import ConfigError, RunConfig
 from server_app.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from server_app.experiment import run_experiment
 from strategies.method_strategy import MethodStrategy

@@ -11,10 +11,10 @@ import pytest
 from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDict
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
 from fedinit.store.client_store import W_PREV, ClientStore
-from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from strategies.round_stages.quorum import TooFewReplies

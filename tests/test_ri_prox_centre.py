@@ -17,11 +17,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from client_app.round import client_round
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.feddyn import H_LOCAL
 from fedinit.methods.packed_arrays import unpack
 from fedinit.store.client_store import W_PREV, ClientStore
-from fedinit.task.config import RunConfig
 from testbeds.lsq_problem import Federation, VectorModel, half_mse, lsq_problem
 
 DIM, N, K, LR, BETA = 4, 6, 5, 0.1, 0.5

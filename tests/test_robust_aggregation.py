@@ -19,11 +19,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.robust import combine
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from strategies.method_strategy import MethodStrategy
 
 SHAPES = [(3, 2), (4,)]

@@ -22,11 +22,11 @@ from flwr.serverapp import Grid
 
 from bench.krum_channels import DELTA_CS, MOVES, F, old_select, synthetic_rounds
 from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.robust import SCREEN, combine, select, unaccounted, upload_channels
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from fedinit.task.models import MODEL_NAMES, build_model, get_weights
 from strategies.method_strategy import MethodStrategy
 

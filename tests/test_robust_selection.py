@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.fedcm import FedCmParams, FedCmServer, FedCmState
 from fedinit.methods.method import ClientUpdate, RoundInput
@@ -24,7 +25,6 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.robust import combine, select
 from fedinit.methods.scaffold import DELTA_C
 from fedinit.methods.weights import Weights
-from fedinit.task.config import ConfigError, RunConfig
 from strategies.method_strategy import MethodStrategy
 
 

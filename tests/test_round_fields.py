@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.task.config import RunConfig
 from server_app.experiment import run_experiment
 from server_app.results import ROUND_FIELDS
 

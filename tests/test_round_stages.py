@@ -17,12 +17,12 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from fedinit.cli.inprocess_grid import set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.dp import Mechanism
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.sampling import sample_clients
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from strategies.method_strategy import MethodStrategy
 from strategies.round_stages import RoundReplies
 from strategies.round_stages.combine import Combine, RobustMean

@@ -25,9 +25,9 @@ from flwr.app import ArrayRecord, Message, MessageType
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import RunConfig
 from fedinit.task.datasets import to_tensor
 from fedinit.task.federated_data import dataset_of
 from fedinit.task.models import initial_model

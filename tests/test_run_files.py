@@ -13,7 +13,7 @@ from typing import Any
 from fedinit.cli.deploy_local import results_line
 from fedinit.cli.run_files import RoundsTail, run_dirs_since, run_of
 from fedinit.cli.sweep import CellRun, run_cell
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 
 
 def _run_dir(out: Path, name: str, config: dict[str, Any], age: float = 0.0) -> Path:

@@ -14,10 +14,10 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import ConfigError
 from fedinit.methods import wire as rk
 from fedinit.methods.fedavg import FedAvgServer
 from fedinit.store.state_dir import StateDir
-from fedinit.task.config import ConfigError
 from server_app.app import RunAborted, main
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import ModelDiverged, run_experiment

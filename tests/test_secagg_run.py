@@ -23,12 +23,12 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from client_app.app import evaluate_fn
 from client_app.model_cache import initial_weights
 from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods.method import ClientUpdate
 from fedinit.methods.packed_arrays import pack, unpack
 from fedinit.secure_aggregation import SecAggClient, SecAggParams
 from fedinit.secure_aggregation import wire as sw
 from fedinit.secure_aggregation.envelope import token_length
-from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import NothingTrained, run_experiment
 from strategies.round_stages.decode import DecodeReplies

@@ -36,6 +36,7 @@ from flwr.supercore.primitives.asymmetric import (
 from client_app.app import query_fn
 from client_app.secagg_trust import TrustError, fresh_round, parse_peer_keys, trust_of
 from fedinit.cli.inprocess_grid import InProcessGrid, set_task_identity
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.secure_aggregation import (
     MODULUS,
@@ -49,7 +50,6 @@ from fedinit.secure_aggregation.masks import expand, pairwise_key
 from fedinit.secure_aggregation.quant import dequantise_sum
 from fedinit.secure_aggregation.signing import KeyTrust, statement
 from fedinit.secure_aggregation.wire import Stage
-from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from tests.test_secure_aggregation import SHAPES, grid_vectors, over_wire, plain_sum

@@ -17,11 +17,11 @@ import server_app.experiment as experiment
 from client_app import app as client_app
 from client_app import state_place
 from client_app.model_cache import _TensorCache
+from fedinit.config import RunConfig
 from fedinit.flower_compat.sim_window import WindowedSimGrid
 from fedinit.store.client_store import W_PREV, ClientStore
 from fedinit.store.path_names import PathError
 from fedinit.store.state_dir import StateDir
-from fedinit.task.config import RunConfig
 from server_app.engine_facts import in_simulation
 from server_app.experiment import run_experiment
 from tests.sim_engine import InProcessSimulation

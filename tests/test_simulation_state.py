@@ -13,8 +13,8 @@ import pytest
 from flwr.app import Message, MessageType
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.store.simulated_state import RUN_SUBDIR
-from fedinit.task.config import RunConfig
 from server_app.clients import FederationError, discover_clients
 from server_app.engine_facts import client_state_entry
 from server_app.experiment import run_experiment

@@ -13,11 +13,11 @@ import pytest
 from flwr.common.config import parse_config_args
 
 from client_app.app import train_fn
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
 from fedinit.node import slowdown
 from fedinit.node.launch import check_slowdown, parse_args, with_slowdown
-from fedinit.task.config import RunConfig
 from tests.test_device_privacy import RUN, context, train_message
 
 PLAIN = {k: v for k, v in RUN.items() if not k.startswith("dp")}

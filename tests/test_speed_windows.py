@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import ConfigError, RunConfig
+from fedinit.config.device_speeds import read_speeds_file
 from fedinit.methods import wire as rk
-from fedinit.task.config import ConfigError, RunConfig
-from fedinit.task.device_speeds import read_speeds_file
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment
 from tests.test_virtual_clock import final_of, rows_of

@@ -11,7 +11,7 @@ import pytest
 
 import server_app.experiment as experiment
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from fedinit.task.data_paths import DataNotFoundError
 from server_app.clients import FederationError
 

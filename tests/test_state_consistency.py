@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from flwr.app import Message, MessageType
 
+from fedinit.config import RunConfig
 from fedinit.methods.feddyn import H_LOCAL
 from fedinit.methods.packed_arrays import pack, unpack
 from fedinit.methods.robust import move_select
@@ -26,7 +27,6 @@ from fedinit.methods.scaffold import C_LOCAL, DELTA_C
 from fedinit.methods.wire import ARRAYS
 from fedinit.store.files import read_record
 from fedinit.store.simulated_state import RUN_SUBDIR
-from fedinit.task.config import RunConfig
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
 from strategies.method_strategy import ACCOUNTED_STATE

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app import clients
 from server_app.clients import Fleet
 from server_app.experiment import run_experiment

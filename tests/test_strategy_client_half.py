@@ -19,9 +19,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from torch import nn
 
+from fedinit.config import ConfigError
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import ConfigError
 from strategies import FedDyn, FedInit, FedProx, Scaffold
 from strategies.client_half_check import ClientHalfMissing, is_foreign
 from tests.flower_log import flower_lines

@@ -18,8 +18,8 @@ import pytest
 from flwr.app import ArrayRecord
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import ConfigError, RunConfig, load_defaults
 from fedinit.methods.registry import AGGREGATIONS, METHODS
-from fedinit.task.config import ConfigError, RunConfig, load_defaults
 from strategies import FedDyn, FedInit, FedRelax, Scaffold
 from strategies.components import (
     AGGREGATION_CLASSES,

@@ -20,11 +20,11 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import Result
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import RunConfig
 from fedinit.methods import dp as dp_module
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
 from fedinit.secure_aggregation import quant
-from fedinit.task.config import RunConfig
 from fedinit.task.models import initial_weights
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment

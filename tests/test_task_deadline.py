@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from fedinit.config import ConfigError, RunConfig, load_defaults
 from fedinit.node.deadline import task_deadline, timeout_reason
 from fedinit.node.launch import executor_command
 from fedinit.node.launch import parse_args as launch_args
 from fedinit.node.warm_executor import InFlight, Worker, parse_args
-from fedinit.task.config import ConfigError, RunConfig, load_defaults
 
 
 @pytest.mark.parametrize(("run_config", "override", "want"), [

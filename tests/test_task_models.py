@@ -187,7 +187,7 @@ def test_w0_is_one_build_shared_by_server_clients_and_cache() -> None:
     """The server's w_0, the clients' cached fallback and the seeded build are the same arrays,
     and the client cache builds it once per config."""
     from client_app import model_cache
-    from fedinit.task.config import RunConfig
+    from fedinit.config import RunConfig
     from fedinit.task.federated_data import dataset_of
     from fedinit.task.models import initial_model, initial_weights
     from server_app.central_eval import CentralEvaluator

@@ -71,7 +71,7 @@ def test_noise_shifts_client_data_but_not_the_central_test_set() -> None:
     """As the docstrings say: clients train on shifted images, the server scores clean ones."""
     import torch
 
-    from fedinit.task.config import RunConfig
+    from fedinit.config import RunConfig
     from fedinit.task.datasets import to_tensor
     from fedinit.task.federated_data import client_examples, client_indices, dataset_of
     from server_app.central_eval import CentralEvaluator

@@ -13,7 +13,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedinit.cli.inprocess_grid import InProcessGrid
-from fedinit.task.config import ConfigError, RunConfig
+from fedinit.config import ConfigError, RunConfig
 from server_app.experiment import run_experiment
 from server_app.results import Recorder
 from server_app.tracking import EVENTS_DIR, TrackingUnavailable, check_available, tag_of

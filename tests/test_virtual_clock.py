@@ -17,9 +17,9 @@ import pytest
 from flwr.app import Message
 
 from fedinit.cli.inprocess_grid import InProcessGrid
+from fedinit.config import ConfigError, RunConfig
+from fedinit.config.device_speeds import STEP_SECONDS, durations, slowdowns
 from fedinit.methods import wire as rk
-from fedinit.task.config import ConfigError, RunConfig
-from fedinit.task.device_speeds import STEP_SECONDS, durations, slowdowns
 from fedinit.task.federated_data import client_examples
 from server_app.async_rounds import run_async_experiment
 from server_app.experiment import run_experiment

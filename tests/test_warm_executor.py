@@ -21,7 +21,7 @@ from fedinit.cli.deploy_local import Deployment
 from fedinit.cli.flower_env import REPO
 from fedinit.cli.inprocess_grid import InProcessGrid
 from fedinit.cli.simulate import toml_line
-from fedinit.task.config import RunConfig
+from fedinit.config import RunConfig
 from server_app.experiment import run_experiment
 from testbeds.fault_app import fault_app, hang_at, raise_at, sigkill_at
 from tests.deploy_helpers import diffs, rounds, run_dir

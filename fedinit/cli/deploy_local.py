@@ -39,9 +39,9 @@ from typing import Any, TextIO
 from fedinit.cli.flower_env import REPO, flower_env
 from fedinit.cli.run_files import read_json, run_of
 from fedinit.cli.simulate import RUN_ID, parse_overrides, run_status, toml_line
+from fedinit.config import ConfigError, RunConfig
 from fedinit.flower_compat.app_source import staged_app
 from fedinit.node.launch import repo_first_pythonpath
-from fedinit.task.config import ConfigError, RunConfig
 
 MAKE_CERTS = REPO / "deploy" / "make_certs.sh"
 CONNECTION = "fedinit-local"

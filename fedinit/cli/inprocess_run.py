@@ -17,8 +17,8 @@ import torch
 
 from fedinit.cli.inprocess_grid import InProcessGrid
 from fedinit.cli.simulate import parse_overrides
+from fedinit.config import ConfigError, RunConfig
 from fedinit.node.launch import plain_logs_off_terminal
-from fedinit.task.config import ConfigError, RunConfig
 from server_app.experiment import run_experiment
 
 

@@ -26,8 +26,8 @@ from fedinit.cli.flower_env import OFFLINE_ENV, REPO, flower_env
 from fedinit.cli.flower_output import clean_line
 from fedinit.cli.refusals import Refused, refuses, refusing
 from fedinit.cli.superlink_port import foreign_superlink
+from fedinit.config import ConfigError, RunConfig, check_writable
 from fedinit.flower_compat.app_source import staged_app
-from fedinit.task.config import ConfigError, RunConfig, check_writable
 from fedinit.task.data_paths import DataNotFoundError, check_present
 
 RUN_ID = re.compile(r"Successfully started run (\d+)")

@@ -21,12 +21,12 @@ from typing import Any
 import yaml
 
 from fedinit.cli.flower_env import REPO
-from fedinit.methods.registry import METHOD_NAMES
-from fedinit.task.config import ConfigError, RunConfig, load_defaults
-from fedinit.task.config_keys import (  # two runs differing only in NOT_IDENTITY: the same cell
+from fedinit.config import ConfigError, RunConfig, load_defaults
+from fedinit.config.keys import (  # two runs differing only in NOT_IDENTITY: the same cell
     NOT_IDENTITY,
     value_before,
 )
+from fedinit.methods.registry import METHOD_NAMES
 
 # Axes that take a list of values; their cartesian product gives the cells.
 VALUE_AXES: tuple[str, ...] = ("method", "beta", "dirichlet-alpha", "fraction-train",

@@ -35,7 +35,7 @@ clip at c needs a device's N(0, 1) draw past 20, probability 2 Q(20) = 5.5e-89 p
 
 
 class PrivacyKeys(Protocol):
-    """The run config's DP keys (``fedinit.task.config.privacy.PrivacyConfig`` has them)."""
+    """The run config's DP keys (``fedinit.config.privacy.PrivacyConfig`` has them)."""
 
     @property
     def dp(self) -> str: ...
@@ -50,14 +50,14 @@ class PrivacyKeys(Protocol):
 
 
 class MinReplies(Protocol):
-    """The run config's ``min-replies`` (``fedinit.task.config.fleet.FleetConfig`` has it)."""
+    """The run config's ``min-replies`` (``fedinit.config.fleet.FleetConfig`` has it)."""
 
     @property
     def min_replies(self) -> int: ...
 
 
 class DpSettings(Protocol):
-    """What DP reads of the run config (``fedinit.task.config.RunConfig`` has it; fedinit/methods/
+    """What DP reads of the run config (``fedinit.config.RunConfig`` has it; fedinit/methods/
     sits below fedinit/task/, so it names the fields rather than importing the class)."""
 
     @property

@@ -1,6 +1,6 @@
 """The method registry: every method's spec, by its run-config ``method`` name.
 
-The one list of methods. The run config (``fedinit.task.config``) takes the method names, their
+The one list of methods. The run config (``fedinit.config``) takes the method names, their
 parameters and their ``auto`` defaults from here; the apps take the two halves; reports take
 the labels. A method's rules are one module with a ``SPEC`` and one line below; the other
 files a new method touches (its Flower class, its docs rows) are listed in

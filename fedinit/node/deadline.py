@@ -30,7 +30,7 @@ def task_deadline(run_config: Mapping[str, Any], override: float = 0.0) -> float
     ``task-deadline``, where 0 means ``round-timeout``: a reply later than that is not
     aggregated anyway, so the task gets as long as its round waits for it. A run config
     without either key (another app) gets no deadline. The server checked both keys
-    (``fedinit/task/config/fleet.py``); values that are not positive numbers count as unset here.
+    (``fedinit/config/fleet.py``); values that are not positive numbers count as unset here.
     """
     if seconds(override):
         return seconds(override)

@@ -16,10 +16,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from fedinit.config import RunConfig
 from fedinit.methods.clustered import CLUSTERS_FILE
 from fedinit.methods.sampling import sample_clients
 from fedinit.scripts.run_dirs import run_dirs
-from fedinit.task.config import RunConfig
 from server_app.regime_files import read_regimes
 
 

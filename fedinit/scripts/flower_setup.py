@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fedinit.cli.flower_env import OFFLINE_ENV, RAY_SINGLE_MACHINE, REPO
 from fedinit.cli.superlink_port import CONTROL_PORT_ENV, HTTP_PORT_ENV, checkout_ports
-from fedinit.task.config import load_defaults
+from fedinit.config import load_defaults
 
 BEGIN = "# >>> fedinit: Flower offline settings (scripts/setup.sh) >>>"
 END = "# <<< fedinit <<<"

@@ -15,11 +15,11 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from fedinit.config import RunConfig
 from fedinit.methods.clustered import CLUSTERS_FILE
 from fedinit.methods.sampling import sample_clients
 from fedinit.scripts.cluster_purity import purity
 from fedinit.scripts.run_dirs import run_dirs
-from fedinit.task.config import RunConfig
 from server_app.regime_files import read_regimes
 
 Rule = Callable[[dict[int, float]], int]

@@ -23,8 +23,8 @@ from typing import Any
 from fedinit.cli.report import CellResult, collect, mean_std
 from fedinit.cli.run_files import read_json
 from fedinit.cli.sweep_plan import Cell, load_plan
+from fedinit.config.defaults import load_defaults
 from fedinit.methods.registry import METHODS
-from fedinit.task.config.defaults import load_defaults
 from server_app.regime_files import read_regimes
 from server_app.results import read_personal_clients
 from strategies.personal_summary import KINDS, STATS

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from fedinit.cli.simulate import parse_overrides
+from fedinit.config import ConfigError, RunConfig
 from fedinit.store.files import atomic_write_text
-from fedinit.task.config import ConfigError, RunConfig
 from fedinit.task.regimes import client_regimes, same_regime_edges
 from server_app.regime_files import REGIMES_FILE, read_regimes
 

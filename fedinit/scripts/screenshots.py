@@ -69,7 +69,7 @@ def make_runs(out: Path, rounds: int, clients: int, train_limit: int) -> None:
     import torch
 
     from fedinit.cli.inprocess_grid import InProcessGrid
-    from fedinit.task.config import RunConfig
+    from fedinit.config import RunConfig
     from server_app.experiment import run_experiment
 
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """Where each data set lives and whether it is there, without reading it.
 
-A facade over the registry (``fedinit.task.data_sets``) for the names other code imports. No torch:
+A facade over the registry (``fedinit.data_sets``) for the names other code imports. No torch:
 the config check and ``fedinit-simulate`` refuse a missing data set in milliseconds, before
 torch, Ray or any SuperNode starts; "present" here means "loadable" there (up to damage).
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedinit.task.data_sets import DATASET_NAMES, SPECS, default_data_dir, spec_of
-from fedinit.task.data_sets import cifar10 as _cifar10
-from fedinit.task.data_sets import cifar100 as _cifar100
-from fedinit.task.data_sets import fashion_mnist as _fashion
-from fedinit.task.data_sets.cifar_files import find_pickle_dir
-from fedinit.task.data_sets.spec import DataNotFoundError
+from fedinit.data_sets import DATASET_NAMES, SPECS, default_data_dir, spec_of
+from fedinit.data_sets import cifar10 as _cifar10
+from fedinit.data_sets import cifar100 as _cifar100
+from fedinit.data_sets import fashion_mnist as _fashion
+from fedinit.data_sets.cifar_files import find_pickle_dir
+from fedinit.data_sets.spec import DataNotFoundError
 
 __all__ = ["CIFAR100_HINT", "CIFAR10_HINT", "CIFAR10_JPEG_TARBALL", "DATASET_NAMES",
            "DEFAULT_DATA_CANDIDATES", "FASHION_FILES", "FASHION_HINT", "IMAGE_SIZES",

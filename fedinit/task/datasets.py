@@ -3,7 +3,7 @@
 Everything comes back as uint8 NHWC arrays plus int64 labels, so partitioning and noise work on
 raw pixels and normalisation happens once, in `to_tensor`. Loaded splits are cached in-process and
 their arrays are made read-only so one caller cannot corrupt another's copy. The readers live
-with their data sets in ``fedinit/task/data_sets/``.
+with their data sets in ``fedinit/data_sets/``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedinit.task.data_sets import DATASET_NAMES, cifar10, cifar100, fashion_mnist, spec_of
-from fedinit.task.data_sets.cifar10 import CACHE_ENV, cache_dir
-from fedinit.task.data_sets.spec import DataFormatError, DataNotFoundError, DataSplits
+from fedinit.data_sets import DATASET_NAMES, cifar10, cifar100, fashion_mnist, spec_of
+from fedinit.data_sets.cifar10 import CACHE_ENV, cache_dir
+from fedinit.data_sets.spec import DataFormatError, DataNotFoundError, DataSplits
 
 __all__ = ["CACHE_ENV", "CIFAR100_MEAN", "CIFAR100_STD", "CIFAR10_MEAN", "CIFAR10_STD",
            "DATASET_NAMES", "FASHION_MNIST_MEAN", "FASHION_MNIST_STD", "DataFormatError",

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedinit.task.data_sets import device_schema, schema_of
-from fedinit.task.data_sets.device import DeviceDataError, load_device_data
+from fedinit.config.data import device_schema, schema_of
+from fedinit.data_sets.device import DeviceDataError, load_device_data
 from fedinit.task.datasets import DataSplits, load_dataset
 from fedinit.task.local_split import local_test_count, split_positions
 from fedinit.task.noise import class_brightness_shift, client_channel_scale
@@ -24,7 +24,7 @@ from fedinit.task.partition import split
 from fedinit.task.regimes import apply_regime, client_regimes
 
 if TYPE_CHECKING:
-    from fedinit.task.config import RunConfig
+    from fedinit.config import RunConfig
 
 
 def dataset_of(cfg: RunConfig) -> DataSplits:

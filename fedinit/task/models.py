@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedinit.task.choices import MODEL_NAMES, check_model_input
+from fedinit.config.choices import MODEL_NAMES, check_model_input
 
 if TYPE_CHECKING:
-    from fedinit.task.config import RunConfig
-    from fedinit.task.data_sets import DataSplits, Schema
+    from fedinit.config import RunConfig
+    from fedinit.data_sets import DataSplits, Schema
 
 # Small CNN widths, kept in one place so CPU cost can be tuned (about 54k parameters with these).
 CNN_CONV1_CHANNELS = 8
@@ -238,11 +238,11 @@ def build_model(
 def initial_model(cfg: RunConfig, data: DataSplits | Schema | None = None) -> nn.Module:
     """The run's model at w_0: the one seeded build that server, clients and checks share.
 
-    Built from the run's schema (``fedinit.task.data_sets.schema_of``: the data set's own, or the
+    Built from the run's schema (``fedinit.config.data.schema_of``: the data set's own, or the
     one the run config declares for device data), so the server needs no data to build it;
     ``data`` (loaded splits or a schema) overrides it."""
     if data is None:
-        from fedinit.task.data_sets import schema_of
+        from fedinit.config.data import schema_of
 
         data = schema_of(cfg)
     return build_model(cfg.train.model, data.num_classes, data.in_channels, cfg.seed,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedinit.task.choices import PARTITION_NAMES
+from fedinit.config.choices import PARTITION_NAMES
 
 # Hsu et al. draws are retried this many times before empty clients are repaired by hand.
 MAX_DIRICHLET_REDRAWS = 100

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedinit.task.choices import MAX_ROTATIONS, REGIME_KINDS
+from fedinit.config.choices import MAX_ROTATIONS, REGIME_KINDS
 
 ASSIGN_STREAM = 21
 """Seed-sequence word of the client -> regime assignment (apart from every other draw)."""

@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from fedinit.config import RunConfig
 from fedinit.flower_compat import flower_helpers
 from fedinit.methods.method import ClientUpdate
 from fedinit.methods.ri import aggregate_update
 from fedinit.methods.robust import combine
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from strategies.round_stages.replies import RoundReplies
 
 Mean = Callable[[Sequence[Weights], Sequence[float]], Weights]

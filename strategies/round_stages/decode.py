@@ -13,13 +13,13 @@ import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.compression import Compression, CompressionError
 from fedinit.methods.method import ClientUpdate, ServerRule
 from fedinit.methods.packed_arrays import unpack
 from fedinit.methods.upload_codec import channels, codec_problem, decode_channel
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from fedinit.task.local_steps import num_steps
 from strategies.operator_log import log_line
 from strategies.round_stages.replies import Accepted, RoundReplies, log_rejected

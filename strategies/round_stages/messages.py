@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import pack
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from strategies.round_stages.held import HeldMethod
 
 ClientConfig = Callable[[ConfigRecord, int], ConfigRecord]

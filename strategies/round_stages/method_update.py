@@ -7,10 +7,10 @@ import dataclasses
 
 import numpy as np
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.method import RoundInput
 from fedinit.methods.ri import divergence
-from fedinit.task.config import RunConfig
 from strategies.round_stages.combine import Mean
 from strategies.round_stages.held import AccountedRounds, HeldMethod
 from strategies.round_stages.replies import RoundReplies

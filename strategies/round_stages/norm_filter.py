@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.method import ClientUpdate
 from fedinit.methods.norms import update_norms, vector_norm
 from fedinit.methods.weights import Weights
-from fedinit.task.config import RunConfig
 from strategies.round_stages.held import HeldMethod
 from strategies.round_stages.replies import RoundReplies, log_rejected
 

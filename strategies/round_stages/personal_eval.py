@@ -13,9 +13,9 @@ from logging import WARNING
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import unpack
-from fedinit.task.config import RunConfig
 from strategies import personal_summary
 from strategies.round_stages.messages import TrainMessages, for_client
 

@@ -8,9 +8,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from fedinit.config import RunConfig
 from fedinit.methods.dp import Mechanism
 from fedinit.methods.robust_choices import SELECTIONS
-from fedinit.task.config import RunConfig
 from strategies.round_stages.combine import Combine, RobustMean
 from strategies.round_stages.decode import DecodeReplies
 from strategies.round_stages.held import AccountedRounds, HeldMethod
@@ -67,7 +67,7 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
     Multi-Krum, Bulyan) -> DP (only under DP) -> combine -> method update -> accounting.
     Under DP the sample is drawn from a secret seed (the run's seed is public). Under secure
     aggregation: decode (masked uploads) -> quorum -> secure sum -> method update ->
-    accounting: nothing else may read one upload (``fedinit.task.config`` refuses what does); with
+    accounting: nothing else may read one upload (``fedinit.config`` refuses what does); with
     ``dp=distributed`` the sampler is DP's and the secure sum releases only sums of at least
     t_min uploads, divided by the fixed m."""
     messages = TrainMessages(cfg, method, node_of_partition, client_config)

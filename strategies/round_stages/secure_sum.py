@@ -36,13 +36,13 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.weights import Weights
 from fedinit.secure_aggregation import wire as sw
 from fedinit.secure_aggregation.params import SecAggParams, narrowest_field
 from fedinit.secure_aggregation.wire import RoundFailedError, SecAggInputError
 from fedinit.secure_aggregation.wire import Stage as SecAggStage
-from fedinit.task.config import RunConfig
 from strategies.operator_log import log_line
 from strategies.round_stages.replies import RoundReplies
 

@@ -8,10 +8,10 @@ from logging import INFO, WARNING
 
 from flwr.common.logger import log
 
+from fedinit.config import RunConfig
 from fedinit.methods.method import ClientUpdate, RoundInput, ServerRule
 from fedinit.methods.robust import SCREEN, select, unaccounted
 from fedinit.methods.robust_choices import min_replies
-from fedinit.task.config import RunConfig
 from strategies.round_stages.replies import RoundReplies
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedinit.methods.registry import AGGREGATIONS, METHOD_NAMES, RI_AGGREGATIONS, WEIGHTINGS
-from fedinit.task.choices import (
+from fedinit.config import cross, data, evaluation, fleet, privacy, robust, schedule, train
+from fedinit.config.choices import (
     MODEL_NAMES,
     PARTITION_NAMES,
     REFILLS,
@@ -25,14 +25,14 @@ from fedinit.task.choices import (
     TASK_TIMES,
     TRACKINGS,
 )
-from fedinit.task.config import cross, data, evaluation, fleet, privacy, robust, schedule, train
-from fedinit.task.config.defaults import load_defaults
-from fedinit.task.config_checks import ConfigError, bad_value, did_you_mean
-from fedinit.task.data_sets import DATASET_NAMES
-from fedinit.task.device_speeds import parse_speeds
+from fedinit.config.defaults import load_defaults
+from fedinit.config.device_speeds import parse_speeds
+from fedinit.config.errors import ConfigError, bad_value, did_you_mean
+from fedinit.data_sets import DATASET_NAMES
+from fedinit.methods.registry import AGGREGATIONS, METHOD_NAMES, RI_AGGREGATIONS, WEIGHTINGS
 
 if TYPE_CHECKING:  # annotations only: run_config imports these checks
-    from fedinit.task.config.run_config import RunConfig
+    from fedinit.config.run_config import RunConfig
 
 
 def check_all(c: RunConfig, *, sized: bool = True) -> None:

@@ -1,9 +1,7 @@
 """The names the run config accepts and the model/image-size rule, free of torch and numpy.
 
-The config check imports only this module, ``fedinit.task.data_paths`` and the standard library, so
-a bad value fails in milliseconds. ``fedinit.task.models``, ``fedinit.task.partition`` and the
-strategies use
-these same tables.
+The run config's checks read these tables; ``fedinit.task.models``, ``fedinit.task.partition``
+and the strategies use the same ones.
 """
 
 from __future__ import annotations
@@ -20,7 +18,8 @@ STALENESS_KINDS: tuple[str, ...] = ("constant", "poly", "hinge")
 """``staleness`` under ``rounds=async`` (fedinit/methods/fedbuff.py: s(tau))."""
 TASK_TIMES: tuple[str, ...] = ("steps", "task")
 """``task-time``: a simulated task (``device-speeds``) lasts s_i x its own steps | s_i x the
-clients' mean steps (the device's speed alone decides; ``fedinit.task.device_speeds.durations``)."""
+clients' mean steps (the device's speed alone decides;
+``fedinit.config.device_speeds.durations``)."""
 STALE_CORRECTIONS: tuple[str, ...] = ("off", "dc")
 """``stale-correction`` under ``rounds=async``: a reply's Delta as computed | delay-compensated
 towards the newest model (``fedinit.methods.stale_correction``)."""

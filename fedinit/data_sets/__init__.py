@@ -8,10 +8,9 @@ everything from the spec. ``device`` is the data set each node brings itself.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from fedinit.task.data_sets import cifar10, cifar100, device, fashion_mnist
-from fedinit.task.data_sets.spec import (
+from fedinit.data_sets import cifar10, cifar100, device, fashion_mnist
+from fedinit.data_sets.spec import (
     DataFormatError,
     DataNotFoundError,
     DataSetSpec,
@@ -19,11 +18,8 @@ from fedinit.task.data_sets.spec import (
     Schema,
 )
 
-if TYPE_CHECKING:
-    from fedinit.task.config import RunConfig
-
 __all__ = ["DATASET_NAMES", "SPECS", "DataFormatError", "DataNotFoundError", "DataSetSpec",
-           "DataSplits", "Schema", "default_data_dir", "device_schema", "schema_of", "spec_of"]
+           "DataSplits", "Schema", "default_data_dir", "spec_of"]
 
 _MODULES = (fashion_mnist, cifar10, cifar100, device)
 SPECS: dict[str, DataSetSpec] = {m.SPEC.name: m.SPEC for m in _MODULES}
@@ -57,18 +53,3 @@ def split_floats(text: str) -> tuple[float, ...]:
 def split_names(text: str) -> tuple[str, ...]:
     """'cat, dog' -> ('cat', 'dog'); empty entries are kept (the config check refuses them)."""
     return tuple(part.strip() for part in text.split(",")) if text.strip() else ()
-
-
-def device_schema(cfg: RunConfig) -> Schema:
-    """The schema the run config declares for device data (checked by the config)."""
-    names = split_names(cfg.data.device_classes)
-    return Schema(num_classes=len(names), in_channels=cfg.data.device_channels,
-                  image_size=cfg.data.device_image_size, mean=split_floats(cfg.data.device_mean),
-                  std=split_floats(cfg.data.device_std), class_names=names)
-
-
-def schema_of(cfg: RunConfig) -> Schema:
-    """The run's schema: the data set's own, or the one the run config declares for device
-    data. What a model is built from, so the server needs no data to build it."""
-    spec = spec_of(cfg.data.dataset)
-    return device_schema(cfg) if spec.schema is None else spec.schema

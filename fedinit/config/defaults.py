@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-CHECKOUT_PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
+CHECKOUT_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 WHEEL_PYPROJECT = Path(__file__).resolve().parent / "pyproject.toml"
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedinit.config.errors import ConfigError, bad_value
 from fedinit.methods.compression import BITS, Compression, CompressionError
 from fedinit.methods.registry import METHODS
-from fedinit.task.config_checks import ConfigError, bad_value
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedinit.task.data_sets.spec import (
+from fedinit.data_sets.spec import (
     DataFormatError,
     DataNotFoundError,
     DataSetSpec,

@@ -18,19 +18,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedinit.config.checks import check_all
+from fedinit.config.data import DataConfig
+from fedinit.config.defaults import load_defaults
+from fedinit.config.errors import ConfigError, did_you_mean
+from fedinit.config.evaluation import EvalConfig
+from fedinit.config.fleet import FleetConfig
+from fedinit.config.privacy import PrivacyConfig
+from fedinit.config.robust import RobustConfig
+from fedinit.config.schedule import ScheduleConfig
+from fedinit.config.train import TrainConfig
 from fedinit.methods.compression import Compression
 from fedinit.methods.method import MethodSpec, ParamError, Params
 from fedinit.methods.registry import METHODS
-from fedinit.task.config.checks import check_all
-from fedinit.task.config.data import DataConfig
-from fedinit.task.config.defaults import load_defaults
-from fedinit.task.config.evaluation import EvalConfig
-from fedinit.task.config.fleet import FleetConfig
-from fedinit.task.config.privacy import PrivacyConfig
-from fedinit.task.config.robust import RobustConfig
-from fedinit.task.config.schedule import ScheduleConfig
-from fedinit.task.config.train import TrainConfig
-from fedinit.task.config_checks import ConfigError, did_you_mean
 
 GROUPS: dict[str, type] = {
     "train": TrainConfig, "data": DataConfig, "eval": EvalConfig, "privacy": PrivacyConfig,

@@ -1,6 +1,6 @@
 """What every data set module provides: a ``DataSetSpec``, and what its loader returns.
 
-A data set is one module in this package that defines ``SPEC``; ``fedinit.task.data_sets`` collects
+A data set is one module in this package that defines ``SPEC``; ``fedinit.data_sets`` collects
 them into the registry. The spec says where the data set is found (default locations and a
 cheap presence check that reads no file), how it loads (a function of the path), and its
 schema (classes, channels, image side, normalisation), which is what a model is built from.

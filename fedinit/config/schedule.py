@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedinit.task.config_checks import bad_value
+from fedinit.config.errors import bad_value
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fedinit.config.choices import SECAGG_MAX_BITS
+from fedinit.config.errors import ConfigError, bad_value, did_you_mean
 from fedinit.methods.dp import MODES as DP_MODES
-from fedinit.task.choices import SECAGG_MAX_BITS
-from fedinit.task.config_checks import ConfigError, bad_value, did_you_mean
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from fedinit.task.data_sets.spec import DataFormatError, DataNotFoundError
+from fedinit.data_sets.spec import DataFormatError, DataNotFoundError
 
 
 def find_pickle_dir(path: Path, folder_name: str, marker: str) -> Path | None:

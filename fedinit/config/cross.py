@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fedinit.config.choices import check_model_input
+from fedinit.config.errors import ConfigError, bad_value
+from fedinit.config.shown import shown
+from fedinit.data_sets import spec_of
 from fedinit.methods.dp import CLIP_SIGMAS, min_secagg_clip
 from fedinit.methods.dp import refusal as dp_refusal
 from fedinit.methods.registry import METHODS, async_methods, secagg_methods
 from fedinit.methods.robust_choices import min_replies
-from fedinit.task.choices import check_model_input
-from fedinit.task.config_checks import ConfigError, bad_value
-from fedinit.task.data_sets import spec_of
-from fedinit.task.shown import shown
 
 if TYPE_CHECKING:  # annotations only: run_config imports these checks
-    from fedinit.task.config.run_config import RunConfig
+    from fedinit.config.run_config import RunConfig
 
 
 def check_device_cap(c: RunConfig) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedinit.task.data_sets.spec import DataFormatError, DataSetSpec, Schema
+from fedinit.data_sets.spec import DataFormatError, DataSetSpec, Schema
 
 NAME = "device"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")

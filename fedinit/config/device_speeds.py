@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedinit.task.choices import TASK_TIMES
-from fedinit.task.config_checks import ConfigError, bad_value
+from fedinit.config.choices import TASK_TIMES
+from fedinit.config.errors import ConfigError, bad_value
 
 KEY = "device-speeds"
 ALLOWED = "off | slow:FRACTION:FACTOR (0 < FRACTION <= 1, FACTOR > 0) | lognormal:SIGMA " \

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from fedinit.store.files import atomic_write
-from fedinit.task.data_sets.cifar_files import check_label_range, find_pickle_dir, read_cifar_pickle
-from fedinit.task.data_sets.spec import (
+from fedinit.data_sets.cifar_files import check_label_range, find_pickle_dir, read_cifar_pickle
+from fedinit.data_sets.spec import (
     DataFormatError,
     DataNotFoundError,
     DataSetSpec,
     DataSplits,
     Schema,
 )
+from fedinit.store.files import atomic_write
 
 NAME = "cifar10"
 # Per-pixel statistics of the original CIFAR training set (the JPEG copy's std is a bit lower).

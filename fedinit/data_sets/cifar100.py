@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedinit.task.data_sets.cifar_files import check_label_range, find_pickle_dir, read_cifar_pickle
-from fedinit.task.data_sets.spec import DataNotFoundError, DataSetSpec, DataSplits, Schema
+from fedinit.data_sets.cifar_files import check_label_range, find_pickle_dir, read_cifar_pickle
+from fedinit.data_sets.spec import DataNotFoundError, DataSetSpec, DataSplits, Schema
 
 NAME = "cifar100"
 SCHEMA = Schema(num_classes=100, in_channels=3, image_size=32,

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fedinit.task.choices import MAX_ROTATIONS
-from fedinit.task.config_checks import bad_value
-from fedinit.task.data_sets import default_data_dir, split_floats, split_names
-from fedinit.task.data_sets.device import NAME as DEVICE
+from fedinit.config.choices import MAX_ROTATIONS
+from fedinit.config.errors import bad_value
+from fedinit.data_sets import Schema, default_data_dir, spec_of, split_floats, split_names
+from fedinit.data_sets.device import NAME as DEVICE
+
+if TYPE_CHECKING:
+    from fedinit.config.run_config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -84,3 +88,18 @@ def check_regimes(d: DataConfig, num_clients: int | None) -> None:
     if d.regime_kind == "rotate" and d.num_regimes > MAX_ROTATIONS:
         raise bad_value("num-regimes", d.num_regimes, f"0 (off) to {MAX_ROTATIONS} with "
                         "regime-kind='rotate' (0/90/180/270 degrees)")
+
+
+def device_schema(cfg: RunConfig) -> Schema:
+    """The schema the run config declares for device data (checked by the config)."""
+    names = split_names(cfg.data.device_classes)
+    return Schema(num_classes=len(names), in_channels=cfg.data.device_channels,
+                  image_size=cfg.data.device_image_size, mean=split_floats(cfg.data.device_mean),
+                  std=split_floats(cfg.data.device_std), class_names=names)
+
+
+def schema_of(cfg: RunConfig) -> Schema:
+    """The run's schema: the data set's own, or the one the run config declares for device
+    data. What a model is built from, so the server needs no data to build it."""
+    spec = spec_of(cfg.data.dataset)
+    return device_schema(cfg) if spec.schema is None else spec.schema

@@ -1,0 +1,34 @@
+"""The run config: ``RunConfig`` (``run_config.py``) and its typed groups, one module each
+(``train``, ``data``, ``evaluation``, ``privacy``, ``robust``, ``fleet``, ``schedule``), the
+checks between groups (``cross.py``) and the order all checks run in (``checks.py``); the
+allowed values (``choices.py``), the one error type (``errors.py``), which keys define an
+experiment (``keys.py``).
+
+A layer of its own: over the pure rules (``fedinit.methods``) and the data-set registry
+(``fedinit.data_sets``), under the task, the strategies and the apps. The names below load
+on first use, so a module that needs only ``choices`` or ``errors`` (the model builder on a
+device) does not load every group's checks."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedinit.config.checks import check_examples, check_writable
+    from fedinit.config.defaults import load_defaults
+    from fedinit.config.errors import ConfigError
+    from fedinit.config.run_config import RunConfig
+
+HOME = {"ConfigError": "errors", "RunConfig": "run_config", "check_examples": "checks",
+        "check_writable": "checks", "load_defaults": "defaults"}
+"""Name -> the module of this package that holds it."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in HOME:
+        return getattr(importlib.import_module(f"{__name__}.{HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["ConfigError", "RunConfig", "check_examples", "check_writable", "load_defaults"]

@@ -58,8 +58,8 @@ class RunConfig:
     params: Params = field(default_factory=Params)
     """The chosen method's own keys, checked by the method (``methods.<method>``)."""
     method_values: tuple[tuple[str, Any], ...] = ()
-    """Every method's keys as given (all are checked, whichever method runs), for
-    ``to_dict``: a summary or checkpoint records the whole config."""
+    """Every method's keys as given or defaulted (one given is checked by its method,
+    whichever runs), for ``to_dict``: a summary or checkpoint records the whole config."""
 
     # ------------------------------------------------- derived from more than one group
     @property
@@ -129,8 +129,8 @@ class RunConfig:
         for name in ORDER:
             key = name.replace("_", "-")
             values[name] = _coerce(key, merged[key], type(defaults[key]))
-        # the methods' keys: every default that is no general key (one list with the
-        # registry's, tests/test_config.py), so no method module loads to name them
+        # the methods' keys: every default that is no general key (the registry's list too,
+        # tests/test_config_methods.py), so no method module loads to name them
         method_values = {key: _coerce(key, merged[key], type(defaults[key]))
                          for key in sorted(set(defaults) - GENERAL_KEYS)}
         groups = {attr: kind(**{f.name: values[f.name] for f in dataclasses.fields(kind)})
@@ -177,10 +177,10 @@ ORDER: tuple[str, ...] = (
     "stale_correction", "dc_lambda", "refill", "device_speeds", "task_time", "compression",
     "server_momentum", "async_lr_scale",
 )
-GENERAL_KEYS: frozenset[str] = frozenset(name.replace("_", "-") for name in ORDER)
-"""The run-config keys of the groups, not of a method."""
 """Every run-config key's field, in the order keys are coerced (the first wrong type is the
 one reported) and ``to_dict`` lists them (as summaries always have)."""
+GENERAL_KEYS: frozenset[str] = frozenset(name.replace("_", "-") for name in ORDER)
+"""The run-config keys of the groups, not of a method."""
 
 GROUP_OF: dict[str, str] = {f.name: attr for attr, kind in GROUPS.items()
                             for f in dataclasses.fields(kind)}

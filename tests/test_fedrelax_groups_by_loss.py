@@ -158,6 +158,17 @@ def test_numbered_groups_put_the_pool_first() -> None:
     assert gg.numbered(np.asarray([2, 2, 0, 0])).tolist() == [2, 2, 1, 1]
 
 
+def test_a_pooled_client_is_seeded_into_its_nearest_clients_group() -> None:
+    """Groups {0, 1} (label 0), {2, 3} (label 2), the pool {4, 5, 6, 7}. 4's model fit client
+    3's data best: group 2. 5's fit 6's, pooled too: it stays (no chains). 6 has no nearest:
+    stays. 7's fit 0's: group 0. The members keep their groups whatever their nearest."""
+    labels = np.asarray([0, 0, 2, 2, gg.POOL, gg.POOL, gg.POOL, gg.POOL], dtype=np.int64)
+    nearest = np.asarray([[3, 0.1], [0, 0.0], [1, 0.2], [1, 0.3], [4, 0.5], [7, 0.1],
+                          [0, 0.0], [1, 0.4]])
+    assert gg.placed(labels, nearest).tolist() == [0, 0, 2, 2, 2, gg.POOL, gg.POOL, 0]
+    assert gg.placed(labels, nearest[:5]).tolist() == [0, 0, 2, 2, 2] + [gg.POOL] * 3
+
+
 def test_joined_is_ifcas_choice_with_the_members_margin() -> None:
     metrics = {gl.loss_key(0): 0.9, gl.loss_key(2): 0.5, gl.loss_key(5): 0.5}
     ids = np.asarray([0, 2, 5])

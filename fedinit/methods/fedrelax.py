@@ -56,7 +56,8 @@ measures during the warm-up, so the groups exist when it ends.
 
 Groups by loss (``relax-groups-by=loss``, with ``groups``; issue 45): the graph's groups at the
 end of the warm-up seed the membership (``team``, numbered by ``graph_groups.numbered``: the pool
-0), and from then on the loss moves clients between them, as clustered FL's IFCA rule (Ghosh,
+0; under ``graph=loss`` a pooled client whose warm-up model fit another client's data best,
+``nearest``, is seeded into that client's group, ``graph_groups.placed``), and from then on the loss moves clients between them, as clustered FL's IFCA rule (Ghosh,
 Chung, Yin and Ramchandran 2020, "An efficient framework for clustered federated learning"): a
 sampled client is sent every non-empty group's model (``graph_loss``'s candidate channel, ids =
 the groups) and its group's position (``GROUP``), reports the loss of each on its own training
@@ -845,7 +846,10 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             probe=[probe], chosen=[chosen], measured=[measured], pool=[pool],
             nearest=[nearest])
         if last and self.params.choosing:  # the graph's groups seed the membership
-            team = gg.numbered(self.groups(after, n))
+            labels = self.groups(after, n)
+            if self.params.graph == gl.SOURCE:  # a pooled client: its nearest's group
+                labels = gg.placed(labels, gr.grown_rows(nearest, n))
+            team = gg.numbered(labels)
             after = dataclasses.replace(after, team=[team])
             if self.results is not None:
                 self.results.append_line(GROUPS_FILE, json.dumps(

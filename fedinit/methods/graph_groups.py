@@ -117,3 +117,17 @@ def joined(metrics: Mapping[str, Any], ids: np.ndarray, current: int, margin: fl
     with clustered FL's member margin: ``fedinit.methods.clustered.choose``)."""
     losses = [float(metrics[gl.loss_key(int(g))]) for g in ids]
     return choose(losses, current, margin)
+
+
+def placed(labels: np.ndarray, nearest: np.ndarray) -> np.ndarray:
+    """``labels`` (``pooled``'s) with each pooled client whose candidate model fit some
+    client's data best (``nearest``'s row: [1 + that client, its loss]; 0: none) moved to
+    that client's group, unless that client is pooled too (no chains): the loss graph's
+    evidence for a client that chose no group and that no group chose."""
+    out = labels.copy()
+    for i in np.flatnonzero(labels == POOL):
+        if i < len(nearest) and nearest[i, 0] > 0:
+            j = int(nearest[i, 0]) - 1
+            if j < len(labels) and labels[j] != POOL:
+                out[i] = labels[j]
+    return out

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
+from flwr.common import ConfigRecord
+from flwr.server import Grid
 
 from fedinit.methods import graph_groups as gg
 from fedinit.methods import graph_loss as gl
@@ -158,6 +161,45 @@ def test_numbered_groups_put_the_pool_first() -> None:
     assert gg.numbered(np.asarray([2, 2, 0, 0])).tolist() == [2, 2, 1, 1]
 
 
+def round_with(f: Federation, trained: set[int]) -> dict[int, dict[str, np.ndarray]]:
+    """One round in which only the clients in ``trained`` reply; each message's candidate ids
+    and own-group position, by client."""
+    f.round += 1
+    messages = list(f.strategy.configure_train(f.round, f.arrays, ConfigRecord(),
+                                               cast(Grid, None)))
+    f.sent = messages
+    replies = [f.answer(m) for m in messages if m.metadata.dst_node_id - NODE_BASE in trained]
+    new, _ = f.strategy.aggregate_train(f.round, replies)
+    if new is not None:
+        f.arrays = new
+    return messages_of(f)
+
+
+def test_a_newcomer_takes_the_lowest_loss_and_is_served_the_warm_model(tmp_path: Path) -> None:
+    """Client 3's messages are lost in rounds 1 (the warm-up) and 2: it has never uploaded.
+    Round 2 tells it so (position -1) and personalized evaluation serves it the warm model
+    w_1 while client 2, its group's other member, is served group 2's model. In round 3 the
+    members keep their groups (margin 0.9) while client 3 joins the group of its lowest loss
+    (no margin): by hand, group 1, whose model becomes the FedAvg of 0, 1 and 3's replies."""
+    f = by_loss(tmp_path, [(0, 1, 1.0), (2, 3, 1.0)], **{"relax-group-margin": 0.9})
+    round_with(f, {0, 1, 2})
+    ups = {i: local(W0, i) for i in range(3)}
+    w1 = W0 + sum(EXAMPLES[i] * (ups[i] - W0) for i in range(3)) / sum(EXAMPLES[:3])
+    sent = round_with(f, {0, 1, 2})
+    assert [sent[i]["group"].tolist() for i in range(4)] == [[0], [0], [1], [-1]]
+    a2, b2 = fedavg({0: local(w1, 0), 1: local(w1, 1)}), local(w1, 2)
+    rule, state = f.strategy.rule, f.strategy.state  # type: ignore[attr-defined]
+    np.testing.assert_allclose(rule.evaluated_model(state, 3, f.arrays)[0], w1, atol=1e-6)
+    np.testing.assert_allclose(rule.evaluated_model(state, 2, f.arrays)[0], b2, atol=1e-6)
+    round_with(f, {0, 1, 2, 3})
+    models = {1: a2, 2: b2}
+    joins = min((1, 2), key=lambda g: (loss(models[g], 3), g))
+    assert joins == 1 and loss(a2, 3) > 0.1 * loss(b2, 3)  # a member would have stayed
+    assert f.strategy.state.team[0].tolist() == [1, 1, 2, 1]  # type: ignore[attr-defined]
+    a3 = fedavg({i: local(a2, i) for i in (0, 1, 3)})
+    np.testing.assert_allclose(server_copies(f, 4), [a3, a3, local(b2, 2), a3], atol=1e-6)
+
+
 def test_a_pooled_client_is_seeded_into_its_nearest_clients_group() -> None:
     """Groups {0, 1} (label 0), {2, 3} (label 2), the pool {4, 5, 6, 7}. 4's model fit client
     3's data best: group 2. 5's fit 6's, pooled too: it stays (no chains). 6 has no nearest:
@@ -176,6 +218,7 @@ def test_joined_is_ifcas_choice_with_the_members_margin() -> None:
     assert gg.joined(metrics, ids, 2, 0.0) == 2  # a tie with its own group: it stays
     assert gg.joined(metrics, ids, 0, 0.5) == 0  # 0.5 is not below 0.5 x 0.9: stays
     assert gg.joined(metrics, ids, 0, 0.4) == 1  # 0.5 < 0.6 x 0.9
+    assert gg.joined(metrics, ids, -1, 0.9) == 1  # a newcomer: the lowest, no margin
 
 
 def test_groups_by_loss_refusals() -> None:

@@ -62,13 +62,15 @@ Chung, Yin and Ramchandran 2020, "An efficient framework for clustered federated
 sampled client is sent every non-empty group's model (``graph_loss``'s candidate channel, ids =
 the groups) and its group's position (``GROUP``), reports the loss of each on its own training
 data (``fedrelax-loss-<group>``), joins the lowest unless it is not below (1 -
-``relax-group-margin``) x its own group's (``graph_groups.joined``), and trains that group's
-model; the server makes the same choice from the reported losses and steps the group the
+``relax-group-margin``) x its own group's (``graph_groups.joined``; no margin for a client that
+has never uploaded), and trains that group's model; the server makes the same choice from the reported losses and steps the group the
 client joined. The loss graph measures nothing after the warm-up. ``relax-group-split`` c > -1
 adds CFL's split (Sattler, Mueller and Samek 2020, ``clustered.bipartition``): a group with two
 or more replies in a round whose moves bipartition with every cross cosine below c loses the
 half without the round's lowest client id to a new group, which starts from the same model;
-``groups.jsonl`` logs each such group's cross cosine and the splits.
+``groups.jsonl`` logs each such group's cross cosine and the splits. Personalized evaluation
+serves a client its group's model, or the warm model to one that has never uploaded (nothing
+tells its group).
 
 Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
 models the server holds then, and a flush replaces each buffered client's model (its last
@@ -137,7 +139,8 @@ SERVE_RULES = ("mean", "own", "chosen")
 """``relax-serve``'s values (``FedRelaxServer.served``)."""
 GROUP = "fedrelax-group"
 """Down array: [int64 (1,)] under ``relax-groups-by=loss`` after the warm-up: the position, among
-the candidates (the groups' models), of the client's own group; empty otherwise."""
+the candidates (the groups' models), of the client's own group (-1: a newcomer, no upload yet,
+which takes the lowest loss without a margin); empty otherwise."""
 GROUPS_BY = ("graph", "loss")
 """``relax-groups-by``'s values: the graph's groups every round, or seeded by them when the
 warm-up ends and moved by each client's losses (IFCA)."""
@@ -444,8 +447,10 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         train message still carries m_i, so training is unchanged); else None (m_i)."""
         if self.warming(state):
             return None
-        if self.params.choosing:  # its group's model, whatever the group's size
-            return self.group_model(state, partition_id)
+        if self.params.choosing:  # its group's model, whatever the group's size; the warm
+            # model to a client that never uploaded (no evidence of its group: the pool's)
+            return state.w0 if self.newcomer(state, partition_id) else self.group_model(
+                state, partition_id)
         if self.params.grouped:
             n = max(partition_id + 1, len(state.version[0]), len(state.probe[0]))
             if len(gg.members(self.groups(state, n), partition_id)) > 1:
@@ -560,7 +565,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                   for g in ids]
         self.sent[pid] = ids
         mean, degree = self.term(state, pid)
-        own = int(np.searchsorted(ids, labels[pid]))
+        own = -1 if self.newcomer(state, pid) else int(np.searchsorted(ids, labels[pid]))
         return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)],
                                  WARMUP: [np.zeros(1, dtype=np.float64)],
                                  START: gl.stacked([], state.w0),
@@ -568,14 +573,21 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                                  gl.CANDIDATE_IDS: [ids],
                                  GROUP: [np.asarray([own], dtype=np.int64)]})
 
-    def chosen_group(self, u: ClientUpdate, labels: np.ndarray) -> int:
+    @staticmethod
+    def newcomer(state: FedRelaxState, pid: int) -> bool:
+        """``relax-groups-by=loss``: client ``pid`` has uploaded nothing yet, in the warm-up or
+        after it (``probe``: the round of its last upload)."""
+        probe = state.probe[0]
+        return pid >= len(probe) or probe[pid] == 0
+
+    def chosen_group(self, state: FedRelaxState, u: ClientUpdate, labels: np.ndarray) -> int:
         """The group a reply trained (``relax-groups-by=loss``): the client's choice among the
         groups it was sent, made again from its reported losses (``graph_groups.joined``)."""
         pid = u.partition_id
         sent = self.sent.get(pid, np.zeros(0, dtype=np.int64))
         if not len(sent):
             return int(labels[pid])
-        own = int(np.searchsorted(sent, labels[pid]))
+        own = -1 if self.newcomer(state, pid) else int(np.searchsorted(sent, labels[pid]))
         return int(sent[gg.joined(u.metrics, sent, own, self.params.relax_group_margin)])
 
     def reply_problem(self, update: ClientUpdate, expected_steps: int | None) -> str | None:
@@ -620,7 +632,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         for u in last.values():
             pid = u.partition_id
             if team is not None and labels is not None:
-                group = self.chosen_group(u, labels)
+                group = self.chosen_group(state, u, labels)
                 if group not in trained_from:
                     trained_from[group] = self.group_model(
                         state, int(np.flatnonzero(labels == group)[0]), labels)
@@ -818,7 +830,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             for u in rnd.updates:
                 remeasured |= self.record_losses(u, chosen, measured, pool, nearest,
                                                  rnd.server_round)
-        if self.params.graph == gl.SOURCE:
+        if self.params.graph == gl.SOURCE or self.params.choosing:  # choosing: who uploaded
             probe = gr.grown_rows(probe, n)
             for u in rnd.updates:
                 pid = u.partition_id

@@ -114,9 +114,10 @@ def joined(metrics: Mapping[str, Any], ids: np.ndarray, current: int, margin: fl
     group it joins: the lowest loss it reported (``fedrelax-loss-<group>``, the loss graph's
     channel; ties: the first), unless that loss is not below (1 - ``margin``) x the loss of
     its own group's model (position ``current``), where it stays (IFCA, Ghosh et al. 2020,
-    with clustered FL's member margin: ``fedinit.methods.clustered.choose``)."""
+    with clustered FL's member margin: ``fedinit.methods.clustered.choose``); ``current`` < 0:
+    a newcomer (no upload yet), the lowest loss, no margin."""
     losses = [float(metrics[gl.loss_key(int(g))]) for g in ids]
-    return choose(losses, current, margin)
+    return choose(losses, current if current >= 0 else None, margin)
 
 
 def placed(labels: np.ndarray, nearest: np.ndarray) -> np.ndarray:

@@ -55,22 +55,23 @@ client's candidate model is then its own last upload, filed under -1 - id; the l
 measures during the warm-up, so the groups exist when it ends.
 
 Groups by loss (``relax-groups-by=loss``, with ``groups``; issue 45): the graph's groups at the
-end of the warm-up seed the membership (``team``, numbered by ``graph_groups.numbered``: the pool
-0; under ``graph=loss`` a pooled client whose warm-up model fit another client's data best,
-``nearest``, is seeded into that client's group, ``graph_groups.placed``), and from then on the loss moves clients between them, as clustered FL's IFCA rule (Ghosh,
-Chung, Yin and Ramchandran 2020, "An efficient framework for clustered federated learning"): a
-sampled client is sent every non-empty group's model (``graph_loss``'s candidate channel, ids =
-the groups) and its group's position (``GROUP``), reports the loss of each on its own training
-data (``fedrelax-loss-<group>``), joins the lowest unless it is not below (1 -
+end of the warm-up seed the membership (``team``, numbered by ``graph_groups.numbered``: the
+pool 0; under ``graph=loss`` a pooled client whose warm-up model fit another client's data
+best, ``nearest``, is seeded into that client's group, ``graph_groups.placed``), and from then
+on the loss moves clients between them, as clustered FL's IFCA rule (Ghosh, Chung, Yin and
+Ramchandran 2020, "An efficient framework for clustered federated learning"): a sampled client
+is sent every non-empty group's model (``graph_loss``'s candidate channel, ids = the groups)
+and its group's position (``GROUP``), reports the loss of each on its own training data
+(``fedrelax-loss-<group>``), joins the lowest unless it is not below (1 -
 ``relax-group-margin``) x its own group's (``graph_groups.joined``; no margin for a client that
-has never uploaded), and trains that group's model; the server makes the same choice from the reported losses and steps the group the
-client joined. The loss graph measures nothing after the warm-up. ``relax-group-split`` c > -1
-adds CFL's split (Sattler, Mueller and Samek 2020, ``clustered.bipartition``): a group with two
-or more replies in a round whose moves bipartition with every cross cosine below c loses the
-half without the round's lowest client id to a new group, which starts from the same model;
-``groups.jsonl`` logs each such group's cross cosine and the splits. Personalized evaluation
-serves a client its group's model, or the warm model to one that has never uploaded (nothing
-tells its group).
+has never uploaded), and trains that group's model; the server makes the same choice from the
+reported losses and steps the group the client joined. The loss graph measures nothing after
+the warm-up. ``relax-group-split`` c > -1 adds CFL's split (Sattler, Mueller and Samek 2020,
+``clustered.bipartition``): a group with two or more replies in a round whose moves bipartition
+with every cross cosine below c loses the half without the round's lowest client id to a new
+group, which starts from the same model; ``groups.jsonl`` logs each such group's cross cosine
+and the splits. Personalized evaluation serves a client its group's model, or the warm model to
+one that has never uploaded (nothing tells its group).
 
 Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
 models the server holds then, and a flush replaces each buffered client's model (its last

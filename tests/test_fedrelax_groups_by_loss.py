@@ -200,6 +200,35 @@ def test_a_newcomer_takes_the_lowest_loss_and_is_served_the_warm_model(tmp_path:
     np.testing.assert_allclose(server_copies(f, 4), [a3, a3, local(b2, 2), a3], atol=1e-6)
 
 
+def test_a_client_that_has_not_chosen_is_served_its_nearest_clients_group(
+        tmp_path: Path) -> None:
+    """Client 3 uploads in the warm-up (round 1) only. After round 2 it is served its seeded
+    group's model (group 2: client 2's upload from w_1) while it has no nearest; with the
+    state's ``nearest`` naming client 0 (0's data fit its warm-up upload best) it is served
+    group 1's model (the FedAvg of 0 and 1); once it has chosen (round 3), its own group's."""
+    import dataclasses
+
+    f = by_loss(tmp_path, [(0, 1, 1.0), (2, 3, 1.0)], **{"relax-group-margin": 0.9})
+    round_with(f, {0, 1, 2, 3})
+    ups = {i: local(W0, i) for i in range(4)}
+    w1 = W0 + sum(EXAMPLES[i] * (ups[i] - W0) for i in range(4)) / sum(EXAMPLES)
+    round_with(f, {0, 1, 2})
+    a2, b2 = fedavg({0: local(w1, 0), 1: local(w1, 1)}), local(w1, 2)
+    rule, state = f.strategy.rule, f.strategy.state  # type: ignore[attr-defined]
+    np.testing.assert_allclose(rule.evaluated_model(state, 3, f.arrays)[0], b2, atol=1e-6)
+    near = np.zeros((4, 2))
+    near[3] = (0 + 1, 0.1)
+    state = dataclasses.replace(state, nearest=[near])
+    np.testing.assert_allclose(rule.evaluated_model(state, 3, f.arrays)[0], a2, atol=1e-6)
+    np.testing.assert_allclose(rule.evaluated_model(state, 2, f.arrays)[0], b2, atol=1e-6)
+    f.strategy.state = state  # type: ignore[attr-defined]
+    round_with(f, {3})  # margin 0.9: it stays in group 2, whose model is now its upload
+    state = f.strategy.state  # type: ignore[attr-defined]
+    assert state.team[0].tolist() == [1, 1, 2, 2]
+    np.testing.assert_allclose(rule.evaluated_model(state, 3, f.arrays)[0], local(b2, 3),
+                               atol=1e-6)
+
+
 def test_a_pooled_client_is_seeded_into_its_nearest_clients_group() -> None:
     """Groups {0, 1} (label 0), {2, 3} (label 2), the pool {4, 5, 6, 7}. 4's model fit client
     3's data best: group 2. 5's fit 6's, pooled too: it stays (no chains). 6 has no nearest:

@@ -70,8 +70,10 @@ the warm-up. ``relax-group-split`` c > -1 adds CFL's split (Sattler, Mueller and
 ``clustered.bipartition``): a group with two or more replies in a round whose moves bipartition
 with every cross cosine below c loses the half without the round's lowest client id to a new
 group, which starts from the same model; ``groups.jsonl`` logs each such group's cross cosine
-and the splits. Personalized evaluation serves a client its group's model, or the warm model to
-one that has never uploaded (nothing tells its group).
+and the splits. Personalized evaluation serves a client its group's model once it has chosen;
+before, the group model of the client whose data fit its warm-up upload best (``nearest``), as
+that client's group stands, else its seeded group's; the warm model to one that has never
+uploaded (nothing tells its group).
 
 Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
 models the server holds then, and a flush replaces each buffered client's model (its last
@@ -448,10 +450,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         train message still carries m_i, so training is unchanged); else None (m_i)."""
         if self.warming(state):
             return None
-        if self.params.choosing:  # its group's model, whatever the group's size; the warm
-            # model to a client that never uploaded (no evidence of its group: the pool's)
-            return state.w0 if self.newcomer(state, partition_id) else self.group_model(
-                state, partition_id)
+        if self.params.choosing:
+            return self.chosen_model(state, partition_id)
         if self.params.grouped:
             n = max(partition_id + 1, len(state.version[0]), len(state.probe[0]))
             if len(gg.members(self.groups(state, n), partition_id)) > 1:
@@ -573,6 +573,20 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                                  gl.CANDIDATES: gl.stacked(models, state.w0),
                                  gl.CANDIDATE_IDS: [ids],
                                  GROUP: [np.asarray([own], dtype=np.int64)]})
+
+    def chosen_model(self, state: FedRelaxState, pid: int) -> Weights:
+        """``relax-groups-by=loss``: what personalized evaluation serves client ``pid``: its
+        group's model once it has chosen (uploaded after the warm-up); before, the current
+        group model of the client whose data fit its warm-up upload best (``nearest``, the
+        loss graph's evidence, that client's membership corrected by its own choices since),
+        else its seeded group's; the warm model to a client that never uploaded."""
+        if self.newcomer(state, pid):
+            return state.w0
+        nearest = state.nearest[0]
+        if state.probe[0][pid] <= self.params.relax_warmup and pid < len(nearest) and (
+                nearest[pid, 0] > 0):
+            return self.group_model(state, int(nearest[pid, 0]) - 1)
+        return self.group_model(state, pid)
 
     @staticmethod
     def newcomer(state: FedRelaxState, pid: int) -> bool:

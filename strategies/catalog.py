@@ -128,11 +128,16 @@ class FedRelax(MethodAdapter):
                  graph_refresh_every: int = 5, graph_candidates: int = 32,
                  relax_warmup: int = 0, relax_server_step: float = 0.0,
                  relax_server_rule: str = "mean", relax_serve: str = "mean",
-                 relax_train: str = "gtv", **settings: Any) -> None:
+                 relax_train: str = "gtv", relax_groups_by: str = "graph",
+                 relax_group_margin: float = 0.1, relax_group_split: float = -1.0,
+                 **settings: Any) -> None:
         """``relax_server_step``, ``relax_server_rule``: the server's neighbourhood step for
         the clients that did not train in a round (docs/algorithms.md, FedRelax);
         ``relax_serve``: the model personalized evaluation serves each client;
-        ``relax_train``: each client's own model (``gtv``) or one per graph group."""
+        ``relax_train``: each client's own model (``gtv``) or one per graph group;
+        ``relax_groups_by``, ``relax_group_margin``, ``relax_group_split``: under ``groups``,
+        the graph's groups or seeded by them and moved by the clients' losses (IFCA), the
+        member's margin, CFL's split."""
         super().__init__({"alpha": ("fedrelax-alpha", alpha), "graph": ("graph", graph),
                           "graph_k": ("graph-k", graph_k),
                           "graph_refresh_every": ("graph-refresh-every", graph_refresh_every),
@@ -142,6 +147,9 @@ class FedRelax(MethodAdapter):
                           "relax_server_rule": ("relax-server-rule", relax_server_rule),
                           "relax_serve": ("relax-serve", relax_serve),
                           "relax_train": ("relax-train", relax_train),
+                          "relax_groups_by": ("relax-groups-by", relax_groups_by),
+                          "relax_group_margin": ("relax-group-margin", relax_group_margin),
+                          "relax_group_split": ("relax-group-split", relax_group_split),
                           "beta": ("beta", 0.0)}, **settings)
 
 

@@ -54,6 +54,27 @@ replaces it by the example-weighted mean of the members' replies (FedAvg within 
 client's candidate model is then its own last upload, filed under -1 - id; the loss graph also
 measures during the warm-up, so the groups exist when it ends.
 
+Groups by loss (``relax-groups-by=loss``, with ``groups``; issue 45): the graph's groups at the
+end of the warm-up seed the membership (``team``, numbered by ``graph_groups.numbered``: the
+pool 0; under ``graph=loss`` a pooled client whose warm-up model fit another client's data
+best, ``nearest``, is seeded into that client's group, ``graph_groups.placed``), and from then
+on the loss moves clients between them, as clustered FL's IFCA rule (Ghosh, Chung, Yin and
+Ramchandran 2020, "An efficient framework for clustered federated learning"): a sampled client
+is sent every non-empty group's model (``graph_loss``'s candidate channel, ids = the groups)
+and its group's position (``GROUP``), reports the loss of each on its own training data
+(``fedrelax-loss-<group>``), joins the lowest unless it is not below (1 -
+``relax-group-margin``) x its own group's (``graph_groups.joined``; no margin for a client that
+has never uploaded), and trains that group's model; the server makes the same choice from the
+reported losses and steps the group the client joined. The loss graph measures nothing after
+the warm-up. ``relax-group-split`` c > -1 adds CFL's split (Sattler, Mueller and Samek 2020,
+``clustered.bipartition``): a group with two or more replies in a round whose moves bipartition
+with every cross cosine below c loses the half without the round's lowest client id to a new
+group, which starts from the same model; ``groups.jsonl`` logs each such group's cross cosine
+and the splits. Personalized evaluation serves a client its group's model once it has chosen;
+before, the group model of the client whose data fit its warm-up upload best (``nearest``), as
+that client's group stands, else its seeded group's; the warm model to one that has never
+uploaded (nothing tells its group).
+
 Under ``rounds=async`` (book eq. (128)) each task's m_i is built when it is sent, from the
 models the server holds then, and a flush replaces each buffered client's model (its last
 reply): ``replaces_models``; only a ``file:`` graph (``async_refusal``).
@@ -77,6 +98,7 @@ import numpy as np
 from fedinit.methods import graph as gr
 from fedinit.methods import graph_groups as gg
 from fedinit.methods import graph_loss as gl
+from fedinit.methods.clustered import bipartition
 from fedinit.methods.method import (
     ClientDown,
     ClientRule,
@@ -108,6 +130,8 @@ START = "fedrelax-start"
 becomes it before training: the warm-up's model for a client whose w^(i) is still it (none
 uploaded since the warm-up), and under ``relax-server-step`` every time (the server may have
 stepped it); empty otherwise."""
+NO_GROUP = np.zeros(0, dtype=np.int64)
+"""``GROUP``'s value when the client does not choose."""
 GRAPH_FILE = "graph.json"
 GRAPH_PNG = "graph.png"
 GROUPS_FILE = "groups.jsonl"
@@ -116,6 +140,13 @@ DRAW_LIMIT = 500
 """Largest federation whose graph is drawn (a PNG of more nodes shows nothing)."""
 SERVE_RULES = ("mean", "own", "chosen")
 """``relax-serve``'s values (``FedRelaxServer.served``)."""
+GROUP = "fedrelax-group"
+"""Down array: [int64 (1,)] under ``relax-groups-by=loss`` after the warm-up: the position, among
+the candidates (the groups' models), of the client's own group (-1: a newcomer, no upload yet,
+which takes the lowest loss without a margin); empty otherwise."""
+GROUPS_BY = ("graph", "loss")
+"""``relax-groups-by``'s values: the graph's groups every round, or seeded by them when the
+warm-up ends and moved by each client's losses (IFCA)."""
 TRAIN_RULES = ("gtv", "groups")
 """``relax-train``'s values: each client's own model (GTVMin, the default) or one model per
 group of the graph (``graph_groups``)."""
@@ -152,6 +183,16 @@ class FedRelaxParams(Params):
     relax_train: str
     """After the warm-up, ``gtv``: each client trains its own w^(i) (GTVMin); ``groups``: each
     group of the graph (``graph_groups``) keeps one model, trained by FedAvg within the group."""
+    relax_groups_by: str
+    """Under ``groups``, ``graph``: the graph's groups, every round; ``loss``: seeded by them
+    when the warm-up ends, then each sampled client joins the group whose model has the lowest
+    loss on its own data (IFCA)."""
+    relax_group_margin: float
+    """``relax-groups-by=loss``: a client leaves its group only for a loss below (1 - this) x
+    its own group model's (0: the lowest loss, ties kept)."""
+    relax_group_split: float
+    """``relax-groups-by=loss``: a group whose round replies bipartition with every cross-pair
+    cosine of their moves below this splits in two (CFL); -1: never."""
 
     def check(self) -> None:
         check_range("fedrelax-alpha", self.fedrelax_alpha, self.fedrelax_alpha >= 0,
@@ -181,10 +222,32 @@ class FedRelaxParams(Params):
                         self.relax_server_step == 0.0,
                         "0 with relax-train='groups' (the group's FedAvg step moves every "
                         "member already)")
+        check_range("relax-groups-by", self.relax_groups_by,
+                    self.relax_groups_by in GROUPS_BY, " | ".join(GROUPS_BY))
+        check_range("relax-group-margin", self.relax_group_margin,
+                    0.0 <= self.relax_group_margin < 1.0, "a fraction in [0, 1)")
+        check_range("relax-group-split", self.relax_group_split,
+                    -1.0 <= self.relax_group_split <= 1.0, "a cosine in [-1, 1] (-1: never split)")
+        if self.choosing:
+            check_range("relax-groups-by", self.relax_groups_by, self.grouped,
+                        "graph with relax-train='gtv' (loss moves clients between the groups "
+                        "that relax-train='groups' trains)")
+            check_range("relax-groups-by", self.relax_groups_by, self.relax_warmup >= 1,
+                        "graph with relax-warmup=0 (the graph's groups at the warm-up's end seed "
+                        "the membership)")
+        elif self.relax_group_split > -1.0:
+            check_range("relax-group-split", self.relax_group_split, False,
+                        "-1 with relax-groups-by='graph' (a split needs the membership that "
+                        "relax-groups-by='loss' keeps)")
 
     @property
     def grouped(self) -> bool:
         return self.relax_train == "groups"
+
+    @property
+    def choosing(self) -> bool:
+        """``relax-groups-by=loss``: the clients choose their groups by loss (IFCA)."""
+        return self.relax_groups_by == "loss"
 
     @property
     def learned(self) -> bool:
@@ -220,6 +283,9 @@ class FedRelaxState(ServerState):
     """[float64 (N, 2)]: per client, [1 + the client whose data gave its candidate model the
     lowest loss reported so far (0: none), that loss] (``graph=loss``; ``relax-serve``
     serves a client without an edge from that client's group)."""
+    team: Weights
+    """[int64 (N,)]: each client's group under ``relax-groups-by=loss`` once the warm-up has
+    seeded them (empty before, and under ``graph``)."""
 
     @classmethod
     def from_arrays(cls, saved: Mapping[str, Weights]) -> ServerState:
@@ -229,6 +295,8 @@ class FedRelaxState(ServerState):
             saved = {**saved, "probe": [np.zeros(0, dtype=np.int64)]}
         if "nearest" not in saved:
             saved = {**saved, "nearest": [np.zeros((0, 2), dtype=np.float64)]}
+        if "team" not in saved:
+            saved = {**saved, "team": [np.zeros(0, dtype=np.int64)]}
         return super().from_arrays(saved)
 
 
@@ -290,7 +358,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                              pool=[np.zeros(0, dtype=np.int64)],
                              clock=[np.zeros(1, dtype=np.int64)],
                              probe=[np.zeros(0, dtype=np.int64)],
-                             nearest=[np.zeros((0, 2), dtype=np.float64)])
+                             nearest=[np.zeros((0, 2), dtype=np.float64)],
+                             team=[np.zeros(0, dtype=np.int64)])
 
     def model_of(self, state: FedRelaxState, cid: int) -> Weights:
         """The server's copy of client ``cid``'s current model (w_0 before its first upload)."""
@@ -322,7 +391,12 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
     def groups(self, state: FedRelaxState, n: int) -> np.ndarray:
         """[int64 (n,)]: each client's group (``graph_groups``): the components of the mutual
         choices under ``graph=loss`` (a client in none joined to the group most of its choices
-        are in, the clients still alone pooled in one group), else of the graph in use."""
+        are in, the clients still alone pooled in one group), else of the graph in use; under
+        ``relax-groups-by=loss`` once seeded, the clients' chosen groups (``team``; a client
+        beyond it in group 0, the pool)."""
+        team = state.team[0]
+        if self.params.choosing and len(team):
+            return gr.grown_rows(team, n)
         if self.params.graph == gl.SOURCE:
             chosen = gl.grown_choice(state.chosen[0], n)
             return gg.pooled(gg.attached(gg.components(gg.mutual_graph(chosen), n), chosen))
@@ -334,8 +408,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         members' server copies (each member holds the group's model once the group has
         trained; after groups merge, their mean)."""
         if labels is None:
-            labels = self.groups(state, max(cid + 1, len(state.version[0]),
-                                            len(state.probe[0])))
+            labels = self.groups(state, self.size(state, cid))
         ids = gg.members(labels, cid)
         if len(ids) == 1:
             return self.model_of(state, cid)
@@ -344,6 +417,11 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             for acc, w in zip(total, self.model_of(state, int(j)), strict=True):
                 acc += w.astype(np.float64)
         return [(t / len(ids)).astype(w.dtype) for t, w in zip(total, state.w0, strict=True)]
+
+    @staticmethod
+    def size(state: FedRelaxState, cid: int) -> int:
+        """The clients the state knows of, ``cid`` included."""
+        return max(cid + 1, len(state.version[0]), len(state.probe[0]), len(state.team[0]))
 
     @staticmethod
     def scoreable(state: FedRelaxState) -> np.ndarray:
@@ -372,6 +450,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         train message still carries m_i, so training is unchanged); else None (m_i)."""
         if self.warming(state):
             return None
+        if self.params.choosing:
+            return self.chosen_model(state, partition_id)
         if self.params.grouped:
             n = max(partition_id + 1, len(state.version[0]), len(state.probe[0]))
             if len(gg.members(self.groups(state, n), partition_id)) > 1:
@@ -457,7 +537,9 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                                     gl.CANDIDATES: gl.stacked(
                                         [self.candidate_model(state, int(j)) for j in ids],
                                         state.w0),
-                                    gl.CANDIDATE_IDS: [ids]})
+                                    gl.CANDIDATE_IDS: [ids], GROUP: [NO_GROUP]})
+        if self.params.choosing:
+            return self.group_choice(state, partition_id)
         mean, degree = self.term(state, partition_id)
         ids = self.candidates_for(state, partition_id)
         self.sent[partition_id] = ids
@@ -471,7 +553,57 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)],
                                  WARMUP: [np.zeros(1, dtype=np.float64)],
                                  START: gl.stacked(start, state.w0),
-                                 gl.CANDIDATES: models, gl.CANDIDATE_IDS: [ids]})
+                                 gl.CANDIDATES: models, gl.CANDIDATE_IDS: [ids],
+                                 GROUP: [NO_GROUP]})
+
+    def group_choice(self, state: FedRelaxState, cid: int) -> ClientDown:
+        """``relax-groups-by=loss`` after the warm-up: m_i and d_i as ever, every non-empty
+        group's model as the candidates (ids: the groups, ascending) and the position of the
+        client's own group among them; no start (the client trains the model it chooses)."""
+        labels = self.groups(state, self.size(state, cid))
+        ids = np.unique(labels).astype(np.int64)
+        models = [self.group_model(state, int(np.flatnonzero(labels == g)[0]), labels)
+                  for g in ids]
+        self.sent[cid] = ids
+        mean, degree = self.term(state, cid)
+        own = -1 if self.newcomer(state, cid) else int(np.searchsorted(ids, labels[cid]))
+        return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)],
+                                 WARMUP: [np.zeros(1, dtype=np.float64)],
+                                 START: gl.stacked([], state.w0),
+                                 gl.CANDIDATES: gl.stacked(models, state.w0),
+                                 gl.CANDIDATE_IDS: [ids],
+                                 GROUP: [np.asarray([own], dtype=np.int64)]})
+
+    def chosen_model(self, state: FedRelaxState, cid: int) -> Weights:
+        """``relax-groups-by=loss``: what personalized evaluation serves client ``cid``: its
+        group's model once it has chosen (uploaded after the warm-up); before, the current
+        group model of the client whose data fit its warm-up upload best (``nearest``, the
+        loss graph's evidence, that client's membership corrected by its own choices since),
+        else its seeded group's; the warm model to a client that never uploaded."""
+        if self.newcomer(state, cid):
+            return state.w0
+        nearest = state.nearest[0]
+        if state.probe[0][cid] <= self.params.relax_warmup and cid < len(nearest) and (
+                nearest[cid, 0] > 0):
+            return self.group_model(state, int(nearest[cid, 0]) - 1)
+        return self.group_model(state, cid)
+
+    @staticmethod
+    def newcomer(state: FedRelaxState, cid: int) -> bool:
+        """``relax-groups-by=loss``: client ``cid`` has uploaded nothing yet, in the warm-up or
+        after it (``probe``: the round of its last upload)."""
+        probe = state.probe[0]
+        return cid >= len(probe) or probe[cid] == 0
+
+    def chosen_group(self, state: FedRelaxState, u: ClientUpdate, labels: np.ndarray) -> int:
+        """The group a reply trained (``relax-groups-by=loss``): the client's choice among the
+        groups it was sent, made again from its reported losses (``graph_groups.joined``)."""
+        cid = u.partition_id
+        sent = self.sent.get(cid, np.zeros(0, dtype=np.int64))
+        if not len(sent):
+            return int(labels[cid])
+        own = -1 if self.newcomer(state, cid) else int(np.searchsorted(sent, labels[cid]))
+        return int(sent[gg.joined(u.metrics, sent, own, self.params.relax_group_margin)])
 
     def reply_problem(self, update: ClientUpdate, expected_steps: int | None) -> str | None:
         """Under ``graph=loss``: one finite loss for each candidate the client was sent,
@@ -507,12 +639,23 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         moves: dict[int, Weights] = {}
         # the groups the round's messages were built from (relax-train=groups)
         labels = self.groups(state, n) if self.params.grouped else None
+        # relax-groups-by=loss: the groups after the round's choices, and the models chosen
+        team = labels.copy() if labels is not None and self.params.choosing else None
+        trained_from: dict[int, Weights] = {}
         # rounds=async: a client may reply twice before a flush; its later model replaces
         last = {u.partition_id: u for u in rnd.updates}
         for u in last.values():
             cid = u.partition_id
-            old = (self.group_model(state, cid, labels) if labels is not None
-                   else self.model_of(state, cid))
+            if team is not None and labels is not None:
+                group = self.chosen_group(state, u, labels)
+                if group not in trained_from:
+                    trained_from[group] = self.group_model(
+                        state, int(np.flatnonzero(labels == group)[0]), labels)
+                old = trained_from[group]
+                team[cid] = group
+            else:
+                old = (self.group_model(state, cid, labels) if labels is not None
+                       else self.model_of(state, cid))
             move = [new.astype(np.float64) - o.astype(np.float64)
                     for new, o in zip(u.upload, old, strict=True)]
             if labels is not None:  # its upload is its candidate model; group_steps store
@@ -530,7 +673,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             moves[cid] = move
             if self.params.graph == "knn":
                 sketch[cid] = gr.sketch(move)
-            if by_loss:
+            if by_loss and team is None:  # under relax-groups-by=loss the losses chose a group
                 remeasured |= self.record_losses(u, chosen, measured, pool, nearest,
                                                  rnd.server_round)
         graph = state.graph
@@ -547,9 +690,14 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         if rebuild or rnd.server_round == 1:
             self.report(graph, n, rnd.server_round)
         if labels is not None:
+            line: dict[str, object] = {"round": rnd.server_round, "groups": labels.tolist()}
+            if team is not None:
+                splits, cosines = self.split(team, last, moves)
+                labels = team
+                line = {"round": rnd.server_round, "groups": team.tolist(),
+                        "cross-cosine": cosines, **({"splits": splits} if splits else {})}
             if self.results is not None:
-                self.results.append_line(GROUPS_FILE, json.dumps(
-                    {"round": rnd.server_round, "groups": labels.tolist()}))
+                self.results.append_line(GROUPS_FILE, json.dumps(line))
             weight = {u.partition_id: float(w) for u, w in zip(rnd.updates, rnd.weights,
                                                                strict=True)}
             for acc, m in zip(moved, self.group_steps(state, labels, last, weight, version,
@@ -566,7 +714,35 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             state, version=[version], graph=graph, sketch=[sketch], chosen=[chosen],
             measured=[measured], pool=[pool],
             clock=[np.asarray([rnd.server_round], dtype=np.int64)], probe=[probe],
-            nearest=[nearest])
+            nearest=[nearest], team=[team] if team is not None else state.team)
+
+    def split(self, team: np.ndarray, replies: Mapping[int, ClientUpdate],
+              moves: Mapping[int, Weights]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """CFL's split (Sattler et al. 2020; ``clustered.bipartition``) of each group (by id)
+        with two or more replies in the round (their moves all from the group's model): the
+        largest cosine between the two halves of the replies' moves, by group (returned), and
+        where it is below ``relax-group-split``, the half without the round's lowest client id
+        moves to a new group (``team`` in place; the next free id). Returns (the splits, the
+        cosines)."""
+        splits: list[dict[str, Any]] = []
+        cosines: dict[str, float] = {}
+        by_group: dict[int, list[int]] = {}
+        for cid in sorted(replies):
+            by_group.setdefault(int(team[cid]), []).append(cid)
+        for group, ids in sorted(by_group.items()):
+            if len(ids) < 2:
+                continue
+            flat = np.stack([np.concatenate([a.ravel() for a in moves[cid]]) for cid in ids])
+            halves, cross = bipartition(flat)
+            cosines[str(group)] = round(cross, 4)
+            if cross >= self.params.relax_group_split:
+                continue
+            new = int(team.max()) + 1
+            gone = [cid for cid, h in zip(ids, halves, strict=True) if h == 1]
+            team[gone] = new
+            splits.append({"from": group, "to": new, "cross-cosine": round(cross, 4),
+                           "clients": gone})
+        return splits, cosines
 
     def record_losses(self, u: ClientUpdate, chosen: np.ndarray, measured: np.ndarray,
                       pool: np.ndarray, nearest: np.ndarray, server_round: int) -> bool:
@@ -669,7 +845,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             for u in rnd.updates:
                 remeasured |= self.record_losses(u, chosen, measured, pool, nearest,
                                                  rnd.server_round)
-        if self.params.graph == gl.SOURCE:
+        if self.params.graph == gl.SOURCE or self.params.choosing:  # choosing: who uploaded
             probe = gr.grown_rows(probe, n)
             for u in rnd.updates:
                 cid = u.partition_id
@@ -691,11 +867,21 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             graph = gl.union_graph(chosen)
         if last or rnd.server_round == 1 or remeasured:
             self.report(graph, n, rnd.server_round)
-        return w_next, dataclasses.replace(
+        after = dataclasses.replace(
             state, w0=[a.copy() for a in w_next] if last else state.w0, graph=graph,
             sketch=[sketch], clock=[np.asarray([rnd.server_round], dtype=np.int64)],
             probe=[probe], chosen=[chosen], measured=[measured], pool=[pool],
             nearest=[nearest])
+        if last and self.params.choosing:  # the graph's groups seed the membership
+            labels = self.groups(after, n)
+            if self.params.graph == gl.SOURCE:  # a pooled client: its nearest's group
+                labels = gg.placed(labels, gr.grown_rows(nearest, n))
+            team = gg.numbered(labels)
+            after = dataclasses.replace(after, team=[team])
+            if self.results is not None:
+                self.results.append_line(GROUPS_FILE, json.dumps(
+                    {"round": rnd.server_round, "groups": team.tolist(), "seeded": True}))
+        return w_next, after
 
     def report(self, graph: list[np.ndarray], n: int, server_round: int) -> None:
         """``graph.json`` (the edge list in use, from which round) and ``graph.png``."""
@@ -713,7 +899,7 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
     """Local SGD on L_i(w) + alpha d_i ||w - m_i||^2 from the client's own model."""
 
     state_keys = (OWN,)
-    down_keys = (DEGREE, WARMUP, START, gl.CANDIDATES, gl.CANDIDATE_IDS)
+    down_keys = (DEGREE, WARMUP, START, gl.CANDIDATES, gl.CANDIDATE_IDS, GROUP)
     personal_key = OWN
 
     def initial_state(self, key: str, w_t: Weights) -> Weights:
@@ -728,13 +914,18 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
             return LocalOutcome(job.sgd(job.w_t), {}, {}, metrics)
         warm = gl.unstacked(job.down[START])
         own = warm[0] if warm else job.state[OWN]
+        group = np.asarray(job.down[GROUP][0]).reshape(-1)
+        metrics = self.measure(job)
+        if len(group):  # relax-groups-by=loss: IFCA's choice among the groups' models
+            ids = np.asarray(job.down[gl.CANDIDATE_IDS][0]).reshape(-1)
+            pick = gg.joined(metrics, ids, int(group[0]), self.params.relax_group_margin)
+            own = gl.unstacked(job.down[gl.CANDIDATES])[pick]
         degree = float(np.asarray(job.down[DEGREE][0]).reshape(-1)[0])
         strength = 2.0 * self.params.fedrelax_alpha * degree
         if job.lr * strength >= 2.0:
             raise ValueError(f"fedrelax-alpha={self.params.fedrelax_alpha!r} with degree "
                              f"{degree:g} at lr={job.lr!r}: lr x 2 alpha d_i = "
                              f"{job.lr * strength:g} >= 2 diverges; lower fedrelax-alpha")
-        metrics = self.measure(job)
         trained = job.sgd(own, proximal_hook(job.w_t, strength, job.device))
         return LocalOutcome(trained, {OWN: trained.final}, {}, metrics)
 

@@ -16,14 +16,23 @@ them instead of alone until the choices become mutual. The clients left alone af
 pool, which goes on training the warm-up's shared model by FedAvg: clustered FL's start in
 one cluster from which groups split off once detected (Sattler, Mueller and Samek 2020,
 "Clustered federated learning"), rather than each training alone on its own few examples.
-Pure numpy.
+
+Under ``relax-groups-by=loss`` these groups only seed the membership (``numbered``, when the
+warm-up ends); after that a sampled client joins the group whose model has the lowest loss on
+its own data (``joined``: IFCA's rule, Ghosh, Chung, Yin and Ramchandran 2020, "An efficient
+framework for clustered federated learning", with clustered FL's margin for a member).
+Pure numpy (``joined`` reuses ``fedinit.methods.clustered.choose``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from fedinit.methods import graph_loss as gl
+from fedinit.methods.clustered import choose
 
 POOL = -1
 """The group label of the clients in no other group (``pooled``)."""
@@ -89,3 +98,37 @@ def pooled(labels: np.ndarray) -> np.ndarray:
     ids, counts = np.unique(labels, return_counts=True)
     alone = ids[counts == 1]
     return np.where(np.isin(labels, alone), POOL, labels).astype(np.int64)
+
+
+def numbered(labels: np.ndarray) -> np.ndarray:
+    """``labels`` (``pooled``'s or ``components``') renumbered 0, 1, 2, ...: the pool 0 (the
+    number is kept when there is none), the other groups 1, 2, ... in the order of their labels
+    (their smallest client). A client beyond the labels (one that joins later) is in group 0."""
+    others = sorted(set(labels.tolist()) - {POOL})
+    index = {g: i + 1 for i, g in enumerate(others)} | {POOL: 0}
+    return np.asarray([index[int(g)] for g in labels], dtype=np.int64)
+
+
+def joined(metrics: Mapping[str, Any], ids: np.ndarray, current: int, margin: float) -> int:
+    """The position in ``ids`` (the groups whose models a client was sent, ascending) of the
+    group it joins: the lowest loss it reported (``fedrelax-loss-<group>``, the loss graph's
+    channel; ties: the first), unless that loss is not below (1 - ``margin``) x the loss of
+    its own group's model (position ``current``), where it stays (IFCA, Ghosh et al. 2020,
+    with clustered FL's member margin: ``fedinit.methods.clustered.choose``); ``current`` < 0:
+    a newcomer (no upload yet), the lowest loss, no margin."""
+    losses = [float(metrics[gl.loss_key(int(g))]) for g in ids]
+    return choose(losses, current if current >= 0 else None, margin)
+
+
+def placed(labels: np.ndarray, nearest: np.ndarray) -> np.ndarray:
+    """``labels`` (``pooled``'s) with each pooled client whose candidate model fit some
+    client's data best (``nearest``'s row: [1 + that client, its loss]; 0: none) moved to
+    that client's group, unless that client is pooled too (no chains): the loss graph's
+    evidence for a client that chose no group and that no group chose."""
+    out = labels.copy()
+    for i in np.flatnonzero(labels == POOL):
+        if i < len(nearest) and nearest[i, 0] > 0:
+            j = int(nearest[i, 0]) - 1
+            if j < len(labels) and labels[j] != POOL:
+                out[i] = labels[j]
+    return out

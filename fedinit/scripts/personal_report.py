@@ -76,6 +76,11 @@ def row_label(config: dict[str, Any]) -> str:
         label += f", serve {serve}" if serve != "mean" else ""  # what (a) scores
         train = str(config.get("relax-train", "gtv"))
         label += f", train {train}" if train != "gtv" else ""  # what trains after the warm-up
+        if str(config.get("relax-groups-by", "graph")) == "loss":  # the groups' membership
+            label += " by loss"
+            for key, name in (("relax-group-margin", "margin"), ("relax-group-split", "split")):
+                value = float(config.get(key, load_defaults()[key]))
+                label += f", {name} {value:g}" if value != load_defaults()[key] else ""
         label += ")"
     return label
 

@@ -506,7 +506,7 @@ def test_a_plain_or_malformed_reply_is_rejected_in_one_line() -> None:
                                               sw.MASKED: [b"\x00" * 20]})})
     assert masked_problem(short, w_t, 0, 4) == "masked array 0 has 20 bytes, expected 24"
     assert "missing ConfigRecord 'secagg'" in str(masked_problem(RecordDict({}), w_t, 0, 4))
-    assert DecodeReplies.__dataclass_fields__["secure"].default is False
+    assert DecodeReplies.__dataclass_fields__["secagg"].default is None  # plain by default
 
 
 def test_a_client_refuses_to_upload_in_the_clear() -> None:

@@ -8,6 +8,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from logging import WARNING
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import Message, RecordDict
@@ -23,6 +24,9 @@ from fedinit.methods.weights import Weights
 from fedinit.task.local_steps import num_steps
 from strategies.operator_log import log_line
 from strategies.round_stages.replies import Accepted, RoundReplies, log_rejected
+
+if TYPE_CHECKING:  # the protocol loads only for a secure run
+    from fedinit.secure_aggregation.params import SecAggParams
 
 NOT_ARRIVED = frozenset({ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
                          ErrorCode.NODE_UNAVAILABLE})
@@ -50,8 +54,9 @@ class DecodeReplies:
     or None where the server cannot know it (device data). ``placeholders``: under local DP
     a device reports nothing that depends on its data (strategies.device_privacy); weights
     are uniform under DP and no rule DP runs with reads the counts, so placeholders stand in,
-    whatever a reply claims. ``secure``: under secure aggregation a reply carries its masked
-    upload and no plain array (``secure_sum.masked_problem``); its update's ``upload`` is
+    whatever a reply claims. ``secagg``: the run's SecAgg+ parameters under secure
+    aggregation (None: off), where a reply carries its masked upload in the parameters'
+    field and no plain array (``secure_sum.masked_problem``); its update's ``upload`` is
     empty, the sum is ``SecureSum``'s; no per-client metric is read (the client sends none):
     the counts are the server's own (``decode_masked``).
     """
@@ -60,7 +65,12 @@ class DecodeReplies:
     rule: ServerRule
     examples: tuple[int, ...] | None
     placeholders: bool = False
-    secure: bool = False
+    secagg: SecAggParams | None = None
+
+    @property
+    def secure(self) -> bool:
+        """Under secure aggregation: only the sum may be learnt."""
+        return self.secagg is not None
 
     @property
     def private(self) -> bool:
@@ -165,10 +175,11 @@ class DecodeReplies:
         partition's size and step count, else 1: uniform weighting reads neither), its train
         loss unknown (NaN); whatever metrics it carries are not read."""
         from fedinit.secure_aggregation import wire as sw  # only a secure run's replies
-        from strategies.round_stages.secure_sum import SECAGG, masked_problem, params_of
+        from strategies.round_stages.secure_sum import SECAGG, masked_problem
 
-        width = params_of(self.cfg).field_bits // 8
-        problem = masked_problem(content, w_t, len(self.rule.up_keys), width)
+        assert self.secagg is not None  # decode() calls this only under secure aggregation
+        problem = masked_problem(content, w_t, len(self.rule.up_keys),
+                                 self.secagg.field_bits // 8)
         if problem is not None:
             return problem
         steps = self.expected_steps(cid)

@@ -88,14 +88,15 @@ def build_train_pipeline(cfg: RunConfig, method: HeldMethod, accounted: Accounte
         # dp=distributed (the only DP mode allowed here): the devices clip and noise, the
         # server adds nothing; the quorum counts the uploads in the sum (t_min = min-replies),
         # the mean divides by the fixed m as central does
-        session = SecAggRound(params_of(cfg), timeout=cfg.fleet.round_timeout,
+        params = params_of(cfg)
+        session = SecAggRound(params, timeout=cfg.fleet.round_timeout,
                               extra_keys=upload_keys(method.rule.up_keys), private=dp)
         secure_sum = (SecureSum(session, denominator=privacy.expected_clients,
                                 min_survivors=privacy.noise_shares) if dp
                       else SecureSum(session))
         return TrainPipeline(
             sampler, messages,
-            (DecodeReplies(cfg, method.rule, counts, secure=True),
+            (DecodeReplies(cfg, method.rule, counts, secagg=params),
              MinReplies(cfg.fleet.min_replies), secure_sum,
              MethodUpdate(cfg, method, RobustMean(cfg)),
              AccountRound(accounted, train_loss=False)),  # no client's loss is known

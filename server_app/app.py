@@ -11,11 +11,11 @@ from flwr.serverapp import Grid, ServerApp
 from fedinit.config import ConfigError, RunConfig
 from fedinit.flower_compat import install
 from fedinit.task.datasets import DataFormatError, DataNotFoundError
-from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import CheckpointError
 from server_app.clients import FederationError
 from server_app.engine_facts import in_simulation
-from server_app.experiment import ModelDiverged, NothingTrained, run_experiment
+from server_app.experiment import run_experiment
+from server_app.run_basics import ModelDiverged, NothingTrained
 from strategies.round_stages.quorum import TooFewReplies
 
 app = ServerApp()
@@ -34,8 +34,8 @@ def main(grid: Grid, context: Context) -> None:
         # the simulation's grid gets a window of messages in flight and stays an
         # InMemoryGrid, whose node list the server reads (server_app/engine_facts.py); a
         # deployment's grid pulls replies every 0.1 s (docs/flower_compat.md)
-        (run_async_experiment if cfg.schedule.rounds == "async" else run_experiment)(
-            install("serverapp", grid=grid, simulation=in_simulation(grid)).grid, cfg)
+        run_experiment(install("serverapp", grid=grid, simulation=in_simulation(grid)).grid,
+                       cfg)
     except (ConfigError, DataNotFoundError, DataFormatError, FederationError,
             CheckpointError, TooFewReplies, ModelDiverged, NothingTrained) as err:
         # One readable line first; then fail the run (Flower marks it finished:failed; a

@@ -37,8 +37,8 @@ from fedinit.methods.dp import Mechanism, add, clip, gaussian_like
 from fedinit.methods.dp_budget import Budget
 from fedinit.methods.method import ClientUpdate
 from fedinit.methods.weights import Weights
-from server_app.experiment import dp_fields
 from server_app.privacy import Ledger, budget_spent
+from server_app.run_basics import dp_fields
 from strategies.round_stages.privacy import zero_contribution
 
 ASYNC_DP_CONVENTIONS = {

@@ -1,14 +1,14 @@
-"""``rounds=async`` as an experiment: the FedBuff loop (``strategies/async_loop.py``, the
-engine a strategy's ``BufferedAsync`` schedule runs too) with what a run of the project adds
-around it: the data and the central evaluation after each flush, the rows, a checkpoint at
-every flush written before anything of the new version is sent (``resume-dir`` continues from
-it, re-sending the tasks that were in flight as they were: ``server_app/async_resume.py``),
-and central DP's ledger (``server_app/async_privacy.py``: each flush one counted release).
+"""``rounds=async`` as an experiment: the FedBuff loop's flushes (``strategies/async_loop.py``,
+the schedule a strategy's ``BufferedAsync`` runs too) on the round engine
+(``strategies/engine.py``), with what a run of the project adds: the data, the central
+evaluation after each flush, the rows, a checkpoint at every flush written before anything
+of the new version is sent (``resume-dir`` continues from it, re-sending the tasks that were
+in flight as they were: ``server_app/async_resume.py``), and central DP's ledger
+(``server_app/async_privacy.py``: each flush one counted release).
 """
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from collections.abc import Callable
@@ -16,7 +16,6 @@ from logging import INFO
 from pathlib import Path
 from typing import Any
 
-import torch
 from flwr.app import ConfigRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -24,20 +23,20 @@ from flwr.serverapp import Grid
 from fedinit.config import RunConfig, check_examples, check_writable
 from fedinit.methods import wire as rk
 from fedinit.methods.fedbuff import Flush
-from fedinit.store.files import atomic_write_bytes
 from fedinit.task.data_paths import check_present
 from fedinit.task.federated_data import dataset_of, partition_sizes
-from fedinit.task.models import get_weights, initial_model, set_weights
+from fedinit.task.models import get_weights, initial_model
 from server_app.async_privacy import ASYNC_DP_CONVENTIONS, DP_ASYNC_LEFT_OUT, FlushPrivacy
 from server_app.async_resume import async_checkpoint, loop_state_of, resume_loop
 from server_app.central_eval import CentralEvaluator
 from server_app.checkpoint import save_checkpoint
 from server_app.clients import Fleet
 from server_app.engine_facts import client_state_entry
-from server_app.experiment import NothingTrained, _check_finite, resume_point, run_name
 from server_app.public_rows import withheld
 from server_app.results import DP_FIELDS, DP_LEFT_OUT, Recorder
+from server_app.run_basics import NothingTrained, check_finite, resume_point, run_name, write_model
 from strategies.async_loop import ASYNC_FIELDS, AsyncLoop, BufferedStrategy
+from strategies.engine import Step, run_steps
 from strategies.virtual_clock import CLOCK_FIELDS, VirtualClock
 
 
@@ -87,18 +86,18 @@ def run_async_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None
                                      release_client_metrics=cfg.privacy.dp_release_client_metrics),
                    private_log=privacy is not None)
     n = cfg.train.num_server_rounds
-    last = [time.monotonic()]
+    final = weights
 
-    def on_flush(flush: Flush, facts: dict[str, Any]) -> None:
-        version = flush.version
-        _check_finite(version, flush.weights, strategy.server_state(), out)
+    def on_flush(step: Step, began: float) -> bool:
+        nonlocal final
+        flush: Flush = step.detail
+        version, final = step.number, flush.weights
+        check_finite(version, flush.weights, strategy.server_state(), out)
         acc = loss = None
         if version % cfg.eval.eval_every == 0 or version == n:
             loss, acc = central(flush.weights)
-        now = time.monotonic()
-        row = {**facts, "test-acc": acc, "test-loss": loss, "round-seconds": now - last[0],
-               "elapsed-seconds": rec.elapsed()}
-        last[0] = now
+        row = {**step.fields, "test-acc": acc, "test-loss": loss,
+               "round-seconds": time.monotonic() - began, "elapsed-seconds": rec.elapsed()}
         rec.add_round(row)
         save_checkpoint(out, async_checkpoint(loop.state(), flush.weights, loop.sent(),
                                               strategy.server_state(), cfg.to_dict(),
@@ -111,15 +110,13 @@ def run_async_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None
         if stop is not None and stop(row):
             log(INFO, "version %d: the caller's stop condition holds; the run ends here",
                 version)
-            loop.stopped = True
+            return True
+        return False
 
-    final = loop.run(weights, on_flush)
+    run_steps(loop.steps(weights), on_flush)
     if rec.aggregated_rounds() == 0:
         raise NothingTrained("rounds=async: no flush aggregated a reply")
-    set_weights(model, final)
-    buf = io.BytesIO()
-    torch.save(model.state_dict(), buf)
-    atomic_write_bytes(out / "model.pt", buf.getvalue())
+    write_model(model, final, out)
     summary = rec.finish(final, {"results-dir": str(out), "eval-source": "central",
                                  **({**{k: rec.rows[-1].get(k) for k in DP_FIELDS},
                                      "dp-epsilon-conventions": ASYNC_DP_CONVENTIONS,

@@ -8,38 +8,30 @@ the log sees round, accuracy, loss, divergence and elapsed time.
 from __future__ import annotations
 
 import contextlib
-import functools
-import io
 import math
 import threading
 import time
-from datetime import datetime
+from collections.abc import Callable
 from logging import INFO
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from flwr.app import ConfigRecord, Message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedinit.config import RunConfig, check_examples, check_writable
-from fedinit.config import keys as config_keys
 from fedinit.methods import wire as rk
-from fedinit.methods.dp_budget import Budget
 from fedinit.methods.packed_arrays import pack, unpack
-from fedinit.store.files import atomic_write_bytes, sync_filesystem
+from fedinit.store.files import sync_filesystem
 from fedinit.store.simulated_state import STATE_ROOT
 from fedinit.task.data_paths import check_present
 from fedinit.task.federated_data import dataset_of, partition_sizes
-from fedinit.task.models import get_weights, initial_model, set_weights
+from fedinit.task.models import get_weights, initial_model
+from server_app.async_rounds import run_async_experiment
 from server_app.central_eval import CentralEvaluator
 from server_app.checkpoint import (
     Checkpoint,
-    CheckpointError,
-    load_checkpoint,
-    non_finite_part,
     save_checkpoint,
 )
 from server_app.client_divergence import ClientDivergence
@@ -47,12 +39,21 @@ from server_app.clients import Fleet
 from server_app.engine_facts import client_state_entry
 from server_app.federated_eval import FederatedEvaluator
 from server_app.personal_round import personal_round
-from server_app.privacy import COUNTED, Ledger, budget_spent, privacy_budget
+from server_app.privacy import Ledger, budget_spent, privacy_budget
 from server_app.public_rows import withheld
 from server_app.regime_files import CENTRAL_TEST, write_regimes
 from server_app.results import AGGREGATED, DP_CONVENTIONS, DP_FIELDS, DP_LEFT_OUT, Recorder
+from server_app.run_basics import (
+    NothingTrained,
+    check_finite,
+    dp_fields,
+    resume_point,
+    run_name,
+    write_model,
+)
 from server_app.status import StatusWriter
 from server_app.tracking import check_available as check_tracking
+from strategies.engine import Step, run_steps
 from strategies.method_strategy import MethodStrategy
 from strategies.operator_log import log_line
 from strategies.over_select import OVER_SELECT_FIELDS
@@ -62,61 +63,22 @@ from strategies.sync_schedule import SyncSchedule
 from strategies.virtual_clock import CLOCK_FIELDS, VirtualClock
 
 
-def run_name(cfg: RunConfig) -> str:
-    """A directory name that says what ran: method, RI beta, data, seed and start time."""
-    ri = f"ri{cfg.train.beta:g}" if cfg.train.beta != 0 else "nori"
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    regimes = f"-{cfg.data.num_regimes}{cfg.data.regime_kind}" if cfg.data.num_regimes else ""
-    d = cfg.data
-    return (f"{cfg.method}-{ri}-{d.dataset}-{d.partition}{d.dirichlet_alpha:g}{regimes}"
-            f"-s{cfg.seed}-{stamp}")
+def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None,
+                   stop: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+    """Run ``cfg`` on ``grid`` on its schedule's driver (``rounds=sync``: the rounds below;
+    ``rounds=async``: ``server_app/async_rounds.py``) and return the summary written to disk.
+    ``stop`` (benchmarks) sees each row once it is written and checkpointed; True ends the
+    run there, before ``num-server-rounds``."""
+    if cfg.schedule.rounds == "async":
+        return run_async_experiment(grid, cfg, out_dir, stop)
+    return run_sync_experiment(grid, cfg, out_dir, stop)
 
 
-RESUME_MAY_CHANGE = config_keys.RESUME_MAY_CHANGE
-"""Keys a resumed run may set differently from the checkpoint's config
-(fedinit/config/keys.py)."""
-
-
-class ModelDiverged(RuntimeError):
-    """The global model (or the method's server state) became NaN or Inf."""
-
-
-class NothingTrained(RuntimeError):
-    """No round of the run aggregated a single reply: the result is the initial model."""
-
-
-def resume_point(cfg: RunConfig) -> tuple[Path, Checkpoint] | None:
-    """The run directory and checkpoint to continue from, checked against ``cfg``."""
-    if not cfg.fleet.resume_dir:
-        return None
-    run_dir = Path(cfg.fleet.resume_dir).resolve()
-    ckpt = load_checkpoint(run_dir)
-    made = "async" if ckpt.async_state is not None else "sync"
-    if ckpt.config.get("rounds", "sync") != made:
-        raise CheckpointError(f"resume-dir {run_dir}: the checkpoint says rounds="
-                              f"{ckpt.config.get('rounds', 'sync')!r} but holds a "
-                              f"rounds={made!r} run's state")
-    if made != cfg.schedule.rounds:
-        raise CheckpointError(f"resume-dir {run_dir}: the checkpoint is of a rounds={made!r} "
-                              f"run, this run has rounds={cfg.schedule.rounds!r}")
-    now = cfg.to_dict()
-    then = {**{k: config_keys.value_before(k, v, ckpt.config) for k, v in now.items()
-                if k in config_keys.BEFORE_KEY}, **ckpt.config}
-    for key, value in then.items():
-        if key not in RESUME_MAY_CHANGE and now.get(key) != value:
-            raise CheckpointError(f"resume-dir {run_dir}: the checkpoint was made with "
-                                  f"{key}={value!r}, this run has {key}={now.get(key)!r}")
-    if ckpt.server_round >= cfg.train.num_server_rounds:
-        raise CheckpointError(f"resume-dir {run_dir}: the checkpoint is at "
-                              f"{'version' if made == 'async' else 'round'} "
-                              f"{ckpt.server_round}, "
-                              f"num-server-rounds={cfg.train.num_server_rounds}"
-                              " leaves nothing to do")
-    return run_dir, ckpt
-
-
-def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> dict[str, Any]:
-    """Run all rounds of ``cfg`` on ``grid`` and return the summary written to disk."""
+def run_sync_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None,
+                        stop: Callable[[dict[str, Any]], bool] | None = None
+                        ) -> dict[str, Any]:
+    """All rounds of ``cfg`` on ``grid``, each a step of the engine's synchronous schedule,
+    and the summary written to disk."""
     if not cfg.fleet.resume_dir:
         check_writable("output-dir", out_dir or Path(cfg.fleet.output_dir).resolve())
     # Cheap checks first, so that a missing data set or a wrong-sized federation fails in
@@ -178,24 +140,24 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
     state_root = Path(str(round_config[STATE_ROOT])) if STATE_ROOT in round_config else None
     n = cfg.train.num_server_rounds
     failed = 0
-    for rnd in range(first, n + 1):
+
+    def before_round(rnd: int) -> bool:
         if ledger is not None and budget is not None and budget_spent(
                 budget, cfg, rnd, ledger.counted + 1, out):
-            break
-        t0 = time.monotonic()
+            return True
         fleet.collect()  # newcomers identified beside the last round take part from now on
         fleet.ask()  # identity queries to new nodes, answered beside this round
-        # under DP the round is counted durably before its first message: its uploads
-        # (local DP) and its model (evaluation, next round) are then counted
-        done = rounds.run(rnd, arrays, round_config,
-                          None if ledger is None else functools.partial(ledger.count, rnd))
-        messages, replies, new_arrays = done.messages, done.replies, done.arrays
+        return False
+
+    def on_round(step: Step, began: float) -> bool:
+        nonlocal failed, weights, arrays  # the global model as the last round left it
+        rnd, messages, replies, new_arrays = step.number, step.messages, step.replies, step.arrays
         if state_root is not None:  # the clients wrote their state without fsync: one
             sync_filesystem(state_root)  # flush for all, before the checkpoint relies on it
         failed = 0 if new_arrays is not None else failed + 1
         if new_arrays is not None:  # decoded once: evaluation and checkpoint read ``weights``
             weights = unpack(new_arrays)
-            _check_finite(rnd, weights, strategy.server_state(), out)
+            check_finite(rnd, weights, strategy.server_state(), out)
             arrays = new_arrays
         acc = loss = None
         evaluated: dict[str, Any] = {}
@@ -209,9 +171,8 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         if per_client and budget is None:  # under DP it says who has trained (DP_LEFT_OUT)
             rec.write_personal_clients(per_client)
         row = {"round": rnd, "test-acc": acc, "test-loss": loss, "lr": cfg.train.lr_at(rnd),
-               "round-seconds": time.monotonic() - t0, "elapsed-seconds": rec.elapsed(),
-               **done.fields, **done.metrics, "state-fallbacks": done.fallbacks,
-               **done.over, **personal, **evaluated,
+               "round-seconds": time.monotonic() - began, "elapsed-seconds": rec.elapsed(),
+               **step.fields, **personal, **evaluated,
                "clients-trained": clients_trained(replies, strategy.sent_to),
                **(dp_fields(budget, ledger.counted) if budget and ledger else {}),
                AGGREGATED: new_arrays is not None}
@@ -224,12 +185,21 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
         if budget is not None:  # the operator's own line, with what the files withhold
             log_line(True, INFO, "%s", _progress_line(row, n, len(messages),
                                                       cfg.privacy.dp_delta))
+        if stop is not None and stop(row):
+            log(INFO, "round %d: the caller's stop condition holds; the run ends here", rnd)
+            return True
         if failed >= cfg.fleet.max_failed_rounds:
             raise TooFewReplies(
                 f"{failed} rounds in a row had fewer than "
                 f"min-replies={cfg.fleet.min_replies} usable "
                 f"replies; stopped after round {rnd}. Bring the SuperNodes back and resume "
                 f"with --run-config \"resume-dir='{out}'\"")
+        return False
+
+    # under DP a round is counted durably before its first message: its uploads (local DP)
+    # and its model (evaluation, next round) are then counted
+    run_steps(rounds.steps(arrays, first, n, round_config, before_round,
+                           None if ledger is None else ledger.count), on_round)
 
     if rec.aggregated_rounds() == 0:  # the rows a resume kept count too
         raise NothingTrained(
@@ -238,10 +208,7 @@ def run_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None) -> d
             "the model is the initial one, so no final results were written")
     status.finish()
     final = weights
-    set_weights(model, final)
-    buf = io.BytesIO()
-    torch.save(model.state_dict(), buf)
-    atomic_write_bytes(out / "model.pt", buf.getvalue())
+    write_model(model, final, out)
     summary = rec.finish(final, {"results-dir": str(out), "eval-source": cfg.eval_source,
                                  **({"central-test": CENTRAL_TEST}
                                     if cfg.data.num_regimes and central is not None else {}),
@@ -280,16 +247,6 @@ def clients_trained(replies: list[Message], sent_to: dict[int, int]) -> list[int
                   if not m.has_error() and m.metadata.src_node_id in sent_to)
 
 
-def _check_finite(rnd: int, weights: list[np.ndarray], state: dict[str, list[Any]],
-                  out: Path) -> None:
-    """Stop before a NaN/Inf model is evaluated, recorded or checkpointed over a good one."""
-    bad = non_finite_part(weights, state)
-    if bad is not None:
-        kept = f"round {rnd - 1}'s checkpoint in {out} is kept" if rnd > 1 else "nothing kept"
-        raise ModelDiverged(f"round {rnd}: the aggregated global model holds NaN or Inf in {bad} "
-                            f"(training diverged: lower lr or server-lr); stopped, {kept}")
-
-
 def _progress_line(row: dict[str, Any], n: int, sent: int, delta: float = 0.0) -> str:
     """'[round 3/60] acc 71.20% loss 0.8123 div 1.23e-02 ...' for the live log: each part
     whose field is in ``row`` (a column the public files withhold is not)."""
@@ -318,13 +275,6 @@ def _progress_line(row: dict[str, Any], n: int, sent: int, delta: float = 0.0) -
     if "round-seconds" in row:
         parts.append(f"| {row['round-seconds']:.1f}s, elapsed {row['elapsed-seconds']:.0f}s")
     return " ".join(parts) + _epsilon_part(row, delta)
-
-
-def dp_fields(budget: Budget, counted: int) -> dict[str, Any]:
-    """A DP round's epsilon under both conventions after ``counted`` runs of the mechanism
-    (``server_app.results.DP_FIELDS``)."""
-    return {"dp-epsilon": budget.epsilon(counted),
-            "dp-epsilon-add-remove": budget.epsilon_add_remove(counted), COUNTED: counted}
 
 
 def _epsilon_part(row: dict[str, Any], delta: float) -> str:

@@ -80,6 +80,7 @@ from fedinit.methods.weights import Weights
 from strategies.async_robust import robust_flush
 from strategies.async_state import InFlight, LoopState
 from strategies.download_bytes import content_bytes
+from strategies.engine import Step, Steps, run_steps
 from strategies.method_strategy import MethodStrategy
 from strategies.round_stages.combine import RobustMean
 from strategies.round_stages.quorum import TooFewReplies
@@ -584,7 +585,22 @@ class AsyncLoop:
         self.give_up_check()
 
     def run(self, weights: Weights, on_flush: Callable[[Flush, dict[str, Any]], None]) -> Weights:
-        """Keep ``concurrency`` clients busy and flush every K accepted replies."""
+        """``steps`` on the engine, ``on_flush(flush, row facts)`` after each (it may set
+        ``stopped``); the final model."""
+        final = [weights]
+
+        def on_step(step: Step, _began: float) -> bool:
+            final[0] = step.detail.weights
+            on_flush(step.detail, step.fields)
+            return self.stopped
+
+        run_steps(self.steps(weights), on_step)
+        return final[0]
+
+    def steps(self, weights: Weights) -> Steps:
+        """Keep ``concurrency`` clients busy and flush every K accepted replies, each flush a
+        step of the engine (``strategies/engine.py``), until ``num-server-rounds`` flushes
+        or ``stopped``."""
         n = self.cfg.train.num_server_rounds
         idle_since = time.monotonic()
         self.newest = weights
@@ -611,14 +627,18 @@ class AsyncLoop:
                         self.privacy.count(self.buffer.version + 1)
                     flush = self.buffer.flush(weights, self.apply)
                     weights = self.newest = flush.weights
-                    on_flush(flush, self.row_facts(flush))
+                    facts = self.row_facts(flush)
+                    yield Step(flush.version, weights=flush.weights,
+                               metrics={k: v for k, v in facts.items()
+                                        if isinstance(v, int | float) and v is not None
+                                        and not isinstance(v, bool)},
+                               fields=facts, detail=flush)
                     if self.buffer.version >= n or self.stopped:
                         break
                     if self.privacy is not None and self.privacy.spent(self.buffer.version):
                         self.stopped = True
                         break
                 self.fill(weights)
-        return weights
 
     def window_event(self) -> bool:
         """Availability windows: handle the next simulated event if it is not a reply. A

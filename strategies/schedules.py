@@ -1,8 +1,9 @@
 """The ``rounds=`` schedules a strategy's ``start()`` runs on a user's grid, on the engine the
 project's experiment runs too: ``SyncRounds()`` and ``OverSelect`` are rounds of
 ``strategies.sync_schedule.SyncSchedule`` (the first m accepted replies close an over-selected
-round) in a loop that keeps Flower's ``Strategy.start`` contract (its ``Result``, the
-evaluations, the log), ``BufferedAsync`` the FedBuff loop (``strategies.async_loop.AsyncLoop``).
+round), ``BufferedAsync`` flushes of the FedBuff loop (``strategies.async_loop.AsyncLoop``),
+both run by the round engine (``strategies/engine.py``) with what keeps Flower's
+``Strategy.start`` contract after each step (its ``Result``, the evaluations, the log).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 from fedinit.config import RunConfig
 from fedinit.flower_compat.grid_view import GridView
 from fedinit.methods.weights import Weights
+from strategies.engine import Step, run_steps
 from strategies.method_strategy import MethodStrategy
 
 
@@ -87,12 +89,17 @@ def run_sync(front: Strategy, inner: MethodStrategy, grid: Grid, initial_arrays:
         if first is not None:
             result.evaluate_metrics_serverapp[0] = first
     arrays = initial_arrays
-    for rnd in range(1, num_rounds + 1):
+
+    def before_round(rnd: int) -> bool:
         log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
-        done = rounds.run(rnd, arrays, train_config)
-        if done.arrays is not None:
-            result.arrays = arrays = done.arrays
-        metrics = MetricRecord({**done.metrics, **done.over})
+        return False
+
+    def on_round(step: Step, _began: float) -> bool:
+        nonlocal arrays
+        rnd = step.number
+        if step.arrays is not None:
+            result.arrays = arrays = step.arrays
+        metrics = MetricRecord(step.metrics)
         log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
         result.train_metrics_clientapp[rnd] = metrics
         evaluated = front.aggregate_evaluate(rnd, grid.send_and_receive(
@@ -105,6 +112,9 @@ def run_sync(front: Strategy, inner: MethodStrategy, grid: Grid, initial_arrays:
             log(INFO, "\t└──> MetricRecord: %s", got)
             if got is not None:
                 result.evaluate_metrics_serverapp[rnd] = got
+        return False
+
+    run_steps(rounds.steps(initial_arrays, 1, num_rounds, train_config, before_round), on_round)
     log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
     return result
 
@@ -135,21 +145,21 @@ def run_buffered(grid: Grid, cfg: RunConfig, node_of: Mapping[int, int], w0: Wei
         if first is not None:
             result.evaluate_metrics_serverapp[0] = first
 
-    def on_flush(flush: Any, facts: dict[str, Any]) -> None:
-        version = int(flush.version)
-        result.train_metrics_clientapp[version] = MetricRecord(
-            {k: v for k, v in facts.items() if isinstance(v, int | float) and v is not None
-             and not isinstance(v, bool)})
-        log(INFO, "[version %d/%d] replies %d staleness mean %.2f max %d dropped %d", version,
-            cfg.train.num_server_rounds, flush.replies, facts["staleness-mean"],
-            facts["staleness-max"], flush.dropped)
-        if evaluate_fn is not None:
-            got = evaluate_fn(version, as_record(flush.weights))
-            if got is not None:
-                result.evaluate_metrics_serverapp[version] = got
+    def on_flush(step: Step, _began: float) -> bool:
+        result.train_metrics_clientapp[step.number] = MetricRecord(step.metrics)
+        log(INFO, "[version %d/%d] replies %d staleness mean %.2f max %d dropped %d",
+            step.number, cfg.train.num_server_rounds, step.detail.replies,
+            step.fields["staleness-mean"], step.fields["staleness-max"], step.detail.dropped)
+        if step.weights is not None:
+            result.arrays = as_record(step.weights)
+            if evaluate_fn is not None:
+                got = evaluate_fn(step.number, result.arrays)
+                if got is not None:
+                    result.evaluate_metrics_serverapp[step.number] = got
+        return False
 
-    final = loop.run(w0, on_flush)
-    result.arrays = as_record(final)
+    result.arrays = as_record(w0)
+    run_steps(loop.steps(w0), on_flush)
     return result, strategy
 
 

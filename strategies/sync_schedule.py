@@ -1,4 +1,5 @@
-"""The engine's synchronous schedule: one round of a ``MethodStrategy`` on a grid.
+"""The engine's synchronous schedule: rounds of a ``MethodStrategy`` on a grid, each a step of
+the round engine (``strategies/engine.py``).
 
 A round is the strategy's train messages sent, the replies collected and aggregated. How they
 are collected is the schedule's: all of them within ``round-timeout``; under over-selection
@@ -7,12 +8,14 @@ on the virtual clock (``device-speeds``) in simulated order, the round waiting u
 clients are in an availability window and never sending a task whose window closes before it
 ends (``strategies/virtual_clock.py``). ``rounds=async`` is the other schedule
 (``strategies/async_loop.py``). What a run adds around a round (evaluation, rows,
-checkpoints, the DP ledger, the fleet's status) is its caller's: the project's experiment
-(``server_app/experiment.py``).
+checkpoints, the DP ledger, the fleet's status) is its caller's, in the engine's ``on_step``:
+the project's experiment (``server_app/experiment.py``) or a strategy's ``start()``
+(``strategies/schedules.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +29,7 @@ from flwr.serverapp.strategy import Strategy
 from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
 from strategies.download_bytes import content_bytes
+from strategies.engine import Step, Steps
 from strategies.method_strategy import MethodStrategy
 from strategies.over_select import collect_first
 from strategies.round_stages.replies import state_fallbacks
@@ -67,6 +71,24 @@ class SyncSchedule:
         self.available = strategy.available
         """The clients that may take part now (the fleet's); with windows the strategy's
         sampler is handed, each round, those of them in a window then."""
+
+    def steps(self, arrays: ArrayRecord, first: int, last: int, round_config: ConfigRecord,
+              before_round: Callable[[int], bool] | None = None,
+              before_send: Callable[[int], None] | None = None) -> Steps:
+        """Rounds ``first`` to ``last`` from the model ``arrays``, each a step of the engine:
+        ``before_round(rnd)`` runs first (True: the run ends before that round),
+        ``before_send(rnd)`` once its messages exist and before the first is sent."""
+        for rnd in range(first, last + 1):
+            if before_round is not None and before_round(rnd):
+                return
+            done = self.run(rnd, arrays, round_config,
+                            None if before_send is None else functools.partial(before_send, rnd))
+            if done.arrays is not None:
+                arrays = done.arrays
+            yield Step(rnd, arrays=done.arrays, metrics={**done.metrics, **done.over},
+                       fields={**done.fields, **done.metrics, "state-fallbacks": done.fallbacks,
+                               **done.over},
+                       messages=done.messages, replies=done.replies, detail=done)
 
     def run(self, rnd: int, arrays: ArrayRecord, round_config: ConfigRecord,
             before_send: Callable[[], None] | None = None) -> RoundDone:

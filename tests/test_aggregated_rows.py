@@ -16,8 +16,9 @@ from flwr.app import Message, MessageType
 from fedinit.cli.inprocess_grid import InProcessGrid
 from fedinit.config import RunConfig
 from server_app.checkpoint import load_checkpoint
-from server_app.experiment import NothingTrained, run_experiment
+from server_app.experiment import run_experiment
 from server_app.results import AGGREGATED, Recorder, was_aggregated
+from server_app.run_basics import NothingTrained
 from tests.test_secagg_run import BASE
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

@@ -39,7 +39,8 @@ from fedinit.store.state_dir import StateDir
 from server_app.async_resume import loop_state_of
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import CheckpointError, load_checkpoint
-from server_app.experiment import resume_point, run_experiment
+from server_app.experiment import run_experiment
+from server_app.run_basics import resume_point
 from strategies import async_loop
 from strategies.round_stages.quorum import TooFewReplies
 from tests.conftest import SIM_HTTP_PORT

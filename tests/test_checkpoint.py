@@ -13,7 +13,7 @@ from server_app.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from server_app.experiment import resume_point
+from server_app.run_basics import resume_point
 
 
 def sample() -> Checkpoint:

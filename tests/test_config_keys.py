@@ -10,7 +10,7 @@ import pytest
 from fedinit.cli import sweep_plan
 from fedinit.config import RunConfig, load_defaults
 from fedinit.config.keys import EXPERIMENT, NOT_IDENTITY, RESUME_MAY_CHANGE, SPECIAL
-from server_app import experiment
+from server_app import run_basics
 from server_app.checkpoint import CheckpointError
 
 
@@ -26,7 +26,7 @@ def test_every_run_config_key_is_classified_once() -> None:
 
 def test_the_sweep_and_the_resume_check_use_the_table() -> None:
     assert sweep_plan.NOT_IDENTITY is NOT_IDENTITY
-    assert experiment.RESUME_MAY_CHANGE is RESUME_MAY_CHANGE
+    assert run_basics.RESUME_MAY_CHANGE is RESUME_MAY_CHANGE
     config = RunConfig.parse({}).to_dict()
     assert set(sweep_plan.identity(config)) == set(config) - NOT_IDENTITY
     assert "num-server-rounds" in sweep_plan.identity(config)  # identity, yet resumable
@@ -37,20 +37,20 @@ def test_the_sweep_and_the_resume_check_use_the_table() -> None:
 def test_a_resume_refuses_what_the_table_fixes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                key: str, value: object) -> None:
     saved = RunConfig.parse({"num-server-rounds": 2}).to_dict()
-    monkeypatch.setattr(experiment, "load_checkpoint", lambda _d: _Ckpt(saved))
+    monkeypatch.setattr(run_basics, "load_checkpoint", lambda _d: _Ckpt(saved))
     cfg = RunConfig.parse({"num-server-rounds": 3, "resume-dir": str(tmp_path), key: value})
     with pytest.raises(CheckpointError, match=f"made with {key}="):
-        experiment.resume_point(cfg)
+        run_basics.resume_point(cfg)
 
 
 def test_a_resume_accepts_what_the_table_allows(monkeypatch: pytest.MonkeyPatch,
                                                 tmp_path: Path) -> None:
     saved = RunConfig.parse({"num-server-rounds": 2}).to_dict()
-    monkeypatch.setattr(experiment, "load_checkpoint", lambda _d: _Ckpt(saved))
+    monkeypatch.setattr(run_basics, "load_checkpoint", lambda _d: _Ckpt(saved))
     changed = {"num-server-rounds": 3, "resume-dir": str(tmp_path), "data-dir": str(tmp_path),
                "round-timeout": 5.0, "max-failed-rounds": 9, "node-registry": "r.json"}
     assert set(changed) <= RESUME_MAY_CHANGE
-    point = experiment.resume_point(RunConfig.parse(changed))
+    point = run_basics.resume_point(RunConfig.parse(changed))
     assert point is not None and point[0] == tmp_path.resolve()
 
 

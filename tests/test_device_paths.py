@@ -271,7 +271,7 @@ def test_everything_else_is_one_line_naming_it(value: object) -> None:
 def test_every_run_name_the_server_makes_is_a_plain_name(over: dict[str, Any]) -> None:
     """The experiment id is the run directory's name: the rule must admit every one the
     server makes (``1e+06`` for a Dirichlet alpha of a million)."""
-    from server_app.experiment import run_name
+    from server_app.run_basics import run_name
 
     name = run_name(RunConfig.parse(over))
     assert path_name(name, "experiment-id") == name

@@ -10,7 +10,7 @@ import pytest
 from fedinit.cli.sweep_plan import load_plan, matches
 from fedinit.config import RunConfig
 from fedinit.config.keys import BEFORE_KEY, value_before
-from server_app import experiment
+from server_app import run_basics
 from server_app.checkpoint import CheckpointError
 
 
@@ -34,13 +34,13 @@ def test_resuming_an_old_checkpoint_refuses_the_new_default(
     saved = {k: v for k, v in RunConfig.parse({"num-server-rounds": 2}).to_dict().items()
              if k not in BEFORE_KEY}
     ckpt = type("Ckpt", (), {"config": saved, "server_round": 2, "async_state": None})()
-    monkeypatch.setattr(experiment, "load_checkpoint", lambda _d: ckpt)
+    monkeypatch.setattr(run_basics, "load_checkpoint", lambda _d: ckpt)
     cfg = RunConfig.parse({"num-server-rounds": 3, "resume-dir": str(tmp_path)})
     with pytest.raises(CheckpointError, match="local-test-fraction=0.0"):
-        experiment.resume_point(cfg)
+        run_basics.resume_point(cfg)
     ok = RunConfig.parse({"num-server-rounds": 3, "resume-dir": str(tmp_path),
                           "local-test-fraction": 0.0, "personal-eval-every": 0})
-    assert experiment.resume_point(ok) is not None
+    assert run_basics.resume_point(ok) is not None
 
 
 def test_an_old_default_of_one_methods_key_binds_only_that_methods_runs() -> None:

@@ -20,8 +20,9 @@ from fedinit.methods.fedavg import FedAvgServer
 from fedinit.store.state_dir import StateDir
 from server_app.app import RunAborted, main
 from server_app.checkpoint import load_checkpoint
-from server_app.experiment import ModelDiverged, run_experiment
+from server_app.experiment import run_experiment
 from server_app.results import TIMING_FIELDS
+from server_app.run_basics import ModelDiverged
 from tests.test_resume_and_faults import CrashingGrid, config, corrupt, rows
 
 pytestmark = pytest.mark.usefixtures("quick_runs")

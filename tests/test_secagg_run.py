@@ -30,7 +30,8 @@ from fedinit.secure_aggregation import SecAggClient, SecAggParams
 from fedinit.secure_aggregation import wire as sw
 from fedinit.secure_aggregation.envelope import token_length
 from server_app.checkpoint import load_checkpoint
-from server_app.experiment import NothingTrained, run_experiment
+from server_app.experiment import run_experiment
+from server_app.run_basics import NothingTrained
 from strategies.round_stages.decode import DecodeReplies
 from strategies.round_stages.held import AccountedRounds
 from strategies.round_stages.method_update import AccountRound

@@ -27,6 +27,7 @@ message and of the user's data, so any client (the project's too) can call it.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from logging import WARNING
@@ -64,6 +65,7 @@ from strategies.device_privacy import (
     DeviceFloor,
     DeviceRelease,
     account_release,
+    device_floor_mod,
     ledger_for,
     local_dp,
     train_metrics,
@@ -189,12 +191,19 @@ def user_losses(model: nn.Module, trainloader: Iterable[Any],
 def participate(rule: ClientRule[Any], received: RecordDict, store: ClientStore,
                 make_sgd: Callable[[int, float], SgdPass], device: torch.device, *,
                 initial: Callable[[], Sequence[np.ndarray]] | None = None,
-                release: Release | None = None, losses: LossesFn | None = None) -> RecordDict:
+                release: Release | None = None, losses: LossesFn | None = None,
+                seed: int = 0, client_id: int | None = None,
+                timed: Callable[[float], None] | None = None) -> RecordDict:
     """One participation on a restored ``store``: the RI start from w_prev, the method's
     ``rule.train`` with ``make_sgd(round, lr)``, the new state put into ``store`` (the caller
-    saves it), and the reply's content. ``initial`` gives w_0 for a client without w_prev
-    (None: the received model, so RI starts at its second participation); ``losses`` scores
-    models on the client's training data (clustered FL's loss-based assignment needs it)."""
+    saves it), and the reply's content. The project's ClientApp runs this too
+    (``client_app/round.py``). ``initial`` gives w_0 for a client without w_prev (None: the
+    received model, so RI starts at its second participation); ``release`` clips (and under
+    local DP noises) the upload before it is compressed; ``losses`` scores models on the
+    client's training data (clustered FL's loss-based assignment needs it); ``seed`` and
+    ``client_id`` (default: the id the message names) seed the compression's stochastic
+    rounding; ``timed`` is handed the local training's seconds, also sent as
+    ``compute-seconds``."""
     conf = received.config_records[rk.CONFIG]
     server_round, lr, beta = int(conf[rk.ROUND]), float(conf[rk.LR]), float(conf[rk.BETA])  # type: ignore[arg-type]
     delta = bool(conf[rk.UPLOAD_DELTA])
@@ -202,15 +211,19 @@ def participate(rule: ClientRule[Any], received: RecordDict, store: ClientStore,
     w_prev = store.get(W_PREV)
     if w_prev is None:
         w_prev = [a.copy() for a in w_t] if initial is None else list(initial())
-        if server_round == 1 and not _same(w_prev, w_t):
+        if server_round == 1 and beta != 0.0 and not _same(w_prev, w_t):
             log(WARNING, "client: initial() is not the server's round-1 model; RI's w_prev "
                 "before a first participation should be the run's w_0")
     start = relaxed_start(w_t, w_prev, beta)
     method_state = {k: store.get(k) or rule.initial_state(k, w_t) for k in rule.state_keys}
     down = {k: unpack(received.array_records[k]) for k in rule.down_keys}
+    t0 = time.perf_counter()
     outcome = rule.train(LocalJob(w_t=w_t, start=start, down=down, state=method_state, lr=lr,
                                   device=device, sgd=make_sgd(server_round, lr),
                                   losses=losses))
+    seconds = time.perf_counter() - t0
+    if timed is not None:
+        timed(seconds)
     trained = outcome.trained
     store.put(W_PREV, trained.final)
     for key, arrays in outcome.state.items():
@@ -221,10 +234,12 @@ def participate(rule: ClientRule[Any], received: RecordDict, store: ClientStore,
         upload, extras = release(upload, extras)
     metrics = MetricRecord({rk.NUM_EXAMPLES: trained.num_examples,
                             rk.TRAIN_LOSS: trained.mean_loss, rk.NUM_STEPS: trained.num_steps,
-                            **outcome.metrics})
+                            rk.COMPUTE_SECONDS: seconds,
+                            **outcome.metrics})  # the method's own (clustered FL's choice)
     records, said = encode_reply(  # compressed as the message asks (fedinit.methods.upload_codec)
         str(conf.get(rk.COMPRESSION, OFF)), upload, extras, w_t=w_t, delta=delta, state=store,
-        seed=0, server_round=server_round, client_id=int(conf.get(rk.CLIENT_ID, 0)),  # type: ignore[arg-type]
+        seed=seed, server_round=server_round,
+        client_id=int(conf.get(rk.CLIENT_ID, 0) if client_id is None else client_id),  # type: ignore[arg-type]
         changes={up: (key, method_state[key]) for up, key in rule.uploaded_changes.items()})
     return RecordDict({**records, rk.METRICS: metrics, rk.CONFIG: said})
 
@@ -374,5 +389,5 @@ def stored_state(context: Context) -> dict[str, Weights]:
 
 
 __all__ = ["Optimizer", "Release", "Step", "check_model", "client_store", "cross_entropy_step",
-           "method_query", "method_train", "participate", "sgd", "stored_state",
+           "device_floor_mod", "method_query", "method_train", "participate", "sgd", "stored_state",
            "user_losses", "user_pass"]

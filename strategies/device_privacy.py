@@ -25,7 +25,9 @@ task that fails under local DP replies only that it failed (its reason stays in 
 
 The client half's code, run by the project's ClientApp and by ``strategies.client.method_train``
 in a user's: it protects a device as far as the device runs only an app its owner approved
-(a run's app is code the server side submits).
+(a run's app is code the server side submits). A user's own evaluate and query handlers are
+guarded by ``device_floor_mod`` (``ClientApp(mods=[device_floor_mod])``), which refuses them
+under a local-DP floor before they run.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flwr.app import Context, Error, Message, MetricRecord
+from flwr.app import Context, Error, Message, MessageType, MetricRecord
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
@@ -289,6 +291,27 @@ def private_failure(msg: Message, task: str, err: Exception) -> Message:
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
                          reason=f"{PREFIX}the {task}{where} failed on this device; the "
                                 "reason is in its log"), reply_to=msg)
+
+
+def device_floor_mod(msg: Message, context: Context,
+                     call_next: Callable[[Message, Context], Message]) -> Message:
+    """A Flower client mod that guards a user's own handlers with the device's floor:
+    ``ClientApp(mods=[device_floor_mod])``. Under a local-DP floor every message but a train
+    message (a user's ``@app.evaluate()``, ``@app.query()``) is refused before the handler
+    runs: each would answer an exact question about the device's data. A floor that cannot
+    be used refuses every message, train included; train messages otherwise go on to the
+    handler, where ``method_train`` applies the floor to the release. Without a floor the
+    run decides, and every message goes on."""
+    task = f"{msg.metadata.message_type} message"
+    try:
+        floor = DeviceFloor.of(context.node_config)
+    except FloorError as err:
+        return refusal(msg, task, str(err))
+    if floor.local and msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
+        return refusal(msg, task, "under this device's local-DP floor it answers no exact "
+                       "query about its data; allowed: train messages (their uploads noised "
+                       "on the device)")
+    return call_next(msg, context)
 
 
 def ledger_for(floor: DeviceFloor, context: Context, store: ClientStore) -> PrivacyLedger:

@@ -97,8 +97,9 @@ def _loaded(code: str) -> tuple[list[str], set[str]]:
 @pytest.mark.slow  # two fresh interpreters
 def test_each_half_loads_only_what_it_needs() -> None:
     """The server half builds a strategy without torch, the data loaders, the SecAgg+
-    protocol or the round engine (``start()`` loads it); the client half without torchvision
-    or the server."""
+    protocol or the round engine (``start()`` loads it), and the engine of a plain run
+    without the data modules, the device speeds, the robust rules or the patch installer; the
+    client half without torchvision or the server."""
     server, heavy = _loaded("from strategies import FedInit\nFedInit(beta=0.1, lr=0.05)")
     assert heavy == set(), heavy
     assert not any(m.startswith(("fedinit.secure_aggregation", "fedinit.task", "client_app",
@@ -106,6 +107,17 @@ def test_each_half_loads_only_what_it_needs() -> None:
                                  "strategies.method_strategy", "strategies.round_stages"))
                    for m in server), server
     assert len(server) <= SERVER_HALF_MODULES, (len(server), server)
+    engine, heavy = _loaded(  # what start() adds for a plain run: no data, speeds, robust
+        "import numpy as np\nfrom fedinit.config import RunConfig\n"
+        "from strategies.schedules import run_sync\n"
+        "from strategies.method_strategy import MethodStrategy\n"
+        "MethodStrategy(RunConfig.parse({'num-clients': 4}), {i: i for i in range(4)},\n"
+        "               [np.zeros(2, np.float32)], examples=None)")
+    assert heavy == set(), heavy
+    assert not {"fedinit.task.federated_data", "fedinit.data_sets.cifar10",
+                "fedinit.config.device_speeds", "fedinit.methods.robust",
+                "fedinit.methods.async_server_opt", "fedinit.flower_compat.installer",
+                "fedinit.secure_aggregation"} & set(engine), engine
     client, heavy = _loaded("from strategies.client import method_train")
     assert heavy == {"torch"}, heavy
     assert not any(m.startswith(("server_app", "strategies.base")) for m in client), client

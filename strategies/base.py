@@ -51,11 +51,11 @@ from strategies.components import (
     taken,
 )
 from strategies.flower_args import FlowerArgError, FlowerArgs, MetricsAggr
-from strategies.method_strategy import MethodStrategy
 from strategies.wire import INITIAL, method_config, release_config
 
 if TYPE_CHECKING:
     from fedinit.methods.dp_budget import Budget
+    from strategies.method_strategy import MethodStrategy
 
 ANY_FEDERATION = 1_000_000
 """The stand-in ``num-clients`` of the constructor's parse, before the federation is known:
@@ -302,6 +302,8 @@ class MethodAdapter(Strategy):
                 train_config: ConfigRecord | None) -> MethodStrategy:
         """Wait for ``min_available_nodes`` nodes, number them (module docstring), check the
         settings for their count and build the project's strategy for them."""
+        from strategies.method_strategy import MethodStrategy  # the rounds: loaded by start()
+
         cfg, node_of, available = self.federation(grid, initial_arrays, train_config)
         self.inner = MethodStrategy(cfg, node_of, unpack(initial_arrays), examples=None,
                                     available=available)

@@ -22,7 +22,6 @@ from flwr.serverapp.strategy import Strategy
 
 from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.methods.async_server_opt import with_server_momentum
 from fedinit.methods.dp import Mechanism
 from fedinit.methods.method import ClientUpdate, ServerRule, ServerState
 from fedinit.methods.packed_arrays import pack, unpack
@@ -70,8 +69,12 @@ class MethodStrategy(Strategy):
         and moved nodes to it between rounds; a fixed dict where the federation is fixed)."""
         self.available = available or (lambda: list(self.node_of_partition))
         """The client ids that may be sampled now (identified, node connected)."""
-        rule: ServerRule = with_server_momentum(cfg.spec.server,
-                                                cfg.train.server_momentum)(cfg.params)
+        server = cfg.spec.server
+        if cfg.train.server_momentum:  # the momentum's wrapper only for a run that sets it
+            from fedinit.methods.async_server_opt import with_server_momentum
+
+            server = with_server_momentum(server, cfg.train.server_momentum)
+        rule: ServerRule = server(cfg.params)
         self.privacy = Mechanism.from_config(cfg)
         """Client-level DP (``dp``): re-clipping, the noise and the fixed denominator."""
         self.method = HeldMethod(rule, rule.init(w0))

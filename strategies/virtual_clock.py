@@ -25,17 +25,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from logging import INFO
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
 from fedinit.config import RunConfig
-from fedinit.config.device_speeds import KEY, Windows, durations, speeds_and_windows
 from fedinit.config.errors import ConfigError
-from fedinit.task.federated_data import partition_sizes
 from strategies.operator_log import log_line
 from strategies.over_select import Collected
+
+if TYPE_CHECKING:
+    from fedinit.config.device_speeds import Windows
 
 CLOCK_FIELDS = ("sim-time",)
 """The column a run with ``device-speeds`` on adds to each rounds.jsonl row: cumulative
@@ -59,7 +61,13 @@ class VirtualClock:
     @classmethod
     def for_run(cls, cfg: RunConfig, now: float = 0.0) -> VirtualClock | None:
         """The run's clock (None under ``device-speeds=off``), starting at ``now`` (a
-        resumed run's last ``sim-time``)."""
+        resumed run's last ``sim-time``): the speeds' module and the partitions' sizes (the
+        data modules) load only for a run with ``device-speeds``."""
+        if cfg.schedule.device_speeds == "off":
+            return None
+        from fedinit.config.device_speeds import durations, speeds_and_windows
+        from fedinit.task.federated_data import partition_sizes
+
         slow, windows = speeds_and_windows(cfg.schedule.device_speeds, cfg.num_clients, cfg.seed)
         if slow is None:
             return None
@@ -103,6 +111,8 @@ class VirtualClock:
             if count > best[0]:
                 best = (count, t)
         if best[0] <= 0:
+            from fedinit.config.device_speeds import KEY
+
             raise ConfigError(f"run config: {KEY}: no client is available at or after "
                               f"sim-time {self.now:g} (round {server_round}): every window in "
                               f"the file has ended; allowed: windows that cover the run")

@@ -66,12 +66,15 @@ def test_a_fresh_interpreter_imports_the_classes_and_the_client_half_alone() -> 
     assert out.strip() == "[] True"
 
 
-SERVER_HALF_MODULES = 73
-"""The project's modules ``FedInit(...)`` loads (105 before the SecAgg+ protocol, the data
-modules and torch were taken off its path; 93 before the method registry imported a method's
-module on first use, 79 before the pipeline built the secure sum, robust selection and DP
-stages only for a run that has them; issue 43 asks for at most 45: the run config still
-loads every group (14 modules) and the data-set registry every data set (7))."""
+SERVER_HALF_MODULES = 37
+"""The project's modules ``FedInit(...)`` loads: the run config's checks, the method's rules
+and the adapter, not the round engine (``start()`` loads ``MethodStrategy`` and its stages).
+105 before the SecAgg+ protocol, the data modules and torch were taken off its path; 93 before
+the method registry imported a method's module on first use; 79 before the pipeline built the
+secure sum, robust selection and DP stages only for a run that has them; 73 before the
+constructor left ``MethodStrategy`` to ``start()`` (45), the data-set registry loaded a data
+set's module on first use (39) and the config checks loaded ``device_speeds`` and
+``async_server_opt`` only for a run that sets their key; issue 43 asks for at most 45."""
 CLIENT_HALF_MODULES = 30
 """The project's modules ``strategies.client`` loads (the SecAgg+ protocol only when a round
 asks for it: its wire names here, its client in ``strategies.secure_upload``; a method's
@@ -93,16 +96,28 @@ def _loaded(code: str) -> tuple[list[str], set[str]]:
 
 @pytest.mark.slow  # two fresh interpreters
 def test_each_half_loads_only_what_it_needs() -> None:
-    """The server half builds a strategy without torch, the data loaders or the SecAgg+
-    protocol; the client half without torchvision or the server."""
+    """The server half builds a strategy without torch, the data loaders, the SecAgg+
+    protocol or the round engine (``start()`` loads it), and the engine of a plain run
+    without the data modules, the device speeds, the robust rules or the patch installer; the
+    client half without torchvision or the server."""
     server, heavy = _loaded("from strategies import FedInit\nFedInit(beta=0.1, lr=0.05)")
     assert heavy == set(), heavy
-    assert not any(m.startswith(("fedinit.secure_aggregation", "fedinit.task.datasets",
-                                 "fedinit.task.federated_data", "client_app",
-                                 "strategies.round_stages.secure_sum",
-                                 "strategies.round_stages.selection",
-                                 "strategies.round_stages.privacy")) for m in server)
+    assert not any(m.startswith(("fedinit.secure_aggregation", "fedinit.task", "client_app",
+                                 "fedinit.data_sets.cifar", "fedinit.config.device_speeds",
+                                 "strategies.method_strategy", "strategies.round_stages"))
+                   for m in server), server
     assert len(server) <= SERVER_HALF_MODULES, (len(server), server)
+    engine, heavy = _loaded(  # what start() adds for a plain run: no data, speeds, robust
+        "import numpy as np\nfrom fedinit.config import RunConfig\n"
+        "from strategies.schedules import run_sync\n"
+        "from strategies.method_strategy import MethodStrategy\n"
+        "MethodStrategy(RunConfig.parse({'num-clients': 4}), {i: i for i in range(4)},\n"
+        "               [np.zeros(2, np.float32)], examples=None)")
+    assert heavy == set(), heavy
+    assert not {"fedinit.task.federated_data", "fedinit.data_sets.cifar10",
+                "fedinit.config.device_speeds", "fedinit.methods.robust",
+                "fedinit.methods.async_server_opt", "fedinit.flower_compat.installer",
+                "fedinit.secure_aggregation"} & set(engine), engine
     client, heavy = _loaded("from strategies.client import method_train")
     assert heavy == {"torch"}, heavy
     assert not any(m.startswith(("server_app", "strategies.base")) for m in client), client

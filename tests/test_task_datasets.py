@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import importlib
 import io
 import pickle
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedinit.data_sets import DEVICE, HOMES, SPECS
 from fedinit.task.data_paths import CIFAR10_JPEG_TARBALL, default_data_dir
 from fedinit.task.datasets import (
     DataFormatError,
@@ -20,6 +24,7 @@ from fedinit.task.datasets import (
     to_tensor,
 )
 
+REPO = Path(__file__).resolve().parents[1]
 FMNIST_DIR = default_data_dir("fashion-mnist")
 CIFAR10_TARBALL = default_data_dir("cifar10") / CIFAR10_JPEG_TARBALL
 FMNIST_FILES = (
@@ -246,3 +251,17 @@ def test_to_tensor() -> None:
     assert torch.allclose(t[:, 2], torch.zeros(2, 4, 5))
     with pytest.raises(ValueError, match="channels"):
         to_tensor(x, (0.5,), (0.5,))
+
+
+def test_the_registry_loads_a_data_sets_module_on_first_use() -> None:
+    """A Fashion-MNIST config loads Fashion-MNIST's module, not the CIFAR readers nor device
+    data's; each name's module holds that name's spec."""
+    probe = ("import sys\nfrom fedinit.config import RunConfig\n"
+             "RunConfig.parse({'dataset': 'fashion-mnist'})\n"
+             "print(sorted(m for m in sys.modules if m.startswith('fedinit.data_sets.')))\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.splitlines()
+    assert out == ["['fedinit.data_sets.fashion_mnist', 'fedinit.data_sets.spec']"], out
+    for name, home in HOMES.items():
+        assert SPECS[name] is importlib.import_module(f"fedinit.data_sets.{home}").SPEC
+    assert importlib.import_module("fedinit.data_sets.device").NAME == DEVICE

@@ -26,7 +26,6 @@ from fedinit.config.choices import (
     TRACKINGS,
 )
 from fedinit.config.defaults import load_defaults
-from fedinit.config.device_speeds import parse_speeds
 from fedinit.config.errors import ConfigError, bad_value, did_you_mean
 from fedinit.data_sets import DATASET_NAMES
 from fedinit.methods.registry import AGGREGATIONS, METHOD_NAMES, RI_AGGREGATIONS, WEIGHTINGS
@@ -168,7 +167,10 @@ def _check_ranges(c: RunConfig, sized: bool) -> None:
     cross.check_secagg(c, sized)
     fleet.check_over_select_value(f)
     cross.check_over_select(c, sized)
-    parse_speeds(c.schedule.device_speeds)
+    if c.schedule.device_speeds != "off":  # its parser (and numpy's draws) only when set
+        from fedinit.config.device_speeds import parse_speeds
+
+        parse_speeds(c.schedule.device_speeds)
     cross.check_speeds_on_devices(c)
     if c.seed < 0:
         raise bad_value("seed", c.seed, "an integer >= 0")

@@ -9,8 +9,14 @@ from typing import TYPE_CHECKING
 
 from fedinit.config.choices import MAX_ROTATIONS
 from fedinit.config.errors import bad_value
-from fedinit.data_sets import Schema, default_data_dir, spec_of, split_floats, split_names
-from fedinit.data_sets.device import NAME as DEVICE
+from fedinit.data_sets import (
+    DEVICE,
+    Schema,
+    default_data_dir,
+    spec_of,
+    split_floats,
+    split_names,
+)
 
 if TYPE_CHECKING:
     from fedinit.config.run_config import RunConfig

@@ -57,12 +57,14 @@ def check_server_momentum(t: TrainConfig, method: str) -> None:
     """``server-momentum``: -1 < mu < 1 (negative: the damping Mitliagkas et al. 2016 tune
     against the momentum asynchrony adds), and only for a method whose server rule is one
     step on one model (``fedinit.methods.async_server_opt.momentum_refusal``)."""
-    from fedinit.methods.async_server_opt import momentum_refusal
-
     if not -1.0 < t.server_momentum < 1.0:
         raise bad_value("server-momentum", t.server_momentum, "-1 < server-momentum < 1")
+    if not t.server_momentum:  # the momentum's module only for a run that sets it
+        return
+    from fedinit.methods.async_server_opt import momentum_refusal
+
     why = momentum_refusal(method)
-    if t.server_momentum and why is not None:
+    if why is not None:
         raise bad_value("server-momentum", t.server_momentum,
                         f"0 with method={method!r} ({why})")
 

@@ -8,10 +8,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from fedinit.config import RunConfig
-from fedinit.flower_compat import flower_helpers
 from fedinit.methods.method import ClientUpdate
-from fedinit.methods.ri import aggregate_update
-from fedinit.methods.robust import combine
+from fedinit.methods.ri import aggregate_update, weighted_mean
 from fedinit.methods.weights import Weights
 from strategies.round_stages.replies import RoundReplies
 
@@ -21,16 +19,24 @@ Mean = Callable[[Sequence[Weights], Sequence[float]], Weights]
 
 @dataclasses.dataclass(frozen=True)
 class RobustMean:
-    """The run's ``aggregation`` rule (``fedinit.methods.robust.combine``) as a ``Mean``."""
+    """The run's ``aggregation`` rule (``fedinit.methods.robust.combine``) as a ``Mean``;
+    under ``mean`` its weighted mean (``combine``'s own), without loading the robust rules
+    or Flower's helpers."""
 
     cfg: RunConfig
 
     def __post_init__(self) -> None:
         if self.cfg.robust.aggregation != "mean":  # a rule computed with Flower's helpers
+            from fedinit.flower_compat import flower_helpers
+
             flower_helpers.check()
 
     def __call__(self, vectors: Sequence[Weights], weights: Sequence[float]) -> Weights:
         r = self.cfg.robust
+        if r.aggregation == "mean":
+            return weighted_mean(vectors, weights)
+        from fedinit.methods.robust import combine
+
         return combine(vectors, weights, r.aggregation, r.trim_fraction, r.byzantine_f)
 
 

@@ -20,7 +20,7 @@ from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import load_checkpoint
 from testbeds.lsq_problem import Problem
 from tests.test_async_fedrelax import async_cfg as fedrelax_cfg
-from tests.test_async_resume import KILL_AT, KilledGrid, config, final_model, rows, same
+from tests.test_async_resume import config, final_model, killed_beside_reference, rows, same
 from tests.test_async_state import LOCAL, SCRIPT, N, problem, run_async
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")
@@ -124,11 +124,7 @@ def test_killed_mid_buffer_and_resumed_ends_bit_identical(tmp_path: Path) -> Non
     tasks in flight at the checkpoint are re-sent from their versions, and their stale
     replies are corrected towards the checkpoint's model as in the uninterrupted run."""
     over = {"stale-correction": "dc", "dc-lambda": 0.5}
-    ref_cfg = config(tmp_path, **over)
-    run_async_experiment(InProcessGrid(3, ref_cfg.to_dict()), ref_cfg, tmp_path / "ref-run")
-    run_dir = tmp_path / "crash-run"
-    with pytest.raises(KeyboardInterrupt):
-        run_async_experiment(KilledGrid(KILL_AT, ref_cfg), ref_cfg, run_dir)
+    run_dir, _ = killed_beside_reference(tmp_path, over)
     assert load_checkpoint(run_dir).server_round == 3
     resumed = config(tmp_path, **over, **{"resume-dir": str(run_dir)})
     run_async_experiment(InProcessGrid(3, resumed.to_dict()), resumed)

@@ -371,6 +371,7 @@ class UserGrid(LocalGrid):
     """Nodes with unordered ids and no partition ids, each running ``user_train``."""
 
     def __init__(self, node_ids: Iterable[int]) -> None:
+        super().__init__()
         set_task_identity()
         self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(),
                                     run_config={}) for n in node_ids}
@@ -393,22 +394,6 @@ class UserGrid(LocalGrid):
                 out.append(user_train(msg, self.contexts[n], *self.data[n], 2)[0])
             else:
                 out.append(Message(RecordDict(), reply_to=msg))
-        return out
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Handle the messages at once (``rounds=OverSelect``/``BufferedAsync`` push); their
-        replies wait for ``pull_messages``."""
-        msgs = list(messages)
-        pending = getattr(self, "pending", [])
-        for msg in msgs:
-            msg.metadata.__dict__["_message_id"] = f"user-{len(self.trained)}-{id(msg)}"
-        self.pending = [*pending, *self.send_and_receive(msgs)]
-        return [m.metadata.message_id for m in msgs]
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        wanted = set(message_ids)
-        out = [r for r in self.pending if r.metadata.reply_to_message_id in wanted]
-        self.pending = [r for r in self.pending if r not in out]
         return out
 
 

@@ -33,8 +33,28 @@ def set_task_identity() -> None:
 
 
 class LocalGrid(Grid):
-    """A ``Grid`` whose nodes answer in this process: Flower's run-bound calls (the run, a
+    """A ``Grid`` whose nodes answer in this process (``send_and_receive``): a push is answered
+    at once and its replies wait for ``pull_messages``. Flower's run-bound calls (the run, a
     message the grid makes) are never used here, so they raise."""
+
+    def __init__(self) -> None:
+        self._pending: list[Message] = []
+        self._pushed = 0
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Handle the messages at once; their replies wait for ``pull_messages``."""
+        msgs = list(messages)
+        for msg in msgs:
+            self._pushed += 1
+            msg.metadata.__dict__["_message_id"] = f"in-process-{self._pushed}"
+        self._pending.extend(self.send_and_receive(msgs))
+        return [m.metadata.message_id for m in msgs]
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        wanted = set(message_ids)
+        out = [r for r in self._pending if r.metadata.reply_to_message_id in wanted]
+        self._pending = [r for r in self._pending if r not in out]
+        return out
 
     def set_run(self, run: Any) -> None:  # pragma: no cover - not used
         raise NotImplementedError
@@ -52,6 +72,7 @@ class InProcessGrid(LocalGrid):
 
     def __init__(self, num_nodes: int, run_config: dict[str, Any],
                  num_partitions: int | None = None) -> None:
+        super().__init__()
         set_task_identity()
         self.contexts = {
             1000 + i: Context(
@@ -64,8 +85,6 @@ class InProcessGrid(LocalGrid):
         self.sent: list[Message] = []
         self.replies: list[Message] = []
         self.reply_filter: Callable[[Message], Message | None] | None = None
-        self._pending: list[Message] = []
-        self._pushed = 0
 
     def context_of(self, partition_id: int) -> Context:
         return self.contexts[1000 + partition_id]
@@ -73,21 +92,6 @@ class InProcessGrid(LocalGrid):
     # Grid API --------------------------------------------------------------
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Handle the messages at once; their replies wait for ``pull_messages``."""
-        msgs = list(messages)
-        for msg in msgs:
-            self._pushed += 1
-            msg.metadata.__dict__["_message_id"] = f"in-process-{self._pushed}"
-        self._pending.extend(self.send_and_receive(msgs))
-        return [m.metadata.message_id for m in msgs]
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        wanted = set(message_ids)
-        out = [r for r in self._pending if r.metadata.reply_to_message_id in wanted]
-        self._pending = [r for r in self._pending if r not in out]
-        return out
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:

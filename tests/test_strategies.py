@@ -371,30 +371,19 @@ class UserGrid(LocalGrid):
     """Nodes with unordered ids and no partition ids, each running ``user_train``."""
 
     def __init__(self, node_ids: Iterable[int]) -> None:
-        super().__init__()
         set_task_identity()
-        self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(),
-                                    run_config={}) for n in node_ids}
+        super().__init__({n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(),
+                                     run_config={}) for n in node_ids})
         self.data = {n: problem(i) for i, n in enumerate(self.contexts)}
         self.trained: list[tuple[int, int]] = []
-        self.sent: list[Message] = []
 
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.contexts)
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
-        out = []
-        for msg in messages:
-            n = msg.metadata.dst_node_id
+    def answer(self, msg: Message, ctx: Context) -> Message | None:
+        n = msg.metadata.dst_node_id
+        if msg.metadata.message_type == MessageType.TRAIN:
             conf = msg.content.config_records[rk.CONFIG]
-            self.sent.append(msg)
-            if msg.metadata.message_type == MessageType.TRAIN:
-                self.trained.append((n, int(conf[rk.CLIENT_ID])))  # type: ignore[arg-type]
-                out.append(user_train(msg, self.contexts[n], *self.data[n], 2)[0])
-            else:
-                out.append(Message(RecordDict(), reply_to=msg))
-        return out
+            self.trained.append((n, int(conf[rk.CLIENT_ID])))  # type: ignore[arg-type]
+            return user_train(msg, ctx, *self.data[n], 2)[0]
+        return Message(RecordDict(), reply_to=msg)
 
 
 def test_a_users_app_numbers_nodes_by_id_and_keeps_its_state_dict_keys() -> None:

@@ -114,6 +114,19 @@ def wait_rounds(out: Path, n: int, timeout: float, run: FlwrRun) -> Path:
     raise AssertionError(f"round {n} not reached within {timeout:g}s:\n" + run.text()[-3000:])
 
 
+@contextmanager
+def run_until(dep: Deployment, name: str, cfg: dict[str, Any], out: Path,
+              rows: int) -> Iterator[tuple[FlwrRun, str, Path]]:
+    """`flwr run` of ``cfg`` writing under ``out`` (a run a fault test then breaks), handed over
+    once its rounds.jsonl has ``rows`` rows: the run, its run id and its run dir; stopped on
+    leaving."""
+    run = FlwrRun(dep, name, {**cfg, "output-dir": str(out)})
+    try:
+        yield run, run.run_id(), wait_rounds(out, rows, 240, run)
+    finally:
+        run.stop()
+
+
 def kill_tree(pid: int) -> list[int]:
     """SIGKILL ``pid`` and its descendants (executor and app processes included)."""
     tree = descendants([pid])

@@ -8,9 +8,9 @@ state store (a ``RecordDict``, like ``context.state``), and hands the replies ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -178,6 +178,44 @@ class Federation:
         for _ in range(rounds):
             self.step()
         return self.weights
+
+
+# ---------------------------------------------------------------------- async oracles
+Sent = TypeVar("Sent")
+Entry = TypeVar("Entry")
+
+
+def buffered_replay(script: list[tuple[int, str]], num_clients: int, buffer_size: int,
+                    flushes: int, send: Callable[[int, int], Sent],
+                    train: Callable[[int, Sent, int], Entry | None],
+                    flush: Callable[[list[Entry]], None],
+                    first: Sequence[int] | None = None) -> list[list[Entry]]:
+    """FedBuff's order of events over ``script`` (who answers next, and whether the reply is
+    ``ok``, lost or rejected) for a test's own numpy oracle, which brings the rule: every
+    client has a task out (concurrency = clients) and is sent the next at once when it
+    answers. ``send(cid, busy)``: what a task carries from the oracle's state now (``busy``:
+    the tasks out and replies buffered as it is sent); ``train(cid, sent, tau)``: an ``ok``
+    reply's buffer entry (None: not buffered), ``tau`` its staleness in versions; ``flush``:
+    steps the oracle's model by a full buffer. ``first``: the order of the first fill
+    (default by client). The buffers flushed, in order; the script must reach ``flushes``."""
+    version = 0
+    buffer: list[Entry] = []
+    flushed: list[list[Entry]] = []
+    task = {cid: (0, send(cid, i)) for i, cid in enumerate(first or range(num_clients))}
+    for cid, fate in script:
+        if version == flushes:
+            break
+        v_sent, sent = task[cid]
+        entry = train(cid, sent, version - v_sent) if fate == "ok" else None
+        if entry is not None:
+            buffer.append(entry)
+        if len(buffer) == buffer_size:
+            flush(buffer)
+            flushed.append(buffer)
+            version, buffer = version + 1, []
+        task[cid] = (version, send(cid, num_clients - 1 + len(buffer)))
+    assert version == flushes, "the script ends before the last flush"
+    return flushed
 
 
 # ---------------------------------------------------------------------- wire measurement

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -225,6 +226,33 @@ def sim_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     kill_local_superlink(SIM_HTTP_PORT)
     yield env
     kill_local_superlink(SIM_HTTP_PORT)
+
+
+def simulation_pids() -> list[int]:
+    """The ServerApp's process of a ``sim_env`` simulation is ``flwr-simulation`` (server and
+    clients)."""
+    found = subprocess.run(["pgrep", "-f", f"flwr-simulation.*{SIM_HTTP_PORT}"],
+                           capture_output=True, text=True, check=False).stdout
+    return [int(p) for p in found.split()]
+
+
+def kill_simulation_at(out: Path, rows: int, what: str) -> Path:
+    """SIGKILLs the ``flwr-simulation`` processes once the run writing under ``out`` has
+    ``rows`` rows (``what``: "round", "version") in its rounds.jsonl; that file."""
+    deadline = time.monotonic() + 300
+    rows_file = None
+    while time.monotonic() < deadline and rows_file is None:
+        found = list(out.glob("*/rounds.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= rows:
+            rows_file = found[0]
+        else:
+            time.sleep(0.05)
+    assert rows_file is not None, f"the run never reached {what} {rows}"
+    pids = simulation_pids()
+    assert pids, "no flwr-simulation process to kill"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return rows_file
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from fedinit.config.errors import ConfigError
 from fedinit.methods.stale_correction import dc_contraction, delay_compensated
 from server_app.async_rounds import run_async_experiment
 from server_app.checkpoint import load_checkpoint
-from testbeds.lsq_problem import Problem
+from testbeds.lsq_problem import Problem, buffered_replay
 from tests.test_async_fedrelax import async_cfg as fedrelax_cfg
-from tests.test_async_resume import KILL_AT, KilledGrid, config, final_model, rows, same
+from tests.test_async_resume import config, final_model, killed_beside_reference, rows, same
 from tests.test_async_state import LOCAL, SCRIPT, N, problem, run_async
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")
@@ -53,30 +53,25 @@ def oracle(p: Problem, script: list[tuple[int, str]], buffer_size: int, flushes:
     (w_now - w_sent), w_now the model its flush steps from."""
     k_steps, lr = LOCAL["local-epochs"], LOCAL["lr"]
     w = p.w0.astype(np.float64)
-    version, buffer, taus = 0, [], []
-    task = {cid: (0, w.copy()) for cid in range(p.num_clients)}
-    for cid, fate in script:
-        if version == flushes:
-            break
-        v_sent, w_sent = task[cid]
+
+    def train(cid: int, w_sent: np.ndarray, tau: int) -> tuple[np.ndarray, int]:
         y = w_sent.copy()
         for _ in range(k_steps):
             y -= lr * p.gradient(cid, y)
         d = y - w_sent
-        tau = version - v_sent
         if tau > 0:
             undone = np.minimum(lam * d * d / np.mean(d * d), 1.0)
             d = d - undone * (w - w_sent)
-        if fate == "ok":
-            buffer.append((d, tau))
-        if len(buffer) == buffer_size:
-            w = w + sum((1.0 + t) ** -a * d for d, t in buffer) / buffer_size
-            w = w.astype(np.float32).astype(np.float64)  # float32 between flushes
-            taus.append(sorted(t for _, t in buffer))
-            version, buffer = version + 1, []
-        task[cid] = (version, w.copy())
-    assert version == flushes, "the script ends before the last flush"
-    return w, taus
+        return d, tau
+
+    def flush(buffer: list[tuple[np.ndarray, int]]) -> None:
+        nonlocal w
+        w = w + sum((1.0 + t) ** -a * d for d, t in buffer) / buffer_size
+        w = w.astype(np.float32).astype(np.float64)  # float32 between flushes
+
+    flushed = buffered_replay(script, p.num_clients, buffer_size, flushes,
+                              lambda cid, busy: w.copy(), train, flush)
+    return w, [sorted(t for _, t in buffer) for buffer in flushed]
 
 
 @pytest.mark.parametrize("lam", [0.3, 2.0])
@@ -124,11 +119,7 @@ def test_killed_mid_buffer_and_resumed_ends_bit_identical(tmp_path: Path) -> Non
     tasks in flight at the checkpoint are re-sent from their versions, and their stale
     replies are corrected towards the checkpoint's model as in the uninterrupted run."""
     over = {"stale-correction": "dc", "dc-lambda": 0.5}
-    ref_cfg = config(tmp_path, **over)
-    run_async_experiment(InProcessGrid(3, ref_cfg.to_dict()), ref_cfg, tmp_path / "ref-run")
-    run_dir = tmp_path / "crash-run"
-    with pytest.raises(KeyboardInterrupt):
-        run_async_experiment(KilledGrid(KILL_AT, ref_cfg), ref_cfg, run_dir)
+    run_dir, _ = killed_beside_reference(tmp_path, over)
     assert load_checkpoint(run_dir).server_round == 3
     resumed = config(tmp_path, **over, **{"resume-dir": str(run_dir)})
     run_async_experiment(InProcessGrid(3, resumed.to_dict()), resumed)

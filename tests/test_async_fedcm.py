@@ -14,7 +14,7 @@ import pytest
 
 from fedinit.config import RunConfig
 from testbeds.lsq_async import Script, run_lsq_async
-from testbeds.lsq_problem import Problem, lsq_problem
+from testbeds.lsq_problem import Problem, buffered_replay, lsq_problem
 
 N, DIM, K_STEPS, LR, ALPHA = 4, 5, 5, 0.05, 0.3
 LOCAL = {"num-clients": N, "lr": LR, "local-epochs": K_STEPS, "batch-size": 1000,
@@ -40,24 +40,23 @@ def oracle(script: Script, buffer_size: int, flushes: int, a: float,
     between flushes, as on the wire)."""
     p = problem()
     w, d = p.w0.astype(np.float64), np.zeros(DIM)
-    version, buffer = 0, []
-    task = {cid: (0, w.copy(), d.copy()) for cid in range(N)}
-    for cid, fate in script:
-        if version == flushes:
-            break
-        v_sent, w_sent, d_sent = task[cid]
+
+    def train(cid: int, sent: tuple[np.ndarray, np.ndarray], tau: int
+              ) -> tuple[np.ndarray, int]:
+        w_sent, d_sent = sent
         y = w_sent.copy()
         for _ in range(K_STEPS):
             y -= LR * (ALPHA * p.gradient(cid, y) + (1.0 - ALPHA) * d_sent)
-        if fate == "ok":
-            buffer.append((y - w_sent, version - v_sent))
-        if len(buffer) == buffer_size:
-            big_d = sum((1.0 + tau) ** -a * move for move, tau in buffer) / buffer_size
-            w = (w + server_lr * big_d).astype(np.float32).astype(np.float64)
-            d = (-big_d / (K_STEPS * LR)).astype(np.float32).astype(np.float64)
-            version, buffer = version + 1, []
-        task[cid] = (version, w.copy(), d.copy())
-    assert version == flushes, "the script ends before the last flush"
+        return y - w_sent, tau
+
+    def flush(buffer: list[tuple[np.ndarray, int]]) -> None:
+        nonlocal w, d
+        big_d = sum((1.0 + tau) ** -a * move for move, tau in buffer) / buffer_size
+        w = (w + server_lr * big_d).astype(np.float32).astype(np.float64)
+        d = (-big_d / (K_STEPS * LR)).astype(np.float32).astype(np.float64)
+
+    buffered_replay(script, N, buffer_size, flushes, lambda cid, busy: (w.copy(), d.copy()),
+                    train, flush)
     return {"w": w, "d": d}
 
 

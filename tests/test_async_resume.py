@@ -14,13 +14,10 @@ because the server names it (``keep-round``)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -43,9 +40,9 @@ from server_app.experiment import run_experiment
 from server_app.run_basics import resume_point
 from strategies import async_loop
 from strategies.round_stages.quorum import TooFewReplies
-from tests.conftest import SIM_HTTP_PORT
+from tests.conftest import kill_simulation_at
 from tests.sim_engine import InProcessSimulation
-from tests.test_resume_and_faults import corrupt
+from tests.test_resume_and_faults import corrupt, final_model, rows
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")  # no plot read, no real wait
 
@@ -85,6 +82,18 @@ class KilledGrid(InProcessGrid):
         return ids
 
 
+def killed_beside_reference(tmp_path: Path, over: dict[str, Any]) -> tuple[Path, KilledGrid]:
+    """``config(tmp_path, **over)`` run uninterrupted (``ref-run``) and killed at ``KILL_AT``
+    (``crash-run``): the killed run's directory and grid (its replies still on the link)."""
+    ref_cfg = config(tmp_path, **over)
+    run_async_experiment(InProcessGrid(3, ref_cfg.to_dict()), ref_cfg, tmp_path / "ref-run")
+    run_dir = tmp_path / "crash-run"
+    killed = KilledGrid(KILL_AT, ref_cfg)
+    with pytest.raises(KeyboardInterrupt):
+        run_async_experiment(killed, ref_cfg, run_dir)
+    return run_dir, killed
+
+
 class LateRepliesGrid(InProcessGrid):
     """A new link whose first pull for train replies also hands back ``late``: replies of
     the killed run's tasks (a leaky link). Its message ids go on from 1000, not from 1: no
@@ -102,15 +111,6 @@ class LateRepliesGrid(InProcessGrid):
         out = [*self.late, *super().pull_messages(ids)]
         self.late = []
         return out
-
-
-def final_model(run_dir: Path) -> list[np.ndarray]:
-    with np.load(run_dir / "final_model.npz") as z:
-        return [z[f"arr_{i}"] for i in range(len(z.files))]
-
-
-def rows(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
 
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -149,13 +149,7 @@ def test_killed_mid_buffer_and_resumed_ends_bit_identical(
     run re-sends the two tasks in flight at version 3 from the versions they were sent, and
     ends where the uninterrupted run ends."""
     over = {"method": method, **({"server-lr": 0.1} if method == "fedadam" else {})}
-    ref_cfg = config(tmp_path, **over)
-    run_async_experiment(InProcessGrid(3, ref_cfg.to_dict()), ref_cfg, tmp_path / "ref-run")
-
-    run_dir = tmp_path / "crash-run"
-    killed = KilledGrid(KILL_AT, ref_cfg)
-    with pytest.raises(KeyboardInterrupt):
-        run_async_experiment(killed, ref_cfg, run_dir)
+    run_dir, killed = killed_beside_reference(tmp_path, over)
     assert [r["round"] for r in rows(run_dir)] == [1, 2, 3]
     ckpt = load_checkpoint(run_dir)
     assert ckpt.server_round == 3 and ckpt.async_state is not None
@@ -381,18 +375,7 @@ def test_simulation_process_killed_mid_run_resumes_to_the_same_model(
     proc = subprocess.Popen([*argv, f"output-dir={out}"], env=sim_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 300
-        rows_file = None
-        while time.monotonic() < deadline and rows_file is None:
-            found = list(out.glob("*/rounds.jsonl"))
-            if found and len(found[0].read_text().splitlines()) >= 3:
-                rows_file = found[0]
-            time.sleep(0.05)
-        assert rows_file is not None, "the run never reached version 3"
-        pids = simulation_pids()
-        assert pids, "no flwr-simulation process to kill"
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        rows_file = kill_simulation_at(out, 3, "version")
         proc.wait(timeout=120)  # flwr run ends with its simulation; the script cleans up
     finally:
         stop(proc)
@@ -424,13 +407,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
-
-
-def simulation_pids() -> list[int]:
-    """The ServerApp's process of a simulation is ``flwr-simulation`` (server and clients)."""
-    found = subprocess.run(["pgrep", "-f", f"flwr-simulation.*{SIM_HTTP_PORT}"],
-                           capture_output=True, text=True, check=False).stdout
-    return [int(p) for p in found.split()]
 
 
 class WithoutNode(InProcessGrid):
@@ -502,12 +478,7 @@ def test_fedrelax_killed_mid_buffer_and_resumed_ends_bit_identical(tmp_path: Pat
     graph.write_text("0 1 1.0\n1 2 0.5\n")
     over = {"method": "fedrelax", "beta": 0.0, "staleness": "constant",
             "fedrelax-alpha": 0.5, "graph": f"file:{graph}"}
-    ref_cfg = config(tmp_path, **over)
-    run_async_experiment(InProcessGrid(3, ref_cfg.to_dict()), ref_cfg, tmp_path / "ref-run")
-    run_dir = tmp_path / "crash-run"
-    killed = KilledGrid(KILL_AT, ref_cfg)
-    with pytest.raises(KeyboardInterrupt):
-        run_async_experiment(killed, ref_cfg, run_dir)
+    run_dir, killed = killed_beside_reference(tmp_path, over)
     ckpt = load_checkpoint(run_dir)
     assert ckpt.async_state is not None
     in_flight = ckpt.async_state["in-flight"]

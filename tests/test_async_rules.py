@@ -31,7 +31,7 @@ from fedinit.methods.fedbuff import BufferedUpdate, FedBuff
 from fedinit.methods.method import Params, RoundInput
 from fedinit.methods.scaffold import ScaffoldServer
 from testbeds.lsq_async import ScriptedGrid, make_loop
-from testbeds.lsq_problem import Federation, Problem, lsq_problem
+from testbeds.lsq_problem import Federation, Problem, buffered_replay, lsq_problem
 from tests.test_async_state import LOCAL, SCRIPT, N, async_cfg, problem, run_async
 
 pytestmark = pytest.mark.usefixtures("quick_runs", "fake_clock")
@@ -96,24 +96,21 @@ def oracle(p: Problem, script: list[tuple[int, str]], buffer_size: int, flushes:
     k_steps, lr = LOCAL["local-epochs"], LOCAL["lr"]
     w = p.w0.astype(np.float64)
     v = np.zeros_like(w)
-    version, buffer = 0, []
-    task = {cid: (0, w.copy()) for cid in range(p.num_clients)}
-    for cid, fate in script:
-        if version == flushes:
-            break
-        v_sent, w_sent = task[cid]
+
+    def train(cid: int, w_sent: np.ndarray, tau: int) -> tuple[np.ndarray, int]:
         y = w_sent.copy()
         for _ in range(k_steps):
             y -= lr * p.gradient(cid, y)
-        if fate == "ok":
-            buffer.append((y - w_sent, version - v_sent))
-        if len(buffer) == buffer_size:
-            d = sum((1.0 + t) ** -a * dd for dd, t in buffer) / buffer_size
-            v = mu * v + d
-            w = (w + v).astype(np.float32).astype(np.float64)
-            version, buffer = version + 1, []
-        task[cid] = (version, w.copy())
-    assert version == flushes, "the script ends before the last flush"
+        return y - w_sent, tau
+
+    def flush(buffer: list[tuple[np.ndarray, int]]) -> None:
+        nonlocal w, v
+        d = sum((1.0 + t) ** -a * dd for dd, t in buffer) / buffer_size
+        v = mu * v + d
+        w = (w + v).astype(np.float32).astype(np.float64)
+
+    buffered_replay(script, p.num_clients, buffer_size, flushes, lambda cid, busy: w.copy(),
+                    train, flush)
     return w
 
 
@@ -189,30 +186,28 @@ def lr_oracle(p: Problem, script: list[tuple[int, str]], buffer_size: int, flush
     ``first``: the order the first fill sent the clients in (the loop's seeded choice)."""
     k_steps, lr, n = LOCAL["local-epochs"], LOCAL["lr"], p.num_clients
     w = p.w0.astype(np.float64)
-    version, buffer, scales = 0, [], []
-    # the first fill: its i-th task sees i tasks out, none buffered
-    task = {}
-    for i, cid in enumerate(first):
-        scales.append((1.0 + i / buffer_size) ** -a)
-        task[cid] = (0, w.copy(), scales[-1])
+    scales: list[float] = []
     assert sorted(first) == list(range(n))
-    for cid, fate in script:
-        if version == flushes:
-            break
-        v_sent, w_sent, scale = task[cid]
+
+    def send(cid: int, busy: int) -> tuple[np.ndarray, float]:
+        """A task sent with ``busy`` tasks out and replies buffered: the first fill's i-th
+        sees i; a refill (at once) the N - 1 others and the buffer after this reply."""
+        scales.append((1.0 + busy / buffer_size) ** -a)
+        return w.copy(), scales[-1]
+
+    def train(cid: int, sent: tuple[np.ndarray, float], tau: int) -> tuple[np.ndarray, int]:
+        w_sent, scale = sent
         y = w_sent.copy()
         for _ in range(k_steps):
             y -= scale * lr * p.gradient(cid, y)
-        if fate == "ok":
-            buffer.append((y - w_sent, version - v_sent))
-        if len(buffer) == buffer_size:
-            w = w + sum((1.0 + t) ** -s_a * dd for dd, t in buffer) / buffer_size
-            w = w.astype(np.float32).astype(np.float64)
-            version, buffer = version + 1, []
-        # refilled at once: N - 1 others in flight, the buffer after this reply (and flush)
-        scales.append((1.0 + (n - 1 + len(buffer)) / buffer_size) ** -a)
-        task[cid] = (version, w.copy(), scales[-1])
-    assert version == flushes
+        return y - w_sent, tau
+
+    def flush(buffer: list[tuple[np.ndarray, int]]) -> None:
+        nonlocal w
+        w = w + sum((1.0 + t) ** -s_a * dd for dd, t in buffer) / buffer_size
+        w = w.astype(np.float32).astype(np.float64)
+
+    buffered_replay(script, n, buffer_size, flushes, send, train, flush, first)
     return w, scales
 
 

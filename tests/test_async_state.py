@@ -32,7 +32,7 @@ from testbeds.lsq_async import (
     run_lsq_async,
     speed_order,
 )
-from testbeds.lsq_problem import Federation, Problem, lsq_optimum, lsq_problem
+from testbeds.lsq_problem import Federation, Problem, buffered_replay, lsq_optimum, lsq_problem
 from testbeds.lsq_resume import resumable_run
 
 N, DIM, K_STEPS, LR = 4, 5, 5, 0.05
@@ -67,29 +67,29 @@ def oracle(script: Script, buffer_size: int, flushes: int, s: dict[int, float],
     p = problem()
     w, c = p.w0.astype(np.float64), np.zeros(DIM)
     acc = {cid: np.zeros(DIM) for cid in range(N)}  # each client's accounted c_i
-    version, buffer = 0, []
-    task = {cid: (0, w.copy(), c.copy()) for cid in range(N)}
-    taus = []
-    for cid, fate in script:
-        if version == flushes:
-            break
-        v_sent, w_sent, c_sent = task[cid]
+
+    def train(cid: int, sent: tuple[np.ndarray, np.ndarray], tau: int
+              ) -> tuple[np.ndarray, int, np.ndarray] | None:
+        w_sent, c_sent = sent
         y = w_sent.copy()
         for _ in range(K_STEPS):
             y -= LR * (p.gradient(cid, y) + c_sent - acc[cid])
+        if max_staleness and tau > max_staleness:
+            return None
         new = acc[cid] - c_sent + (w_sent - y) / (K_STEPS * LR)
-        tau = version - v_sent
-        if fate == "ok" and not (max_staleness and tau > max_staleness):
-            buffer.append((y - w_sent, tau, new - acc[cid]))
-            acc[cid] = new
-        if len(buffer) == buffer_size:
-            w = w + server_lr * sum(s[t] * d for d, t, _ in buffer) / buffer_size
-            c = c + sum(dc for _, _, dc in buffer) / N  # unweighted, each reply once
-            w = w.astype(np.float32).astype(np.float64)  # the model is float32 between flushes
-            taus.append(sorted(t for _, t, _ in buffer))
-            version, buffer = version + 1, []
-        task[cid] = (version, w.copy(), c.copy())
-    assert version == flushes, "the script ends before the last flush"
+        buffered = (y - w_sent, tau, new - acc[cid])
+        acc[cid] = new
+        return buffered
+
+    def flush(buffer: list[tuple[np.ndarray, int, np.ndarray]]) -> None:
+        nonlocal w, c
+        w = w + server_lr * sum(s[t] * d for d, t, _ in buffer) / buffer_size
+        c = c + sum(dc for _, _, dc in buffer) / N  # unweighted, each reply once
+        w = w.astype(np.float32).astype(np.float64)  # the model is float32 between flushes
+
+    flushed = buffered_replay(script, N, buffer_size, flushes,
+                              lambda cid, busy: (w.copy(), c.copy()), train, flush)
+    taus = [sorted(t for _, t, _ in buffer) for buffer in flushed]
     return {"w": w, "c": c, "acc": acc, "taus": taus}
 
 

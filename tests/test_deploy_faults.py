@@ -34,6 +34,7 @@ from testbeds.deployment_runs import (
     deployed,
     final_model,
     kill_tree,
+    run_until,
     wait_rounds,
 )
 from tests.deploy_helpers import rounds
@@ -145,10 +146,7 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_model(
     ref_dir = completed_run(dep, "ref", cfg, tmp_path / "ref")
 
     out = tmp_path / "crash"
-    crash = FlwrRun(dep, "crash", {**cfg, "output-dir": str(out)})
-    try:
-        crash_id = crash.run_id()
-        run_path = wait_rounds(out, 2, 240, crash)
+    with run_until(dep, "crash", cfg, out, 2) as (crash, crash_id, run_path):
         apps = [p for p in pids_mentioning("flwr-serverapp")
                 if f"127.0.0.1:{dep.base_port // 10}" in Path(f"/proc/{p}/cmdline").read_text(
                     errors="replace").replace("\0", " ")]
@@ -159,8 +157,6 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_model(
         subprocess.run(["flwr", "stop", crash_id, CONNECTION], env=dep.cli_env(),
                        capture_output=True, check=False, timeout=60)
         crash.wait(120)
-    finally:
-        crash.stop()
     assert done < 3, "the run finished before its ServerApp was killed"
     assert not (run_path / "final_model.npz").exists()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -29,11 +29,15 @@ AFTER_ROUND_1 = np.asarray([[0.55, 0.45], [0.45, 0.65], [0.35, 0.35], [0.65, 0.6
 given graph's pull at w = m = (0.5, 0.5), which is 0): w_i = 0.9 (0.5, 0.5) + 0.1 a_i."""
 
 
-def federation(serve: str, graph: str) -> Federation:
-    return Federation(quadratic_problem(TARGETS, [0.5, 0.5]), {
+def federation(serve: str, graph: str, over: dict[str, Any] | None = None,
+               targets: list[list[float]] = TARGETS) -> Federation:
+    """FedRelax of alpha 0.4 on f_i(w) = 0.5 ||w - a_i||^2 (a_i: ``targets``) from (0.5, 0.5),
+    one step of lr 0.1 a round, every client evaluated each round; ``over``: other keys."""
+    return Federation(quadratic_problem(targets, [0.5, 0.5]), {
         "method": "fedrelax", "beta": 0.0, "fedrelax-alpha": 0.4, "graph": graph,
         "graph-k": 2, "lr": 0.1, "local-epochs": 1, "batch-size": 1, "fraction-train": 1.0,
-        "personal-eval-every": 1, "personal-eval-clients": 0, "relax-serve": serve})
+        "personal-eval-every": 1, "personal-eval-clients": 0, "relax-serve": serve,
+        **(over or {})})
 
 
 def served(f: Federation) -> dict[int, np.ndarray]:
@@ -92,11 +96,7 @@ def test_a_client_without_an_edge_is_served_its_warm_up_upload(serve: str,
     client's upload w_i = AFTER_ROUND_1 is kept as its candidate model, no edge exists yet.
     ``mean`` serves m_i = the client's server copy, the warm model (0.5, 0.525); ``own`` and
     ``chosen`` serve the upload its own data taught."""
-    f = Federation(quadratic_problem(TARGETS, [0.5, 0.5]), {
-        "method": "fedrelax", "beta": 0.0, "fedrelax-alpha": 0.4, "graph": gl.SOURCE,
-        "graph-k": 2, "lr": 0.1, "local-epochs": 1, "batch-size": 1, "fraction-train": 1.0,
-        "relax-warmup": 1, "personal-eval-every": 1, "personal-eval-clients": 0,
-        "relax-serve": serve})
+    f = federation(serve, gl.SOURCE, {"relax-warmup": 1})
     f.step()
     got = served(f)
     np.testing.assert_allclose(np.stack([got[i] for i in range(4)]), expected, atol=1e-6)
@@ -118,11 +118,7 @@ def test_a_client_no_one_chose_is_served_with_the_client_its_model_fits_best(
     from W with no neighbour yet: u0 = 0.9 W + 0.1 a_0 = (0.505, 0.531). Client 3 is served
     (p3 + u0 + p2) / 3 under ``own`` and ``chosen``."""
     targets = [[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0], [3.0, 3.0], [-3.0, 3.0]]
-    f = Federation(quadratic_problem(targets, [0.5, 0.5]), {
-        "method": "fedrelax", "beta": 0.0, "fedrelax-alpha": 0.4, "graph": gl.SOURCE,
-        "graph-k": 1, "lr": 0.1, "local-epochs": 1, "batch-size": 1, "fraction-train": 1.0,
-        "relax-warmup": 1, "personal-eval-every": 1, "personal-eval-clients": 0,
-        "relax-serve": serve})
+    f = federation(serve, gl.SOURCE, {"relax-warmup": 1, "graph-k": 1}, targets)
     f.step()
     step_with(f, {0, 1})
     state = cast(FedRelaxState, f.strategy.state)

@@ -56,13 +56,19 @@ def neighbourhood(own: dict[int, np.ndarray], cid: int) -> tuple[np.ndarray, flo
     return sum(a * own[j] for j, a in NBRS[cid]) / d, d
 
 
-def gtvmin_message(got: dict[str, list[np.ndarray]], own: dict[int, np.ndarray],
-                   cid: int) -> tuple[np.ndarray, float]:
-    """(m_i, d_i) after checking a GTVMin round's message carries m_i, not the warm-up flag."""
-    m_i, d = neighbourhood(own, cid)
-    np.testing.assert_allclose(got["model"][0], m_i, atol=1e-5)
-    assert got["warmup"][0][0] == 0.0
-    return m_i, d
+def gtvmin_round(f: Federation, own: dict[int, np.ndarray],
+                 ) -> list[tuple[int, dict[str, list[np.ndarray]], np.ndarray, float]]:
+    """Runs a GTVMin round of ``f``: each client sent a message (``sent_by_client``), the
+    message, and its (m_i, d_i) from ``own``, after checking it carries m_i, not the warm-up
+    flag."""
+    f.step()
+    out = []
+    for cid, got in sent_by_client(f).items():
+        m_i, d = neighbourhood(own, cid)
+        np.testing.assert_allclose(got["model"][0], m_i, atol=1e-5)
+        assert got["warmup"][0][0] == 0.0
+        out.append((cid, got, m_i, d))
+    return out
 
 
 def warm_federation(p: Problem, tmp_path: Path, warmup: int, **raw: object) -> Federation:
@@ -101,11 +107,8 @@ def test_warmup_is_fedavg_then_gtvmin_starts_every_client_from_the_warm_model(
     warm = w
     own = {cid: warm.copy() for cid in range(6)}
     for rnd in range(3):
-        f.step()
-        msgs = sent_by_client(f)
         new = {}
-        for cid, got in msgs.items():
-            m_i, d = gtvmin_message(got, own, cid)
+        for cid, got, m_i, d in gtvmin_round(f, own):
             if rnd == 0:  # no upload since the warm-up: the warm model to start from
                 assert len(got["start"]) == 1
                 np.testing.assert_allclose(got["start"][0][0], warm, atol=1e-6)
@@ -132,19 +135,16 @@ def test_a_client_first_sampled_after_the_warmup_starts_from_the_warm_model(
     uploaded: set[int] = set()
     checked_moved = False
     for _ in range(6):
-        f.step()
-        msgs = sent_by_client(f)
         new = {}
-        for cid, got in msgs.items():
-            m_i, d = gtvmin_message(got, own, cid)
+        for cid, got, m_i, d in gtvmin_round(f, own):
             assert len(got["start"]) == (0 if cid in uploaded else 1)
             if cid not in uploaded:
                 np.testing.assert_allclose(got["start"][0][0], warm, atol=1e-6)
                 checked_moved |= rel_gap(m_i, warm) > 0.01  # m_i is not the warm model
             new[cid] = local_steps(p, cid, own[cid], 2 * ALPHA * d, m_i)
         own.update(new)
-        uploaded |= set(msgs)
-        for cid in msgs:
+        uploaded |= set(new)
+        for cid in new:
             np.testing.assert_allclose(f.state_of(cid, OWN)[0], own[cid], atol=1e-5)
     assert checked_moved and uploaded == set(range(6))
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import SIM_HTTP_PORT
+from tests.conftest import kill_simulation_at
 
 SIMULATE = [sys.executable, "-m", "fedinit.cli.simulate"]
 CONFIG = ["num-clients=4", "fraction-train=0.5", "num-server-rounds=6", "train-limit=2000",
@@ -23,13 +20,6 @@ CONFIG = ["num-clients=4", "fraction-train=0.5", "num-server-rounds=6", "train-l
 def final_model(run_dir: Path) -> list[np.ndarray]:
     with np.load(run_dir / "final_model.npz") as z:
         return [z[f"arr_{i}"] for i in range(len(z.files))]
-
-
-def simulation_pids() -> list[int]:
-    """The ServerApp's process of a simulation is `flwr-simulation` (server and clients)."""
-    out = subprocess.run(["pgrep", "-f", f"flwr-simulation.*{SIM_HTTP_PORT}"],
-                         capture_output=True, text=True, check=False).stdout
-    return [int(p) for p in out.split()]
 
 
 @pytest.fixture(scope="module")
@@ -57,19 +47,7 @@ def test_server_killed_mid_run_resumes_to_the_same_model(
     out = tmp_path / "crash"
     proc = subprocess.Popen([*SIMULATE, *CONFIG, f"output-dir={out}", *state], env=sim_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    rows_file = None
-    while time.monotonic() < deadline:
-        found = list(out.glob("*/rounds.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= 2:
-            rows_file = found[0]
-            break
-        time.sleep(0.2)
-    assert rows_file is not None, "the run never reached round 2"
-    pids = simulation_pids()
-    assert pids, "no flwr-simulation process to kill"
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+    rows_file = kill_simulation_at(out, 2, "round")
     proc.kill()
     proc.wait(timeout=60)
     run_dir = rows_file.parent

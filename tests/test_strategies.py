@@ -388,44 +388,18 @@ class UserGrid(LocalGrid):
 
     def __init__(self, node_ids: Iterable[int]) -> None:
         set_task_identity()
-        self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(),
-                                    run_config={}) for n in node_ids}
+        super().__init__({n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(),
+                                     run_config={}) for n in node_ids})
         self.data = {n: problem(i) for i, n in enumerate(self.contexts)}
         self.trained: list[tuple[int, int]] = []
-        self.sent: list[Message] = []
 
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.contexts)
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
-        out = []
-        for msg in messages:
-            n = msg.metadata.dst_node_id
+    def answer(self, msg: Message, ctx: Context) -> Message | None:
+        n = msg.metadata.dst_node_id
+        if msg.metadata.message_type == MessageType.TRAIN:
             conf = msg.content.config_records[rk.CONFIG]
-            self.sent.append(msg)
-            if msg.metadata.message_type == MessageType.TRAIN:
-                self.trained.append((n, int(conf[rk.CLIENT_ID])))  # type: ignore[arg-type]
-                out.append(user_train(msg, self.contexts[n], *self.data[n], 2)[0])
-            else:
-                out.append(Message(RecordDict(), reply_to=msg))
-        return out
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Handle the messages at once (``rounds=OverSelect``/``BufferedAsync`` push); their
-        replies wait for ``pull_messages``."""
-        msgs = list(messages)
-        pending = getattr(self, "pending", [])
-        for msg in msgs:
-            msg.metadata.__dict__["_message_id"] = f"user-{len(self.trained)}-{id(msg)}"
-        self.pending = [*pending, *self.send_and_receive(msgs)]
-        return [m.metadata.message_id for m in msgs]
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        wanted = set(message_ids)
-        out = [r for r in self.pending if r.metadata.reply_to_message_id in wanted]
-        self.pending = [r for r in self.pending if r not in out]
-        return out
+            self.trained.append((n, int(conf[rk.CLIENT_ID])))  # type: ignore[arg-type]
+            return user_train(msg, ctx, *self.data[n], 2)[0]
+        return Message(RecordDict(), reply_to=msg)
 
 
 def test_a_users_app_numbers_nodes_by_id_and_keeps_its_state_dict_keys() -> None:

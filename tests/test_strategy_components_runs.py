@@ -100,6 +100,13 @@ def same(want: list[np.ndarray], got: list[np.ndarray]) -> bool:
                                          for a, b in zip(want, got, strict=True))
 
 
+def epsilons_agree(result: Result, run_dir: Path) -> bool:
+    """The strategy's result reports each round's dp-epsilon as the run's rounds.jsonl does."""
+    rows = [json.loads(x) for x in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    return [m["dp-epsilon"] for m in result.train_metrics_clientapp.values()] == [
+        r["dp-epsilon"] for r in rows]
+
+
 def test_fedinit_under_central_dp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seeded_noise(monkeypatch)
     cfg, want = by_run_config(tmp_path, {"method": "fedavg", "beta": 0.1, "dp": "central",
@@ -108,9 +115,7 @@ def test_fedinit_under_central_dp(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     got, result = started(cfg, FedInit, beta=0.1, weighting="uniform",
                           privacy=CentralDP(noise_multiplier=0.8, clipping_norm=0.5))
     assert same(want, got)
-    rows = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
-    assert [m["dp-epsilon"] for m in result.train_metrics_clientapp.values()] == [
-        r["dp-epsilon"] for r in rows]
+    assert epsilons_agree(result, tmp_path / "run")
 
 
 def test_fedinit_with_krum(tmp_path: Path) -> None:
@@ -153,9 +158,7 @@ def test_fedinit_under_distributed_dp_inside_secagg(tmp_path: Path,
                           secure_aggregation=SecAgg(num_shares=3, threshold=2, clip=20.0),
                           privacy=DistributedDP(noise_multiplier=0.5, clipping_norm=1.0))
     assert same(want, got)
-    rows = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
-    assert [m["dp-epsilon"] for m in result.train_metrics_clientapp.values()] == [
-        r["dp-epsilon"] for r in rows]
+    assert epsilons_agree(result, tmp_path / "run")
 
 
 def test_fedinit_under_buffered_async(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from testbeds.deployment_runs import (
     deployed,
     final_model,
     kill_tree,
+    run_until,
     wait_rounds,
 )
 from tests.deploy_helpers import rounds
@@ -98,15 +99,10 @@ def test_killed_superlink_restarts_on_its_database_and_the_run_resumes_bit_ident
     ref_dir = completed_run(dep, "ref", cfg, tmp_path / "ref")
 
     out = tmp_path / "crash"
-    crash = FlwrRun(dep, "crash", {**cfg, "output-dir": str(out)})
-    try:
-        crash_id = crash.run_id()
-        run_path = wait_rounds(out, 1, 240, crash)
+    with run_until(dep, "crash", cfg, out, 1) as (_, crash_id, run_path):
         killed, busy = kill_link_mid_round(dep, crash_id, 2)
         t_kill = time.monotonic()
         done = len(rounds(run_path))
-    finally:
-        crash.stop()
     assert done == 1, f"the SuperLink was killed after round {done}, not in round 2"
     assert busy, "no node was busy with a message of the killed run"
     time.sleep(DOWNTIME)

@@ -33,8 +33,48 @@ def set_task_identity() -> None:
 
 
 class LocalGrid(Grid):
-    """A ``Grid`` whose nodes answer in this process: Flower's run-bound calls (the run, a
-    message the grid makes) are never used here, so they raise."""
+    """A ``Grid`` whose nodes (``contexts``, by node id) answer in this process, each message
+    by ``answer``: a push is answered at once and its replies wait for ``pull_messages``.
+    Flower's run-bound calls (the run, a message the grid makes) are never used here, so
+    they raise."""
+
+    def __init__(self, contexts: dict[int, Context]) -> None:
+        self.contexts = contexts
+        self.sent: list[Message] = []
+        self._pending: list[Message] = []
+        self._pushed = 0
+
+    def answer(self, msg: Message, ctx: Context) -> Message | None:
+        """The reply of the node holding ``ctx`` to ``msg``; None: it sends none."""
+        raise NotImplementedError
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        out = []
+        for msg in messages:
+            self.sent.append(msg)
+            reply = self.answer(msg, self.contexts[msg.metadata.dst_node_id])
+            if reply is not None:
+                out.append(reply)
+        return out
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Handle the messages at once; their replies wait for ``pull_messages``."""
+        msgs = list(messages)
+        for msg in msgs:
+            self._pushed += 1
+            msg.metadata.__dict__["_message_id"] = f"in-process-{self._pushed}"
+        self._pending.extend(self.send_and_receive(msgs))
+        return [m.metadata.message_id for m in msgs]
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        wanted = set(message_ids)
+        out = [r for r in self._pending if r.metadata.reply_to_message_id in wanted]
+        self._pending = [r for r in self._pending if r not in out]
+        return out
 
     def set_run(self, run: Any) -> None:  # pragma: no cover - not used
         raise NotImplementedError
@@ -53,56 +93,29 @@ class InProcessGrid(LocalGrid):
     def __init__(self, num_nodes: int, run_config: dict[str, Any],
                  num_partitions: int | None = None) -> None:
         set_task_identity()
-        self.contexts = {
+        super().__init__({
             1000 + i: Context(
                 run_id=1, node_id=1000 + i,
                 node_config={"partition-id": i,
                              "num-partitions": num_partitions or num_nodes},
                 state=RecordDict(), run_config=dict(run_config))
             for i in range(num_nodes)
-        }
-        self.sent: list[Message] = []
+        })
         self.replies: list[Message] = []
         self.reply_filter: Callable[[Message], Message | None] | None = None
-        self._pending: list[Message] = []
-        self._pushed = 0
 
     def context_of(self, partition_id: int) -> Context:
         return self.contexts[1000 + partition_id]
 
-    # Grid API --------------------------------------------------------------
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.contexts)
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Handle the messages at once; their replies wait for ``pull_messages``."""
-        msgs = list(messages)
-        for msg in msgs:
-            self._pushed += 1
-            msg.metadata.__dict__["_message_id"] = f"in-process-{self._pushed}"
-        self._pending.extend(self.send_and_receive(msgs))
-        return [m.metadata.message_id for m in msgs]
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        wanted = set(message_ids)
-        out = [r for r in self._pending if r.metadata.reply_to_message_id in wanted]
-        self._pending = [r for r in self._pending if r not in out]
-        return out
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
-        out = []
-        for msg in messages:
-            self.sent.append(msg)
-            ctx = self.contexts[msg.metadata.dst_node_id]
-            try:
-                reply = HANDLERS[msg.metadata.message_type](msg, ctx)
-            except Exception:  # noqa: BLE001 - a client crash becomes an error reply
-                reply = Message(Error(code=1, reason=traceback.format_exc()), reply_to=msg)
-            if self.reply_filter is not None:
-                reply = self.reply_filter(reply)
-                if reply is None:
-                    continue
-            self.replies.append(reply)
-            out.append(reply)
-        return out
+    def answer(self, msg: Message, ctx: Context) -> Message | None:
+        """``client_app.app``'s handler of the message's type (``reply_filter`` applied)."""
+        try:
+            reply = HANDLERS[msg.metadata.message_type](msg, ctx)
+        except Exception:  # noqa: BLE001 - a client crash becomes an error reply
+            reply = Message(Error(code=1, reason=traceback.format_exc()), reply_to=msg)
+        if self.reply_filter is not None:
+            reply = self.reply_filter(reply)
+            if reply is None:
+                return None
+        self.replies.append(reply)
+        return reply

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from fedinit.methods.fedrelax import GRAPH_FILE
-from fedinit.scripts.run_dirs import run_dirs
+from fedinit.scripts.run_dirs import print_reports
 from server_app.regime_files import read_regimes
 
 
@@ -39,9 +39,7 @@ def row(run_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    for run_dir in run_dirs(__doc__, argv):
-        print(row(run_dir))
-    return 0
+    return print_reports(__doc__, argv, row)
 
 
 if __name__ == "__main__":

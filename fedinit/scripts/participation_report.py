@@ -17,7 +17,7 @@ import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from fedinit.scripts.run_dirs import run_dirs
+from fedinit.scripts.run_dirs import print_reports
 from server_app.results import read_personal_clients
 from strategies.personal_summary import KINDS
 
@@ -70,9 +70,7 @@ def report(run_dir: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    for run_dir in run_dirs(__doc__, argv):
-        print(report(run_dir))
-    return 0
+    return print_reports(__doc__, argv, report)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ participation): the run directories to report on, one or more."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -14,3 +15,12 @@ def run_dirs(doc: str | None, argv: list[str] | None = None,
     ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
     ap.add_argument("runs", nargs="+", type=Path, help=what)
     return list(ap.parse_args(argv).runs)
+
+
+def print_reports(doc: str | None, argv: list[str] | None,
+                  report: Callable[[Path], str]) -> int:
+    """A one-report-per-run builder's ``main``: ``report(run)`` printed for each run directory
+    on the command line (``run_dirs``); the exit status 0."""
+    for run_dir in run_dirs(doc, argv):
+        print(report(run_dir))
+    return 0

@@ -78,6 +78,16 @@ class SecAggServer:
     def _reject(self, nid: int, stage: str, why: str) -> None:
         self.rejected.append((nid, stage, why))
 
+    def _reject_reported(self, arrived: list[int], reporters: dict[int, list[int]], stage: str,
+                         problem: Callable[[int, list[int]], str]) -> list[int]:
+        """``arrived`` without the clients of ``reporters`` (client -> the neighbours that
+        reported it), each rejected once at SHARE_KEYS: "secagg: ``problem(client, its
+        reporters)`` (reported by them in the ``stage`` stage)"."""
+        for nid in sorted(reporters):
+            self._reject(nid, Stage.SHARE_KEYS, f"secagg: {problem(nid, sorted(reporters[nid]))} "
+                         f"(reported by them in the {stage} stage)")
+        return [nid for nid in arrived if nid not in reporters]
+
     def _arrived(self, replies: Replies, stage: str, expected: list[int],
                  check: Callable[[int, Mapping[str, Any]], None] | None = None) -> list[int]:
         """The clients of ``expected`` whose reply is well formed (``check`` raises
@@ -213,11 +223,8 @@ class SecAggServer:
             for peer in replies[nid].get(wire.UNVERIFIED) or []:
                 if peer in arrived:  # one not arrived is dropped (and logged) already
                     reporters.setdefault(peer, []).append(nid)
-        for peer in sorted(reporters):
-            self._reject(peer, Stage.SHARE_KEYS, f"secagg: the signed public keys of client "
-                         f"{peer} do not verify at {sorted(reporters[peer])} (reported by them "
-                         f"in the share-keys stage)")
-        kept = [nid for nid in arrived if nid not in reporters]
+        kept = self._reject_reported(arrived, reporters, "share-keys", lambda peer, by: (
+            f"the signed public keys of client {peer} do not verify at {by}"))
         self.stage_clients[Stage.SHARE_KEYS] = kept
         return kept
 
@@ -318,11 +325,8 @@ class SecAggServer:
         for nid in arrived:
             for src in replies[nid].get(wire.BAD_SRCS) or []:
                 reporters.setdefault(src, []).append(nid)
-        for src in sorted(reporters):
-            self._reject(src, Stage.SHARE_KEYS, f"secagg: the encrypted shares client {src} "
-                         f"sent to {sorted(reporters[src])} do not open there (reported by "
-                         f"them in the masked-input stage)")
-        kept = [nid for nid in arrived if nid not in reporters]
+        kept = self._reject_reported(arrived, reporters, "masked-input", lambda src, by: (
+            f"the encrypted shares client {src} sent to {by} do not open there"))
         self.reported = sorted(reporters)
         self.stage_clients[Stage.COLLECT] = kept
         return kept

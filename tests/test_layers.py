@@ -11,14 +11,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ALLOWED: dict[str, set[str]] = {
-    "flower_compat": set(),  # everything that bends Flower and Ray: imports only them
-    "methods": set(),  # the pure rules: Flower's own functions, no patch layer
+    # names and registries imported on first use: imports nothing of the project
+    "lazy": set(),
+    # everything that bends Flower and Ray: imports only them (a device's node runtime ships
+    # it alone, beside fedinit/node/)
+    "flower_compat": set(),
+    "methods": {"lazy"},  # the pure rules: Flower's own functions, no patch layer
     "store": {"flower_compat"},
     "node": {"flower_compat"},
     # the data sets: one module each, where each is found and how it loads
-    "data_sets": {"store"},
+    "data_sets": {"store", "lazy"},
     # the run config: typed groups checked against the method registry and the data sets
-    "config": {"methods", "data_sets"},
+    "config": {"methods", "data_sets", "lazy"},
     "task": {"methods", "store", "flower_compat", "config", "data_sets"},
     # both halves run the SecAgg+ core's halves:
     # strategies/secure_upload.py (the client's, under method_train and the project's

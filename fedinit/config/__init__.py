@@ -11,8 +11,9 @@ device) does not load every group's checks."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fedinit.lazy import names_on_first_use
 
 if TYPE_CHECKING:
     from fedinit.config.checks import check_examples, check_writable
@@ -25,10 +26,6 @@ HOME = {"ConfigError": "errors", "RunConfig": "run_config", "check_examples": "c
 """Name -> the module of this package that holds it."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in HOME:
-        return getattr(importlib.import_module(f"{__name__}.{HOME[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__ = names_on_first_use(__name__, HOME)
 
 __all__ = ["ConfigError", "RunConfig", "check_examples", "check_writable", "load_defaults"]

@@ -9,8 +9,7 @@ readers (issue 43: each half loads what it needs).
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from fedinit.data_sets.spec import (
@@ -20,6 +19,7 @@ from fedinit.data_sets.spec import (
     DataSplits,
     Schema,
 )
+from fedinit.lazy import SpecRegistry
 
 __all__ = ["DATASET_NAMES", "DEVICE", "SPECS", "DataFormatError", "DataNotFoundError",
            "DataSetSpec", "DataSplits", "Schema", "default_data_dir", "spec_of"]
@@ -32,25 +32,9 @@ DEVICE = "device"
 """The data set each node brings itself (``device.py``'s ``NAME``)."""
 
 
-class SpecRegistry(Mapping[str, DataSetSpec]):
-    """The specs by name, each module imported on first use. Iterating the values loads
-    every data set."""
-
-    def __getitem__(self, name: str) -> DataSetSpec:
-        if name not in HOMES:
-            raise KeyError(name)
-        spec = importlib.import_module(f"{__name__}.{HOMES[name]}").SPEC
-        assert isinstance(spec, DataSetSpec) and spec.name == name, (name, spec)
-        return spec
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(HOMES)
-
-    def __len__(self) -> int:
-        return len(HOMES)
-
-
-SPECS: Mapping[str, DataSetSpec] = SpecRegistry()
+SPECS: Mapping[str, DataSetSpec] = SpecRegistry(__name__, HOMES, DataSetSpec)
+"""The specs by name, each data set's module imported on first use; iterating the values
+loads every data set."""
 DATASET_NAMES: tuple[str, ...] = tuple(HOMES)
 
 

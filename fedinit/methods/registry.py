@@ -9,9 +9,9 @@ docs/architecture.md, "Adding a method".
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
+from fedinit.lazy import SpecRegistry
 from fedinit.methods.method import MethodSpec
 from fedinit.methods.robust_choices import AGGREGATIONS as AGGREGATIONS  # the run config's list
 
@@ -24,26 +24,10 @@ HOMES: dict[str, str] = {
 order the docs and reports list them."""
 
 
-class MethodRegistry(Mapping[str, MethodSpec]):
-    """The specs by name, each module imported on first use: a server that runs FedInit
-    loads FedAvg's rules, not FedRelax's graphs or clustered FL's k-means (issue 43: a
-    strategy loads what its half needs). Iterating the values loads every method."""
-
-    def __getitem__(self, name: str) -> MethodSpec:
-        if name not in HOMES:
-            raise KeyError(name)
-        spec = importlib.import_module(f"fedinit.methods.{HOMES[name]}").SPEC
-        assert isinstance(spec, MethodSpec) and spec.name == name, (name, spec)
-        return spec
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(HOMES)
-
-    def __len__(self) -> int:
-        return len(HOMES)
-
-
-METHODS: Mapping[str, MethodSpec] = MethodRegistry()
+METHODS: Mapping[str, MethodSpec] = SpecRegistry("fedinit.methods", HOMES, MethodSpec)
+"""The specs by name, each module imported on first use: a server that runs FedInit loads
+FedAvg's rules, not FedRelax's graphs or clustered FL's k-means (issue 43: a strategy
+loads what its half needs). Iterating the values loads every method."""
 METHOD_NAMES: tuple[str, ...] = tuple(HOMES)
 
 RI_AGGREGATIONS: tuple[str, ...] = ("auto", "model", "update")

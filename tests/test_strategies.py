@@ -66,7 +66,7 @@ def test_a_fresh_interpreter_imports_the_classes_and_the_client_half_alone() -> 
     assert out.strip() == "[] True"
 
 
-SERVER_HALF_MODULES = 37
+SERVER_HALF_MODULES = 38
 """The project's modules ``FedInit(...)`` loads: the run config's checks, the method's rules
 and the adapter, not the round engine (``start()`` loads ``MethodStrategy`` and its stages).
 105 before the SecAgg+ protocol, the data modules and torch were taken off its path; 93 before
@@ -74,12 +74,14 @@ the method registry imported a method's module on first use; 79 before the pipel
 secure sum, robust selection and DP stages only for a run that has them; 73 before the
 constructor left ``MethodStrategy`` to ``start()`` (45), the data-set registry loaded a data
 set's module on first use (39) and the config checks loaded ``device_speeds`` and
-``async_server_opt`` only for a run that sets their key; issue 43 asks for at most 45."""
-CLIENT_HALF_MODULES = 30
+``async_server_opt`` only for a run that sets their key (37; 38 with ``fedinit.lazy``, the
+one home of the loading on first use); issue 43 asks for at most 45."""
+CLIENT_HALF_MODULES = 31
 """The project's modules ``strategies.client`` loads (the SecAgg+ protocol only when a round
 asks for it: its wire names here, its client in ``strategies.secure_upload``; a method's
 rules when a round names it): 45 before the method registry loaded lazily; the run config's
-package itself since the choices live there (``fedinit.config``, its groups not loaded)."""
+package itself since the choices live there (``fedinit.config``, its groups not loaded);
+30 before ``fedinit.lazy``, the one home of the loading on first use."""
 
 
 def _loaded(code: str) -> tuple[list[str], set[str]]:

@@ -3,8 +3,7 @@
 task that asks for less before anything is read, the upload is clipped and noised on the
 device (z x C, checked exactly with the draw fixed), the release is counted in the device's
 ledger (its epsilon against ``dp_accounting`` called here), the reply carries no per-client
-figure, and a run through the strategy trains on the noised uploads. A user's own evaluate
-handler is refused under the floor by ``device_floor_mod``."""
+figure, and a run through the strategy trains on the noised uploads."""
 
 from __future__ import annotations
 
@@ -17,16 +16,7 @@ import numpy as np
 import pytest
 import torch
 from dp_accounting.rdp import RdpAccountant
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Context,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
-from flwr.clientapp import ClientApp
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from torch import nn
 
 from fedinit.methods import dp
@@ -35,7 +25,7 @@ from fedinit.methods.packed_arrays import unpack
 from fedinit.store.privacy_ledger import LEDGER_NAME
 from strategies import LocalDP
 from strategies.catalog import FedInit
-from strategies.client import device_floor_mod, stored_state
+from strategies.client import stored_state
 from strategies.device_privacy import REFUSED
 from tests.test_client_secagg import dp_message
 from tests.test_strategies import D, UserGrid, message, problem, user_train
@@ -156,58 +146,3 @@ def test_a_users_app_trains_under_local_dp_and_each_round_counts_epsilon() -> No
     gap = max(float(np.abs(a - b).max()) for a, b in zip(noised, plain, strict=True))
     assert gap > 1e-3, gap
 
-
-def _guarded_app(asked: list[str]) -> ClientApp:
-    """A user's ClientApp with its own train and evaluate handlers, guarded by the mod."""
-    app = ClientApp(mods=[device_floor_mod])
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        asked.append("train")
-        return Message(RecordDict({"metrics": MetricRecord({"n": 1})}), reply_to=msg)
-
-    @app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
-        asked.append("evaluate")  # an exact figure of the device's data
-        return Message(RecordDict({"metrics": MetricRecord({"accuracy": 0.93})}),
-                       reply_to=msg)
-
-    return app
-
-
-def _evaluate_message() -> Message:
-    msg = message("fedavg", {}, np.zeros(D), 1)
-    return Message(content=msg.content, message_type=MessageType.EVALUATE, dst_node_id=7)
-
-
-def test_the_mod_refuses_a_users_own_evaluate_under_the_devices_floor(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Under a local-DP floor a user's ``@app.evaluate()`` never runs: the mod replies a
-    refusal in one line; a train message goes on to the handler (where ``method_train``
-    applies the floor). Without a floor both run; with an unusable floor neither does."""
-    floor = {"dp-floor": "local", "dp-max-clip": 1.0, "dp-min-noise": 1.0}
-    asked: list[str] = []
-    app = _guarded_app(asked)
-    with caplog.at_level(logging.WARNING):
-        reply = app(_evaluate_message(), device(tmp_path / "a", **floor))
-    assert reply.has_error() and reply.error.code == REFUSED
-    assert reply.error.reason == (
-        "device privacy: refused the evaluate message of round 1: under this device's "
-        "local-DP floor it answers no exact query about its data; allowed: train messages "
-        "(their uploads noised on the device)")
-    assert reply.error.reason in caplog.text and asked == []
-    trained = app(message("fedavg", {}, np.zeros(D), 1), device(tmp_path / "b", **floor))
-    assert not trained.has_error() and asked == ["train"]
-
-    asked.clear()
-    plain = app(_evaluate_message(), device(tmp_path / "c"))
-    assert not plain.has_error() and asked == ["evaluate"]
-    assert plain.content.metric_records["metrics"]["accuracy"] == 0.93
-
-    asked.clear()
-    bad = {"dp-floor": "local", "dp-min-noise": 1.0}  # no dp-max-clip: unusable
-    for msg in (_evaluate_message(), message("fedavg", {}, np.zeros(D), 1)):
-        refused = app(msg, device(tmp_path / "d", **bad))
-        assert refused.has_error() and refused.error.code == REFUSED
-        assert "dp-floor='local' needs dp-max-clip" in refused.error.reason
-    assert asked == []

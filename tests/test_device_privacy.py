@@ -11,7 +11,9 @@ node config. Each attack is driven through the real ClientApp handlers (``train_
 - a train reply under local DP carries no metric that depends on the data;
 - the device's epsilon, persisted across a restart, equals ``dp_accounting`` called here for
   its number of participations, and lies within 15% above the exact epsilon of the composed
-  Gaussian (Balle & Wang's formula, written here).
+  Gaussian (Balle & Wang's formula, written here);
+- a user's own ClientApp guarded by ``device_floor_mod``: its evaluate handler never runs
+  under the device's floor.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
+from flwr.clientapp import ClientApp
 
 from client_app.app import evaluate_fn, query_fn, train_fn
 from client_app.model_cache import cached_model, client_tensors, initial_weights
@@ -51,10 +54,18 @@ from fedinit.store.client_store import ClientStore
 from fedinit.store.privacy_ledger import LEDGER_NAME, PrivacyLedger
 from server_app.checkpoint import load_checkpoint
 from server_app.experiment import run_experiment
-from strategies.device_privacy import REFUSED, DeviceFloor, DeviceRelease, FloorError
+from strategies.device_privacy import (
+    REFUSED,
+    DeviceFloor,
+    DeviceRelease,
+    FloorError,
+    device_floor_mod,
+)
 from strategies.method_strategy import MethodStrategy
 from strategies.operator_log import OPERATOR_LOG
 from tests.deploy_helpers import rounds, run_dir
+from tests.test_strategies import D
+from tests.test_strategies import message as user_message
 
 pytestmark = pytest.mark.usefixtures("quick_runs")  # 1,000 central test images, no plots
 
@@ -640,3 +651,65 @@ def test_a_deployed_device_refuses_a_run_below_its_floor_file(tmp_path: Path) ->
     assert f"client error: {line}" in (run_dir(out) / OPERATOR_LOG).read_text()
     assert f"client error: {line}" not in dep.stdout
     assert pids_mentioning(str(work)) == []
+
+
+def guarded_node(state_dir: Path, **floor: object) -> Context:
+    """A node of a user's ClientApp whose config holds the device's own floor."""
+    return Context(run_id=1, node_id=7, node_config={"state-dir": str(state_dir), **floor},
+                   state=RecordDict(), run_config={})
+
+
+def _guarded_app(asked: list[str]) -> ClientApp:
+    """A user's ClientApp with its own train and evaluate handlers, guarded by the mod."""
+    app = ClientApp(mods=[device_floor_mod])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        asked.append("train")
+        return Message(RecordDict({"metrics": MetricRecord({"n": 1})}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        asked.append("evaluate")  # an exact figure of the device's data
+        return Message(RecordDict({"metrics": MetricRecord({"accuracy": 0.93})}),
+                       reply_to=msg)
+
+    return app
+
+
+def _evaluate_message() -> Message:
+    msg = user_message("fedavg", {}, np.zeros(D), 1)
+    return Message(content=msg.content, message_type=MessageType.EVALUATE, dst_node_id=7)
+
+
+def test_the_mod_refuses_a_users_own_evaluate_under_the_devices_floor(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Under a local-DP floor a user's ``@app.evaluate()`` never runs: the mod replies a
+    refusal in one line; a train message goes on to the handler (where ``method_train``
+    applies the floor). Without a floor both run; with an unusable floor neither does."""
+    floor = {"dp-floor": "local", "dp-max-clip": 1.0, "dp-min-noise": 1.0}
+    asked: list[str] = []
+    app = _guarded_app(asked)
+    with caplog.at_level(logging.WARNING):
+        reply = app(_evaluate_message(), guarded_node(tmp_path / "a", **floor))
+    assert reply.has_error() and reply.error.code == REFUSED
+    assert reply.error.reason == (
+        "device privacy: refused the evaluate message of round 1: under this device's "
+        "local-DP floor it answers no exact query about its data; allowed: train messages "
+        "(their uploads noised on the device)")
+    assert reply.error.reason in caplog.text and asked == []
+    trained = app(user_message("fedavg", {}, np.zeros(D), 1), guarded_node(tmp_path / "b", **floor))
+    assert not trained.has_error() and asked == ["train"]
+
+    asked.clear()
+    plain = app(_evaluate_message(), guarded_node(tmp_path / "c"))
+    assert not plain.has_error() and asked == ["evaluate"]
+    assert plain.content.metric_records["metrics"]["accuracy"] == 0.93
+
+    asked.clear()
+    bad = {"dp-floor": "local", "dp-min-noise": 1.0}  # no dp-max-clip: unusable
+    for msg in (_evaluate_message(), user_message("fedavg", {}, np.zeros(D), 1)):
+        refused = app(msg, guarded_node(tmp_path / "d", **bad))
+        assert refused.has_error() and refused.error.code == REFUSED
+        assert "dp-floor='local' needs dp-max-clip" in refused.error.reason
+    assert asked == []

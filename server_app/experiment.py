@@ -154,7 +154,7 @@ def run_sync_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None,
         rnd, messages, replies, new_arrays = step.number, step.messages, step.replies, step.arrays
         if state_root is not None:  # the clients wrote their state without fsync: one
             sync_filesystem(state_root)  # flush for all, before the checkpoint relies on it
-        failed = 0 if new_arrays is not None else failed + 1
+        failed = failed + 1 if step.held else 0
         if new_arrays is not None:  # decoded once: evaluation and checkpoint read ``weights``
             weights = unpack(new_arrays)
             check_finite(rnd, weights, strategy.server_state(), out)

@@ -3,7 +3,7 @@ set, in process (``fedinit.cli.inprocess_grid``, the real ClientApp), one run pe
 ``bytes-up`` summed from the rows (the encoded payload of the aggregated replies).
 
     .venv/bin/python -m bench.compressed_uploads [--rounds 5] [--clients 10] \
-        [--codecs off,q8,topk:0.01+q8] [--method fedavg] [--train-limit 3000] \
+        [--codecs 'off,q8,topk:0.01+q8;server-lr=3'] [--method fedavg] [--train-limit 3000] \
         [--seeds 0 1 2] [--eval-every 5] [--csv runs.csv] [--points-csv points.csv] \
         [--plot accuracy_bytes.png]
 
@@ -54,6 +54,27 @@ def one_run(raw: dict[str, Any], out: Path) -> tuple[dict[str, float], list[dict
             points)
 
 
+def variant(text: str) -> dict[str, Any]:
+    """The run-config keys of one ``--codecs`` entry: the codec, then any ``;key=value``
+    (e.g. ``topk:0.01+q8;server-lr=3``: the codec with a server rule's setting); a value is
+    an int, a float or the text as given."""
+    codec, *extra = text.split(";")
+    keys: dict[str, Any] = {"compression": codec}
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--codecs entry {text!r}: {item!r} is not key=value")
+        for kind in (int, float):
+            try:
+                keys[key] = kind(value)
+                break
+            except ValueError:
+                continue
+        else:
+            keys[key] = value
+    return keys
+
+
 def write_csv(path: Path, head: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=head)
@@ -97,7 +118,9 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.3)
     parser.add_argument("--train-limit", type=int, default=3000)
     parser.add_argument("--method", default="fedavg")
-    parser.add_argument("--codecs", default="off,q8,topk:0.01+q8")
+    parser.add_argument("--codecs", default="off,q8,topk:0.01+q8",
+                        help="comma-separated codecs, each optionally with ';key=value' "
+                             "run-config keys (its CSV label is the whole entry)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--eval-every", type=int, default=0,
                         help="evaluate every E rounds (0: the last round only)")
@@ -115,7 +138,7 @@ def main() -> None:
                     "eval-every": args.eval_every or args.rounds,
                     "personal-eval-every": 0, "seed": seed}
             for codec in args.codecs.split(","):
-                got, pts = one_run({**base, "compression": codec},
+                got, pts = one_run({**base, **variant(codec)},
                                    Path(tmp) / f"s{seed}-c{len(runs)}")
                 runs.append({"seed": seed, "compression": codec, **got,
                              "bytes-per-reply": got["bytes-up"] / max(got["replies"], 1.0)})

@@ -52,7 +52,7 @@ def hostile(content: Any, codec: Compression) -> None:
     wire = unpack(content.array_records[rk.ARRAYS])
     if codec.topk is not None:
         wire[0] = wire[0].copy()
-        wire[0][-1] = np.int32(10**8)
+        wire[0][-1] = np.iinfo(wire[0].dtype).max  # past the tensor (uint16 or int32)
     else:
         wire[0] = wire[0][:-1]
     content.array_records[rk.ARRAYS] = pack(wire)

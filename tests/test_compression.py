@@ -116,6 +116,8 @@ def test_q4_packs_two_codes_a_byte() -> None:
      "upload tensor 0: indices out of 0..71 or not strictly ascending"),
     ("topk:0.1", lambda w: [np.zeros_like(w[0]), *w[1:]],
      "upload tensor 0: indices out of 0..71 or not strictly ascending"),
+    ("topk:0.1", lambda w: [w[0].astype(np.int32), *w[1:]],
+     "upload tensor 0 indices: int32[8] is not allowed; allowed: uint16[8]"),
     ("topk:0.1", lambda w: [w[0], np.full_like(w[1], np.inf), *w[2:]],
      "upload tensor 0: a value is not finite"),
 ])
@@ -130,6 +132,7 @@ def test_a_malformed_upload_is_refused_in_one_line(spec: str, damage: object,
 
 
 @pytest.mark.parametrize("text", ["q2", "q16", "q8/0", "topk:0", "topk:1.5", "topk:x",
+                                  "topk:0.1:0", "topk:0.1:", "topk:0.1:x", "topk:0.1:2:3",
                                   "q8+topk:0.1", "topk:0.1+topk:0.2", "zip", ""])
 def test_a_bad_setting_is_refused_naming_what_is_allowed(text: str) -> None:
     with pytest.raises(CompressionError, match=rf"^compression={re.escape(repr(text))} is not "
@@ -142,6 +145,27 @@ def test_the_settings_parse_as_named() -> None:
     assert Compression.parse("q8") == Compression(None, Quantiser(8, 0))
     assert Compression.parse("q4/256") == Compression(None, Quantiser(4, 256))
     assert Compression.parse("topk:0.01+q8") == Compression(0.01, Quantiser(8, 0))
+    assert Compression.parse("topk:0.01:80+q8") == Compression(0.01, Quantiser(8, 0), 80)
+    assert Compression.parse("topk:0.01") == Compression.parse("topk:0.01:1")
+
+
+def test_topk_with_a_floor_keeps_at_least_m_values_of_every_tensor() -> None:
+    """topk:0.1:3 on 8 values: k = max(3, ceil(0.8)) = 3, the three largest |v|; on 2 values
+    both (k = min(n, 3)); on 100 values ceil(0.1 * 100) = 10 > 3."""
+    codec = Compression.parse("topk:0.1:3")
+    assert codec is not None
+    x = [np.array([0.1, -0.9, 0.3, 0.05, 0.2, -0.4, 0.0, 0.6], np.float32),
+         np.array([0.5, -0.25], np.float32), np.linspace(-1, 1, 100, dtype=np.float32)]
+    wire, decoded, residual = codec.encode(x, np.random.default_rng(0))
+    f32 = np.float32
+    assert wire[0].tolist() == [1, 5, 7] and np.array_equal(wire[1], f32([-0.9, -0.4, 0.6]))
+    assert np.array_equal(decoded[0], f32([0, -0.9, 0, 0, 0, -0.4, 0, 0.6]))
+    assert np.array_equal(residual[0], f32([0.1, 0, 0.3, 0.05, 0.2, 0, 0, 0]))
+    assert wire[2].tolist() == [0, 1] and np.array_equal(residual[1], [0, 0])
+    assert wire[4].tolist() == [0, 1, 2, 3, 4, 95, 96, 97, 98, 99]
+    assert [w.dtype for w in wire[0::2]] == [np.uint16] * 3
+    # 3 + 2 + 10 kept values: a uint16 index (2 bytes) and a float32 value each
+    assert codec.wire_bytes([t.shape for t in x]) == 6 * 15 == sum(a.nbytes for a in wire)
 
 
 
@@ -151,13 +175,27 @@ def test_the_wire_bytes_of_the_test_model_worked_out_by_hand() -> None:
     by_spec = {"q8": 5258 + 4 * 6,  # a byte a value, a float32 scale a tensor
                "q4": (36 + 4 + 576 + 8 + 2000 + 5) + 4 * 6,  # two values a byte, rounded up
                "q8/100": 5258 + 4 * (1 + 1 + 12 + 1 + 40 + 1),  # a scale per 100 values
-               # k = ceil(0.01 n) = 1, 1, 12, 1, 40, 1: an int32 index and a float32 value each
-               "topk:0.01": 8 * 56,
+               # k = ceil(0.01 n) = 1, 1, 12, 1, 40, 1: a uint16 index (every tensor holds
+               # at most 65,536 values) and a float32 value each
+               "topk:0.01": 6 * 56,
                # the same k, each value a byte, a scale per tensor
-               "topk:0.01+q8": 4 * 56 + 56 + 4 * 6}
+               "topk:0.01+q8": 2 * 56 + 56 + 4 * 6,
+               # k = min(n, max(16, ceil(0.01 n))) = 16, 8, 16, 16, 40, 10 (106 in all)
+               "topk:0.01:16+q8": 2 * 106 + 106 + 4 * 6}
     for spec, want in by_spec.items():
         codec = Compression.parse(spec)
         assert codec is not None
         assert codec.wire_bytes(shapes) == want, spec
         wire, _, _ = codec.encode(vector(1), np.random.default_rng(0))
         assert sum(a.nbytes for a in wire) == want, spec
+
+
+def test_a_tensor_of_more_than_65536_values_sends_int32_indices() -> None:
+    """70,000 values, topk:0.01: k = 700, each a 4-byte index and a float32 value."""
+    codec = Compression.parse("topk:0.01")
+    assert codec is not None
+    x = [np.random.default_rng(0).normal(size=70_000).astype(np.float32)]
+    wire, decoded, _ = codec.encode(x, np.random.default_rng(1))
+    assert wire[0].dtype == np.int32 and wire[0].size == 700
+    assert codec.wire_bytes([(70_000,)]) == 8 * 700 == sum(a.nbytes for a in wire)
+    assert np.array_equal(codec.decode(wire, [(70_000,)])[0], decoded[0])

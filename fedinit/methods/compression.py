@@ -10,11 +10,16 @@ exact, only unbiased or, for top-k, eventually complete. ``compression`` names t
   al. 2017, QSGD's stochastic rounding, here on a [-s, s] grid). 4-bit codes go two to a
   byte. Bytes: B/8 per coordinate plus 4 per block.
 - ``topk:F`` (0 < F <= 1): per tensor the k = ceil(F n) largest |v| of v = x + e are sent
-  (their indices as int32, ascending, and their values), where e is the device's residual:
+  (their indices, ascending, as uint16 in a tensor of at most 65,536 values, else int32, and
+  their values), where e is the device's residual:
   what earlier rounds meant to send and did not (error feedback, Seide et al. 2014; Stich et
   al. 2018). The new residual is v minus what was sent, so residual + sent = meant, every
   round; the device keeps it like w_prev (``RESIDUAL`` state).
-- ``topk:F+qB[/N]``: top-k, its values quantised as above (the residual takes the
+- ``topk:F:M`` (M >= 1): at least M values of each tensor (all of a tensor of at most M),
+  so that a small tensor (a bias, the first convolution) is not starved: DGC (Lin et al.
+  2018) leaves biases uncompressed and sparsifies only weight matrices; here every tensor is
+  sparsified to k = min(n, max(M, ceil(F n))). ``topk:F`` is ``topk:F:1``.
+- ``topk:F[:M]+qB[/N]``: top-k, its values quantised as above (the residual takes the
   quantisation error too).
 
 Pure numpy: the caller draws the randomness (a seeded ``numpy.random.Generator``) and moves
@@ -36,11 +41,14 @@ from fedinit.methods.weights import Weights
 
 BITS = (8, 4)
 """Code widths a quantiser may use."""
+NARROW_INDEX = 1 << 16
+"""A tensor of at most this many values sends its top-k indices as uint16 (else int32)."""
 RESIDUAL = "residual"
 """The state key prefix of a device's top-k residual (one per upload channel)."""
 _Q = re.compile(r"q(\d+)(?:/(\d+))?")
-_TOPK = re.compile(r"topk:([0-9.eE+-]+)")
-ALLOWED = "off | q8 | q4 | qB/N (blocks of N) | topk:F (0 < F <= 1) | topk:F+qB[/N]"
+_TOPK = re.compile(r"topk:([0-9.eE+-]+)(?::(\d+))?")
+ALLOWED = ("off | q8 | q4 | qB/N (blocks of N) | topk:F (0 < F <= 1) | topk:F:M (at least M "
+           "values per tensor, M >= 1) | topk:F[:M]+qB[/N]")
 
 
 class CompressionError(ValueError):
@@ -127,6 +135,7 @@ class Compression:
 
     topk: float | None = None
     quantiser: Quantiser | None = None
+    least: int = 1
 
     @classmethod
     def parse(cls, text: str) -> Compression | None:
@@ -135,6 +144,7 @@ class Compression:
             return None
         topk: float | None = None
         quantiser: Quantiser | None = None
+        least = 1
         for part in text.split("+"):
             q, k = _Q.fullmatch(part), _TOPK.fullmatch(part)
             if q is not None and quantiser is None:
@@ -147,11 +157,12 @@ class Compression:
                     topk = float(k.group(1))
                 except ValueError:
                     raise _bad(text) from None
-                if not 0.0 < topk <= 1.0:
+                least = int(k.group(2) or 1)
+                if not 0.0 < topk <= 1.0 or least < 1:
                     raise _bad(text)
             else:
                 raise _bad(text)
-        return cls(topk, quantiser)
+        return cls(topk, quantiser, least)
 
     @property
     def keeps_residual(self) -> bool:
@@ -160,7 +171,7 @@ class Compression:
 
     def kept(self, n: int) -> int:
         assert self.topk is not None
-        return min(n, max(1, math.ceil(self.topk * n))) if n else 0
+        return min(n, max(self.least, math.ceil(self.topk * n))) if n else 0
 
     def encode(self, x: Weights, rng: np.random.Generator,
                residual: Weights | None = None) -> tuple[list[np.ndarray], Weights, Weights]:
@@ -185,10 +196,10 @@ class Compression:
                 np.zeros(0, np.int64)
             if self.quantiser is None:
                 values = v[idx].astype(np.float32)
-                wire += [idx.astype(np.int32), values]
+                wire += [idx.astype(index_dtype(v.size)), values]
             else:
                 arrays, values = self.quantiser.encode(v[idx], rng)
-                wire += [idx.astype(np.int32), *arrays]
+                wire += [idx.astype(index_dtype(v.size)), *arrays]
             sent = np.zeros(v.size, np.float32)
             sent[idx] = values
             decoded.append(sent.reshape(t.shape))
@@ -216,8 +227,8 @@ class Compression:
                 out.append(self.quantiser.decode(part, n, name).reshape(shape))
                 continue
             k = self.kept(n)
-            idx = part[0]
-            _expect(idx, np.int32, k, f"{name} indices")
+            _expect(part[0], index_dtype(n), k, f"{name} indices")
+            idx = part[0].astype(np.int64)  # unsigned differences would wrap
             if k and (idx[0] < 0 or idx[-1] >= n or np.any(np.diff(idx) <= 0)):
                 raise CompressionError(f"{name}: indices out of 0..{n - 1} or not strictly "
                                        "ascending; allowed: k distinct ascending indices")
@@ -240,13 +251,19 @@ class Compression:
             n = math.prod(shape)
             m = n if self.topk is None else self.kept(n)
             if self.topk is not None:
-                total += 4 * m
+                total += np.dtype(index_dtype(n)).itemsize * m
             if self.quantiser is None:
                 total += 4 * m
             else:
                 total += self.quantiser.code_bytes(m) + 4 * (self.quantiser._blocks(m)
                                                            if m else 1)
         return total
+
+
+def index_dtype(n: int) -> type:
+    """The dtype of top-k's indices in a tensor of ``n`` values: the narrowest of uint16 and
+    int32 that holds n - 1."""
+    return np.uint16 if n <= NARROW_INDEX else np.int32
 
 
 def _expect(a: np.ndarray, dtype: type, n: int, what: str) -> None:
@@ -259,4 +276,5 @@ def _bad(text: str) -> CompressionError:
     return CompressionError(f"compression={text!r} is not allowed; allowed: {ALLOWED}")
 
 
-__all__ = ["ALLOWED", "BITS", "RESIDUAL", "Compression", "CompressionError", "Quantiser"]
+__all__ = ["ALLOWED", "BITS", "NARROW_INDEX", "RESIDUAL", "Compression", "CompressionError",
+           "Quantiser", "index_dtype"]

@@ -30,7 +30,7 @@ from flwr.app import Array, ArrayRecord
 PACKED = "packed"
 """The key of the one array in a packed record."""
 ALIGN = 16
-DTYPES = frozenset({"<f4", "<f8", "<f2", "<i8", "<i4", "<i2", "|i1", "|u1", "|b1"})
+DTYPES = frozenset({"<f4", "<f8", "<f2", "<i8", "<i4", "<i2", "<u2", "|i1", "|u1", "|b1"})
 """Dtypes a packed record may hold (little-endian numbers and bools)."""
 MAX_HEADER = 1 << 20
 """Header bytes a packed record may claim (a 10,000-tensor model needs about 300 KB)."""

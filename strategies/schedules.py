@@ -150,16 +150,17 @@ def run_buffered(grid: Grid, cfg: RunConfig, node_of: Mapping[int, int], w0: Wei
         log(INFO, "[version %d/%d] replies %d staleness mean %.2f max %d dropped %d",
             step.number, cfg.train.num_server_rounds, step.detail.replies,
             step.fields["staleness-mean"], step.fields["staleness-max"], step.detail.dropped)
-        if step.weights is not None:
-            result.arrays = as_record(step.weights)
-            if evaluate_fn is not None:
-                got = evaluate_fn(step.number, result.arrays)
-                if got is not None:
-                    result.evaluate_metrics_serverapp[step.number] = got
+        nonlocal final
+        final = step.detail.weights
+        if evaluate_fn is not None:
+            got = evaluate_fn(step.number, as_record(final))
+            if got is not None:
+                result.evaluate_metrics_serverapp[step.number] = got
         return False
 
-    result.arrays = as_record(w0)
+    final = w0
     run_steps(loop.steps(w0), on_flush)
+    result.arrays = as_record(final)  # the user's record once, not at every flush
     return result, strategy
 
 

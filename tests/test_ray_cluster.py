@@ -96,9 +96,24 @@ at once."""
 
 
 PORT_TAKEN = ("Failed to start the grpc server", "used by other components",
-              "Address already in use")
+              "Address already in use", "Failed to bind to address")
 """A port chosen free was bound by another process before Ray bound it (CI, 2026-12-06: the
-GCS port 45007, free when chosen, was taken when gcs_server started): fresh ports fix it."""
+GCS port 45007, free when chosen, was taken when gcs_server started; CI, 2026-12-07: the
+head's log said only "ray_client_server [exit code=1]", its own .err log "Failed to bind to
+address"): fresh ports fix it."""
+
+
+def exited_components_logs(tail: str, temp_dir: Path) -> str:
+    """The ends of the .err logs of the Ray subprocesses a `ray start` names as exited
+    ("ray_client_server [exit code=1]"): the head's own log does not say why they died."""
+    logs = temp_dir / "session_latest" / "logs"
+    out = []
+    for line in tail.splitlines():
+        if "[exit code=" in line:
+            name = line.split("--")[-1].split("[exit code=")[0].strip()
+            for err in sorted(logs.glob(f"{name}*.err")) if name else []:
+                out.append(f"{err.name}: " + err.read_text(errors="replace")[-600:])
+    return "\n".join(out)
 
 
 class NodeStartRetryable(Exception):
@@ -107,7 +122,7 @@ class NodeStartRetryable(Exception):
 
 
 def wait_for_nodes(nodes: list[tuple[subprocess.Popen[bytes], Path]], env: dict[str, str],
-                   count: int) -> None:
+                   count: int, temp_dir: Path) -> None:
     """Until the cluster answers with ``count`` live nodes; a node that exited fails at once
     with its log (before: a dead head meant a 120 s wait), or raises NodeStartRetryable when
     Ray's own start-up wait ran out or a port was taken."""
@@ -116,6 +131,7 @@ def wait_for_nodes(nodes: list[tuple[subprocess.Popen[bytes], Path]], env: dict[
         for proc, log in nodes:
             if proc.poll() is not None:
                 tail = log.read_text(errors="replace")[-2000:]
+                tail += exited_components_logs(tail, temp_dir)
                 if any(m in tail for m in (RAY_STARTUP_TIMEOUT, *PORT_TAKEN)):
                     raise NodeStartRetryable(f"{log.name}: {tail[-600:]}")
                 pytest.fail(f"ray start exited ({log.name}): {tail}")
@@ -162,12 +178,12 @@ def start_cluster(count: int, tmp_path: Path, attempt: int
                           "--include-dashboard=false", f"--temp-dir={temp_dir}"],
                          env, head_log, head_ports), head_log)]
     try:
-        wait_for_nodes(nodes, env, 1)
+        wait_for_nodes(nodes, env, 1, temp_dir)
         for i in range(1, count):  # worker nodes join the head's session (and its temp dir)
             log = tmp_path / f"ray-worker-{i}-{attempt}.log"
             nodes.append((start_node([f"--address=127.0.0.1:{gcs}", f"--num-cpus={cpus}"],
                                      env, log), log))
-        wait_for_nodes(nodes, env, count)
+        wait_for_nodes(nodes, env, count, temp_dir)
     except BaseException:
         stop_cluster(nodes, temp_dir)
         raise
@@ -283,10 +299,23 @@ def test_a_ray_start_that_timed_out_or_lost_a_port_is_told_apart_from_one_that_f
         proc = subprocess.Popen(["true"])
         proc.wait()
         with pytest.raises(NodeStartRetryable, match=name):
-            wait_for_nodes([(proc, log)], env, 1)
+            wait_for_nodes([(proc, log)], env, 1, tmp_path)
+    # The head names only the subprocess that died; why is in that subprocess's own log.
+    logs = tmp_path / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    head = tmp_path / "client-server.log"
+    head.write_text("ERR scripts.py:1206 -- ray_client_server [exit code=1]\n")
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    with pytest.raises(pytest.fail.Exception, match="ray start exited .client-server.log"):
+        wait_for_nodes([(proc, head)], env, 1, tmp_path)
+    (logs / "ray_client_server.err").write_text(
+        "RuntimeError: Failed to bind to address 127.0.0.1:56903; set GRPC_VERBOSITY=debug")
+    with pytest.raises(NodeStartRetryable, match="Failed to bind"):
+        wait_for_nodes([(proc, head)], env, 1, tmp_path)
     failed = tmp_path / "failed.log"
     failed.write_text("ModuleNotFoundError: No module named 'ray._raylet'")
     proc = subprocess.Popen(["true"])
     proc.wait()
     with pytest.raises(pytest.fail.Exception, match="ray start exited .failed.log"):
-        wait_for_nodes([(proc, failed)], env, 1)
+        wait_for_nodes([(proc, failed)], env, 1, tmp_path)

@@ -281,6 +281,14 @@ def test_simulation_spans_two_ray_nodes_and_matches_one_machine(
     assert final_model(spanned) == final_model(alone)
 
 
+def exited_node(log: Path, text: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
+    """A `ray start` that has already exited, its log saying ``text``."""
+    log.write_text(text)
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return [(proc, log)]
+
+
 def test_a_ray_start_that_timed_out_or_lost_a_port_is_told_apart_from_one_that_failed(
         tmp_path: Path) -> None:
     """The fixture starts the cluster again only after Ray's own 30 s start-up wait ran out or
@@ -294,28 +302,20 @@ def test_a_ray_start_that_timed_out_or_lost_a_port_is_told_apart_from_one_that_f
                         "port is 45007.",
     }
     for name, text in retryable.items():
-        log = tmp_path / name
-        log.write_text(text)
-        proc = subprocess.Popen(["true"])
-        proc.wait()
         with pytest.raises(NodeStartRetryable, match=name):
-            wait_for_nodes([(proc, log)], env, 1, tmp_path)
+            wait_for_nodes(exited_node(tmp_path / name, text), env, 1, tmp_path)
     # The head names only the subprocess that died; why is in that subprocess's own log.
+    head = exited_node(tmp_path / "client-server.log",
+                       "ERR scripts.py:1206 -- ray_client_server [exit code=1]\n")
+    with pytest.raises(pytest.fail.Exception, match="ray start exited .client-server.log"):
+        wait_for_nodes(head, env, 1, tmp_path)
     logs = tmp_path / "session_latest" / "logs"
     logs.mkdir(parents=True)
-    head = tmp_path / "client-server.log"
-    head.write_text("ERR scripts.py:1206 -- ray_client_server [exit code=1]\n")
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    with pytest.raises(pytest.fail.Exception, match="ray start exited .client-server.log"):
-        wait_for_nodes([(proc, head)], env, 1, tmp_path)
     (logs / "ray_client_server.err").write_text(
         "RuntimeError: Failed to bind to address 127.0.0.1:56903; set GRPC_VERBOSITY=debug")
     with pytest.raises(NodeStartRetryable, match="Failed to bind"):
-        wait_for_nodes([(proc, head)], env, 1, tmp_path)
-    failed = tmp_path / "failed.log"
-    failed.write_text("ModuleNotFoundError: No module named 'ray._raylet'")
-    proc = subprocess.Popen(["true"])
-    proc.wait()
+        wait_for_nodes(head, env, 1, tmp_path)
+    failed = exited_node(tmp_path / "failed.log",
+                         "ModuleNotFoundError: No module named 'ray._raylet'")
     with pytest.raises(pytest.fail.Exception, match="ray start exited .failed.log"):
-        wait_for_nodes([(proc, failed)], env, 1, tmp_path)
+        wait_for_nodes(failed, env, 1, tmp_path)

@@ -5,21 +5,26 @@ On the client's local test split: (a) the global model w_t it was sent, (b) w_t 
 method's personal model (Ditto's v_i) or, for every other method, RI's w_prev, the final local
 model of its last participation (with beta = 0 that model is not used in training, but it is
 still what the client ended its last participation with: FedAvg's stale local model).
-(c) is absent for a client that has not trained yet. Nothing is written to the client's state:
-the state is read from a snapshot of the store.
+(c) is absent for a client that has not trained yet. When the message carries the method's
+group models (``rk.EVAL_CHOICES``: ``cluster-serve`` / ``relax-serve`` ``lowest-loss``), w_t of
+(a) and (b) is the one with the lowest loss on the client's training split (IFCA's inference
+rule: the client's own data picks its group, never its test split). Nothing is written to the
+client's state: the state is read from a snapshot of the store.
 """
 
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 from flwr.app import MetricRecord, RecordDict
 from torch import nn
 
-from client_app.trainer import local_generator, local_sgd
+from client_app.trainer import local_generator, local_sgd, train_losses
 from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
+from fedinit.methods.graph_loss import unstacked
 from fedinit.methods.method import ClientRule
 from fedinit.methods.packed_arrays import unpack
 from fedinit.store.client_store import W_PREV, ClientStore
@@ -61,7 +66,13 @@ def personal_evaluation(
     metrics: dict[str, int | float] = {rk.NUM_TEST: len(y_test)}
     if len(y_test) == 0:
         return MetricRecord(metrics)
-    set_weights(model, w_t)
+    served = w_t
+    if rk.EVAL_CHOICES in received.array_records and len(train[1]):
+        choices = unstacked(unpack(received.array_records[rk.EVAL_CHOICES]))
+        losses = train_losses(model, *train, cfg.train.batch_size)(choices)
+        pick = int(np.argmin(losses))
+        served, metrics[rk.SERVED_CHOICE] = choices[pick], pick
+    set_weights(model, served)
     metrics[rk.ACC_GLOBAL] = evaluate(model, x_test, y_test)[1]
     local_sgd(model, *train, epochs=cfg.eval.finetune_epochs, batch_size=cfg.train.batch_size,
               lr=lr,

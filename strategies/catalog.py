@@ -163,7 +163,8 @@ class ClusteredFL(MethodAdapter):
     def __init__(self, *, num_clusters: int = 2, cluster_every: int = 5,
                  cluster_assign: str = "loss", cluster_warmup: int = 3,
                  cluster_margin: float = 0.1, cluster_newcomer: str = "probe",
-                 cluster_split: float = -1.0, **settings: Any) -> None:
+                 cluster_split: float = -1.0, cluster_serve: str = "assigned",
+                 **settings: Any) -> None:
         super().__init__({"num_clusters": ("num-clusters", num_clusters),
                           "cluster_every": ("cluster-every", cluster_every),
                           "cluster_assign": ("cluster-assign", cluster_assign),
@@ -171,6 +172,7 @@ class ClusteredFL(MethodAdapter):
                           "cluster_margin": ("cluster-margin", cluster_margin),
                           "cluster_newcomer": ("cluster-newcomer", cluster_newcomer),
                           "cluster_split": ("cluster-split", cluster_split),
+                          "cluster_serve": ("cluster-serve", cluster_serve),
                           "beta": ("beta", 0.0)}, **settings)
 
 

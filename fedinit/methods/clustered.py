@@ -90,6 +90,8 @@ KMEANS_RESTARTS = 10
 and no empty cluster wins (one k-means++ start merges two regimes now and then)."""
 ASSIGN_RULES = ("loss", "kmeans")
 NEWCOMER_RULES = ("loss", "probe")
+SERVE_RULES = ("assigned", "lowest-loss")
+"""``cluster-serve``'s values (``ClusteredServer.evaluated_model``, ``evaluation_choices``)."""
 OTHERS = "cluster-others"
 """Down arrays: the other cluster models, each parameter stacked, shape (M, *shape) with M =
 K - 1 under ``loss`` after the warm-up and M = 0 otherwise (nothing to choose between)."""
@@ -130,6 +132,11 @@ class ClusteredParams(Params):
     cluster_split: float
     """``loss``: a cluster whose round replies bipartition with every cross-pair cosine below
     this splits into an empty cluster (CFL); -1: never."""
+    cluster_serve: str
+    """What personalized evaluation scores a client on: ``assigned`` (its cluster's model; the
+    member-weighted mean before it has one) or ``lowest-loss`` (every cluster model that has
+    members is sent and the client is scored on the one with the lowest loss on its own
+    training data: IFCA's inference rule, also for a client that has never trained)."""
 
     def check(self) -> None:
         check_range("num-clusters", self.num_clusters, self.num_clusters >= 0,
@@ -146,6 +153,8 @@ class ClusteredParams(Params):
                     self.cluster_newcomer in NEWCOMER_RULES, " | ".join(NEWCOMER_RULES))
         check_range("cluster-split", self.cluster_split, -1.0 <= self.cluster_split <= 1.0,
                     "a cosine in [-1, 1] (-1: never split)")
+        check_range("cluster-serve", self.cluster_serve, self.cluster_serve in SERVE_RULES,
+                    " | ".join(SERVE_RULES))
         if self.num_clusters == 0:
             check_range("cluster-assign", self.cluster_assign, self.cluster_assign == "loss",
                         "loss with num-clusters=0 (K is chosen at the end of its warm-up)")
@@ -282,6 +291,19 @@ class ClusteredServer(ServerRule[ClusteredParams, ClusteredState]):
             return None
         return self.global_of(state.assignment[0], state.models,
                               self.trained(sketch, len(state.assignment[0])))
+
+    def evaluation_choices(self, state: ClusteredState, partition_id: int
+                           ) -> list[Weights] | None:
+        """``cluster-serve=lowest-loss`` once there are clusters (after ``loss``'s warm-up):
+        the model of every cluster that has a trained member (every cluster before any has)."""
+        k = len(state.models[0])
+        if self.params.cluster_serve != "lowest-loss" or k < 2 or (
+                self.by_loss and int(state.clustered[0][0]) == 0):
+            return None
+        assignment = state.assignment[0]
+        members = self.trained(state.sketch[0], len(assignment))
+        used = np.unique(assignment[members]) if members.any() else np.arange(k)
+        return [self.model(state, int(c)) for c in used]
 
     @property
     def by_loss(self) -> bool:

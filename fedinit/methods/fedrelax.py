@@ -138,8 +138,9 @@ GROUPS_FILE = "groups.jsonl"
 """``relax-train=groups``: one line per round after the warm-up, the groups its update used."""
 DRAW_LIMIT = 500
 """Largest federation whose graph is drawn (a PNG of more nodes shows nothing)."""
-SERVE_RULES = ("mean", "own", "chosen")
-"""``relax-serve``'s values (``FedRelaxServer.served``)."""
+SERVE_RULES = ("mean", "own", "chosen", "lowest-loss")
+"""``relax-serve``'s values (``FedRelaxServer.served``; ``lowest-loss``:
+``FedRelaxServer.evaluation_choices``)."""
 GROUP = "fedrelax-group"
 """Down array: [int64 (1,)] under ``relax-groups-by=loss`` after the warm-up: the position, among
 the candidates (the groups' models), of the client's own group (-1: a newcomer, no upload yet,
@@ -179,7 +180,9 @@ class FedRelaxParams(Params):
     """What personalized evaluation serves a client as its (a) after the warm-up: ``mean``
     (m_i, its train message's model), ``own`` (its own model counted in: (w^(i) + d_i m_i) /
     (1 + d_i)) or ``chosen`` (``graph=loss``: the mean of w^(i) and the models of its own
-    lowest-loss choice, without the clients that only chose it; ``own``'s without a choice)."""
+    lowest-loss choice, without the clients that only chose it; ``own``'s without a choice) or
+    ``lowest-loss`` (``relax-groups-by=loss``: every group's model is sent and the client is
+    scored on the one with the lowest loss on its own training data, IFCA's inference)."""
     relax_train: str
     """After the warm-up, ``gtv``: each client trains its own w^(i) (GTVMin); ``groups``: each
     group of the graph (``graph_groups``) keeps one model, trained by FedAvg within the group."""
@@ -235,8 +238,12 @@ class FedRelaxParams(Params):
             check_range("relax-groups-by", self.relax_groups_by, self.relax_warmup >= 1,
                         "graph with relax-warmup=0 (the graph's groups at the warm-up's end seed "
                         "the membership)")
-        elif self.relax_group_split > -1.0:
-            check_range("relax-group-split", self.relax_group_split, False,
+        else:
+            check_range("relax-serve", self.relax_serve, self.relax_serve != "lowest-loss",
+                        "mean | own | chosen with relax-groups-by='graph' (lowest-loss chooses "
+                        "among the groups relax-groups-by='loss' trains)")
+            check_range("relax-group-split", self.relax_group_split,
+                        self.relax_group_split == -1.0,
                         "-1 with relax-groups-by='graph' (a split needs the membership that "
                         "relax-groups-by='loss' keeps)")
 
@@ -561,9 +568,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         group's model as the candidates (ids: the groups, ascending) and the position of the
         client's own group among them; no start (the client trains the model it chooses)."""
         labels = self.groups(state, self.size(state, cid))
-        ids = np.unique(labels).astype(np.int64)
-        models = [self.group_model(state, int(np.flatnonzero(labels == g)[0]), labels)
-                  for g in ids]
+        ids, models = self.group_models(state, labels)
         self.sent[cid] = ids
         mean, degree = self.term(state, cid)
         own = -1 if self.newcomer(state, cid) else int(np.searchsorted(ids, labels[cid]))
@@ -573,6 +578,22 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                                  gl.CANDIDATES: gl.stacked(models, state.w0),
                                  gl.CANDIDATE_IDS: [ids],
                                  GROUP: [np.asarray([own], dtype=np.int64)]})
+
+    def group_models(self, state: FedRelaxState,
+                     labels: np.ndarray) -> tuple[np.ndarray, list[Weights]]:
+        """The non-empty groups of ``labels`` (ascending) and each one's model."""
+        ids = np.unique(labels).astype(np.int64)
+        return ids, [self.group_model(state, int(np.flatnonzero(labels == g)[0]), labels)
+                     for g in ids]
+
+    def evaluation_choices(self, state: FedRelaxState, partition_id: int
+                           ) -> list[Weights] | None:
+        """``relax-serve=lowest-loss`` after the warm-up: every non-empty group's model, the
+        ones a train message offers (``group_choice``); the client is scored on the one that
+        fits its training data best (IFCA's inference), also before its first choice."""
+        if self.params.relax_serve != "lowest-loss" or self.warming(state):
+            return None
+        return self.group_models(state, self.groups(state, self.size(state, partition_id)))[1]
 
     def chosen_model(self, state: FedRelaxState, cid: int) -> Weights:
         """``relax-groups-by=loss``: what personalized evaluation serves client ``cid``: its

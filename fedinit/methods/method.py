@@ -320,6 +320,13 @@ class ServerRule(Generic[P, S]):
         None (the default): that model (``down_to``'s, or w_t)."""
         return None
 
+    def evaluation_choices(self, state: S, partition_id: int) -> list[Weights] | None:
+        """Models personalized evaluation lets client ``partition_id`` choose its (a) from,
+        by the lowest loss on its own training data (IFCA's inference rule: a method with
+        group models, asked to serve so); None (the default): it is scored on the model of
+        ``evaluated_model`` (or its train message's)."""
+        return None
+
     @classmethod
     def async_refusal(cls, values: Mapping[str, Any]) -> tuple[str, Any, str, str] | None:
         """(key, value, what is allowed, why) for a value of the method's run-config keys

@@ -35,6 +35,9 @@ CLIENT_ID = "client-id"  # int: the client the message is for (a node without a 
 # trains as this client; one with a partition-id refuses a message naming another)
 
 PERSONAL_EVAL = "personal-eval"  # bool in an evaluate message: personalized evaluation
+EVAL_CHOICES = "eval-choices"  # ArrayRecord in a personalized-evaluation message: the method's
+# group models, stacked (``graph_loss.stacked``); the client is scored on the one with the
+# lowest loss on its own training data (IFCA's inference rule), not on ARRAYS
 FEDERATED_EVAL = "federated-eval"  # bool in an evaluate message: the global model's loss and
 # accuracy on the client's local test split (the accuracy curve without a central test set)
 
@@ -67,6 +70,8 @@ NUM_TEST = "num-test-examples"
 ACC_GLOBAL = "acc-global"  # (a) the global model w_t
 ACC_FINETUNED = "acc-finetuned"  # (b) w_t after finetune-epochs local epochs
 ACC_OWN = "acc-own"  # (c) the client's own model (absent when it has none yet)
+SERVED_CHOICE = "served-choice"  # int: which of EVAL_CHOICES the client chose as (a) (absent
+# when the message carried none)
 DIVERGENCE_EVAL = "divergence-eval"  # bool in an evaluate message: the paper's divergence
 # term, ||w_prev_i - w_t||^2 from the client's stored last local model (w_0 before any)
 SQ_DISTANCE = "sq-distance"  # its reply: that squared distance (float64 sum)

@@ -82,6 +82,9 @@ def row_label(config: dict[str, Any]) -> str:
                 value = float(config.get(key, load_defaults()[key]))
                 label += f", {name} {value:g}" if value != load_defaults()[key] else ""
         label += ")"
+    serve = config.get("cluster-serve", "assigned")
+    if config["method"] == "clustered" and serve != "assigned":  # what (a) scores
+        label += f" (serve {serve})"
     return label
 
 

@@ -10,6 +10,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
+from fedinit.methods.graph_loss import stacked
 from fedinit.methods.packed_arrays import pack
 from fedinit.methods.weights import Weights
 from strategies.round_stages.held import HeldMethod
@@ -66,6 +67,15 @@ class TrainMessages:
         if own is not None:
             return pack(own)
         return self.content_for(cid, arrays, {}, w_t)[0]
+
+    def evaluation_choices_for(self, cid: int, w_t: Weights) -> dict[str, ArrayRecord]:
+        """The models client ``cid`` chooses its personalized-evaluation model from, by its
+        own training loss (``ServerRule.evaluation_choices``), stacked under
+        ``rk.EVAL_CHOICES``; nothing when the method offers no choice."""
+        choices = self.method.rule.evaluation_choices(self.method.state, cid)
+        if not choices:
+            return {}
+        return {rk.EVAL_CHOICES: pack(stacked(choices, w_t))}
 
     def content_for(self, cid: int, arrays: ArrayRecord, extras: dict[str, ArrayRecord],
                     w_t: Weights) -> tuple[ArrayRecord, dict[str, ArrayRecord]]:

@@ -51,7 +51,8 @@ class PersonalEvaluation:
             node = self.node_of_partition[cid]
             self.sent_to[node] = cid
             model = self.content.evaluated_for(cid, arrays, w_t)
-            content = RecordDict({rk.ARRAYS: model, rk.CONFIG: for_client(eval_config, cid)})
+            content = RecordDict({rk.ARRAYS: model, rk.CONFIG: for_client(eval_config, cid),
+                                  **self.content.evaluation_choices_for(cid, w_t)})
             messages.append(
                 Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node))
         return messages

@@ -88,9 +88,9 @@ def run_async_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None
     n = cfg.train.num_server_rounds
     final = weights
 
-    def on_flush(step: Step, began: float) -> bool:
+    def on_flush(step: Step[Flush], began: float) -> bool:
         nonlocal final
-        flush: Flush = step.detail
+        flush = step.detail
         version, final = step.number, flush.weights
         check_finite(version, flush.weights, strategy.server_state(), out)
         acc = loss = None

@@ -59,7 +59,7 @@ from strategies.operator_log import log_line
 from strategies.over_select import OVER_SELECT_FIELDS
 from strategies.personal_summary import KINDS
 from strategies.round_stages.quorum import TooFewReplies
-from strategies.sync_schedule import SyncSchedule
+from strategies.sync_schedule import RoundDone, SyncSchedule
 from strategies.virtual_clock import CLOCK_FIELDS, VirtualClock
 
 
@@ -149,7 +149,7 @@ def run_sync_experiment(grid: Grid, cfg: RunConfig, out_dir: Path | None = None,
         fleet.ask()  # identity queries to new nodes, answered beside this round
         return False
 
-    def on_round(step: Step, began: float) -> bool:
+    def on_round(step: Step[RoundDone], began: float) -> bool:
         nonlocal failed, weights, arrays  # the global model as the last round left it
         rnd, messages, replies, new_arrays = step.number, step.messages, step.replies, step.arrays
         if state_root is not None:  # the clients wrote their state without fsync: one

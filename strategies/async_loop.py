@@ -589,7 +589,7 @@ class AsyncLoop:
         ``stopped``); the final model."""
         final = [weights]
 
-        def on_step(step: Step, _began: float) -> bool:
+        def on_step(step: Step[Flush], _began: float) -> bool:
             final[0] = step.detail.weights
             on_flush(step.detail, step.fields)
             return self.stopped
@@ -597,7 +597,7 @@ class AsyncLoop:
         run_steps(self.steps(weights), on_step)
         return final[0]
 
-    def steps(self, weights: Weights) -> Steps:
+    def steps(self, weights: Weights) -> Steps[Flush]:
         """Keep ``concurrency`` clients busy and flush every K accepted replies, each flush a
         step of the engine (``strategies/engine.py``), until ``num-server-rounds`` flushes
         or ``stopped``."""

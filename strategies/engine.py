@@ -18,15 +18,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from flwr.app import ArrayRecord, Message
 
 from fedinit.methods.weights import Weights
 
+D = TypeVar("D")
+"""The schedule's own record of a step: ``sync_schedule.RoundDone`` or ``fedbuff.Flush``."""
+
 
 @dataclass(frozen=True)
-class Step:
+class Step(Generic[D]):
     """One step as the schedule saw it: a synchronous round or an asynchronous flush."""
 
     number: int
@@ -44,8 +47,8 @@ class Step:
     """The train messages the step made (synchronous rounds: a lost task's too)."""
     replies: list[Message] = field(default_factory=list)
     """The replies it collected (synchronous rounds)."""
-    detail: Any = None
-    """The schedule's own record of the step (``RoundDone``, or the flush)."""
+    detail: D = field(kw_only=True)
+    """The schedule's own record of the step (``RoundDone``, or the ``Flush``)."""
 
     @property
     def held(self) -> bool:
@@ -53,12 +56,12 @@ class Step:
         return self.arrays is None and self.weights is None
 
 
-Steps = Generator[Step, None, None]
+Steps = Generator[Step[D], None, None]
 """A schedule's run: each step made only when the loop asks for it (``SyncSchedule.steps``,
 ``AsyncLoop.steps``)."""
 
 
-def run_steps(steps: Steps, on_step: Callable[[Step, float], bool | None]) -> int:
+def run_steps(steps: Steps[D], on_step: Callable[[Step[D], float], bool | None]) -> int:
     """Run a schedule's ``steps`` to their end, or until ``on_step`` returns True; the steps
     run.
 

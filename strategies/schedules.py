@@ -12,7 +12,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from logging import INFO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
@@ -25,6 +25,10 @@ from fedinit.flower_compat.grid_view import GridView
 from fedinit.methods.weights import Weights
 from strategies.engine import Step, run_steps
 from strategies.method_strategy import MethodStrategy
+
+if TYPE_CHECKING:  # the schedules load at start(), not with the strategy
+    from fedinit.methods.fedbuff import Flush
+    from strategies.sync_schedule import RoundDone
 
 
 class WithInitial(GridView):
@@ -94,7 +98,7 @@ def run_sync(front: Strategy, inner: MethodStrategy, grid: Grid, initial_arrays:
         log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
         return False
 
-    def on_round(step: Step, _began: float) -> bool:
+    def on_round(step: Step[RoundDone], _began: float) -> bool:
         nonlocal arrays
         rnd = step.number
         if step.arrays is not None:
@@ -145,7 +149,7 @@ def run_buffered(grid: Grid, cfg: RunConfig, node_of: Mapping[int, int], w0: Wei
         if first is not None:
             result.evaluate_metrics_serverapp[0] = first
 
-    def on_flush(step: Step, _began: float) -> bool:
+    def on_flush(step: Step[Flush], _began: float) -> bool:
         result.train_metrics_clientapp[step.number] = MetricRecord(step.metrics)
         log(INFO, "[version %d/%d] replies %d staleness mean %.2f max %d dropped %d",
             step.number, cfg.train.num_server_rounds, step.detail.replies,

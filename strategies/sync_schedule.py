@@ -74,7 +74,7 @@ class SyncSchedule:
 
     def steps(self, arrays: ArrayRecord, first: int, last: int, round_config: ConfigRecord,
               before_round: Callable[[int], bool] | None = None,
-              before_send: Callable[[int], None] | None = None) -> Steps:
+              before_send: Callable[[int], None] | None = None) -> Steps[RoundDone]:
         """Rounds ``first`` to ``last`` from the model ``arrays``, each a step of the engine:
         ``before_round(rnd)`` runs first (True: the run ends before that round),
         ``before_send(rnd)`` once its messages exist and before the first is sent."""

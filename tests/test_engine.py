@@ -31,7 +31,7 @@ def counted(made: list[int], closed: list[bool], n: int) -> Steps:
     try:
         for k in range(1, n + 1):
             made.append(k)
-            yield Step(k, fields={"k": k})
+            yield Step(k, fields={"k": k}, detail=None)
     finally:
         closed.append(True)
 
@@ -62,8 +62,8 @@ def test_a_callers_true_ends_the_run_and_closes_the_schedule() -> None:
 
 
 def test_a_held_step_is_one_without_a_model() -> None:
-    assert Step(1).held
-    assert not Step(1, weights=[]).held
+    assert Step(1, detail=None).held
+    assert not Step(1, weights=[], detail=None).held
 
 
 def _train_sent(grid: InProcessGrid) -> int:

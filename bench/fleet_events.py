@@ -49,7 +49,7 @@ import numpy as np
 
 from fedinit.cli.deploy_local import CONNECTION, Deployment, stop_pids
 from fedinit.cli.simulate import RUN_ID, run_status
-from testbeds.deployment_runs import kill_tree, start_flwr_run
+from testbeds.deployment_runs import kill_process, start_flwr_run
 from testbeds.fault_app import fault_app, hang_when_told
 
 CLIENTS = 4
@@ -199,9 +199,7 @@ def events_run(args: argparse.Namespace, tmp: Path, app: Path, order: Path) -> t
                                      f"(task-deadline 0 = round-timeout)")
             rows = run.wait_rows(ev.hits["hung task"] + 1, 180)
             order.unlink()  # the same app serves the baseline: it must not hang there
-            node = next(p for p in dep.procs if p.name == f"supernode-{DEAD}")
-            kill_tree(node.popen.pid)
-            dep.procs.remove(node)
+            kill_process(dep, f"supernode-{DEAD}")
             ev.hits["dead node"] = len(rows) + 1
             ev.notes["dead node"] = f"node {DEAD} SIGKILLed after round {len(rows)}"
             quiet = 0  # rounds in a row without a missing reply or the dead node's error

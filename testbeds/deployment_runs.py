@@ -134,3 +134,14 @@ def kill_tree(pid: int) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
     return tree
+
+
+def kill_process(dep: Deployment, name: str) -> list[int]:
+    """SIGKILL the deployment's process ``name`` (``supernode-1``, ``superlink``) with its
+    descendants, as a machine losing power; reaped and dropped from ``dep.procs`` (``stop()``
+    leaves it alone). The pids killed."""
+    proc = next(p for p in dep.procs if p.name == name)
+    killed = kill_tree(proc.popen.pid)
+    proc.popen.wait(timeout=10)
+    dep.procs.remove(proc)
+    return killed

@@ -34,7 +34,7 @@ from fedinit.cli.dashboard import make_server
 from fedinit.cli.deploy_local import Deployment, pids_mentioning, stop_pids
 from fedinit.cli.flower_env import REPO
 from server_app.status import STATUS_FILE
-from testbeds.deployment_runs import FlwrRun, kill_tree
+from testbeds.deployment_runs import FlwrRun, kill_process
 from testbeds.fault_app import fault_app, hang_at
 from tests.browser_page import FLEET_LOOK, browse, count
 
@@ -207,11 +207,8 @@ def test_a_browser_sees_a_tls_deployments_late_refused_hung_and_killed_nodes(
                 pytest.fail(stalled(f"late, refused, hung: {WAIT_SECONDS:g} s"))
 
             # Client 0's SuperNode dies with its executor, as a device losing power does.
-            proc = next(p for p in dep.procs if p.name == f"supernode-{KILLED}")
             at_kill = {"failed": failed(nodes[killed]), "rows": len(rows_of(run_dir))}
-            kill_tree(proc.popen.pid)
-            proc.popen.wait(timeout=10)
-            dep.procs.remove(proc)
+            kill_process(dep, f"supernode-{KILLED}")
             killed_at = time.monotonic()
             for look in tab.looks(FLEET_LOOK, KILL_WAIT_SECONDS, before=read_files):
                 nodes = look["nodes"]

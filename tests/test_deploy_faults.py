@@ -33,6 +33,7 @@ from testbeds.deployment_runs import (
     completed_run,
     deployed,
     final_model,
+    kill_process,
     kill_tree,
     run_until,
     wait_rounds,
@@ -90,10 +91,7 @@ def test_killed_supernode_is_left_out_then_rejoins_with_its_saved_state(
     try:
         run.run_id()
         run_path = wait_rounds(out, 1, 240, run)
-        node = next(p for p in dep.procs if p.name == f"supernode-{victim}")
-        killed = kill_tree(node.popen.pid)
-        node.popen.wait(timeout=10)
-        dep.procs.remove(node)
+        killed = kill_process(dep, f"supernode-{victim}")
         state_root = dep.work_dir / f"node-{victim}" / "client-state"
         mirror = StateDir(state_root, run_path.name, victim)
         before_files = state_files(state_root)
@@ -225,9 +223,7 @@ def test_a_changing_federation_late_dead_and_wrong_nodes_never_stop_the_run(
         try:
             run.run_id()
             wait_rounds(out, 1, 240, run)
-            node = next(p for p in dep.procs if p.name == "supernode-1")
-            kill_tree(node.popen.pid)
-            dep.procs.remove(node)
+            kill_process(dep, "supernode-1")
             for i in (2, 3):
                 dep.start_node(i)
             cmd = dep.node_command(4)

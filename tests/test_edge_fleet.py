@@ -21,7 +21,7 @@ import pytest
 from fedinit.cli.deploy_local import pids_mentioning, stop_pids
 from fedinit.task.data_paths import default_data_dir
 from fedinit.task.datasets import load_dataset
-from testbeds.deployment_runs import FlwrRun, kill_tree, wait_rounds
+from testbeds.deployment_runs import FlwrRun, kill_process, wait_rounds
 from testbeds.fault_app import fault_app, hang_at
 from tests.device_data import FMNIST_CLASSES, skewed_fmnist_folders
 from tests.test_deploy_device_data import DeviceDeployment
@@ -83,9 +83,7 @@ def test_an_edge_fleet_of_own_data_late_dead_wrong_and_hung_nodes_completes(
         try:
             run.run_id()
             wait_rounds(out, 1, 240, run)
-            node = next(p for p in dep.procs if p.name == f"supernode-{KILLED}")
-            kill_tree(node.popen.pid)
-            dep.procs.remove(node)
+            kill_process(dep, f"supernode-{KILLED}")
             for i in LATE:
                 dep.start_node(i)
             dep.start_node(NODES, cmd=wrong_identity(dep), name="supernode-wrong")

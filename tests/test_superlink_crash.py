@@ -25,7 +25,7 @@ from testbeds.deployment_runs import (
     completed_run,
     deployed,
     final_model,
-    kill_tree,
+    kill_process,
     run_until,
     wait_rounds,
 )
@@ -68,11 +68,8 @@ def kill_link_mid_round(dep: Deployment, run_id: str, rnd: int, timeout: float =
             break
         assert time.monotonic() < deadline, f"round {rnd} did not reach the nodes: {counts}"
         time.sleep(0.05)
-    link = next(p for p in dep.procs if p.name == "superlink")
-    killed = kill_tree(link.popen.pid)
-    link.popen.wait(timeout=10)
-    dep.procs.remove(link)
-    return killed, [i for i, (got, sent) in enumerate(counts) if got >= rnd > sent]
+    busy = [i for i, (got, sent) in enumerate(counts) if got >= rnd > sent]
+    return kill_process(dep, "superlink"), busy
 
 
 def node_tails(dep: Deployment, lines: int = 15) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fedinit.methods.fedavg import FedAvgServer
 from fedinit.methods.method import (
     ClientRule,
     GradientHook,
@@ -21,8 +22,6 @@ from fedinit.methods.method import (
     LocalOutcome,
     MethodSpec,
     Params,
-    ServerRule,
-    ServerState,
     check_pull,
     check_range,
     proximal_hook,
@@ -51,10 +50,6 @@ class DittoParams(Params):
         check_pull("ditto-lambda", self.ditto_lambda, lr)
 
 
-class DittoServer(ServerRule[DittoParams, ServerState]):
-    """Ditto's server half: FedAvg's (the personal models stay on the clients)."""
-
-
 class DittoClient(ClientRule[DittoParams]):
     """Ditto's client half: FedAvg's global pass, then the personal pass on v_i."""
 
@@ -77,6 +72,6 @@ class DittoClient(ClientRule[DittoParams]):
         return proximal_hook(w_t, self.params.ditto_lambda, device)
 
 
-SPEC = MethodSpec(name="ditto", label="Ditto", params=DittoParams, server=DittoServer,
+SPEC = MethodSpec(name="ditto", label="Ditto", params=DittoParams, server=FedAvgServer,
                   client=DittoClient, ri_aggregation="model",
                   async_refusal=None, secagg_refusal=None)

@@ -32,6 +32,7 @@ from fedinit.methods.method import (
     ServerState,
     apply_step,
     check_range,
+    gradient_hook,
     zeros_like,
 )
 from fedinit.methods.weights import Weights
@@ -94,18 +95,9 @@ class FedCmClient(ClientRule[FedCmParams]):
 
     def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
               lr: float, device: torch.device) -> GradientHook | None:
-        import torch
-
         alpha = self.params.fedcm_alpha
-        md = [torch.from_numpy((1.0 - alpha) * d).to(device) for d in down[MOMENTUM]]
-
-        def hook(params: list[torch.Tensor]) -> None:
-            for p, k in zip(params, md, strict=True):
-                g = p.grad
-                assert g is not None
-                g.mul_(alpha).add_(k)
-
-        return hook
+        return gradient_hook(device, scale=alpha,
+                             shift=[(1.0 - alpha) * d for d in down[MOMENTUM]])
 
 
 SPEC = MethodSpec(name="fedcm", label="FedCM", params=FedCmParams, server=FedCmServer,

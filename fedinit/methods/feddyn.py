@@ -31,6 +31,7 @@ from fedinit.methods.method import (
     ServerState,
     check_pull,
     check_range,
+    gradient_hook,
     zeros_like,
 )
 from fedinit.methods.weights import Weights
@@ -94,19 +95,9 @@ class FedDynClient(ClientRule[FedDynParams]):
 
     def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
               lr: float, device: torch.device) -> GradientHook | None:
-        import torch
-
         alpha = self.params.feddyn_alpha
-        s = [torch.from_numpy(a).to(device) for a in start]
-        ah = [torch.from_numpy(alpha * h).to(device) for h in state[H_LOCAL]]
-
-        def hook(params: list[torch.Tensor]) -> None:
-            for p, si, hi in zip(params, s, ah, strict=True):
-                g = p.grad
-                assert g is not None
-                g.add_(p.detach() - si, alpha=alpha).add_(hi)
-
-        return hook
+        return gradient_hook(device, anchor=start, pull=alpha,
+                             shift=[alpha * h for h in state[H_LOCAL]])
 
     def finish(self, start: Weights, final: Weights, num_steps: int, lr: float,
                down: Mapping[str, Weights], state: Mapping[str, Weights],

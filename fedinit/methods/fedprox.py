@@ -11,13 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fedinit.methods.fedavg import FedAvgServer
 from fedinit.methods.method import (
     ClientRule,
     GradientHook,
     MethodSpec,
     Params,
-    ServerRule,
-    ServerState,
     check_pull,
     check_range,
     proximal_hook,
@@ -40,10 +39,6 @@ class FedProxParams(Params):
         check_pull("prox-mu", self.prox_mu, lr)
 
 
-class FedProxServer(ServerRule[FedProxParams, ServerState]):
-    """FedProx's server half: FedAvg's (the method lives on the client)."""
-
-
 class FedProxClient(ClientRule[FedProxParams]):
     """FedProx's client half: the proximal gradient term, centred on the start point."""
 
@@ -52,6 +47,6 @@ class FedProxClient(ClientRule[FedProxParams]):
         return proximal_hook(start, self.params.prox_mu, device)
 
 
-SPEC = MethodSpec(name="fedprox", label="FedProx", params=FedProxParams, server=FedProxServer,
+SPEC = MethodSpec(name="fedprox", label="FedProx", params=FedProxParams, server=FedAvgServer,
                   client=FedProxClient, ri_aggregation="model",
                   async_refusal=None, secagg_refusal=None)

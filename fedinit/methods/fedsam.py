@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fedinit.methods.fedavg import FedAvgServer
 from fedinit.methods.method import (
     ClientRule,
     GradientFn,
@@ -19,8 +20,6 @@ from fedinit.methods.method import (
     LossFn,
     MethodSpec,
     Params,
-    ServerRule,
-    ServerState,
     check_range,
 )
 
@@ -39,10 +38,6 @@ class FedSamParams(Params):
 
     def check(self) -> None:
         check_range("sam-rho", self.sam_rho, self.sam_rho >= 0, "a number >= 0 (0 disables it)")
-
-
-class FedSamServer(ServerRule[FedSamParams, ServerState]):
-    """FedSAM's server half: FedAvg's (the method lives on the client)."""
 
 
 class FedSamClient(ClientRule[FedSamParams]):
@@ -88,6 +83,6 @@ def sam_gradient(rho: float) -> GradientFn:
     return gradient
 
 
-SPEC = MethodSpec(name="fedsam", label="FedSAM", params=FedSamParams, server=FedSamServer,
+SPEC = MethodSpec(name="fedsam", label="FedSAM", params=FedSamParams, server=FedAvgServer,
                   client=FedSamClient, ri_aggregation="model",
                   async_refusal=None, secagg_refusal=None)

@@ -179,23 +179,43 @@ class RoundInput:
                 for up in self.updates]
 
 
+def gradient_hook(device: torch.device, *, scale: float = 1.0, anchor: Weights | None = None,
+                  pull: float = 0.0, shift: Weights | None = None) -> GradientHook | None:
+    """Each step's gradient g (before clipping) becomes scale * g + pull * (w - anchor) + shift,
+    in that order: FedCM's alpha * g + (1 - alpha) * d, FedDyn's g + alpha * (w - s_i) +
+    alpha * h_i, SCAFFOLD's g + (c - c_i), the proximal pull (``proximal_hook``). None where
+    it changes nothing (scale 1, pull 0, no shift)."""
+    import torch
+
+    centre = None if anchor is None or pull == 0.0 else [
+        torch.from_numpy(a).to(device) for a in anchor]
+    offset = None if shift is None else [torch.from_numpy(s).to(device) for s in shift]
+    if scale == 1.0 and centre is None and offset is None:
+        return None
+
+    def hook(params: list[torch.Tensor]) -> None:
+        grads: list[torch.Tensor] = []
+        for p in params:
+            assert p.grad is not None
+            grads.append(p.grad)
+        if scale != 1.0:
+            for g in grads:
+                g.mul_(scale)
+        if centre is not None:
+            for p, g, c in zip(params, grads, centre, strict=True):
+                g.add_(p.detach() - c, alpha=pull)
+        if offset is not None:
+            for g, k in zip(grads, offset, strict=True):
+                g.add_(k)
+
+    return hook
+
+
 def proximal_hook(anchor: Weights, strength: float,
                   device: torch.device) -> GradientHook | None:
     """The gradient of (strength / 2) ||w - anchor||^2 added to each step's gradient (before
     clipping): FedProx's pull to its start point, Ditto's pull of v_i to w_t. None at 0."""
-    if strength == 0.0:
-        return None
-    import torch
-
-    centre = [torch.from_numpy(a).to(device) for a in anchor]
-
-    def hook(params: list[torch.Tensor]) -> None:
-        for p, c in zip(params, centre, strict=True):
-            g = p.grad
-            assert g is not None
-            g.add_(p.detach() - c, alpha=strength)
-
-    return hook
+    return gradient_hook(device, anchor=anchor, pull=strength)
 
 
 def apply_step(w_t: Weights, update: Weights, eta: float) -> Weights:
@@ -522,6 +542,6 @@ __all__ = ["ParamError", "Combine", "GradientHook", "GradientFn", "LossFn", "Los
            "Scalar", "MOVES_SUM", "Params",
            "ClientUpdate", "RoundInput", "ClientDown", "ModelFiles", "ReportFiles", "ServerState",
            "ServerRule", "TrainedPass", "SgdPass",
-           "LocalJob", "LocalOutcome", "ClientRule", "MethodSpec", "apply_step", "proximal_hook",
-           "zeros_like",
+           "LocalJob", "LocalOutcome", "ClientRule", "MethodSpec", "apply_step", "gradient_hook",
+           "proximal_hook", "zeros_like",
            "check_range", "check_pull"]

@@ -28,6 +28,7 @@ from fedinit.methods.method import (
     ServerRule,
     ServerState,
     apply_step,
+    gradient_hook,
     zeros_like,
 )
 from fedinit.methods.norms import vector_norm
@@ -86,18 +87,8 @@ class ScaffoldClient(ClientRule[Params]):
 
     def begin(self, start: Weights, down: Mapping[str, Weights], state: Mapping[str, Weights],
               lr: float, device: torch.device) -> GradientHook | None:
-        import torch
-
-        corr = [torch.from_numpy(c - ci).to(device)
-                for c, ci in zip(down[C_GLOBAL], state[C_LOCAL], strict=True)]
-
-        def hook(params: list[torch.Tensor]) -> None:
-            for p, k in zip(params, corr, strict=True):
-                g = p.grad
-                assert g is not None
-                g.add_(k)
-
-        return hook
+        correction = [c - ci for c, ci in zip(down[C_GLOBAL], state[C_LOCAL], strict=True)]
+        return gradient_hook(device, shift=correction)
 
     def finish(self, start: Weights, final: Weights, num_steps: int, lr: float,
                down: Mapping[str, Weights], state: Mapping[str, Weights],

@@ -24,9 +24,9 @@ from torch import nn
 from client_app.trainer import local_generator, local_sgd, train_losses
 from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.methods.graph_loss import unstacked
 from fedinit.methods.method import ClientRule
 from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.weights import unstacked
 from fedinit.store.client_store import W_PREV, ClientStore
 from fedinit.task.evaluation import evaluate
 from fedinit.task.models import set_weights

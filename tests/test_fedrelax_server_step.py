@@ -18,8 +18,8 @@ from flwr.server import Grid
 from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.fedrelax import DEGREE, OWN, START
-from fedinit.methods.graph_loss import unstacked
 from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.weights import unstacked
 from testbeds.lsq_problem import NODE_BASE, Federation, Problem, quadratic_problem
 from tests.test_fedrelax import (
     TWO_CLUSTERS,

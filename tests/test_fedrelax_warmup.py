@@ -13,8 +13,8 @@ import pytest
 from fedinit.config import ConfigError, RunConfig
 from fedinit.methods import wire as rk
 from fedinit.methods.fedrelax import OWN, START, WARMUP
-from fedinit.methods.graph_loss import unstacked
 from fedinit.methods.packed_arrays import unpack
+from fedinit.methods.weights import unstacked
 from testbeds.lsq_problem import NODE_BASE, Federation, Problem
 from tests.test_fedrelax import (
     TWO_CLUSTERS,

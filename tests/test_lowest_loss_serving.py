@@ -21,9 +21,9 @@ from torch import nn
 
 from client_app.personal_accuracy import personal_evaluation
 from fedinit.config import ConfigError, RunConfig
-from fedinit.methods import graph_loss as gl
 from fedinit.methods import wire as rk
 from fedinit.methods.packed_arrays import pack, unpack
+from fedinit.methods.weights import stacked, unstacked
 from fedinit.store.client_store import ClientStore
 from testbeds.lsq_problem import NODE_BASE, Federation
 from tests.test_clustered import clustered
@@ -43,7 +43,7 @@ def choices_in(msg: Message) -> list[np.ndarray] | None:
     """The models an evaluate message lets its client choose from (first array each)."""
     if rk.EVAL_CHOICES not in msg.content.array_records:
         return None
-    return [m[0] for m in gl.unstacked(unpack(msg.content.array_records[rk.EVAL_CHOICES]))]
+    return [m[0] for m in unstacked(unpack(msg.content.array_records[rk.EVAL_CHOICES]))]
 
 
 def test_fedrelax_sends_every_groups_model_after_the_warm_up(tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def served(train_flipped: bool, with_choices: bool) -> dict[str, float | int]:
     content = RecordDict({rk.ARRAYS: pack(WRONG), rk.CONFIG: ConfigRecord(
         {rk.ROUND: 3, rk.LR: 0.0, rk.PERSONAL_EVAL: True})})
     if with_choices:
-        content[rk.EVAL_CHOICES] = cast(ArrayRecord, pack(gl.stacked([WRONG, RIGHT], RIGHT)))
+        content[rk.EVAL_CHOICES] = cast(ArrayRecord, pack(stacked([WRONG, RIGHT], RIGHT)))
     out = personal_evaluation(cfg, cfg.spec.client(cfg.params), content,
                               ClientStore(memory=RecordDict()), nn.Linear(2, 2),
                               labelled(64, train_flipped, 1), labelled(40, False, 2),

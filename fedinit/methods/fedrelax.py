@@ -117,7 +117,7 @@ from fedinit.methods.method import (
     check_range,
     proximal_hook,
 )
-from fedinit.methods.weights import Weights
+from fedinit.methods.weights import Weights, stacked, unstacked
 
 OWN = "fedrelax-w"
 """Client state: the client's own model w^(i)."""
@@ -540,8 +540,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
             self.sent[partition_id] = ids
             return ClientDown(w_t, {DEGREE: [np.zeros(1, dtype=np.float64)],
                                     WARMUP: [np.ones(1, dtype=np.float64)],
-                                    START: gl.stacked([], state.w0),
-                                    gl.CANDIDATES: gl.stacked(
+                                    START: stacked([], state.w0),
+                                    gl.CANDIDATES: stacked(
                                         [self.candidate_model(state, int(j)) for j in ids],
                                         state.w0),
                                     gl.CANDIDATE_IDS: [ids], GROUP: [NO_GROUP]})
@@ -550,7 +550,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         mean, degree = self.term(state, partition_id)
         ids = self.candidates_for(state, partition_id)
         self.sent[partition_id] = ids
-        models = gl.stacked([self.candidate_model(state, int(j)) for j in ids], state.w0)
+        models = stacked([self.candidate_model(state, int(j)) for j in ids], state.w0)
         version = state.version[0]
         fresh = self.params.relax_warmup > 0 and (
             partition_id >= len(version) or version[partition_id] == 0)
@@ -559,7 +559,7 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
                  if fresh or self.params.relax_server_step > 0 else [])
         return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)],
                                  WARMUP: [np.zeros(1, dtype=np.float64)],
-                                 START: gl.stacked(start, state.w0),
+                                 START: stacked(start, state.w0),
                                  gl.CANDIDATES: models, gl.CANDIDATE_IDS: [ids],
                                  GROUP: [NO_GROUP]})
 
@@ -574,8 +574,8 @@ class FedRelaxServer(ServerRule[FedRelaxParams, FedRelaxState]):
         own = -1 if self.newcomer(state, cid) else int(np.searchsorted(ids, labels[cid]))
         return ClientDown(mean, {DEGREE: [np.asarray([degree], dtype=np.float64)],
                                  WARMUP: [np.zeros(1, dtype=np.float64)],
-                                 START: gl.stacked([], state.w0),
-                                 gl.CANDIDATES: gl.stacked(models, state.w0),
+                                 START: stacked([], state.w0),
+                                 gl.CANDIDATES: stacked(models, state.w0),
                                  gl.CANDIDATE_IDS: [ids],
                                  GROUP: [np.asarray([own], dtype=np.int64)]})
 
@@ -933,14 +933,14 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
             # (relax-train=groups: the candidates' losses are measured first, as after it)
             metrics = self.measure(job)
             return LocalOutcome(job.sgd(job.w_t), {}, {}, metrics)
-        warm = gl.unstacked(job.down[START])
+        warm = unstacked(job.down[START])
         own = warm[0] if warm else job.state[OWN]
         group = np.asarray(job.down[GROUP][0]).reshape(-1)
         metrics = self.measure(job)
         if len(group):  # relax-groups-by=loss: IFCA's choice among the groups' models
             ids = np.asarray(job.down[gl.CANDIDATE_IDS][0]).reshape(-1)
             pick = gg.joined(metrics, ids, int(group[0]), self.params.relax_group_margin)
-            own = gl.unstacked(job.down[gl.CANDIDATES])[pick]
+            own = unstacked(job.down[gl.CANDIDATES])[pick]
         degree = float(np.asarray(job.down[DEGREE][0]).reshape(-1)[0])
         strength = 2.0 * self.params.fedrelax_alpha * degree
         if job.lr * strength >= 2.0:
@@ -960,7 +960,7 @@ class FedRelaxClient(ClientRule[FedRelaxParams]):
         if job.losses is None:
             raise ValueError("FedRelax with graph=loss needs the client's training losses "
                              "(LocalJob.losses); this client shell gives none")
-        models = gl.unstacked(job.down[gl.CANDIDATES])
+        models = unstacked(job.down[gl.CANDIDATES])
         if len(models) != len(ids):
             raise ValueError(f"the server sent {len(models)} candidate models for "
                              f"{len(ids)} candidate ids")

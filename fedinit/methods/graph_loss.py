@@ -22,8 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from fedinit.methods.weights import Weights
-
 SOURCE = "loss"
 """The ``graph`` value that selects this graph."""
 CANDIDATES = "fedrelax-candidates"
@@ -78,19 +76,6 @@ def candidates(cid: int, version: np.ndarray, chosen: np.ndarray, limit: int,
     rng = np.random.default_rng((SAMPLE_SEED, upcoming, cid))
     picked = rng.choice(rest, size=limit - len(keep), replace=False)
     return np.sort(np.concatenate([keep, picked]).astype(np.int64))
-
-
-def stacked(models: list[Weights], like: Weights) -> Weights:
-    """The models' parameters stacked (M, *shape); (0, *shape) for none."""
-    if not models:
-        return [np.zeros((0, *a.shape), dtype=a.dtype) for a in like]
-    return [np.stack([m[i] for m in models]) for i in range(len(like))]
-
-
-def unstacked(arrays: Weights) -> list[Weights]:
-    """The models ``stacked`` packed, in order."""
-    count = int(arrays[0].shape[0]) if arrays else 0
-    return [[a[m] for a in arrays] for m in range(count)]
 
 
 def losses_problem(metrics: Mapping[str, Any], sent: np.ndarray) -> str | None:

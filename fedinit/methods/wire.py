@@ -36,7 +36,7 @@ CLIENT_ID = "client-id"  # int: the client the message is for (a node without a 
 
 PERSONAL_EVAL = "personal-eval"  # bool in an evaluate message: personalized evaluation
 EVAL_CHOICES = "eval-choices"  # ArrayRecord in a personalized-evaluation message: the method's
-# group models, stacked (``graph_loss.stacked``); the client is scored on the one with the
+# group models, stacked (``weights.stacked``); the client is scored on the one with the
 # lowest loss on its own training data (IFCA's inference rule), not on ARRAYS
 FEDERATED_EVAL = "federated-eval"  # bool in an evaluate message: the global model's loss and
 # accuracy on the client's local test split (the accuracy curve without a central test set)

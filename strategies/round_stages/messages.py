@@ -10,9 +10,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from fedinit.config import RunConfig
 from fedinit.methods import wire as rk
-from fedinit.methods.graph_loss import stacked
 from fedinit.methods.packed_arrays import pack
-from fedinit.methods.weights import Weights
+from fedinit.methods.weights import Weights, stacked
 from strategies.round_stages.held import HeldMethod
 
 ClientConfig = Callable[[ConfigRecord, int], ConfigRecord]

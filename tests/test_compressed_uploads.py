@@ -47,10 +47,10 @@ HOSTILE_ROUND = 2
 
 
 def hostile(content: Any, codec: Compression) -> None:
-    """The model upload's wire made malformed: top-k's last index past the tensor, else one
-    quantised code short."""
+    """The model upload's wire made malformed: top-k's last index past the tensor (its coded
+    indices a byte short), else one quantised code short."""
     wire = unpack(content.array_records[rk.ARRAYS])
-    if codec.topk is not None:
+    if codec.topk is not None and not codec.elias_fano:
         wire[0] = wire[0].copy()
         wire[0][-1] = np.iinfo(wire[0].dtype).max  # past the tensor (uint16 or int32)
     else:
@@ -130,7 +130,7 @@ def residual_of_files(run_dir: Path, cid: int, sent: dict[int, Any],
     return groups[residual_key(rk.ARRAYS)], expected
 
 
-@pytest.mark.parametrize("compression", ["q8", "topk:0.1+q8"])
+@pytest.mark.parametrize("compression", ["q8", "topk:0.1+q8", "topk:0.1+ef+q8"])
 @pytest.mark.parametrize("method", ["fedavg", "scaffold"])
 def test_compressed_rounds_train_count_bytes_and_keep_state_consistent(
         tmp_path: Path, method: str, compression: str,
@@ -142,8 +142,8 @@ def test_compressed_rounds_train_count_bytes_and_keep_state_consistent(
     # the hostile reply: refused with the codec's one line, counted, never aggregated
     assert sum(r[rk.NUM_REJECTED] for r in rows) == 1
     assert rows[HOSTILE_ROUND - 1][rk.NUM_REJECTED] == 1
-    line = ("indices out of 0.." if codec.topk is not None
-            else "codes: uint8[")
+    line = ("indices: uint8[" if codec.elias_fano
+            else "indices out of 0.." if codec.topk is not None else "codes: uint8[")
     assert "rejected reply" in caplog.text and line in caplog.text, caplog.text
     # bytes-up: the codec's payload per channel, per accepted reply
     channels = 2 if method == "scaffold" else 1

@@ -21,6 +21,9 @@ exact, only unbiased or, for top-k, eventually complete. ``compression`` names t
   sparsified to k = min(n, max(M, ceil(F n))). ``topk:F`` is ``topk:F:1``.
 - ``topk:F[:M]+qB[/N]``: top-k, its values quantised as above (the residual takes the
   quantisation error too).
+- ``topk:F[:M]+ef[+qB[/N]]``: top-k whose indices go Elias-Fano coded
+  (``fedinit.methods.elias_fano``: about 2 + log2(n / k) bits an index, against 16), so the
+  same bytes carry more coordinates; lossless, so what the server decodes is the same.
 
 Pure numpy: the caller draws the randomness (a seeded ``numpy.random.Generator``) and moves
 the wire arrays (``fedinit.methods.packed_arrays``). ``decode`` is the server's: a client's arrays
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedinit.methods import elias_fano
 from fedinit.methods.weights import Weights
 
 BITS = (8, 4)
@@ -47,8 +51,11 @@ RESIDUAL = "residual"
 """The state key prefix of a device's top-k residual (one per upload channel)."""
 _Q = re.compile(r"q(\d+)(?:/(\d+))?")
 _TOPK = re.compile(r"topk:([0-9.eE+-]+)(?::(\d+))?")
+ELIAS_FANO = "ef"
+"""The ``compression`` part that codes top-k's indices Elias-Fano (after ``topk:F[:M]``)."""
 ALLOWED = ("off | q8 | q4 | qB/N (blocks of N) | topk:F (0 < F <= 1) | topk:F:M (at least M "
-           "values per tensor, M >= 1) | topk:F[:M]+qB[/N]")
+           "values per tensor, M >= 1) | topk:F[:M]+qB[/N] | topk:F[:M]+ef[+qB[/N]] "
+           "(Elias-Fano coded indices)")
 
 
 class CompressionError(ValueError):
@@ -131,11 +138,13 @@ class Quantiser:
 @dataclass(frozen=True)
 class Compression:
     """A codec for model-shaped uploads: ``topk`` (fraction kept, None: dense) and/or
-    ``quantiser`` (None: float32 values)."""
+    ``quantiser`` (None: float32 values); ``elias_fano``: top-k's indices Elias-Fano coded
+    (else uint16 / int32)."""
 
     topk: float | None = None
     quantiser: Quantiser | None = None
     least: int = 1
+    elias_fano: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Compression | None:
@@ -145,9 +154,12 @@ class Compression:
         topk: float | None = None
         quantiser: Quantiser | None = None
         least = 1
+        coded = False
         for part in text.split("+"):
             q, k = _Q.fullmatch(part), _TOPK.fullmatch(part)
-            if q is not None and quantiser is None:
+            if part == ELIAS_FANO and topk is not None and quantiser is None and not coded:
+                coded = True
+            elif q is not None and quantiser is None:
                 bits, block = int(q.group(1)), int(q.group(2) or 0)
                 if bits not in BITS or (q.group(2) is not None and block < 1):
                     raise _bad(text)
@@ -162,7 +174,7 @@ class Compression:
                     raise _bad(text)
             else:
                 raise _bad(text)
-        return cls(topk, quantiser, least)
+        return cls(topk, quantiser, least, coded)
 
     @property
     def keeps_residual(self) -> bool:
@@ -194,18 +206,43 @@ class Compression:
             k = self.kept(v.size)
             idx = np.sort(np.argpartition(-np.abs(v), k - 1)[:k]) if k else \
                 np.zeros(0, np.int64)
+            wire.append(self._index_wire(idx, v.size))
             if self.quantiser is None:
                 values = v[idx].astype(np.float32)
-                wire += [idx.astype(index_dtype(v.size)), values]
+                wire.append(values)
             else:
                 arrays, values = self.quantiser.encode(v[idx], rng)
-                wire += [idx.astype(index_dtype(v.size)), *arrays]
+                wire += arrays
             sent = np.zeros(v.size, np.float32)
             sent[idx] = values
             decoded.append(sent.reshape(t.shape))
             new_residual.append((v - sent.astype(np.float64)).astype(np.float32)
                                 .reshape(t.shape))
         return wire, decoded, new_residual
+
+    def _index_wire(self, idx: np.ndarray, n: int) -> np.ndarray:
+        return elias_fano.encode(idx, n) if self.elias_fano else idx.astype(index_dtype(n))
+
+    def _indices(self, wire: np.ndarray, n: int, k: int, name: str) -> np.ndarray:
+        """The k indices tensor ``name``'s index array names (int64); refused when
+        malformed."""
+        if self.elias_fano:
+            try:
+                return elias_fano.decode(wire, n, k, f"{name} indices")
+            except elias_fano.EliasFanoError as err:
+                raise CompressionError(str(err)) from None
+        _expect(wire, index_dtype(n), k, f"{name} indices")
+        idx = wire.astype(np.int64)  # unsigned differences would wrap
+        if k and (idx[0] < 0 or idx[-1] >= n or np.any(np.diff(idx) <= 0)):
+            raise CompressionError(f"{name}: indices out of 0..{n - 1} or not strictly "
+                                   "ascending; allowed: k distinct ascending indices")
+        return idx
+
+    def index_bytes(self, n: int, k: int) -> int:
+        """Bytes of the indices of k coordinates kept of a tensor of n."""
+        if self.elias_fano:
+            return elias_fano.encoded_bytes(n, k)
+        return int(np.dtype(index_dtype(n)).itemsize) * k
 
     def arrays_per_tensor(self) -> int:
         return (0 if self.topk is None else 1) + (1 if self.quantiser is None else 2)
@@ -227,11 +264,7 @@ class Compression:
                 out.append(self.quantiser.decode(part, n, name).reshape(shape))
                 continue
             k = self.kept(n)
-            _expect(part[0], index_dtype(n), k, f"{name} indices")
-            idx = part[0].astype(np.int64)  # unsigned differences would wrap
-            if k and (idx[0] < 0 or idx[-1] >= n or np.any(np.diff(idx) <= 0)):
-                raise CompressionError(f"{name}: indices out of 0..{n - 1} or not strictly "
-                                       "ascending; allowed: k distinct ascending indices")
+            idx = self._indices(part[0], n, k, name)
             if self.quantiser is None:
                 values = part[1]
                 _expect(values, np.float32, k, f"{name} values")
@@ -251,7 +284,7 @@ class Compression:
             n = math.prod(shape)
             m = n if self.topk is None else self.kept(n)
             if self.topk is not None:
-                total += np.dtype(index_dtype(n)).itemsize * m
+                total += self.index_bytes(n, m)
             if self.quantiser is None:
                 total += 4 * m
             else:
@@ -276,5 +309,5 @@ def _bad(text: str) -> CompressionError:
     return CompressionError(f"compression={text!r} is not allowed; allowed: {ALLOWED}")
 
 
-__all__ = ["ALLOWED", "BITS", "NARROW_INDEX", "RESIDUAL", "Compression", "CompressionError",
-           "Quantiser", "index_dtype"]
+__all__ = ["ALLOWED", "BITS", "ELIAS_FANO", "NARROW_INDEX", "RESIDUAL", "Compression",
+           "CompressionError", "Quantiser", "index_dtype"]

@@ -46,6 +46,16 @@ def write_graph(tmp_path: Path, edges: Edges) -> str:
     return f"file:{path}"
 
 
+def neighbours(edges: Edges) -> dict[int, list[tuple[int, float]]]:
+    """Each client's (neighbour, A_ij), in the edges' order: a by-hand replay's view of the
+    same graph the server reads from ``write_graph``'s file."""
+    out: dict[int, list[tuple[int, float]]] = {}
+    for i, j, a in edges:
+        out.setdefault(i, []).append((j, a))
+        out.setdefault(j, []).append((i, a))
+    return out
+
+
 def gtvmin_closed_form(p: Problem, edges: Edges, alpha: float) -> np.ndarray:
     """Eq. (58): w = -1/2 Q^-1 q, Q = blockdiag(X_i^T X_i / m_i) + alpha L (x) I,
     q = -2 (X_i^T y_i / m_i) stacked; one row per client."""

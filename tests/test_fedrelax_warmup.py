@@ -20,14 +20,14 @@ from tests.test_fedrelax import (
     TWO_CLUSTERS,
     fedrelax,
     gtvmin_closed_form,
+    neighbours,
     own_models,
     regression,
     rel_gap,
     write_graph,
 )
 
-NBRS = {0: [(1, 1.0), (2, 0.5)], 1: [(0, 1.0), (2, 2.0)], 2: [(0, 0.5), (1, 2.0)],
-        3: [(4, 1.0), (5, 1.0)], 4: [(3, 1.0), (5, 1.0)], 5: [(3, 1.0), (4, 1.0)]}
+NBRS = neighbours(TWO_CLUSTERS)
 """TWO_CLUSTERS by client: (neighbour, A_ij)."""
 LR, EPOCHS, ALPHA = 0.05, 4, 0.3
 

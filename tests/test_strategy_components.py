@@ -31,7 +31,6 @@ from strategies.components import (
     DistributedDP,
     Krum,
     LocalDP,
-    Median,
     MultiKrum,
     OverSelect,
     SecAgg,
@@ -136,9 +135,13 @@ def test_a_components_value_error_is_the_run_configs_named_by_its_fields(
 
 # ------------------------------------------------------------------ on a strategy
 def test_the_string_form_and_the_component_give_the_same_checked_settings() -> None:
-    for name, component in (("krum", Krum(byzantine_f=2)), ("median", Median()),
-                            ("trimmed-mean", TrimmedMean(trim_fraction=0.2))):
-        legacy = FedInit(aggregation=name, byzantine_f=2, trim_fraction=0.2, lr=0.05)
+    """Every rule of ``AGGREGATION_CLASSES``, its name taken from the class (``FIXED``), the
+    fields it has set off their defaults in both forms."""
+    off_default: dict[str, Any] = {"byzantine_f": 2, "trim_fraction": 0.2}
+    for cls in AGGREGATION_CLASSES:
+        name = cls.FIXED["aggregation"]
+        component = cls(**{f: v for f, v in off_default.items() if f in cls.FIELDS})
+        legacy = FedInit(aggregation=name, **off_default, lr=0.05)
         new = FedInit(aggregation=component, lr=0.05)
         assert legacy.checked.to_dict() == new.checked.to_dict()
         assert new.checked.robust.aggregation == name

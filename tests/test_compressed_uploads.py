@@ -225,7 +225,7 @@ def test_off_leaves_the_upload_as_it_is_and_a_mismatch_is_one_line() -> None:
 
 
 @pytest.mark.parametrize(("over", "line"), [
-    ({"compression": "q3"}, "compression='q3' is not allowed; allowed: off | q8 | q4"),
+    ({"compression": "q3"}, "compression='q3' is not allowed; allowed: off | qB (B = 8, 4, 2, 1)"),
 ])
 def test_bad_compression_settings_are_one_line(over: dict[str, Any], line: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -22,7 +22,7 @@ def vector(seed: int, shapes: list[tuple[int, ...]] = SHAPES) -> list[np.ndarray
     return [g.normal(scale=0.1, size=s).astype(np.float32) for s in shapes]
 
 
-@pytest.mark.parametrize("spec", ["q8", "q4", "q4/64", "q8/7"])
+@pytest.mark.parametrize("spec", ["q8", "q4", "q4/64", "q8/7", "q2", "q1", "q2/16"])
 def test_the_quantiser_is_unbiased_and_on_its_grid(spec: str) -> None:
     codec = Compression.parse(spec)
     assert codec is not None and codec.quantiser is not None
@@ -131,12 +131,12 @@ def test_a_malformed_upload_is_refused_in_one_line(spec: str, damage: object,
         codec.decode(damage(wire), [t.shape for t in x])  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("text", ["q2", "q16", "q8/0", "topk:0", "topk:1.5", "topk:x",
+@pytest.mark.parametrize("text", ["q3", "q16", "q8/0", "topk:0", "topk:1.5", "topk:x",
                                   "topk:0.1:0", "topk:0.1:", "topk:0.1:x", "topk:0.1:2:3",
                                   "q8+topk:0.1", "topk:0.1+topk:0.2", "zip", ""])
 def test_a_bad_setting_is_refused_naming_what_is_allowed(text: str) -> None:
     with pytest.raises(CompressionError, match=rf"^compression={re.escape(repr(text))} is not "
-                                               "allowed; allowed: off \\| q8"):
+                                               "allowed; allowed: off \\| qB \\(B = 8, 4, 2, 1\\)"):
         Compression.parse(text)
 
 
@@ -174,6 +174,8 @@ def test_the_wire_bytes_of_the_test_model_worked_out_by_hand() -> None:
     shapes = [t.shape for t in vector(0)]
     by_spec = {"q8": 5258 + 4 * 6,  # a byte a value, a float32 scale a tensor
                "q4": (36 + 4 + 576 + 8 + 2000 + 5) + 4 * 6,  # two values a byte, rounded up
+               "q2": (18 + 2 + 288 + 4 + 1000 + 3) + 4 * 6,  # four a byte
+               "q1": (9 + 1 + 144 + 2 + 500 + 2) + 4 * 6,  # eight a byte
                "q8/100": 5258 + 4 * (1 + 1 + 12 + 1 + 40 + 1),  # a scale per 100 values
                # k = ceil(0.01 n) = 1, 1, 12, 1, 40, 1: a uint16 index (every tensor holds
                # at most 65,536 values) and a float32 value each
@@ -199,3 +201,14 @@ def test_a_tensor_of_more_than_65536_values_sends_int32_indices() -> None:
     assert wire[0].dtype == np.int32 and wire[0].size == 700
     assert codec.wire_bytes([(70_000,)]) == 8 * 700 == sum(a.nbytes for a in wire)
     assert np.array_equal(codec.decode(wire, [(70_000,)])[0], decoded[0])
+
+
+def test_narrow_codes_pack_the_first_into_the_lowest_bits() -> None:
+    """2-bit codes 0, 1, 2, 3, 1: 0 | 1 << 2 | 2 << 4 | 3 << 6 = 228, then 1; 1-bit codes
+    1, 0, 1, 1, 0, 0, 0, 1, 1: 1 + 4 + 8 + 128 = 141, then 1."""
+    for bits, codes, packed in [(2, [0, 1, 2, 3, 1], [228, 1]),
+                                (1, [1, 0, 1, 1, 0, 0, 0, 1, 1], [141, 1])]:
+        q = Quantiser(bits)
+        assert q._pack(np.array(codes, np.uint8)).tolist() == packed
+        assert q._unpack(np.array(packed, np.uint8), len(codes)).tolist() == codes
+        assert q.code_bytes(len(codes)) == len(packed)

@@ -3,12 +3,12 @@
 A device's uplink (0.5-5 Mbit/s) carries a float32 model move slowly; the move need not be
 exact, only unbiased or, for top-k, eventually complete. ``compression`` names the codec:
 
-- ``qB`` (B = 8 or 4) or ``qB/N``: each coordinate x of a block of N values (no ``/N``: the
+- ``qB`` (B = 8, 4, 2 or 1) or ``qB/N``: each coordinate x of a block of N values (no ``/N``: the
   whole tensor) with scale s = max |x| over the block is sent as an integer code c in
   0..L, L = 2^B - 1, drawn so that E[c] = u = (x / s + 1) / 2 * L: c = floor(u) + Bernoulli
   (u - floor(u)). The decode (2 c / L - 1) s is then an unbiased estimate of x (Alistarh et
-  al. 2017, QSGD's stochastic rounding, here on a [-s, s] grid). 4-bit codes go two to a
-  byte. Bytes: B/8 per coordinate plus 4 per block.
+  al. 2017, QSGD's stochastic rounding, here on a [-s, s] grid). Narrower codes go 8 / B
+  to a byte, the first in the lowest bits. Bytes: B/8 per coordinate plus 4 per block.
 - ``topk:F`` (0 < F <= 1): per tensor the k = ceil(F n) largest |v| of v = x + e are sent
   (their indices, ascending, as uint16 in a tensor of at most 65,536 values, else int32, and
   their values), where e is the device's residual:
@@ -43,8 +43,9 @@ import numpy as np
 from fedinit.methods import elias_fano
 from fedinit.methods.weights import Weights
 
-BITS = (8, 4)
-"""Code widths a quantiser may use."""
+BITS = (8, 4, 2, 1)
+"""Code widths a quantiser may use (1: the sign with the block's scale, stochastically
+rounded; fine under top-k's error feedback, which keeps what the rounding lost)."""
 NARROW_INDEX = 1 << 16
 """A tensor of at most this many values sends its top-k indices as uint16 (else int32)."""
 RESIDUAL = "residual"
@@ -53,9 +54,9 @@ _Q = re.compile(r"q(\d+)(?:/(\d+))?")
 _TOPK = re.compile(r"topk:([0-9.eE+-]+)(?::(\d+))?")
 ELIAS_FANO = "ef"
 """The ``compression`` part that codes top-k's indices Elias-Fano (after ``topk:F[:M]``)."""
-ALLOWED = ("off | q8 | q4 | qB/N (blocks of N) | topk:F (0 < F <= 1) | topk:F:M (at least M "
-           "values per tensor, M >= 1) | topk:F[:M]+qB[/N] | topk:F[:M]+ef[+qB[/N]] "
-           "(Elias-Fano coded indices)")
+ALLOWED = ("off | qB (B = 8, 4, 2, 1) | qB/N (blocks of N) | topk:F (0 < F <= 1) | "
+           "topk:F:M (at least M values per tensor, M >= 1) | topk:F[:M]+qB[/N] | "
+           "topk:F[:M]+ef[+qB[/N]] (Elias-Fano coded indices)")
 
 
 class CompressionError(ValueError):
@@ -105,20 +106,23 @@ class Quantiser:
         return [self._pack(codes), scales], decoded
 
     def _pack(self, codes: np.ndarray) -> np.ndarray:
+        """8 / B codes a byte, the first in the lowest bits."""
         if self.bits == 8:
             return codes
-        padded = np.concatenate([codes, np.zeros(codes.size % 2, np.uint8)])
-        return (padded[0::2] | (padded[1::2] << 4)).astype(np.uint8)
+        per = 8 // self.bits
+        padded = np.concatenate([codes, np.zeros(-codes.size % per, np.uint8)])
+        shifts = np.arange(per, dtype=np.uint8) * self.bits
+        return np.bitwise_or.reduce(padded.reshape(-1, per) << shifts, axis=1).astype(np.uint8)
 
     def _unpack(self, packed: np.ndarray, n: int) -> np.ndarray:
         if self.bits == 8:
             return packed
-        out = np.empty(packed.size * 2, np.uint8)
-        out[0::2], out[1::2] = packed & 0x0F, packed >> 4
-        return out[:n]
+        per = 8 // self.bits
+        shifts = np.arange(per, dtype=np.uint8) * self.bits
+        return ((packed[:, None] >> shifts) & self.levels).astype(np.uint8).ravel()[:n]
 
     def code_bytes(self, n: int) -> int:
-        return n if self.bits == 8 else -(-n // 2)
+        return -(-n * self.bits // 8)
 
     def _decode_codes(self, codes: np.ndarray, scales: np.ndarray, n: int) -> np.ndarray:
         s = self._per_value(scales, n)

@@ -6,6 +6,8 @@ set, in process (``fedinit.cli.inprocess_grid``, the real ClientApp), one run pe
         [--codecs 'off,q8,topk:0.01+q8;server-lr=3'] [--method fedavg] [--train-limit 3000] \
         [--seeds 0 1 2] [--eval-every 5] [--csv runs.csv] [--points-csv points.csv] \
         [--plot accuracy_bytes.png]
+    .venv/bin/python -m bench.compressed_uploads --from-points points.csv --codecs off,q8 \
+        --seeds 0 1 2 --plot accuracy_bytes.png     # a plot of runs already made
 
 Seeds pair the codecs: a seed fixes the split, w_0 and the sample, so each codec's final
 accuracy minus uncompressed's is one paired difference (``fedinit/cli/paired.py``: mean and 95%
@@ -82,17 +84,48 @@ def write_csv(path: Path, head: tuple[str, ...], rows: list[dict[str, Any]]) -> 
         w.writerows(rows)
 
 
+def read_points(path: Path, codecs: list[str], seeds: list[int]) -> list[dict[str, Any]]:
+    """The rows of a ``--points-csv`` for these codecs and seeds, in the codecs' order."""
+    with path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f)
+                if r["compression"] in codecs and int(r["seed"]) in seeds]
+    rows.sort(key=lambda r: (codecs.index(r["compression"]), int(r["seed"]),
+                             float(r["round"])))
+    return [{"seed": int(r["seed"]), "compression": r["compression"],
+             "round": float(r["round"]), "bytes-up-so-far": float(r["bytes-up-so-far"]),
+             "test-acc": float(r["test-acc"])} for r in rows]
+
+
+MEAN_FROM_SEEDS = 4
+"""From this many seeds a codec is drawn as its mean over seeds with a +-1 std band (one
+line per seed is unreadable at ten)."""
+
+
 def plot(points: list[dict[str, Any]], path: Path) -> None:
-    """Test accuracy against the bytes sent up so far, one line per codec and seed."""
+    """Test accuracy against the bytes sent up so far, one line per codec and seed (or,
+    from ``MEAN_FROM_SEEDS`` seeds, the mean per evaluated round with a +-1 std band)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     codecs = list(dict.fromkeys(p["compression"] for p in points))
+    seeds = sorted({p["seed"] for p in points})
     for i, codec in enumerate(codecs):
-        for k, seed in enumerate(sorted({p["seed"] for p in points})):
+        if len(seeds) >= MEAN_FROM_SEEDS:
+            rounds = sorted({p["round"] for p in points if p["compression"] == codec})
+            at = [[p for p in points if p["compression"] == codec and p["round"] == r]
+                  for r in rounds]
+            x = [float(np.mean([p["bytes-up-so-far"] for p in ps])) / 1e6 for ps in at]
+            acc = [np.array([100 * p["test-acc"] for p in ps]) for ps in at]
+            mean, std = np.array([a.mean() for a in acc]), np.array([a.std() for a in acc])
+            ax.plot(x, mean, marker="o", markersize=3, color=f"C{i}",
+                    label=f"{codec} (mean of {len(acc[-1])})")
+            ax.fill_between(x, mean - std, mean + std, color=f"C{i}", alpha=0.15)
+            continue
+        for k, seed in enumerate(seeds):
             mine = [p for p in points if p["compression"] == codec and p["seed"] == seed]
             ax.plot([p["bytes-up-so-far"] / 1e6 for p in mine],
                     [100 * p["test-acc"] for p in mine], marker="o", markersize=3,
@@ -103,7 +136,9 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("bytes sent up so far, all clients (MB, log scale)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Compressed uploads: accuracy against bytes up (one line per seed)")
+    ax.set_title("Compressed uploads: accuracy against bytes up "
+                 + ("(mean +- std over seeds)" if len(seeds) >= MEAN_FROM_SEEDS
+                    else "(one line per seed)"))
     ax.grid(True, alpha=0.3)
     ax.legend(title="compression")
     fig.tight_layout()
@@ -127,7 +162,15 @@ def main() -> None:
     parser.add_argument("--csv", type=Path, help="one row per run")
     parser.add_argument("--points-csv", type=Path, help="one row per evaluated round")
     parser.add_argument("--plot", type=Path, help="accuracy against bytes up (PNG)")
+    parser.add_argument("--from-points", type=Path,
+                        help="run nothing: plot (--plot) this --points-csv's rows of --codecs "
+                             "and --seeds")
     args = parser.parse_args()
+    if args.from_points:
+        if not args.plot:
+            raise SystemExit("--from-points needs --plot PNG")
+        plot(read_points(args.from_points, args.codecs.split(","), args.seeds), args.plot)
+        return
     runs: list[dict[str, Any]] = []
     points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:

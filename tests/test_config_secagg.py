@@ -165,8 +165,8 @@ def test_q_b_under_secagg_quantises_to_b_bits_in_the_narrowest_field(
 @pytest.mark.parametrize(("over", "line"), [
     ({"compression": "q8/64"},
      "compression='q8/64' with secure-aggregation='secagg+' is not allowed; allowed: off | q8 "
-     "| q4 | q2 | q1 (a masked sum needs one quantisation grid for all clients: no top-k indices, no "
-     "per-block scales)"),
+     "| q4 | q2 | q1 (a masked sum needs one quantisation grid for all clients: no top-k "
+     "indices, no per-block scales)"),
     ({"compression": "topk:0.01+q8"},
      "compression='topk:0.01+q8' with secure-aggregation='secagg+' is not allowed; allowed: "
      "off | q8 | q4 | q2 | q1"),

@@ -277,12 +277,13 @@ def test_flowers_dp_wrapper_is_refused_naming_the_privacy_argument() -> None:
     wrapped = DifferentialPrivacyServerSideFixedClipping(
         FedInit(min_available_nodes=2, fraction_evaluate=0.0, lr=0.05), noise_multiplier=1.0,
         clipping_norm=0.1, num_sampled_clients=2)
+    grid = UserGrid([1, 2])
     with pytest.raises(RuntimeError) as caught:
-        wrapped.start(UserGrid([1, 2]), ArrayRecord([np.zeros((1, 3), np.float32)]),
-                      num_rounds=1)
+        wrapped.start(grid, ArrayRecord([np.zeros((1, 3), np.float32)]), num_rounds=1)
     line = str(caught.value)
     assert "\n" not in line
     assert "FedInit(privacy=CentralDP(noise_multiplier=..., clipping_norm=...))" in line
+    assert grid.sent == [] and grid.trained == []  # refused before its first message
 
 
 def train_users_app(args: dict[str, Any]) -> tuple[list[Any], Any]:

@@ -702,3 +702,20 @@ def test_q8_under_secagg_masks_8_bit_values_in_a_16_bit_field(tmp_path: Path) ->
     step = 2 * cfg.privacy.secagg_clip / 2**8
     gap = max_gap(load_checkpoint(q8_dir).weights, load_checkpoint(plain_dir).weights)
     assert 0.0 < gap <= step + 1e-6, (gap, step)
+
+
+def test_q2_under_secagg_masks_2_bit_values_in_an_8_bit_field(tmp_path: Path) -> None:
+    """``compression=q2`` under SecAgg+: 4 clients' sums of 2-bit values (at most 4 x 3 = 12)
+    fit the narrowest field, 8 bits, so each masked coordinate travels in 1 byte; round 1's
+    model is within one 2-bit step (2 x secagg-clip / 4) of the plain run's."""
+    one = {"num-server-rounds": 1, "eval-every": 1}
+    _, plain_dir = run(tmp_path, "plain", one)
+    q2, q2_dir = run(tmp_path, "q2", {**one, "secure-aggregation": "secagg+",
+                                      "compression": "q2"})
+    coordinates = sum(a.size for a in unpack(train_msgs(q2)[0].content
+                                             .array_records["arrays"]))
+    assert load_checkpoint(q2_dir).rows[-1]["bytes-up"] == 4 * 1 * coordinates
+    cfg = RunConfig.parse({**BASE, "secure-aggregation": "secagg+", "compression": "q2"})
+    step = 2 * cfg.privacy.secagg_clip / 2**2
+    gap = max_gap(load_checkpoint(q2_dir).weights, load_checkpoint(plain_dir).weights)
+    assert 0.0 < gap <= step + 1e-6, (gap, step)

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedinit.methods import elias_fano
 from fedinit.methods.weights import Weights
 
 BITS = (8, 4, 2, 1)
@@ -227,12 +226,18 @@ class Compression:
         return wire, decoded, new_residual
 
     def _index_wire(self, idx: np.ndarray, n: int) -> np.ndarray:
-        return elias_fano.encode(idx, n) if self.elias_fano else idx.astype(index_dtype(n))
+        if self.elias_fano:
+            from fedinit.methods import elias_fano  # only a run that codes its indices
+
+            return elias_fano.encode(idx, n)
+        return idx.astype(index_dtype(n))
 
     def _indices(self, wire: np.ndarray, n: int, k: int, name: str) -> np.ndarray:
         """The k indices tensor ``name``'s index array names (int64); refused when
         malformed."""
         if self.elias_fano:
+            from fedinit.methods import elias_fano
+
             try:
                 return elias_fano.decode(wire, n, k, f"{name} indices")
             except elias_fano.EliasFanoError as err:
@@ -247,6 +252,8 @@ class Compression:
     def index_bytes(self, n: int, k: int) -> int:
         """Bytes of the indices of k coordinates kept of a tensor of n."""
         if self.elias_fano:
+            from fedinit.methods import elias_fano
+
             return elias_fano.encoded_bytes(n, k)
         return int(np.dtype(index_dtype(n)).itemsize) * k
 

@@ -128,17 +128,24 @@ cgroup_dir() {  # a container's memory cgroup on the host: v1 cgroupfs, v2 syste
     [ -d "$d" ] && { echo "$d"; return; }
   done
 }
-sample_memory() {  # sample_memory CGROUP OUT: max of usage - inactive file (docker stats' figure)
-  local dir=$1 out=$2 peak=0 usage inactive now
+working_set() {  # working_set CGROUP: usage - inactive file now (docker stats' figure); 0 unread
+  local dir=$1 usage inactive
+  # each read may fail while the container starts or stops (the sampler runs under set -e)
+  if [ -f "$dir/memory.usage_in_bytes" ]; then
+    usage=$(cat "$dir/memory.usage_in_bytes" 2>/dev/null) || usage=0
+    inactive=$(awk '$1 == "total_inactive_file" {print $2}' "$dir/memory.stat" 2>/dev/null) \
+      || inactive=0
+  else
+    usage=$(cat "$dir/memory.current" 2>/dev/null) || usage=0
+    inactive=$(awk '$1 == "inactive_file" {print $2}' "$dir/memory.stat" 2>/dev/null) \
+      || inactive=0
+  fi
+  echo $(( ${usage:-0} - ${inactive:-0} ))
+}
+sample_memory() {  # sample_memory CGROUP OUT: the max of working_set while the cgroup lives
+  local dir=$1 out=$2 peak=0 now
   while [ -d "$dir" ]; do
-    if [ -f "$dir/memory.usage_in_bytes" ]; then
-      usage=$(cat "$dir/memory.usage_in_bytes")
-      inactive=$(awk '$1 == "total_inactive_file" {print $2}' "$dir/memory.stat")
-    else
-      usage=$(cat "$dir/memory.current")
-      inactive=$(awk '$1 == "inactive_file" {print $2}' "$dir/memory.stat")
-    fi
-    now=$((usage - ${inactive:-0}))
+    now=$(working_set "$dir")
     if [ "$now" -gt "$peak" ]; then peak=$now; echo "$peak" > "$out"; fi
     sleep 0.5
   done 2>/dev/null
@@ -272,7 +279,12 @@ EOF
   docker rm -f "$edge_name" >/dev/null 2>&1 || true
   DOCKER_RUN_OPTS="--label fedinit.project=$project" "$here/edge/run-docker.sh" "$edge_env" >/dev/null
   log "edge SuperNode $edge_name (partition $edge, ${edge_platform:-native}, --cpus 1 --memory $edge_memory) started"
-  edge_cgroup=$(cgroup_dir "$(docker inspect -f '{{.Id}}' "$edge_name")")
+  edge_id=$(docker inspect -f '{{.Id}}' "$edge_name")
+  for _ in 1 2 3 4 5 6 7 8 9 10; do  # a cgroup the engine has not made yet: look again
+    edge_cgroup=$(cgroup_dir "$edge_id") || true
+    [ -z "$edge_cgroup" ] || break
+    sleep 0.5
+  done
   if [ -n "$edge_cgroup" ]; then
     echo 0 > "$work/edge-$edge.peak"
     sample_memory "$edge_cgroup" "$work/edge-$edge.peak" &
@@ -307,6 +319,10 @@ if [ -n "$edge" ]; then
   hwm=$(docker exec "$edge_name" cat /sys/fs/cgroup/memory/memory.max_usage_in_bytes 2>/dev/null \
         || docker exec "$edge_name" cat /sys/fs/cgroup/memory.peak 2>/dev/null || echo 0)
   ws=$(cat "$work/edge-$edge.peak" 2>/dev/null || echo 0)
+  if [ -n "$edge_cgroup" ] && [ -d "$edge_cgroup" ]; then  # one last sample: the peak is no less
+    now=$(working_set "$edge_cgroup")
+    [ "$now" -le "${ws:-0}" ] || ws=$now
+  fi
   log "edge peak memory: working set $(mib "$ws") MiB, cgroup high-water $(mib "$hwm") MiB" \
       "(limit $edge_memory, OOM-killed: $(docker inspect -f '{{.State.OOMKilled}}' "$edge_name"))"
   if [ -n "$results" ] && [ -f "$results/rounds.jsonl" ]; then

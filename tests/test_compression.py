@@ -133,9 +133,7 @@ def test_a_malformed_upload_is_refused_in_one_line(spec: str, damage: object,
 
 @pytest.mark.parametrize("text", ["q3", "q16", "q8/0", "topk:0", "topk:1.5", "topk:x",
                                   "topk:0.1:0", "topk:0.1:", "topk:0.1:x", "topk:0.1:2:3",
-                                  "q8+topk:0.1", "topk:0.1+topk:0.2", "zip", "",
-                                  "nearest", "q8+nearest", "topk:0.1+nearest",
-                                  "topk:0.1+nearest+q2", "topk:0.1+q2+nearest+nearest"])
+                                  "q8+topk:0.1", "topk:0.1+topk:0.2", "zip", ""])
 def test_a_bad_setting_is_refused_naming_what_is_allowed(text: str) -> None:
     with pytest.raises(CompressionError, match=rf"^compression={re.escape(repr(text))} is not "
                                                "allowed; allowed: off \\| qB \\(B = 8, 4, 2, 1\\)"):
@@ -214,47 +212,3 @@ def test_narrow_codes_pack_the_first_into_the_lowest_bits() -> None:
         assert q._pack(np.array(codes, np.uint8)).tolist() == packed
         assert q._unpack(np.array(packed, np.uint8), len(codes)).tolist() == codes
         assert q.code_bytes(len(codes)) == len(packed)
-
-
-def test_nearest_rounds_each_value_to_its_nearest_code_worked_by_hand() -> None:
-    # s = 1, u = (x + 1) / 2 * 3 = 3, 1.8, 0.75, 0, 2.4 -> codes 3, 2, 1, 0, 2 (stochastic
-    # rounding would draw 1 or 2 for 1.8, 0 or 1 for 0.75); decoded (2 c / 3 - 1) s
-    q = Quantiser(2, nearest=True)
-    x = np.array([1.0, 0.2, -0.5, -1.0, 0.6])
-    wire, decoded = q.encode(x, np.random.default_rng(0))
-    assert wire[0].tolist() == [3 | 2 << 2 | 1 << 4 | 0 << 6, 2]
-    np.testing.assert_allclose(decoded, [1.0, 1 / 3, -1 / 3, -1.0, 1 / 3], rtol=1e-6)
-    again, _ = q.encode(x, np.random.default_rng(99))  # no draw: the same codes
-    assert again[0].tolist() == wire[0].tolist()
-
-
-def test_nearest_is_within_half_a_step_and_the_residual_keeps_the_rest() -> None:
-    codec = Compression.parse("topk:0.2:4+ef+q2+nearest")
-    assert codec is not None and codec.quantiser is not None and codec.quantiser.nearest
-    rng = np.random.default_rng(3)
-    residual = None
-    for _ in range(5):
-        x = vector(int(rng.integers(100)))
-        _, decoded, new = codec.encode(x, rng, residual)
-        for i, t in enumerate(x):
-            meant = t.astype(np.float64).ravel() + (0.0 if residual is None else
-                                                    residual[i].astype(np.float64).ravel())
-            sent = decoded[i].astype(np.float64).ravel()
-            np.testing.assert_allclose(new[i].ravel() + sent, meant, atol=1e-5)
-            kept = sent != 0
-            step = 2 * np.abs(meant[kept]).max() / 3 if kept.any() else 0.0
-            assert np.all(np.abs(sent[kept] - meant[kept]) <= step / 2 + 1e-6)
-        residual = new
-
-
-def test_the_server_decodes_nearest_as_it_decodes_stochastic_rounding() -> None:
-    sender = Compression.parse("topk:0.1:4+ef+q4+nearest")
-    plain = Compression.parse("topk:0.1:4+ef+q4")
-    assert sender is not None and plain is not None
-    x = vector(7)
-    shapes = [t.shape for t in x]
-    wire, decoded, _ = sender.encode(x, np.random.default_rng(0))
-    for server in (sender, plain):
-        for got, want in zip(server.decode(wire, shapes), decoded, strict=True):
-            np.testing.assert_array_equal(got, want)
-    assert sender.wire_bytes(shapes) == plain.wire_bytes(shapes) == sum(a.nbytes for a in wire)

@@ -24,11 +24,6 @@ exact, only unbiased or, for top-k, eventually complete. ``compression`` names t
 - ``topk:F[:M]+ef[+qB[/N]]``: top-k whose indices go Elias-Fano coded
   (``fedinit.methods.elias_fano``: about 2 + log2(n / k) bits an index, against 16), so the
   same bytes carry more coordinates; lossless, so what the server decodes is the same.
-- ``topk:...+qB[/N]+nearest``: the kept values rounded to the nearest code instead of
-  stochastically. Biased, so only under top-k, whose residual keeps the rounding error and
-  hands it over later (error feedback corrects a biased compressor: Karimireddy et al. 2019,
-  "Error feedback fixes SignSGD"); the error is at most half a step instead of a full one,
-  with no variance. The wire is the same, so the server's decode does not know the rounding.
 
 Pure numpy: the caller draws the randomness (a seeded ``numpy.random.Generator``) and moves
 the wire arrays (``fedinit.methods.packed_arrays``). ``decode`` is the server's: a client's arrays
@@ -60,12 +55,9 @@ _Q = re.compile(r"q(\d+)(?:/(\d+))?")
 _TOPK = re.compile(r"topk:([0-9.eE+-]+)(?::(\d+))?")
 ELIAS_FANO = "ef"
 """The ``compression`` part that codes top-k's indices Elias-Fano (after ``topk:F[:M]``)."""
-NEAREST = "nearest"
-"""The ``compression`` part that rounds top-k's quantised values to the nearest code (last)."""
 ALLOWED = ("off | qB (B = 8, 4, 2, 1) | qB/N (blocks of N) | topk:F (0 < F <= 1) | "
            "topk:F:M (at least M values per tensor, M >= 1) | topk:F[:M]+qB[/N] | "
-           "topk:F[:M]+ef[+qB[/N]] (Elias-Fano coded indices) | "
-           "topk:F[:M][+ef]+qB[/N]+nearest (values rounded to the nearest code)")
+           "topk:F[:M]+ef[+qB[/N]] (Elias-Fano coded indices)")
 
 
 class CompressionError(ValueError):
@@ -75,12 +67,10 @@ class CompressionError(ValueError):
 @dataclass(frozen=True)
 class Quantiser:
     """Stochastic quantisation to ``bits`` per value with one scale per ``block`` values
-    (0: one per tensor); ``nearest``: each value to its nearest code instead (biased: only
-    where a residual keeps the error)."""
+    (0: one per tensor)."""
 
     bits: int
     block: int = 0
-    nearest: bool = False
 
     @property
     def levels(self) -> int:
@@ -111,11 +101,8 @@ class Quantiser:
         s = self._per_value(scales, flat.size)
         safe = np.where(s > 0, s, 1.0)
         u = np.clip((flat / safe + 1.0) / 2.0 * self.levels, 0.0, self.levels)
-        if self.nearest:
-            codes = np.rint(u).astype(np.uint8)
-        else:
-            low = np.floor(u)
-            codes = (low + (rng.random(flat.size) < (u - low))).astype(np.uint8)
+        low = np.floor(u)
+        codes = (low + (rng.random(flat.size) < (u - low))).astype(np.uint8)
         decoded = self._decode_codes(codes, scales, flat.size)
         return [self._pack(codes), scales], decoded
 
@@ -177,9 +164,6 @@ class Compression:
             q, k = _Q.fullmatch(part), _TOPK.fullmatch(part)
             if part == ELIAS_FANO and topk is not None and quantiser is None and not coded:
                 coded = True
-            elif part == NEAREST and topk is not None and quantiser is not None \
-                    and not quantiser.nearest:
-                quantiser = Quantiser(quantiser.bits, quantiser.block, nearest=True)
             elif q is not None and quantiser is None:
                 bits, block = int(q.group(1)), int(q.group(2) or 0)
                 if bits not in BITS or (q.group(2) is not None and block < 1):
@@ -338,5 +322,5 @@ def _bad(text: str) -> CompressionError:
     return CompressionError(f"compression={text!r} is not allowed; allowed: {ALLOWED}")
 
 
-__all__ = ["ALLOWED", "BITS", "ELIAS_FANO", "NARROW_INDEX", "NEAREST", "RESIDUAL", "Compression",
+__all__ = ["ALLOWED", "BITS", "ELIAS_FANO", "NARROW_INDEX", "RESIDUAL", "Compression",
            "CompressionError", "Quantiser", "index_dtype"]
